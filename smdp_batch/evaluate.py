@@ -1,0 +1,180 @@
+"""Exact stationary evaluation of any stationary policy of the truncated SMDP (paper 004 eqs. 21–22).
+
+With μ the stationary law of the embedded chain m̂(·|s, π(s)) (eq. 18):
+
+* ĝ = Σ μ_s ĉ(s, π(s)) / Σ μ_s y(s, π(s))                      (eq. 21, includes c_o on S_o)
+* Δ = μ_{S_o} ĉ(S_o, π(S_o)) / Σ μ_s y(s, π(s))                 (eq. 22)
+* W̄ (ms): the holding part of ĉ with w1 = 1, w2 = 0 (eq. 11 via Little's law, S_o counted as
+  s_max), P̄ (W = mJ/ms) = Σ μ ζ(π) / Σ μ y, throughput (requests/ms) = Σ μ π / Σ μ y,
+  mean batch size = Σ μ π / Σ_{π>0} μ.
+
+These are semi-Markov ratio formulas (renewal-reward), exact for the truncated model; as s_max
+grows with Δ → 0 they converge to the infinite model's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import warnings
+
+import numpy as np
+import scipy.linalg
+
+from .errors import InputError
+from .kernels import policy_matrix
+from .model.problem import BatchingProblem
+from .truncate import TruncatedSMDP, arrival_table, truncate
+
+__all__ = [
+    "Evaluation", "control_limit_of", "evaluate_deployed", "evaluate_policy", "extend_policy",
+    "stationary_distribution",
+]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Exact long-run metrics of one stationary policy on a truncated model."""
+
+    avg_cost: float  # ĝ, cost per ms (eq. 21)
+    delta: float  # Δ, cost per ms contributed by S_o (eq. 22)
+    mean_latency_ms: float  # W̄
+    mean_power_w: float  # P̄
+    throughput: float  # requests per ms
+    mean_batch_size: float
+    overflow_probability: float  # μ(S_o) at decision epochs
+    stationary: np.ndarray  # μ over decision epochs, length s_max+2
+    s_max: int  # truncation the metrics were computed on
+
+    def as_dict(self) -> dict:
+        return {
+            "avg_cost": self.avg_cost,
+            "delta": self.delta,
+            "mean_latency_ms": self.mean_latency_ms,
+            "mean_power_w": self.mean_power_w,
+            "throughput": self.throughput,
+            "throughput_per_s": self.throughput * 1e3,
+            "mean_batch_size": self.mean_batch_size,
+            "overflow_probability": self.overflow_probability,
+        }
+
+
+def stationary_distribution(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.ndarray:
+    """Stationary law of the embedded chain under a policy (action indices); unichain required."""
+    M = policy_matrix(pol_idx, model.P, model.SF, model.actions, model.s_max)
+    S = model.n_states
+    A = (np.eye(S) - M).T
+    A[0, :] = 1.0
+    rhs = np.zeros(S)
+    rhs[0] = 1.0
+    try:
+        with warnings.catch_warnings():  # near-multichain degenerate truncations; see solvers.solve
+            warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+            mu = scipy.linalg.solve(A, rhs, check_finite=False)
+    except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
+        raise InputError("the policy's embedded chain has more than one recurrent class") from None
+    mu = np.clip(mu, 0.0, None)
+    return mu / mu.sum()
+
+
+def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
+    """Exact metrics (eqs. 21–22) of ``policy`` (batch size per state, length s_max+2)."""
+    idx = model.action_index(policy)
+    mu = stationary_distribution(model, idx)
+    S = model.n_states
+    lv = model.state_level()
+    y = model.y[idx]
+    a = model.actions[idx].astype(np.float64)
+    c = model.costs()[np.arange(S), idx]
+    time_per_epoch = float(mu @ y)
+    hold = y * lv / model.problem.lam + model.hold_fixed[idx]
+    serving = mu[a > 0].sum()
+    return Evaluation(
+        avg_cost=float(mu @ c) / time_per_epoch,
+        delta=float(mu[-1] * c[-1]) / time_per_epoch,
+        mean_latency_ms=float(mu @ hold) / time_per_epoch,
+        mean_power_w=float(mu @ model.energy[idx]) / time_per_epoch,
+        throughput=float(mu @ a) / time_per_epoch,
+        mean_batch_size=float(mu @ a) / serving if serving > 0 else 0.0,
+        overflow_probability=float(mu[-1]),
+        stationary=mu,
+        s_max=model.s_max,
+    )
+
+
+def control_limit_of(policy: np.ndarray, batch_sizes) -> int | None:
+    """Q if ``policy`` is a control-limit policy (paper 004 Def. 3), else None.
+
+    Control limit Q: wait below Q, from Q on serve the largest allowed batch ≤ min(s, Bmax).
+    The overflow entry (last) must serve the largest batch.
+    """
+    policy = np.asarray(policy)
+    sizes = np.asarray(batch_sizes)
+    n = policy.size - 1  # states 0..s_max
+    serve = np.nonzero(policy[:n] > 0)[0]
+    if serve.size == 0:
+        return None
+    q = int(serve[0])
+    s = np.arange(n)
+    pos = np.searchsorted(sizes, np.minimum(s, sizes[-1]), side="right") - 1
+    greedy = np.where(pos >= 0, sizes[np.clip(pos, 0, None)], 0)
+    expected = np.where(s >= q, greedy, 0)
+    if np.array_equal(policy[:n], expected) and policy[-1] == sizes[-1]:
+        return q
+    return None
+
+
+def extend_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
+    """The policy of eq. 30 on a truncation with a larger (or equal) s_max.
+
+    States beyond the original s_max — and the new overflow state — take the action of the
+    original s_max (never the original S_o action, which reflects the abstract cost c_o only).
+    """
+    policy = np.asarray(policy, dtype=np.int64)
+    old = policy.size - 2
+    if s_max < old:
+        raise InputError(f"cannot shrink a policy from s_max={old} to {s_max}")
+    out = np.empty(s_max + 2, dtype=np.int64)
+    out[: old + 1] = policy[: old + 1]
+    out[old + 1 :] = policy[old]
+    return out
+
+
+#: Largest truncation :func:`evaluate_deployed` will build.
+DEPLOYED_SMAX_LIMIT = 1 << 14
+
+
+def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float = 1e-10) -> Evaluation:
+    """Metrics of ``policy`` as deployed on the infinite queue (eq. 30), to truncation error < tol.
+
+    The policy (length s_max+2) is extended by eq. 30 and evaluated with c_o = 0 on truncations of
+    doubling size until the overflow state's share of the cost (Δ, eq. 22) and its probability
+    both fall below ``tol`` (relative to the average cost).  A policy whose tail action cannot keep
+    up with λ (λ·l(a) ≥ a, or a = 0) does not stabilise the queue and is rejected.
+    """
+    policy = np.asarray(policy, dtype=np.int64)
+    base = policy.size - 2
+    a_tail = int(policy[base])
+    if a_tail == 0:
+        raise InputError(f"the policy waits at its last state s_max={base}: it never serves long queues (unstable)")
+    l_tail = float(problem.latency(np.float64(a_tail)))
+    if problem.lam * l_tail >= a_tail:
+        raise InputError(
+            f"the policy serves batches of {a_tail} on long queues, at most {a_tail / l_tail:.6g} requests/ms, "
+            f"but λ = {problem.lam:.6g} /ms: it does not stabilise the queue"
+        )
+    s = max(base, problem.bmax, 64)
+    arrivals = arrival_table(problem, 2 * s)
+    while True:
+        if arrivals.kmax < s:
+            arrivals = arrival_table(problem, 2 * s)
+        model = truncate(problem, s, 0.0, arrivals)
+        ev = evaluate_policy(model, extend_policy(policy, s))
+        if ev.delta < tol * max(1.0, ev.avg_cost) and ev.overflow_probability < tol:
+            return ev
+        if 2 * s > DEPLOYED_SMAX_LIMIT:
+            raise InputError(
+                f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {DEPLOYED_SMAX_LIMIT} "
+                f"(Δ = {ev.delta:.3g}); is ρ = {problem.rho:.6g} too close to 1?"
+            )
+        s *= 2

@@ -1,0 +1,157 @@
+"""Per-batch-size models: mean batch latency l(b) in ms and batch energy ζ(b) in mJ (paper 004 §III).
+
+Each model is a small immutable object with a vectorised ``__call__(b)`` and a ``spec()``
+string that round-trips through :func:`parse_curve` (the CLI spelling):
+
+* ``affine:A,C``   A·b + C          (paper's basic scenario: l = affine:0.3051,1.0524,
+                                      ζ = affine:19.899,19.603)
+* ``const:C``      C                (§VII-A/C, e.g. l = const:6.0859)
+* ``log:A,C``      A·ln(b) + C      (§VII-C, ζ = log:105,60)
+* ``table:1=V1,2=V2,…``  one value per batch size (every allowed size must be listed)
+
+Validation of the values over the allowed batch sizes (positive, finite, l non-decreasing)
+happens in :class:`smdp_batch.model.problem.BatchingProblem`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table", "parse_curve"]
+
+
+def _finite(name: str, *values: float) -> tuple[float, ...]:
+    out = []
+    for v in values:
+        v = float(v)
+        if not math.isfinite(v):
+            raise InputError(f"{name}: parameters must be finite numbers, got {v!r}")
+        out.append(v)
+    return tuple(out)
+
+
+class Curve:
+    """A function of the batch size b ≥ 1."""
+
+    def __call__(self, b) -> np.ndarray:  # pragma: no cover - overridden
+        raise TypeError("abstract curve")
+
+    def spec(self) -> str:  # pragma: no cover - overridden
+        raise TypeError("abstract curve")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec()!r})"
+
+
+@dataclass(frozen=True, repr=False)
+class Affine(Curve):
+    slope: float
+    intercept: float
+
+    def __post_init__(self):
+        _finite("affine", self.slope, self.intercept)
+
+    def __call__(self, b):
+        return self.slope * np.asarray(b, dtype=np.float64) + self.intercept
+
+    def spec(self):
+        return f"affine:{self.slope:.17g},{self.intercept:.17g}"
+
+
+@dataclass(frozen=True, repr=False)
+class Constant(Curve):
+    value: float
+
+    def __post_init__(self):
+        _finite("const", self.value)
+
+    def __call__(self, b):
+        return np.full(np.shape(b), self.value, dtype=np.float64)
+
+    def spec(self):
+        return f"const:{self.value:.17g}"
+
+
+@dataclass(frozen=True, repr=False)
+class Logarithmic(Curve):
+    coef: float
+    intercept: float
+
+    def __post_init__(self):
+        _finite("log", self.coef, self.intercept)
+
+    def __call__(self, b):
+        return self.coef * np.log(np.asarray(b, dtype=np.float64)) + self.intercept
+
+    def spec(self):
+        return f"log:{self.coef:.17g},{self.intercept:.17g}"
+
+
+@dataclass(frozen=True, repr=False)
+class Table(Curve):
+    """Explicit values per batch size; evaluating at an unlisted size is an error."""
+
+    sizes: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.sizes) != len(self.values) or not self.sizes:
+            raise InputError("table: need one value per listed batch size")
+        _finite("table", *self.values)
+        if len(set(self.sizes)) != len(self.sizes):
+            raise InputError(f"table: batch sizes listed twice in {self.sizes}")
+
+    def __call__(self, b):
+        lookup = dict(zip(self.sizes, self.values))
+        b_arr = np.asarray(b)
+        missing = sorted({int(x) for x in b_arr.ravel()} - set(lookup))
+        if missing:
+            raise InputError(f"table: no value for batch size(s) {missing}; listed sizes are {sorted(lookup)}")
+        return np.vectorize(lambda x: lookup[int(x)], otypes=[np.float64])(b_arr)
+
+    def spec(self):
+        return "table:" + ",".join(f"{b}={v:.17g}" for b, v in zip(self.sizes, self.values))
+
+
+_CURVES = "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…"
+
+
+def _numbers(spec: str, arg: str, count: int) -> list[float]:
+    parts = [p for p in arg.split(",")]
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        raise InputError(f"{spec!r}: expected {count} comma-separated number(s); valid forms: {_CURVES}") from None
+    if len(vals) != count:
+        raise InputError(f"{spec!r}: expected {count} number(s), got {len(vals)}; valid forms: {_CURVES}")
+    return vals
+
+
+def parse_curve(spec: str | Curve, what: str = "model") -> Curve:
+    """Parse ``affine:A,C`` / ``const:C`` / ``log:A,C`` / ``table:b=v,…`` into a :class:`Curve`."""
+    if isinstance(spec, Curve):
+        return spec
+    if not isinstance(spec, str):
+        raise InputError(f"{what} must be a string such as 'affine:0.3051,1.0524', got {spec!r}")
+    kind, _, arg = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind == "affine":
+        return Affine(*_numbers(spec, arg, 2))
+    if kind in ("const", "constant"):
+        return Constant(*_numbers(spec, arg, 1))
+    if kind in ("log", "logarithmic"):
+        return Logarithmic(*_numbers(spec, arg, 2))
+    if kind == "table":
+        try:
+            pairs = [item.split("=") for item in arg.split(",")]
+            sizes = tuple(int(b) for b, _ in pairs)
+            values = tuple(float(v) for _, v in pairs)
+        except ValueError:
+            raise InputError(f"{what} {spec!r}: table needs b=value pairs, e.g. 'table:1=1.3,2=1.6'") from None
+        return Table(sizes, values)
+    raise InputError(f"unknown {what} {spec!r}; valid forms: {_CURVES}")

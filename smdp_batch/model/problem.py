@@ -1,0 +1,194 @@
+"""The batching problem of paper 004 §III: Poisson arrivals λ, batch sizes 𝓑, l(b), ζ(b), G_b, weights.
+
+Objective (eq. 2): minimise w1·W̄ + w2·P̄ with W̄ the mean response time (ms) and P̄ the mean
+power (W = mJ/ms).  ρ = λ·l(Bmax)/Bmax is the load relative to the maximum service rate
+θ(Bmax) = Bmax/l(Bmax); ρ < 1 is necessary for stability.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import InputError
+from .curves import Affine, Curve, parse_curve
+from .laws import Deterministic, ServiceLaw, parse_service
+
+__all__ = ["BatchingProblem", "BASIC_LATENCY", "BASIC_ENERGY", "batch_size_set"]
+
+#: GoogLeNet on a Tesla P4, paper 004 §VII (Fig. 2): l(b) = 0.3051 b + 1.0524 ms.
+BASIC_LATENCY = Affine(0.3051, 1.0524)
+#: ζ(b) = 19.899 b + 19.603 mJ.
+BASIC_ENERGY = Affine(19.899, 19.603)
+
+
+def _finite_number(name: str, value, *, positive: bool = False, nonneg: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise InputError(f"{name} must be finite, got {value!r}")
+    if positive and not v > 0:
+        raise InputError(f"{name} must be > 0, got {value!r}")
+    if nonneg and not v >= 0:
+        raise InputError(f"{name} must be ≥ 0, got {value!r}")
+    return v
+
+
+def batch_size_set(bmin: int = 1, bmax: int = 32, sizes: Iterable[int] | str | None = None) -> tuple[int, ...]:
+    """The allowed batch sizes: ``sizes`` if given (e.g. "1,2,4,8"), else Bmin..Bmax."""
+    if sizes is not None:
+        if isinstance(sizes, str):
+            try:
+                sizes = [int(x) for x in sizes.split(",") if x.strip()]
+            except ValueError:
+                raise InputError(
+                    f"batch sizes must be comma-separated positive integers such as '1,2,4,8', got {sizes!r}"
+                ) from None
+        out = sorted(set(int(b) for b in sizes))
+        if not out or out[0] < 1:
+            raise InputError(f"batch sizes must be positive integers, got {list(sizes)!r}")
+        return tuple(out)
+    try:
+        bmin_i, bmax_i = int(bmin), int(bmax)
+    except (TypeError, ValueError):
+        raise InputError(f"Bmin and Bmax must be integers, got {bmin!r}, {bmax!r}") from None
+    if bmin_i != bmin or bmax_i != bmax:
+        raise InputError(f"Bmin and Bmax must be integers, got {bmin!r}, {bmax!r}")
+    if bmin_i < 1:
+        raise InputError(f"Bmin must be ≥ 1, got {bmin_i}")
+    if bmin_i > bmax_i:
+        raise InputError(f"Bmin ({bmin_i}) must be ≤ Bmax ({bmax_i})")
+    return tuple(range(bmin_i, bmax_i + 1))
+
+
+@dataclass(frozen=True)
+class BatchingProblem:
+    """A validated dynamic-batching problem (paper 004 §III–IV).
+
+    Parameters
+    ----------
+    lam : arrival rate λ in requests/ms.
+    batch_sizes : the allowed batch sizes 𝓑 (sorted, unique, ≥ 1).
+    latency : mean batch time l(b) in ms (positive, finite, non-decreasing on 𝓑).
+    energy : batch energy ζ(b) in mJ (non-negative, finite).
+    service : shape of the batch-time law G_b with mean l(b).
+    w1, w2 : weights of mean latency (per ms) and mean power (per W); w1 > 0, w2 ≥ 0.
+    """
+
+    lam: float
+    batch_sizes: tuple[int, ...] = tuple(range(1, 33))
+    latency: Curve = BASIC_LATENCY
+    energy: Curve = BASIC_ENERGY
+    service: ServiceLaw = field(default_factory=Deterministic)
+    w1: float = 1.0
+    w2: float = 1.0
+
+    def __post_init__(self):
+        sizes = batch_size_set(sizes=self.batch_sizes)
+        object.__setattr__(self, "batch_sizes", sizes)
+        object.__setattr__(self, "latency", parse_curve(self.latency, "latency model"))
+        object.__setattr__(self, "energy", parse_curve(self.energy, "energy model"))
+        object.__setattr__(self, "service", parse_service(self.service))
+        object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
+        object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
+        lam = _finite_number("λ (lam)", self.lam, positive=True)
+        object.__setattr__(self, "lam", lam)
+
+        b = np.asarray(sizes, dtype=np.float64)
+        l = np.asarray(self.latency(b), dtype=np.float64)
+        z = np.asarray(self.energy(b), dtype=np.float64)
+        bad = [(s, v) for s, v in zip(sizes, l) if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise InputError(f"latency l(b) must be finite and > 0 ms; l({bad[0][0]}) = {bad[0][1]!r}")
+        dec = np.nonzero(np.diff(l) < 0)[0]
+        if dec.size:
+            i = dec[0]
+            raise InputError(
+                f"latency l(b) must be non-decreasing in b (paper 004 §III); "
+                f"l({sizes[i]}) = {l[i]:.6g} > l({sizes[i + 1]}) = {l[i + 1]:.6g}"
+            )
+        bad = [(s, v) for s, v in zip(sizes, z) if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise InputError(f"energy ζ(b) must be finite and ≥ 0 mJ; ζ({bad[0][0]}) = {bad[0][1]!r}")
+        max_lam = sizes[-1] / l[-1]
+        if not lam < max_lam:
+            raise InputError(
+                f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
+                f"the maximum stable λ is Bmax/l(Bmax) = {max_lam:.6g} /ms (use ρ < 1)"
+            )
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_rho(cls, rho: float, **kwargs) -> "BatchingProblem":
+        """Build from the normalised load ρ = λ·l(Bmax)/Bmax ∈ (0, 1)."""
+        rho_v = _finite_number("ρ (rho)", rho)
+        if not 0 < rho_v < 1:
+            raise InputError(f"ρ must lie in (0, 1) for a stable queue, got {rho!r}")
+        sizes = batch_size_set(sizes=kwargs.get("batch_sizes", tuple(range(1, 33))))
+        latency = parse_curve(kwargs.get("latency", BASIC_LATENCY), "latency model")
+        lmax = float(latency(np.float64(sizes[-1])))
+        if not (math.isfinite(lmax) and lmax > 0):
+            raise InputError(f"latency l(b) must be finite and > 0 ms; l({sizes[-1]}) = {lmax!r}")
+        return cls(lam=rho_v * sizes[-1] / lmax, **kwargs)
+
+    @classmethod
+    def basic(cls, rho: float = 0.5, w2: float = 1.0, **kwargs) -> "BatchingProblem":
+        """Paper 004's basic scenario (GoogLeNet on a Tesla P4, deterministic, 𝓑 = 1..32)."""
+        return cls.from_rho(rho, w2=w2, **kwargs)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def bmin(self) -> int:
+        return self.batch_sizes[0]
+
+    @property
+    def bmax(self) -> int:
+        return self.batch_sizes[-1]
+
+    @property
+    def max_lam(self) -> float:
+        """Maximum stable arrival rate Bmax/l(Bmax) (requests/ms)."""
+        return self.bmax / float(self.latency(np.float64(self.bmax)))
+
+    @property
+    def rho(self) -> float:
+        return self.lam / self.max_lam
+
+    def latency_ms(self) -> np.ndarray:
+        """l(b) for b in 𝓑 (ms)."""
+        return np.asarray(self.latency(np.asarray(self.batch_sizes, dtype=np.float64)), dtype=np.float64)
+
+    def energy_mj(self) -> np.ndarray:
+        """ζ(b) for b in 𝓑 (mJ)."""
+        return np.asarray(self.energy(np.asarray(self.batch_sizes, dtype=np.float64)), dtype=np.float64)
+
+    def second_moments(self) -> np.ndarray:
+        """E[G_b²] for b in 𝓑 (ms²)."""
+        return np.array([self.service.second_moment(float(l)) for l in self.latency_ms()])
+
+    def replace(self, **changes) -> "BatchingProblem":
+        """A copy with some fields changed (validated again)."""
+        fields = dict(
+            lam=self.lam, batch_sizes=self.batch_sizes, latency=self.latency, energy=self.energy,
+            service=self.service, w1=self.w1, w2=self.w2,
+        )
+        fields.update(changes)
+        return BatchingProblem(**fields)
+
+    def describe(self) -> dict:
+        """Plain-data description (for JSON / HDF5)."""
+        return {
+            "lam": self.lam,
+            "rho": self.rho,
+            "batch_sizes": list(self.batch_sizes),
+            "latency": self.latency.spec(),
+            "energy": self.energy.spec(),
+            "service": self.service.spec(),
+            "w1": self.w1,
+            "w2": self.w2,
+        }

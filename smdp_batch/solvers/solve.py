@@ -1,0 +1,210 @@
+"""One entry point: truncate, solve, evaluate — with automatic choice of s_max (paper 004 §V-A).
+
+``smax="auto"`` scans s_max upward from Bmax and returns the first truncation whose solution has
+Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II).  The scan solves each
+candidate exactly by policy iteration warm-started from the previous candidate's policy, so it
+costs a few evaluations per step.  Steps are 1 up to s_max = 256 and then ≈1 % of s_max.
+Truncations whose optimal policy waits in S_o (all mass trapped in the overflow state — the
+c_o ≈ 0 regime of Fig. 10) are *degenerate*: their Δ is huge, so the scan passes them; a fixed
+s_max that is degenerate raises a :class:`DegenerateTruncationWarning`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import DegenerateTruncationWarning, InputError
+from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, extend_policy
+from ..model.problem import BatchingProblem
+from ..truncate import ArrivalTable, TruncatedSMDP, arrival_table, truncate
+from .policy_iteration import policy_iteration
+from .result import SolveResult
+from .rvi import ETA_FRACTION, relative_value_iteration
+
+__all__ = ["Solution", "solve", "solve_truncated", "SOLVERS"]
+
+SOLVERS = ("pi", "rvi")
+#: Give up the automatic scan beyond this s_max.
+SMAX_LIMIT = 200_000
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A solved batching problem: inputs, truncation, solver result and exact evaluation."""
+
+    problem: BatchingProblem
+    model: TruncatedSMDP
+    result: SolveResult
+    evaluation: Evaluation
+    tol_delta: float
+    smax_auto: bool
+    seconds: float
+    candidates: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @cached_property
+    def deployed(self) -> Evaluation:
+        """Metrics of the policy extended by eq. 30 on the infinite queue (truncation error < 1e-10)."""
+        return evaluate_deployed(self.problem, self.result.policy)
+
+    @property
+    def policy(self) -> np.ndarray:
+        return self.result.policy
+
+    @property
+    def s_max(self) -> int:
+        return self.model.s_max
+
+    @property
+    def control_limit(self) -> int | None:
+        return control_limit_of(self.result.policy, self.problem.batch_sizes)
+
+    @property
+    def degenerate(self) -> bool:
+        return int(self.result.policy[-1]) == 0
+
+    def decide(self, n: int) -> int:
+        """Batch size for queue length n ≥ 0 (eq. 30: n > s_max uses the s_max action)."""
+        n = int(n)
+        if n < 0:
+            raise InputError(f"queue length must be ≥ 0, got {n}")
+        return int(self.result.policy[min(n, self.s_max)])
+
+    def to_dict(self) -> dict:
+        """The JSON contract of DESIGN.md §4.
+
+        ``avg_cost`` and ``delta`` are ĝ and Δ of the truncated model (eqs. 21–22, as in paper
+        004 Table II); latency, power and throughput are those of the deployed policy (eq. 30 on
+        the infinite queue, :attr:`deployed`); ``truncated`` repeats all metrics on the truncation.
+        """
+        r, e, p, dep = self.result, self.evaluation, self.problem, self.deployed
+        d = {
+            "lam": p.lam,
+            "rho": p.rho,
+            "w1": p.w1,
+            "w2": p.w2,
+            "batch_sizes": list(p.batch_sizes),
+            "latency": p.latency.spec(),
+            "energy": p.energy.spec(),
+            "service": p.service.spec(),
+            "smax": self.s_max,
+            "smax_auto": self.smax_auto,
+            "abstract_cost": self.model.abstract_cost,
+            "tol_delta": self.tol_delta,
+            "solver": r.solver,
+            "eps": r.eps,
+            "eta": r.eta,
+            "iterations": r.iterations,
+            "converged": r.converged,
+            "gain_bracket": list(r.gain_bracket),
+            "span": r.span,
+            "avg_cost": e.avg_cost,
+            "delta": e.delta,
+            **{k: v for k, v in dep.as_dict().items() if k not in ("avg_cost", "delta")},
+            "objective": p.w1 * dep.mean_latency_ms + p.w2 * dep.mean_power_w,
+            "truncated": e.as_dict(),
+            "policy": [int(a) for a in r.policy],
+            "control_limit": self.control_limit,
+            "degenerate": self.degenerate,
+            "solve_seconds": self.seconds,
+            "units": {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput": "1/ms"},
+        }
+        d.update(self.extra)
+        return d
+
+
+def solve_truncated(
+    model: TruncatedSMDP,
+    solver: str = "pi",
+    eps: float = 0.01,
+    max_iter: int | None = None,
+    eta_fraction: float = ETA_FRACTION,
+    policy0: np.ndarray | None = None,
+) -> SolveResult:
+    """Solve one truncated model with the named solver ('pi' exact, 'rvi' ε-optimal)."""
+    if solver == "pi":
+        return policy_iteration(model, policy0=policy0, max_iter=max_iter or 1000)
+    if solver == "rvi":
+        return relative_value_iteration(model, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
+    raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+
+
+def _next_smax(s: int) -> int:
+    return s + 1 if s < 256 else s + max(1, s // 100)
+
+
+def solve(
+    problem: BatchingProblem,
+    smax: int | str = "auto",
+    abstract_cost: float = 100.0,
+    tol_delta: float = 1e-3,
+    solver: str = "pi",
+    eps: float = 0.01,
+    max_iter: int | None = None,
+    eta_fraction: float = ETA_FRACTION,
+) -> Solution:
+    """Optimal batching policy for ``problem`` (paper 004 §V).
+
+    smax : an integer ≥ Bmax, or "auto" (smallest s_max, scanned upward, with Δ < tol_delta).
+    abstract_cost : c_o of eq. 19 (≥ 0).
+    solver : "pi" (exact policy iteration, default) or "rvi" (Algorithm 1 with span tolerance eps).
+    """
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    tol = float(tol_delta)
+    if not (np.isfinite(tol) and tol > 0):
+        raise InputError(f"tol_delta (δ) must be > 0, got {tol_delta!r}")
+    t0 = time.perf_counter()
+    if isinstance(smax, str):
+        if smax.strip().lower() != "auto":
+            try:
+                smax = int(smax)
+            except ValueError:
+                raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} or 'auto', got {smax!r}") from None
+    if not isinstance(smax, str):
+        model = truncate(problem, smax, abstract_cost)
+        res = solve_truncated(model, solver, eps, max_iter, eta_fraction)
+        ev = evaluate_policy(model, res.policy)
+        sol = Solution(problem, model, res, ev, tol, False, time.perf_counter() - t0)
+        if sol.degenerate:
+            warnings.warn(
+                f"s_max={model.s_max} with c_o={model.abstract_cost:g} is degenerate: the policy waits in the "
+                f"overflow state (Δ = {ev.delta:.3g}); raise s_max or c_o, or use smax='auto'",
+                DegenerateTruncationWarning,
+                stacklevel=2,
+            )
+        return sol
+
+    # ---- automatic truncation: smallest s_max with Δ < δ
+    s = problem.bmax
+    arrivals: ArrivalTable = arrival_table(problem, max(4 * s, 256))
+    policy = None
+    candidates = 0
+    while s <= SMAX_LIMIT:
+        if arrivals.kmax < s:
+            arrivals = arrival_table(problem, 2 * s)
+        model = truncate(problem, s, abstract_cost, arrivals)
+        res = policy_iteration(model, policy0=None if policy is None else extend_policy(policy, s))
+        ev = evaluate_policy(model, res.policy)
+        candidates += 1
+        if ev.delta < tol:
+            if solver != "pi":
+                res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction)
+                ev2 = evaluate_policy(model, res2.policy)
+                if ev2.delta < tol:
+                    res, ev = res2, ev2
+                else:  # the ε-optimal policy overflows more: keep scanning
+                    policy = res.policy
+                    s = _next_smax(s)
+                    continue
+            return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, candidates)
+        policy = res.policy
+        s = _next_smax(s)
+    raise InputError(
+        f"no s_max ≤ {SMAX_LIMIT} reaches Δ < {tol:g}; the load ρ = {problem.rho:.6g} may be too close to 1"
+    )

@@ -1,0 +1,218 @@
+"""Finite-state approximation of the batching SMDP (paper 004 §V-A, eqs. 18–19), held compactly.
+
+States are 0..s_max plus the overflow state S_o (index s_max+1), which aggregates the tail
+{s_max+1, …} and behaves as s_max with an extra abstract cost c_o·y(s, a) (eq. 19).  Actions are
+0 ("wait") followed by the allowed batch sizes in increasing order; action a is feasible in
+state s iff a ≤ s (S_o counts as s_max ≥ Bmax, so every action is feasible there).
+
+Transitions (eq. 18) out of (s, a ≠ 0) are a shifted copy of the arrival-count law p^[a]:
+the next state is s − a + k with probability p_k for k ≤ s_max − s + a, and S_o with the tail
+mass P(K > s_max − s + a).  Waiting moves s → s+1 (s_max → S_o, S_o → S_o).  We therefore store
+per action only
+
+* ``P[a, k]`` = p_k^[a] and ``SF[a, k]`` = P(K > k), k = 0..s_max,
+* ``y[a]`` the mean sojourn (eq. 9: l(a), or 1/λ for waiting),
+* cost pieces with c(s, a) = fixed[a] + slope[a]·s (eq. 11):
+  fixed = w2·ζ(a) + w1·E[G_a²]/2, slope = w1·y(a)/λ (waiting: fixed 0, slope w1/λ²).
+
+Memory is O(A·s_max); nothing of size S×A×S is built except by :meth:`TruncatedSMDP.dense`
+(tests and peers only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .model.problem import BatchingProblem
+
+__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "truncate"]
+
+#: Terms p_k of a row outside [klo, khi] carry less than this mass on each side; the solver
+#: kernels skip them (their effect on any value is below 1e-18·span(h)).  Evaluation uses full rows.
+SUPPORT_EPS = 1e-18
+
+
+@dataclass(frozen=True)
+class ArrivalTable:
+    """p_k^[b] and P(K > k) for every allowed b and k = 0..kmax (rows follow ``problem.batch_sizes``)."""
+
+    pmf: np.ndarray
+    sf: np.ndarray
+
+    @property
+    def kmax(self) -> int:
+        return self.pmf.shape[1] - 1
+
+
+def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
+    """Arrival-count laws during a batch of each allowed size (eqs. 4–6), k = 0..kmax."""
+    law = problem.service
+    pmf = np.empty((len(problem.batch_sizes), kmax + 1))
+    sf = np.empty_like(pmf)
+    for i, l in enumerate(problem.latency_ms()):
+        m = problem.lam * float(l)
+        pmf[i] = law.arrival_pmf(m, kmax)
+        sf[i] = law.arrival_sf(m, kmax)
+    if not (np.all(np.isfinite(pmf)) and np.all(pmf >= 0) and np.all(np.isfinite(sf))):
+        raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
+    return ArrivalTable(pmf, np.clip(sf, 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class TruncatedSMDP:
+    """The truncated SMDP 𝒫̂ (eqs. 18–19) in compact per-action form. Index s_max+1 is S_o."""
+
+    problem: BatchingProblem
+    s_max: int
+    abstract_cost: float
+    actions: np.ndarray  # int64 (A,), 0 first then batch sizes ascending
+    y: np.ndarray  # (A,) mean sojourn, ms
+    P: np.ndarray  # (A, s_max+1) p_k; row 0 (wait) unused
+    SF: np.ndarray  # (A, s_max+1) P(K > k)
+    klo: np.ndarray  # (A,) int64 support bounds used by the kernels
+    khi: np.ndarray
+    cost_fixed: np.ndarray  # (A,)
+    cost_slope: np.ndarray  # (A,)
+    energy: np.ndarray  # (A,) ζ(a) mJ, 0 for waiting
+    hold_fixed: np.ndarray  # (A,) E[G_a²]/2 (ms²), 0 for waiting
+
+    @property
+    def n_states(self) -> int:
+        return self.s_max + 2
+
+    @property
+    def overflow(self) -> int:
+        """Index of S_o."""
+        return self.s_max + 1
+
+    def state_level(self) -> np.ndarray:
+        """Queue length each state stands for (S_o counts as s_max), shape (S,)."""
+        s = np.arange(self.n_states, dtype=np.float64)
+        s[-1] = self.s_max
+        return s
+
+    def feasible(self) -> np.ndarray:
+        """Boolean (S, A): action a feasible in state s (a ≤ s; S_o as s_max)."""
+        return self.actions[None, :] <= self.state_level()[:, None]
+
+    def costs(self) -> np.ndarray:
+        """ĉ(s, a) (eq. 19) as an (S, A) array; +inf where infeasible."""
+        c = self.cost_fixed[None, :] + self.cost_slope[None, :] * self.state_level()[:, None]
+        c[-1] += self.abstract_cost * self.y
+        c[~self.feasible()] = np.inf
+        return c
+
+    def eta_bound(self) -> float:
+        """Upper bound on the discretization constant η (eqs. 24–25)."""
+        bound = self.y[0]  # waiting: 1/λ, m̂(s|s,0) = 0
+        for i in range(1, len(self.actions)):
+            a = int(self.actions[i])
+            stay_max = max(1.0 - self.P[i, a], 1.0 - self.SF[i, a])  # states ≤ s_max, and S_o
+            if stay_max > 0:
+                bound = min(bound, self.y[i] / stay_max)
+        return float(bound)
+
+    def action_index(self, policy: np.ndarray) -> np.ndarray:
+        """Map a policy of batch sizes (length S) to action indices; validates feasibility."""
+        policy = np.asarray(policy)
+        if policy.shape != (self.n_states,):
+            raise InputError(f"policy must have s_max+2 = {self.n_states} entries, got shape {policy.shape}")
+        lookup = {int(a): i for i, a in enumerate(self.actions)}
+        try:
+            idx = np.array([lookup[int(a)] for a in policy], dtype=np.int64)
+        except KeyError as e:
+            raise InputError(
+                f"policy uses batch size {e.args[0]}, which is not allowed; allowed: 0 (wait) and "
+                f"{_fmt_sizes(self.problem.batch_sizes)}"
+            ) from None
+        bad = np.nonzero(policy > self.state_level())[0]
+        if bad.size:
+            s = int(bad[0])
+            raise InputError(f"policy serves {int(policy[s])} requests in state {s}, which holds only {s}")
+        return idx
+
+    def dense(self) -> np.ndarray:
+        """Dense m̂(j|s,a) as an (S, A, S) array (eq. 18) — for tests and peer solvers only."""
+        S, A = self.n_states, len(self.actions)
+        M = np.zeros((S, A, S))
+        lv = self.state_level().astype(np.int64)
+        for s in range(S):
+            for i, a in enumerate(self.actions):
+                if a > lv[s]:
+                    continue
+                if a == 0:
+                    M[s, i, min(s + 1, S - 1)] = 1.0
+                    continue
+                base = lv[s] - a
+                m = self.s_max - base
+                M[s, i, base : base + m + 1] = self.P[i, : m + 1]
+                M[s, i, S - 1] += self.SF[i, m]
+        return M
+
+
+def _fmt_sizes(sizes) -> str:
+    sizes = list(sizes)
+    if sizes == list(range(sizes[0], sizes[-1] + 1)) and len(sizes) > 3:
+        return f"{sizes[0]}..{sizes[-1]}"
+    return ",".join(str(b) for b in sizes)
+
+
+def _support(pmf: np.ndarray, sf: np.ndarray) -> tuple[int, int]:
+    left = np.cumsum(pmf)
+    klo = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
+    above = np.nonzero(sf >= SUPPORT_EPS)[0]
+    khi = int(above[-1]) + 1 if above.size else 0
+    return min(klo, pmf.size - 1), min(khi, pmf.size - 1)
+
+
+def truncate(
+    problem: BatchingProblem,
+    s_max: int,
+    abstract_cost: float = 100.0,
+    arrivals: ArrivalTable | None = None,
+) -> TruncatedSMDP:
+    """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19)."""
+    try:
+        s_max_i = int(s_max)
+    except (TypeError, ValueError):
+        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
+    if s_max_i != s_max or s_max_i < problem.bmax:
+        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} (paper 004 §V-A), got {s_max!r}")
+    c_o = float(abstract_cost)
+    if not (np.isfinite(c_o) and c_o >= 0):
+        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    if arrivals is None or arrivals.kmax < s_max_i:
+        arrivals = arrival_table(problem, s_max_i)
+    A = len(problem.batch_sizes) + 1
+    K = s_max_i + 1
+    P = np.zeros((A, K))
+    SF = np.zeros((A, K))
+    P[1:] = arrivals.pmf[:, :K]
+    SF[1:] = arrivals.sf[:, :K]
+    klo = np.zeros(A, dtype=np.int64)
+    khi = np.zeros(A, dtype=np.int64)
+    for i in range(1, A):
+        klo[i], khi[i] = _support(P[i], SF[i])
+    lam, w1, w2 = problem.lam, problem.w1, problem.w2
+    l = problem.latency_ms()
+    y = np.concatenate([[1.0 / lam], l])
+    energy = np.concatenate([[0.0], problem.energy_mj()])
+    hold_fixed = np.concatenate([[0.0], 0.5 * problem.second_moments()])
+    return TruncatedSMDP(
+        problem=problem,
+        s_max=s_max_i,
+        abstract_cost=c_o,
+        actions=np.concatenate([[0], problem.batch_sizes]).astype(np.int64),
+        y=y,
+        P=P,
+        SF=SF,
+        klo=klo,
+        khi=khi,
+        cost_fixed=w2 * energy + w1 * hold_fixed,
+        cost_slope=w1 * y / lam,
+        energy=energy,
+        hold_fixed=hold_fixed,
+    )
