@@ -16,19 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import warnings
-
 import numpy as np
-import scipy.linalg
 
 from .errors import InputError
-from .kernels import policy_matrix
+from .linalg import stationary
 from .model.problem import BatchingProblem
 from .truncate import TruncatedSMDP, arrival_table, truncate
 
 __all__ = [
     "Evaluation", "control_limit_of", "evaluate_deployed", "evaluate_policy", "extend_policy",
-    "stationary_distribution",
+    "resize_policy", "stationary_distribution", "tail_stable",
 ]
 
 
@@ -61,20 +58,7 @@ class Evaluation:
 
 def stationary_distribution(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.ndarray:
     """Stationary law of the embedded chain under a policy (action indices); unichain required."""
-    M = policy_matrix(pol_idx, model.P, model.SF, model.actions, model.s_max)
-    S = model.n_states
-    A = (np.eye(S) - M).T
-    A[0, :] = 1.0
-    rhs = np.zeros(S)
-    rhs[0] = 1.0
-    try:
-        with warnings.catch_warnings():  # near-multichain degenerate truncations; see solvers.solve
-            warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
-            mu = scipy.linalg.solve(A, rhs, check_finite=False)
-    except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
-        raise InputError("the policy's embedded chain has more than one recurrent class") from None
-    mu = np.clip(mu, 0.0, None)
-    return mu / mu.sum()
+    return stationary(model, pol_idx)
 
 
 def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
@@ -105,8 +89,9 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
 def control_limit_of(policy: np.ndarray, batch_sizes) -> int | None:
     """Q if ``policy`` is a control-limit policy (paper 004 Def. 3), else None.
 
-    Control limit Q: wait below Q, from Q on serve the largest allowed batch ≤ min(s, Bmax).
-    The overflow entry (last) must serve the largest batch.
+    Control limit Q: wait below Q, from Q on serve the largest allowed batch ≤ min(s, Bmax),
+    checked on states 0..s_max (the S_o entry only reflects the abstract cost and is not part of
+    the deployed rule, eq. 30).
     """
     policy = np.asarray(policy)
     sizes = np.asarray(batch_sizes)
@@ -119,9 +104,17 @@ def control_limit_of(policy: np.ndarray, batch_sizes) -> int | None:
     pos = np.searchsorted(sizes, np.minimum(s, sizes[-1]), side="right") - 1
     greedy = np.where(pos >= 0, sizes[np.clip(pos, 0, None)], 0)
     expected = np.where(s >= q, greedy, 0)
-    if np.array_equal(policy[:n], expected) and policy[-1] == sizes[-1]:
+    if np.array_equal(policy[:n], expected):
         return q
     return None
+
+
+def resize_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
+    """Carry a policy to another s_max (a warm start): grow by eq. 30, or cut with S_o ← π(s_max)."""
+    policy = np.asarray(policy, dtype=np.int64)
+    if s_max >= policy.size - 2:
+        return extend_policy(policy, s_max)
+    return np.concatenate([policy[: s_max + 1], policy[s_max : s_max + 1]])
 
 
 def extend_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
@@ -140,6 +133,12 @@ def extend_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
     return out
 
 
+def tail_stable(problem: BatchingProblem, policy: np.ndarray) -> bool:
+    """Whether eq. 30's tail action a = π(s_max) drains long queues: a > 0 and λ·l(a) < a."""
+    a_tail = int(policy[len(policy) - 2])
+    return a_tail > 0 and problem.lam * float(problem.latency(np.float64(a_tail))) < a_tail
+
+
 #: Largest truncation :func:`evaluate_deployed` will build.
 DEPLOYED_SMAX_LIMIT = 1 << 14
 
@@ -154,11 +153,11 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
     """
     policy = np.asarray(policy, dtype=np.int64)
     base = policy.size - 2
-    a_tail = int(policy[base])
-    if a_tail == 0:
-        raise InputError(f"the policy waits at its last state s_max={base}: it never serves long queues (unstable)")
-    l_tail = float(problem.latency(np.float64(a_tail)))
-    if problem.lam * l_tail >= a_tail:
+    if not tail_stable(problem, policy):
+        a_tail = int(policy[base])
+        if a_tail == 0:
+            raise InputError(f"the policy waits at its last state s_max={base}: it never serves long queues (unstable)")
+        l_tail = float(problem.latency(np.float64(a_tail)))
         raise InputError(
             f"the policy serves batches of {a_tail} on long queues, at most {a_tail / l_tail:.6g} requests/ms, "
             f"but λ = {problem.lam:.6g} /ms: it does not stabilise the queue"

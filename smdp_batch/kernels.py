@@ -43,23 +43,80 @@ def expected_next_table(h, P, SF, klo, khi, actions, s_max):
 
 
 @njit(cache=True)
-def policy_matrix(pol_idx, P, SF, actions, s_max):
-    """Dense m̂(·|s, π(s)) for a policy given as action indices, shape (S, S). Full rows (no support cut)."""
+def _band_widths(pol_idx, klo, khi, actions, s_max):
+    lw = 0
+    uw = 1
+    for s in range(1, s_max + 1):
+        a = actions[pol_idx[s]]
+        if a == 0:
+            continue
+        if a - klo[pol_idx[s]] > lw:
+            lw = a - klo[pol_idx[s]]
+        if khi[pol_idx[s]] - a > uw:
+            uw = khi[pol_idx[s]] - a
+    return lw, uw
+
+
+@njit(cache=True)
+def _put(abx, U, V, D, lw, uw, n_states, r, c, v):
+    last = n_states - 1
+    rb = r == 0 or r == last
+    cb = c == 0 or c == last
+    if rb and cb:
+        D[1 if r == last else 0, 1 if c == last else 0] += v
+    elif rb:
+        V[1 if r == last else 0, c - 1] += v
+    elif cb:
+        U[r - 1, 1 if c == last else 0] += v
+    else:
+        abx[r - 1, uw + lw + c - r] += v
+
+
+@njit(cache=True)
+def policy_system_bordered(pol_idx, P, SF, klo, khi, actions, s_max, col0):
+    """I − m̂(·|s, π(s)) with column 0 replaced by ``col0``, split for a bordered banded solve.
+
+    States 1..s_max form a banded block B (lower width lw ≤ Bmax, upper uw ≤ the arrival
+    support); state 0's column (replaced by col0) and S_o (tail masses) are the border.
+    Returns (abx, lw, uw, U, V, D): ``abx.T`` is LAPACK dgbtrf band storage (with fill rows) of
+    Bᵀ — row s of B is written contiguously — and U = A[interior, border],
+    V = A[border, interior], D = A[border, border].  Rows keep the support [klo, khi] of p^[a]:
+    the dropped mass is < 1e-18, below float64 resolution of a row sum.
+    """
     S = s_max + 2
-    M = np.zeros((S, S))
+    n = S - 2
+    lw, uw = _band_widths(pol_idx, klo, khi, actions, s_max)
+    abx = np.zeros((n, 2 * uw + lw + 1))
+    U = np.zeros((n, 2))
+    V = np.zeros((2, n))
+    D = np.zeros((2, 2))
     for s in range(S):
+        _put(abx, U, V, D, lw, uw, S, s, 0, col0[s])
+        if s != 0:
+            _put(abx, U, V, D, lw, uw, S, s, s, 1.0)
         ai = pol_idx[s]
         a = actions[ai]
         if a == 0:
-            M[s, s + 1 if s <= s_max else s] = 1.0
+            _put(abx, U, V, D, lw, uw, S, s, s + 1 if s <= s_max else s, -1.0)
             continue
         ss = s if s <= s_max else s_max
         base = ss - a
         m = s_max - base
-        for k in range(m + 1):
-            M[s, base + k] += P[ai, k]
-        M[s, s_max + 1] += SF[ai, m]
-    return M
+        hi = khi[ai] if khi[ai] < m else m
+        k0 = klo[ai]
+        if 1 <= s <= s_max:  # interior row: contiguous band writes, border columns aside
+            if base + k0 == 0:
+                k0 += 1
+            off = uw + lw - s + base
+            row = abx[s - 1]
+            for k in range(k0, hi + 1):
+                row[off + k] -= P[ai, k]
+        else:
+            for k in range(k0, hi + 1):
+                if base + k != 0:
+                    _put(abx, U, V, D, lw, uw, S, s, base + k, -P[ai, k])
+        _put(abx, U, V, D, lw, uw, S, s, S - 1, -SF[ai, m])
+    return abx, lw, uw, U, V, D
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})

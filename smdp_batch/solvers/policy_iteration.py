@@ -14,11 +14,11 @@ import time
 import warnings
 
 import numpy as np
-import scipy.linalg
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import NotConvergedWarning
 from ..truncate import TruncatedSMDP
-from ..kernels import expected_next_table, policy_matrix
+from ..kernels import expected_next_table
+from ..linalg import gain_bias
 from .result import SolveResult
 
 
@@ -29,27 +29,10 @@ def _initial_policy(model: TruncatedSMDP) -> np.ndarray:
 
 
 def evaluate_gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, costs: np.ndarray | None = None):
-    """(g, h) of a policy given as action indices: exact solve of eq. 20 restricted to π."""
-    S = model.n_states
-    M = policy_matrix(pol_idx, model.P, model.SF, model.actions, model.s_max)
+    """(g, h) of a policy given as action indices: exact (sparse) solve of eq. 20 restricted to π."""
     if costs is None:
         costs = model.costs()
-    c = costs[np.arange(S), pol_idx]
-    y = model.y[pol_idx]
-    A = np.eye(S) - M
-    A[:, 0] = y  # unknown h(0) ≡ 0 replaced by g
-    try:
-        # Degenerate truncations (policy waits in S_o, Δ huge) are nearly multichain and
-        # ill-conditioned; the auto scan passes them by Δ, so the warning is noise there.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
-            x = scipy.linalg.solve(A, c, check_finite=False)
-    except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
-        raise InputError("policy evaluation is singular: the policy has more than one recurrent class") from None
-    g = float(x[0])
-    h = x.copy()
-    h[0] = 0.0
-    return g, h
+    return gain_bias(model, pol_idx, costs[np.arange(model.n_states), pol_idx])
 
 
 def policy_iteration(

@@ -1,12 +1,16 @@
 """One entry point: truncate, solve, evaluate — with automatic choice of s_max (paper 004 §V-A).
 
 ``smax="auto"`` scans s_max upward from Bmax and returns the first truncation whose solution has
-Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II).  The scan solves each
-candidate exactly by policy iteration warm-started from the previous candidate's policy, so it
-costs a few evaluations per step.  Steps are 1 up to s_max = 256 and then ≈1 % of s_max.
-Truncations whose optimal policy waits in S_o (all mass trapped in the overflow state — the
-c_o ≈ 0 regime of Fig. 10) are *degenerate*: their Δ is huge, so the scan passes them; a fixed
-s_max that is degenerate raises a :class:`DegenerateTruncationWarning`.
+Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II) and whose policy is usable
+on the infinite queue (eq. 30's tail action π(s_max) serves faster than λ).  Each candidate is
+solved exactly by policy iteration warm-started from the previous one.  Steps are 1 up to
+s_max = 256 and then ≈1 % of s_max.
+
+*Degenerate* truncations are those whose optimal policy waits at the top (the c_o ≈ 0 regime of
+Fig. 10 where all mass ends in S_o, or a large w2 that makes "wait and let S_o absorb the queue"
+look cheap): the scan grows s_max geometrically (×1.25) across them and then bisects back to the
+smallest accepted s_max (to within the step size).  A fixed s_max that is degenerate raises a
+:class:`DegenerateTruncationWarning`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import DegenerateTruncationWarning, InputError
-from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, extend_policy
+from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
+from ..baselines.simple import greedy_policy
 from ..model.problem import BatchingProblem
 from ..truncate import ArrivalTable, TruncatedSMDP, arrival_table, truncate
 from .policy_iteration import policy_iteration
@@ -66,7 +71,8 @@ class Solution:
 
     @property
     def degenerate(self) -> bool:
-        return int(self.result.policy[-1]) == 0
+        """True when eq. 30's tail action (π(s_max)) cannot drain a long queue: a truncation artifact."""
+        return not tail_stable(self.problem, self.result.policy)
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (eq. 30: n > s_max uses the s_max action)."""
@@ -134,6 +140,17 @@ def solve_truncated(
     raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
 
 
+def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int) -> np.ndarray | None:
+    """Previous candidate's policy resized to s_max; a waiting tail is replaced by greedy service."""
+    if policy is None:
+        return None
+    out = resize_policy(policy, s_max)
+    if not tail_stable(problem, policy):
+        old = min(policy.size - 2, s_max)
+        out[old:] = greedy_policy(problem.batch_sizes, s_max)[old:]
+    return out
+
+
 def _next_smax(s: int) -> int:
     return s + 1 if s < 256 else s + max(1, s // 100)
 
@@ -180,31 +197,62 @@ def solve(
             )
         return sol
 
-    # ---- automatic truncation: smallest s_max with Δ < δ
+    # ---- automatic truncation: smallest s_max with Δ < δ and a stabilising tail action
+    arrivals: ArrivalTable = arrival_table(problem, max(4 * problem.bmax, 256))
+    cache: dict[int, tuple] = {}
+    warm = [None]
+
+    def candidate(s: int):
+        nonlocal arrivals
+        if s not in cache:
+            if arrivals.kmax < s:
+                arrivals = arrival_table(problem, 2 * s)
+            model = truncate(problem, s, abstract_cost, arrivals)
+            try:
+                try:
+                    res = policy_iteration(model, policy0=_warm_start(problem, warm[0], s))
+                except InputError:  # a warm start from a degenerate candidate can be multichain
+                    res = policy_iteration(model)
+            except InputError:
+                # PI reached a numerically multichain policy: the top states wait and S_o's class
+                # is cut off from the rest — a degenerate truncation, skipped like the others
+                cache[s] = (model, None, None, False)
+                return cache[s]
+            ev = evaluate_policy(model, res.policy)
+            warm[0] = res.policy
+            cache[s] = (model, res, ev, tail_stable(problem, res.policy))
+        return cache[s]
+
+    def accepted(s: int) -> bool:
+        _, _, ev, stable = candidate(s)
+        return stable and ev.delta < tol
+
     s = problem.bmax
-    arrivals: ArrivalTable = arrival_table(problem, max(4 * s, 256))
-    policy = None
-    candidates = 0
+    last_bad = s - 1
     while s <= SMAX_LIMIT:
-        if arrivals.kmax < s:
-            arrivals = arrival_table(problem, 2 * s)
-        model = truncate(problem, s, abstract_cost, arrivals)
-        res = policy_iteration(model, policy0=None if policy is None else extend_policy(policy, s))
-        ev = evaluate_policy(model, res.policy)
-        candidates += 1
-        if ev.delta < tol:
+        if accepted(s):
+            # after a geometric jump, bisect back to the smallest accepted s_max above last_bad
+            lo, hi = last_bad, s
+            while hi - lo > 1 and hi - lo > (0 if hi <= 256 else hi // 100):
+                mid = (lo + hi) // 2
+                if accepted(mid):
+                    hi = mid
+                else:
+                    lo = mid
+            model, res, ev, _ = candidate(hi)
             if solver != "pi":
                 res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction)
                 ev2 = evaluate_policy(model, res2.policy)
-                if ev2.delta < tol:
-                    res, ev = res2, ev2
-                else:  # the ε-optimal policy overflows more: keep scanning
-                    policy = res.policy
-                    s = _next_smax(s)
-                    continue
-            return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, candidates)
-        policy = res.policy
-        s = _next_smax(s)
+                if not (ev2.delta < tol and tail_stable(problem, res2.policy)):
+                    last_bad, s = hi, _next_smax(hi)
+                    continue  # the ε-optimal policy overflows more: keep scanning
+                res, ev = res2, ev2
+            return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, len(cache))
+        last_bad = s
+        stable = candidate(s)[3]
+        # a truncation whose top state waits (degenerate, Fig. 10's c_o ≈ 0 regime or large w2)
+        # needs a much larger s_max: grow geometrically, then bisect back
+        s = _next_smax(s) if stable else max(_next_smax(s), int(s * 1.25))
     raise InputError(
         f"no s_max ≤ {SMAX_LIMIT} reaches Δ < {tol:g}; the load ρ = {problem.rho:.6g} may be too close to 1"
     )
