@@ -60,7 +60,7 @@ class Affine(Curve):
         return self.slope * np.asarray(b, dtype=np.float64) + self.intercept
 
     def spec(self):
-        return f"affine:{self.slope:.17g},{self.intercept:.17g}"
+        return f"affine:{self.slope!r},{self.intercept!r}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +74,7 @@ class Constant(Curve):
         return np.full(np.shape(b), self.value, dtype=np.float64)
 
     def spec(self):
-        return f"const:{self.value:.17g}"
+        return f"const:{self.value!r}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -89,7 +89,7 @@ class Logarithmic(Curve):
         return self.coef * np.log(np.asarray(b, dtype=np.float64)) + self.intercept
 
     def spec(self):
-        return f"log:{self.coef:.17g},{self.intercept:.17g}"
+        return f"log:{self.coef!r},{self.intercept!r}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -115,7 +115,7 @@ class Table(Curve):
         return np.vectorize(lambda x: lookup[int(x)], otypes=[np.float64])(b_arr)
 
     def spec(self):
-        return "table:" + ",".join(f"{b}={v:.17g}" for b, v in zip(self.sizes, self.values))
+        return "table:" + ",".join(f"{b}={v!r}" for b, v in zip(self.sizes, self.values))
 
 
 _CURVES = "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…"

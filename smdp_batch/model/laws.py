@@ -201,7 +201,7 @@ class HyperExponential(ServiceLaw):
         object.__setattr__(self, "scales", tuple(float(x) / mean for x in c))
 
     def spec(self) -> str:
-        parts = [f"{p:.17g}/{c:.17g}" for p, c in zip(self.probs, self.scales)]
+        parts = [f"{p!r}/{c!r}" for p, c in zip(self.probs, self.scales)]
         return "hyperexp:" + ",".join(parts)
 
     def lst(self, s, l):

@@ -1,0 +1,288 @@
+"""Command line: ``smdp-batch solve | evaluate | show`` (DESIGN.md §4).
+
+Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
+and exits with code 2 — never a traceback, never a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+
+import click
+import numpy as np
+
+from . import __version__
+from .baselines import parse_policy
+from .errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
+from .evaluate import control_limit_of, evaluate_deployed
+from .export.hdf5 import read_policy, write_policy
+from .model.problem import BatchingProblem, batch_size_set
+from .report import describe_policy
+from .solvers import SOLVERS, solve
+
+DEFAULTS = {
+    "rho": 0.5, "bmin": 1, "bmax": 32, "latency": "affine:0.3051,1.0524",
+    "energy": "affine:19.899,19.603", "service": "det", "w1": 1.0, "w2": 1.0,
+}
+
+
+def _number(name: str, text, *, integer: bool = False):
+    try:
+        v = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a number"
+        raise InputError(f"--{name} must be {kind}, got {text!r}") from None
+    if not integer and not math.isfinite(v):
+        raise InputError(f"--{name} must be finite, got {text!r}")
+    return v
+
+
+def scenario_options(f):
+    """Options describing the batching problem (shared by solve and evaluate)."""
+    opts = [
+        click.option("--lam", help="arrival rate λ in requests/ms (exclusive with --rho)"),
+        click.option("--rho", help="load ρ = λ·l(Bmax)/Bmax in (0, 1) [default 0.5]"),
+        click.option("--bmin", help="smallest batch size [default 1]"),
+        click.option("--bmax", help="largest batch size [default 32]"),
+        click.option("--batch-sizes", help="explicit allowed batch sizes, e.g. 1,2,4,8,16,32"),
+        click.option("--latency", help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… [paper's GoogLeNet/P4]"),
+        click.option("--energy", help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… [paper's]"),
+        click.option("--service", help="batch-time law: det | exp | erlang:K | hyperexp:P/C,… [det]"),
+        click.option("--w1", help="weight of mean latency (per ms) [1]"),
+        click.option("--w2", help="weight of mean power (per W) [1]"),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
+    """BatchingProblem from CLI options; ``base`` supplies values not given (a policy file's inputs)."""
+    v = dict(DEFAULTS)
+    if base:
+        v.update(base)
+    given = {k: opts.get(k) for k in ("lam", "rho", "bmin", "bmax", "batch_sizes", "latency", "energy", "service", "w1", "w2")}
+    if given["lam"] is not None and given["rho"] is not None:
+        raise InputError("give either --lam or --rho, not both")
+    if given["lam"] is not None or given["rho"] is not None:
+        v.pop("lam", None)
+        v.pop("rho", None)
+    v.update({k: x for k, x in given.items() if x is not None})
+    if given["bmin"] is not None or given["bmax"] is not None:
+        v.pop("batch_sizes", None) if given["batch_sizes"] is None else None
+    if v.get("batch_sizes") is not None:
+        sizes = batch_size_set(sizes=v["batch_sizes"])
+    else:
+        sizes = batch_size_set(_number("bmin", v["bmin"], integer=True), _number("bmax", v["bmax"], integer=True))
+    kw = dict(
+        batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
+        w1=_number("w1", v["w1"]), w2=_number("w2", v["w2"]),
+    )
+    if v.get("lam") is not None:
+        return BatchingProblem(lam=_number("lam", v["lam"]), **kw)
+    return BatchingProblem.from_rho(_number("rho", v["rho"]), **kw)
+
+
+def _emit(data: dict, as_json: bool, text: str) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=_json_default))
+    else:
+        click.echo(text)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _scenario_line(p: BatchingProblem) -> str:
+    sizes = p.batch_sizes
+    bs = f"{sizes[0]}..{sizes[-1]}" if list(sizes) == list(range(sizes[0], sizes[-1] + 1)) else ",".join(map(str, sizes))
+    return (
+        f"  scenario    λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}), batch sizes {bs}\n"
+        f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
+        f"w1 = {p.w1:g}, w2 = {p.w2:g}"
+    )
+
+
+def _metrics_line(d: dict) -> str:
+    return (
+        f"  metrics     W̄ = {d['mean_latency_ms']:.6g} ms, P̄ = {d['mean_power_w']:.6g} W, "
+        f"throughput = {d['throughput'] * 1e3:.6g} req/s, mean batch = {d['mean_batch_size']:.4g}"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="smdp-batch")
+def cli():
+    """Optimal dynamic-batching policies for batch-serving systems (SMDP, paper 004).
+
+    Times in ms, energy in mJ, power in W, λ in requests/ms.
+    """
+
+
+@cli.command("solve")
+@scenario_options
+@click.option("--smax", default="auto", show_default=True, help="truncation s_max ≥ Bmax, or auto (smallest with Δ < δ)")
+@click.option("--abstract-cost", default="100", show_default=True, help="overflow cost c_o (eq. 19)")
+@click.option("--tol-delta", default="1e-3", show_default=True, help="δ: accept a truncation when Δ < δ (eq. 22)")
+@click.option("--solver", default="pi", show_default=True, help=f"one of {', '.join(SOLVERS)} (pi exact; rvi = paper's Alg. 1)")
+@click.option("--eps", default="0.01", show_default=True, help="RVI span tolerance ε")
+@click.option("--max-iter", default=None, help="iteration cap (RVI default 100000, PI 1000)")
+@click.option("--backend", default="numba", show_default=True, help="numba (CPU)")
+@click.option("-o", "--output", default=None, help="write the policy table to FILE.h5")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def solve_cmd(smax, abstract_cost, tol_delta, solver, eps, max_iter, backend, output, as_json, **opts):
+    """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
+    if backend != "numba":
+        raise InputError(f"unknown backend {backend!r}; valid: numba")
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    problem = build_problem(opts)
+    smax_v = smax if str(smax).strip().lower() == "auto" else _number("smax", smax, integer=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NotConvergedWarning)
+        warnings.simplefilter("always", DegenerateTruncationWarning)
+        sol = solve(
+            problem, smax=smax_v, abstract_cost=_number("abstract-cost", abstract_cost),
+            tol_delta=_number("tol-delta", tol_delta), solver=solver, eps=_number("eps", eps),
+            max_iter=None if max_iter is None else _number("max-iter", max_iter, integer=True),
+        )
+    for w in caught:
+        if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning)):
+            click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
+    if sol.degenerate:
+        raise InputError(
+            f"the truncation s_max={sol.s_max} is degenerate (its policy waits on long queues, Δ = "
+            f"{sol.evaluation.delta:.3g}); use --smax auto, a larger --smax or a larger --abstract-cost"
+        )
+    d = sol.to_dict()
+    if output:
+        write_policy(sol, output)
+        d["output"] = output
+    r = sol.result
+    conv = "converged" if r.converged else "NOT CONVERGED (iteration cap)"
+    text = "\n".join(
+        [
+            "smdp-batch — optimal batching policy (paper 004 SMDP)",
+            _scenario_line(problem),
+            f"  truncation  s_max = {sol.s_max}{' (auto)' if sol.smax_auto else ''}, c_o = {sol.model.abstract_cost:g}, "
+            f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
+            f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
+            f"  policy      {describe_policy(sol.policy, problem.batch_sizes)}",
+            f"  cost        ĝ = {d['avg_cost']:.6g} per ms (truncated model, eq. 21)",
+            _metrics_line(d),
+        ]
+        + ([f"  written     {output}"] if output else [])
+    )
+    _emit(d, as_json, text)
+
+
+@cli.command("evaluate")
+@scenario_options
+@click.option("--policy", "policy_spec", required=True, help="static:B | greedy | control:Q | FILE.h5")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def evaluate_cmd(policy_spec, as_json, **opts):
+    """Exact long-run metrics of a policy on the infinite queue (eq. 30 extension, truncation error < 1e-10)."""
+    t0 = time.perf_counter()
+    if policy_spec.lower().endswith((".h5", ".hdf5")):
+        pf = read_policy(policy_spec)
+        base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
+        base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
+        problem = build_problem(opts, base)
+        if tuple(problem.batch_sizes) != pf.batch_sizes:
+            raise InputError(
+                f"{policy_spec} was solved for batch sizes {list(pf.batch_sizes)}, not {list(problem.batch_sizes)}"
+            )
+        policy = pf.policy
+    else:
+        problem = build_problem(opts)
+        policy = parse_policy(policy_spec, problem.batch_sizes, max(problem.bmax, 1))
+    ev = evaluate_deployed(problem, policy)
+    d = {
+        **problem.describe(),
+        "policy_spec": policy_spec,
+        "smax": ev.s_max,
+        "abstract_cost": 0.0,
+        "iterations": None,
+        "converged": None,
+        **ev.as_dict(),
+        "avg_cost": problem.w1 * ev.mean_latency_ms + problem.w2 * ev.mean_power_w,
+        "policy": [int(a) for a in policy],
+        "control_limit": control_limit_of(policy, problem.batch_sizes),
+        "solve_seconds": time.perf_counter() - t0,
+        "units": {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput": "1/ms"},
+    }
+    text = "\n".join(
+        [
+            f"smdp-batch — exact evaluation of {policy_spec}",
+            _scenario_line(problem),
+            f"  policy      {describe_policy(policy, problem.batch_sizes)}",
+            f"  cost        w1·W̄ + w2·P̄ = {d['avg_cost']:.6g}",
+            _metrics_line(d),
+            f"  exactness   evaluated on s_max = {ev.s_max} (tail share Δ = {ev.delta:.2g})",
+        ]
+    )
+    _emit(d, as_json, text)
+
+
+@cli.command("show")
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def show_cmd(path, as_json):
+    """Print what a policy table holds."""
+    pf = read_policy(path)
+    sizes = pf.batch_sizes
+    d = {
+        "path": path,
+        **pf.meta,
+        "inputs": pf.inputs,
+        "truncation": pf.truncation,
+        "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")},
+        "policy": [int(a) for a in pf.policy],
+        "control_limit": control_limit_of(pf.policy, sizes),
+    }
+    i, t, s = pf.inputs, pf.truncation, pf.solution
+    text = "\n".join(
+        [
+            f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",
+            f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)}), "
+            f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
+            f"  truncation  s_max = {t['smax']}, c_o = {t['abstract_cost']:g}, Δ = {t['delta']:.3g}",
+            f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
+            f"  policy      {describe_policy(pf.policy, sizes)}",
+            f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W, ĝ = {s['avg_cost']:.6g}",
+        ]
+    )
+    _emit(d, as_json, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (errors: one line on stderr, code 2)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args:
+        click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
+        return 0
+    try:
+        rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
+    except InputError as e:
+        click.echo(f"smdp-batch: error: {e}", err=True)
+        return 2
+    except click.ClickException as e:
+        click.echo(f"smdp-batch: error: {e.format_message()}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("smdp-batch: aborted", err=True)
+        return 1
+    except OSError as e:
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        click.echo(f"smdp-batch: error: {e.strerror or e}{where}", err=True)
+        return 2
+    return rc if isinstance(rc, int) else 0

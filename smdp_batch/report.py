@@ -1,0 +1,48 @@
+"""Human-readable descriptions of policies and solutions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .evaluate import control_limit_of
+
+
+def policy_ranges(policy, batch_sizes=None) -> list[tuple[int, int | None, str]]:
+    """Group states 0..s_max into ranges with one rule each: (first n, last n or None = ∞, rule).
+
+    Rules: "wait", "serve n" (serve everything waiting), "serve B" (a constant batch).  The last
+    range runs to infinity by eq. 30.
+    """
+    policy = np.asarray(policy)
+    n_top = policy.size - 2  # s_max
+    out: list[tuple[int, int | None, str]] = []
+
+    def rule(s: int) -> str:
+        a = int(policy[s])
+        if a == 0:
+            return "wait"
+        if a == s and s != n_top:
+            return "serve n"
+        return f"serve {a}"
+
+    start, cur = 0, rule(0)
+    for s in range(1, n_top + 1):
+        r = rule(s)
+        if r != cur:
+            out.append((start, s - 1, cur))
+            start, cur = s, r
+    out.append((start, None, cur))
+    return out
+
+
+def describe_policy(policy, batch_sizes) -> str:
+    """One line: "wait below 5, then serve min(n, 32)" for control-limit policies, else ranges."""
+    q = control_limit_of(policy, batch_sizes)
+    sizes = list(batch_sizes)
+    if q is not None and sizes == list(range(1, sizes[-1] + 1)):
+        return f"wait below {q}, then serve min(n, {sizes[-1]})" if q > 1 else f"serve min(n, {sizes[-1]}) (greedy)"
+    parts = []
+    for lo, hi, r in policy_ranges(policy, batch_sizes):
+        span = f"n={lo}" if hi == lo else (f"n≥{lo}" if hi is None else f"n={lo}–{hi}")
+        parts.append(f"{span}: {r}")
+    return "; ".join(parts)
