@@ -34,14 +34,16 @@ def bordered_solve(
     if transpose:  # Aᵀ = [[Bᵀ, Vᵀ], [Uᵀ, Dᵀ]]
         U, V, D = V.T, U.T, D.T
     S = model.n_states
-    Z, info = dgbtrs(lu, uw, lw, np.column_stack([U, rhs[1 : S - 1]]), piv, trans=0 if transpose else 1)
-    try:
-        xb = np.linalg.solve(D - V @ Z[:, :2], np.array([rhs[0], rhs[S - 1]]) - V @ Z[:, 2])
-    except np.linalg.LinAlgError:
-        raise InputError(_SINGULAR) from None
-    x = np.empty(S)
-    x[0], x[S - 1] = xb
-    x[1 : S - 1] = Z[:, 2] - Z[:, :2] @ xb
+    # near-singular (numerically multichain) systems overflow; they are caught by the finiteness check
+    with np.errstate(all="ignore"):
+        Z, info = dgbtrs(lu, uw, lw, np.column_stack([U, rhs[1 : S - 1]]), piv, trans=0 if transpose else 1)
+        try:
+            xb = np.linalg.solve(D - V @ Z[:, :2], np.array([rhs[0], rhs[S - 1]]) - V @ Z[:, 2])
+        except np.linalg.LinAlgError:
+            raise InputError(_SINGULAR) from None
+        x = np.empty(S)
+        x[0], x[S - 1] = xb
+        x[1 : S - 1] = Z[:, 2] - Z[:, :2] @ xb
     if not np.all(np.isfinite(x)):
         raise InputError(_SINGULAR)
     return x

@@ -22,6 +22,12 @@ import numpy as np
 
 from ..errors import InputError
 
+def _fmt(x: float) -> str:
+    """Shortest text that round-trips a float, without a trailing '.0'."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
 __all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table", "parse_curve"]
 
 
@@ -60,7 +66,7 @@ class Affine(Curve):
         return self.slope * np.asarray(b, dtype=np.float64) + self.intercept
 
     def spec(self):
-        return f"affine:{self.slope!r},{self.intercept!r}"
+        return f"affine:{_fmt(self.slope)},{_fmt(self.intercept)}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +80,7 @@ class Constant(Curve):
         return np.full(np.shape(b), self.value, dtype=np.float64)
 
     def spec(self):
-        return f"const:{self.value!r}"
+        return f"const:{_fmt(self.value)}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -89,7 +95,7 @@ class Logarithmic(Curve):
         return self.coef * np.log(np.asarray(b, dtype=np.float64)) + self.intercept
 
     def spec(self):
-        return f"log:{self.coef!r},{self.intercept!r}"
+        return f"log:{_fmt(self.coef)},{_fmt(self.intercept)}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -115,7 +121,7 @@ class Table(Curve):
         return np.vectorize(lambda x: lookup[int(x)], otypes=[np.float64])(b_arr)
 
     def spec(self):
-        return "table:" + ",".join(f"{b}={v!r}" for b, v in zip(self.sizes, self.values))
+        return "table:" + ",".join(f"{b}={_fmt(v)}" for b, v in zip(self.sizes, self.values))
 
 
 _CURVES = "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…"

@@ -28,6 +28,12 @@ from scipy import special
 
 from ..errors import InputError
 
+def _fmt(x: float) -> str:
+    """Shortest text that round-trips a float, without a trailing '.0'."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
+
+
 __all__ = [
     "ServiceLaw",
     "Deterministic",
@@ -201,7 +207,7 @@ class HyperExponential(ServiceLaw):
         object.__setattr__(self, "scales", tuple(float(x) / mean for x in c))
 
     def spec(self) -> str:
-        parts = [f"{p!r}/{c!r}" for p, c in zip(self.probs, self.scales)]
+        parts = [f"{_fmt(p)}/{_fmt(c)}" for p, c in zip(self.probs, self.scales)]
         return "hyperexp:" + ",".join(parts)
 
     def lst(self, s, l):
