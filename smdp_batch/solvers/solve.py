@@ -146,8 +146,12 @@ def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int)
         return None
     out = resize_policy(policy, s_max)
     if not tail_stable(problem, policy):
-        old = min(policy.size - 2, s_max)
-        out[old:] = greedy_policy(problem.batch_sizes, s_max)[old:]
+        # drop the trailing block of waiting states (the truncation artifact): serve greedily there
+        top = min(policy.size - 2, s_max)
+        serving = np.nonzero(out[: top + 1] > 0)[0]
+        start = int(serving[-1]) + 1 if serving.size and serving[-1] < top else top
+        start = start if serving.size else 0
+        out[start:] = greedy_policy(problem.batch_sizes, s_max)[start:]
     return out
 
 
