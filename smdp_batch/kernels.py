@@ -119,38 +119,54 @@ def policy_system_bordered(pol_idx, P, SF, klo, khi, actions, s_max, col0):
     return abx, lw, uw, U, V, D
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def rvi_loop(P, SF, klo, khi, actions, y, cfix, cslope, c_o, s_max, eta, eps, max_iter, h0, ref):
     """Relative value iteration (paper 004 Algorithm 1) on the discretized MDP (eq. 23).
 
     One sweep: J(s) = min_a c̃(s,a) + (η/y_a)·Σ_j m̂(j|s,a)H(j) + (1 − η/y_a)·H(s)  (eq. 29);
     H ← J − J(ref).  Stops when span(J − H) = span(H_{i+1} − H_i) < eps.
     Returns (H, policy_idx, iterations, lo, hi, converged) with [lo, hi] the bracket of
-    J − H that contains the optimal gain.
+    J − H that contains the optimal gain.  Waiting (action 0) is handled outside the inner
+    sliding dot product, which runs over the support [klo, khi] of p^[a].
     """
     S = s_max + 2
     A = actions.shape[0]
     H = h0.copy()
     J = np.empty(S)
     pol = np.zeros(S, dtype=np.int64)
+    w = eta / y
+    invy = 1.0 / y
     lo = 0.0
     hi = 0.0
     for it in range(1, max_iter + 1):
         lo = np.inf
         hi = -np.inf
+        hso = H[S - 1]
         for s in range(S):
             ss = s if s <= s_max else s_max
-            best = np.inf
+            # wait
+            cost = cslope[0] * ss
+            if s == S - 1:
+                cost += c_o * y[0]
+            nxt = H[s + 1] if s <= s_max else H[s]
+            best = cost * invy[0] + w[0] * nxt + (1.0 - w[0]) * H[s]
             besta = 0
-            for ai in range(A):
+            for ai in range(1, A):
                 a = actions[ai]
                 if a > ss:
                     break
+                base = ss - a
+                m = s_max - base
+                top = khi[ai] if khi[ai] < m else m
+                acc = 0.0
+                Prow = P[ai]
+                for k in range(klo[ai], top + 1):
+                    acc += Prow[k] * H[base + k]
+                acc += SF[ai, m] * hso
                 cost = cfix[ai] + cslope[ai] * ss
                 if s == S - 1:
                     cost += c_o * y[ai]
-                w = eta / y[ai]
-                q = cost / y[ai] + w * expected_next(H, s, ai, a, P, SF, klo, khi, s_max) + (1.0 - w) * H[s]
+                q = cost * invy[ai] + w[ai] * acc + (1.0 - w[ai]) * H[s]
                 if q < best:
                     best = q
                     besta = ai
