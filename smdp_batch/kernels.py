@@ -46,77 +46,97 @@ def expected_next_table(h, P, SF, klo, khi, actions, s_max):
 def _band_widths(pol_idx, klo, khi, actions, s_max):
     lw = 0
     uw = 1
-    for s in range(1, s_max + 1):
-        a = actions[pol_idx[s]]
+    for s in range(s_max + 1):
+        ai = pol_idx[s]
+        a = actions[ai]
         if a == 0:
             continue
-        if a - klo[pol_idx[s]] > lw:
-            lw = a - klo[pol_idx[s]]
-        if khi[pol_idx[s]] - a > uw:
-            uw = khi[pol_idx[s]] - a
+        if a - klo[ai] > lw:
+            lw = a - klo[ai]
+        if khi[ai] - a > uw:
+            uw = khi[ai] - a
     return lw, uw
 
 
 @njit(cache=True)
-def _put(abx, U, V, D, lw, uw, n_states, r, c, v):
-    last = n_states - 1
-    rb = r == 0 or r == last
-    cb = c == 0 or c == last
+def _put(abx, U, V, D, lw, uw, ref, last, r, c, v):
+    """Scatter A[r, c] += v into the band (states 0..s_max except ref) or the border {ref, S_o}."""
+    if c == ref:
+        return  # column ref is replaced by col0
+    rb = r == ref or r == last
+    cb = c == last
     if rb and cb:
-        D[1 if r == last else 0, 1 if c == last else 0] += v
+        D[0 if r == ref else 1, 1] += v
     elif rb:
-        V[1 if r == last else 0, c - 1] += v
+        V[0 if r == ref else 1, c] += v
     elif cb:
-        U[r - 1, 1 if c == last else 0] += v
+        U[r, 1] += v
     else:
-        abx[r - 1, uw + lw + c - r] += v
+        abx[r, uw + lw + c - r] += v
 
 
 @njit(cache=True)
-def policy_system_bordered(pol_idx, P, SF, klo, khi, actions, s_max, col0):
-    """I − m̂(·|s, π(s)) with column 0 replaced by ``col0``, split for a bordered banded solve.
+def policy_system_bordered(pol_idx, P, SF, klo, khi, actions, s_max, col0, ref):
+    """A = I − m̂(·|s, π(s)) with column ``ref`` replaced by ``col0``, split for a bordered banded solve.
 
-    States 1..s_max form a banded block B (lower width lw ≤ Bmax, upper uw ≤ the arrival
-    support); state 0's column (replaced by col0) and S_o (tail masses) are the border.
-    Returns (abx, lw, uw, U, V, D): ``abx.T`` is LAPACK dgbtrf band storage (with fill rows) of
-    Bᵀ — row s of B is written contiguously — and U = A[interior, border],
-    V = A[border, interior], D = A[border, border].  Rows keep the support [klo, khi] of p^[a]:
-    the dropped mass is < 1e-18, below float64 resolution of a row sum.
+    States 0..s_max form a banded block B (lower width ≤ Bmax, upper ≤ the arrival support) in
+    which row and column ``ref`` are the identity; the border is {ref, S_o}: column ref (col0)
+    and S_o's column (tail masses) are dense.  With ref recurrent under π, every other state
+    leaks into the border, so B is non-singular.  Returns (abx, lw, uw, U, V, D): ``abx.T`` is
+    LAPACK dgbtrf band storage (with fill rows) of Bᵀ — row s of B is written contiguously —
+    U = A[band, border], V = A[border, band], D = A[border, border] (border order: ref, S_o).
+    Rows keep the support [klo, khi] of p^[a]: the dropped mass is < 1e-18, below float64
+    resolution of a row sum.
     """
     S = s_max + 2
-    n = S - 2
+    last = S - 1
     lw, uw = _band_widths(pol_idx, klo, khi, actions, s_max)
-    abx = np.zeros((n, 2 * uw + lw + 1))
-    U = np.zeros((n, 2))
-    V = np.zeros((2, n))
+    abx = np.zeros((S - 1, 2 * uw + lw + 1))
+    U = np.zeros((S - 1, 2))
+    V = np.zeros((2, S - 1))
     D = np.zeros((2, 2))
+    abx[ref, uw + lw] = 1.0
     for s in range(S):
-        _put(abx, U, V, D, lw, uw, S, s, 0, col0[s])
-        if s != 0:
-            _put(abx, U, V, D, lw, uw, S, s, s, 1.0)
+        # column ref := col0
+        if s == ref:
+            D[0, 0] += col0[s]
+        elif s == last:
+            D[1, 0] += col0[s]
+        else:
+            U[s, 0] += col0[s]
+        _put(abx, U, V, D, lw, uw, ref, last, s, s, 1.0)
         ai = pol_idx[s]
         a = actions[ai]
         if a == 0:
-            _put(abx, U, V, D, lw, uw, S, s, s + 1 if s <= s_max else s, -1.0)
+            _put(abx, U, V, D, lw, uw, ref, last, s, s + 1 if s <= s_max else s, -1.0)
             continue
         ss = s if s <= s_max else s_max
         base = ss - a
         m = s_max - base
         hi = khi[ai] if khi[ai] < m else m
         k0 = klo[ai]
-        if 1 <= s <= s_max:  # interior row: contiguous band writes, border columns aside
-            if base + k0 == 0:
-                k0 += 1
-            off = uw + lw - s + base
-            row = abx[s - 1]
+        if s <= s_max and s != ref and not (base + k0 <= ref <= base + hi):
+            off = uw + lw - s + base  # fast path: contiguous band writes
+            row = abx[s]
             for k in range(k0, hi + 1):
                 row[off + k] -= P[ai, k]
         else:
             for k in range(k0, hi + 1):
-                if base + k != 0:
-                    _put(abx, U, V, D, lw, uw, S, s, base + k, -P[ai, k])
-        _put(abx, U, V, D, lw, uw, S, s, S - 1, -SF[ai, m])
+                _put(abx, U, V, D, lw, uw, ref, last, s, base + k, -P[ai, k])
+        _put(abx, U, V, D, lw, uw, ref, last, s, last, -SF[ai, m])
     return abx, lw, uw, U, V, D
+
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def policy_residual(h, g, c, pol_idx, P, SF, klo, khi, actions, y, s_max):
+    """max_s |h(s) − c(s) + g·y(s) − Σ_j m̂(j|s,π(s))h(j)| — the residual of eq. 20 under π."""
+    worst = 0.0
+    for s in range(s_max + 2):
+        ai = pol_idx[s]
+        r = h[s] - c[s] + g * y[ai] - expected_next(h, s, ai, actions[ai], P, SF, klo, khi, s_max)
+        if abs(r) > worst:
+            worst = abs(r)
+    return worst
 
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
