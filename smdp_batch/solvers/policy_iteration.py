@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import NotConvergedWarning
+from ..errors import InputError, NotConvergedWarning
 from ..truncate import TruncatedSMDP
 from ..kernels import expected_next_table
 from ..linalg import gain_bias
@@ -33,6 +33,30 @@ def evaluate_gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, costs: np.ndar
     if costs is None:
         costs = model.costs()
     return gain_bias(model, pol_idx, costs[np.arange(model.n_states), pol_idx])
+
+
+def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.ndarray):
+    """Adopt the improving switches ``new`` and evaluate; (policy, g, h).
+
+    Any subset of improving switches is itself an improvement (policy improvement theorem), so
+    when the full switch gives a numerically multichain policy — typically the top states and
+    S_o switching to "wait" once tail masses underflow — keep only the lower half of the
+    switched states, repeatedly.  If no subset evaluates, the truncation's optimum waits at the
+    top (a degenerate truncation) and InputError is raised.
+    """
+    changed = np.nonzero(new != pol)[0]
+    while changed.size:
+        trial = pol.copy()
+        trial[changed] = new[changed]
+        try:
+            g, h = evaluate_gain_bias(model, trial, costs)
+            return trial, g, h
+        except InputError:
+            changed = changed[: changed.size // 2]
+    raise InputError(
+        "policy iteration reached a numerically multichain policy: the truncation's optimum waits at the top "
+        "(degenerate); use a larger s_max or smax='auto'"
+    )
 
 
 def policy_iteration(
@@ -66,8 +90,7 @@ def policy_iteration(
         if np.array_equal(new, pol):
             converged = True
             break
-        pol = new
-        g, h = evaluate_gain_bias(model, pol, costs)
+        pol, g, h = _improve(model, pol, new, costs)
     secs = time.perf_counter() - t0
     if not converged:
         warnings.warn(
