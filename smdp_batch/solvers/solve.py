@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import DegenerateTruncationWarning, InputError
+from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
 from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
 from ..baselines.simple import greedy_policy
 from ..model.problem import BatchingProblem
@@ -36,6 +36,10 @@ __all__ = ["Solution", "solve", "solve_truncated", "SOLVERS"]
 SOLVERS = ("pi", "rvi")
 #: Give up the automatic scan beyond this s_max.
 SMAX_LIMIT = 200_000
+#: PI budget per scan candidate: warm starts settle in a few iterations; a candidate that needs
+#: more sits in the degenerate zone and is passed over (the result is still certified: the
+#: accepted candidate's PI converged).
+SCAN_PI_ITER = 50
 
 
 @dataclass(frozen=True)
@@ -213,10 +217,14 @@ def solve(
                 arrivals = arrival_table(problem, 2 * s)
             model = truncate(problem, s, abstract_cost, arrivals)
             try:
-                try:
-                    res = policy_iteration(model, policy0=_warm_start(problem, warm[0], s))
-                except InputError:  # a warm start from a degenerate candidate can be multichain
-                    res = policy_iteration(model)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", NotConvergedWarning)  # checked below
+                    try:
+                        res = policy_iteration(model, policy0=_warm_start(problem, warm[0], s), max_iter=SCAN_PI_ITER)
+                    except InputError:  # a warm start from a degenerate candidate can be multichain
+                        res = policy_iteration(model, max_iter=SCAN_PI_ITER)
+                if not res.converged:
+                    raise InputError("policy iteration did not settle on this truncation")
             except InputError:
                 # PI reached a numerically multichain policy: the top states wait and S_o's class
                 # is cut off from the rest — a degenerate truncation, skipped like the others
