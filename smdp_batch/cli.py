@@ -72,8 +72,8 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
         v.pop("lam", None)
         v.pop("rho", None)
     v.update({k: x for k, x in given.items() if x is not None})
-    if given["bmin"] is not None or given["bmax"] is not None:
-        v.pop("batch_sizes", None) if given["batch_sizes"] is None else None
+    if (given["bmin"] is not None or given["bmax"] is not None) and given["batch_sizes"] is None:
+        v.pop("batch_sizes", None)  # --bmin/--bmax override a stored batch-size set
     if v.get("batch_sizes") is not None:
         sizes = batch_size_set(sizes=v["batch_sizes"])
     else:

@@ -7,7 +7,7 @@ import numpy as np
 from .evaluate import control_limit_of
 
 
-def policy_ranges(policy, batch_sizes=None) -> list[tuple[int, int | None, str]]:
+def policy_ranges(policy) -> list[tuple[int, int | None, str]]:
     """Group states 0..s_max into ranges with one rule each: (first n, last n or None = ∞, rule).
 
     Rules: "wait", "serve n" (serve everything waiting), "serve B" (a constant batch).  The last
@@ -42,7 +42,7 @@ def describe_policy(policy, batch_sizes) -> str:
     if q is not None and sizes == list(range(1, sizes[-1] + 1)):
         return f"wait below {q}, then serve min(n, {sizes[-1]})" if q > 1 else f"serve min(n, {sizes[-1]}) (greedy)"
     parts = []
-    for lo, hi, r in policy_ranges(policy, batch_sizes):
+    for lo, hi, r in policy_ranges(policy):
         span = f"n={lo}" if hi == lo else (f"n≥{lo}" if hi is None else f"n={lo}–{hi}")
         parts.append(f"{span}: {r}")
     return "; ".join(parts)

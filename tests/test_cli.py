@@ -48,7 +48,7 @@ def test_evaluate_baselines(capsys):
     assert rc == 0 and d["mean_power_w"] == pytest.approx(46.27, rel=5e-3) and d["control_limit"] is None
     rc, out, _ = run(["evaluate", "--policy", "control:5", "--json"], capsys)
     assert rc == 0 and json.loads(out)["control_limit"] == 5
-    rc, out, _ = run(["solve", "--rvi" if False else "--solver", "rvi", "--smax", "70", "--rho", "0.9", "--json"], capsys)
+    rc, out, _ = run(["solve", "--solver", "rvi", "--smax", "70", "--rho", "0.9", "--json"], capsys)
     d = json.loads(out)
     assert rc == 0 and d["iterations"] == 1482 and d["avg_cost"] == pytest.approx(66.1377, rel=2e-4)
 

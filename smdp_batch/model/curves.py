@@ -16,6 +16,7 @@ happens in :class:`smdp_batch.model.problem.BatchingProblem`.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,14 +42,16 @@ def _finite(name: str, *values: float) -> tuple[float, ...]:
     return tuple(out)
 
 
-class Curve:
+class Curve(ABC):
     """A function of the batch size b ≥ 1."""
 
-    def __call__(self, b) -> np.ndarray:  # pragma: no cover - overridden
-        raise TypeError("abstract curve")
+    @abstractmethod
+    def __call__(self, b) -> np.ndarray:
+        ...
 
-    def spec(self) -> str:  # pragma: no cover - overridden
-        raise TypeError("abstract curve")
+    @abstractmethod
+    def spec(self) -> str:
+        ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"
