@@ -89,6 +89,17 @@ def test_bad_policy_files(tmp_path, capsys):
         assert rc == 2 and len(err.strip().splitlines()) == 1
 
 
+def test_newer_schema_refused(tmp_path, capsys):
+    import h5py
+
+    path = tmp_path / "t.h5"
+    assert run(["solve", "-o", str(path)], capsys)[0] == 0
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 99
+    rc, _, err = run(["show", str(path)], capsys)
+    assert rc == 2 and "schema_version=99" in err and len(err.strip().splitlines()) == 1
+
+
 def test_no_output_file_on_error(tmp_path, capsys):
     target = tmp_path / "x.h5"
     rc, _, _ = run(["solve", "--rho", "1.5", "-o", str(target)], capsys)

@@ -44,6 +44,7 @@ def test_table2_rvi_iterations_at_paper_smax(basic09, c_o):
     res = relative_value_iteration(model, eps=0.01, max_iter=10_000, eta_fraction=0.99)
     assert res.converged
     assert abs(res.iterations - iters) <= 5  # we count 1846/1634/1482
+    np.testing.assert_array_equal(res.policy, solve(basic09, smax=smax, abstract_cost=c_o).policy)  # = exact PI
     ev = evaluate_policy(model, res.policy)
     assert ev.delta == pytest.approx(delta, rel=0.01)
     assert ev.avg_cost == pytest.approx(g, rel=2e-4)
@@ -60,6 +61,8 @@ def test_table2_capped_rows(basic09, c_o):
     assert res.iterations == iters and not res.converged  # the paper's cap is reproduced
     ev = evaluate_policy(model, res.policy)
     assert ev.delta < 1e-3 and ev.avg_cost == pytest.approx(g, rel=2e-4)
+    assert ev.delta == pytest.approx(delta, rel=0.01) if c_o == 10.0 else ev.delta < 1e-13
+    np.testing.assert_array_equal(res.policy, solve(basic09, smax=smax, abstract_cost=c_o).policy)  # = exact PI
     # exact convergence (policy iteration) needs a smaller truncation than the capped RVI did
     sol = solve(basic09, abstract_cost=c_o)
     assert sol.s_max == {10.0: 150, 0.0: 177}[c_o]

@@ -198,8 +198,9 @@ def solve(
         sol = Solution(problem, model, res, ev, tol, False, time.perf_counter() - t0)
         if sol.degenerate:
             warnings.warn(
-                f"s_max={model.s_max} with c_o={model.abstract_cost:g} is degenerate: the policy waits in the "
-                f"overflow state (Δ = {ev.delta:.3g}); raise s_max or c_o, or use smax='auto'",
+                f"s_max={model.s_max} with c_o={model.abstract_cost:g} is degenerate: the policy's action at s_max "
+                f"({int(res.policy[model.s_max])}) cannot drain a long queue (Δ = {ev.delta:.3g}); raise s_max or c_o, "
+                "or use smax='auto'",
                 DegenerateTruncationWarning,
                 stacklevel=2,
             )
