@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -53,8 +53,7 @@ class Solution:
     tol_delta: float
     smax_auto: bool
     seconds: float
-    candidates: int = 1
-    extra: dict = field(default_factory=dict)
+    candidates: int = 1  # truncations solved by the automatic scan
 
     @cached_property
     def deployed(self) -> Evaluation:
@@ -104,6 +103,7 @@ class Solution:
             "service": p.service.spec(),
             "smax": self.s_max,
             "smax_auto": self.smax_auto,
+            "smax_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
             "tol_delta": self.tol_delta,
             "solver": r.solver,
@@ -124,7 +124,6 @@ class Solution:
             "solve_seconds": self.seconds,
             "units": {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput": "1/ms"},
         }
-        d.update(self.extra)
         return d
 
 
