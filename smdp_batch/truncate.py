@@ -52,10 +52,8 @@ def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     law = problem.service
     pmf = np.empty((len(problem.batch_sizes), kmax + 1))
     sf = np.empty_like(pmf)
-    for i, l in enumerate(problem.latency_ms()):
-        m = problem.lam * float(l)
-        pmf[i] = law.arrival_pmf(m, kmax)
-        sf[i] = law.arrival_sf(m, kmax)
+    for i, (b, l) in enumerate(zip(problem.batch_sizes, problem.latency_ms())):
+        pmf[i], sf[i] = law.arrival(problem.lam * float(l), kmax, int(b))
     if not (np.all(np.isfinite(pmf)) and np.all(pmf >= 0) and np.all(np.isfinite(sf))):
         raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
     return ArrivalTable(pmf, np.clip(sf, 0.0, 1.0))

@@ -8,6 +8,9 @@ string that round-trips through :func:`parse_curve` (the CLI spelling):
 * ``const:C``      C                (§VII-A/C, e.g. l = const:6.0859)
 * ``log:A,C``      A·ln(b) + C      (§VII-C, ζ = log:105,60)
 * ``table:1=V1,2=V2,…``  one value per batch size (every allowed size must be listed)
+* ``csv:FILE[:interp|affine|power]``  from a measured profile (:mod:`smdp_batch.model.profile`)
+* ``max:…`` / ``empirical:FILE``  l(b) defined by that service law (the mean of the max of b request
+                                  times; the measured per-b means)
 
 Validation of the values over the allowed batch sizes (positive, finite, l non-decreasing)
 happens in :class:`smdp_batch.model.problem.BatchingProblem`.
@@ -127,7 +130,10 @@ class Table(Curve):
         return "table:" + ",".join(f"{b}={_fmt(v)}" for b, v in zip(self.sizes, self.values))
 
 
-_CURVES = "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…"
+_CURVES = (
+    "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…, csv:FILE[:interp|affine|power], "
+    "max:LAW (mean of the max of b request times), empirical:FILE (measured per-b means)"
+)
 
 
 def _numbers(spec: str, arg: str, count: int) -> list[float]:
@@ -163,4 +169,12 @@ def parse_curve(spec: str | Curve, what: str = "model") -> Curve:
         except ValueError:
             raise InputError(f"{what} {spec!r}: table needs b=value pairs, e.g. 'table:1=1.3,2=1.6'") from None
         return Table(sizes, values)
+    if kind == "csv":
+        from .profile import parse_profile_curve
+
+        return parse_profile_curve(spec.strip()[4:], "energy" if "energy" in what else "latency")
+    if kind in ("max", "empirical") and "energy" not in what:
+        from .laws import parse_service
+
+        return parse_service(spec).natural_latency()
     raise InputError(f"unknown {what} {spec!r}; valid forms: {_CURVES}")

@@ -1,46 +1,50 @@
-"""Service-time laws of a batch, parametrised by their mean l(b) (paper 004 §III, eqs. 1, 4–6, 11).
+"""Service-time laws of a batch (paper 004 §III, eqs. 1, 4–6, 11): the base class and the closed forms.
 
-A law describes the *shape* of the batch service time; the batch size enters only through the
-mean ``l = l(b)``.  Each law exposes
+A law is a family of *unit-mean shapes* H_b, one per batch size b; the batch time is
+G_b(x) = H_b(x / l(b)), so its mean is always l(b) (ms) — the way paper 004 §VII-C keeps l(b) and
+changes only the shape.  Most laws have one shape for every b; the maximum of b request times
+(:class:`~smdp_batch.model.families.MaxOf`) and measured per-b profiles have a shape per b, and may
+also define l(b) themselves (:meth:`ServiceLaw.natural_latency`).
 
-* ``lst(s, l)``           the Laplace–Stieltjes transform g̃_b(s) (eq. 1), vectorised over complex s;
-* ``second_moment(l)``    E[G_b²] (needed by the holding cost, eq. 11);
-* ``arrival_pmf(m, kmax)`` p_k^[b] for k = 0..kmax (eq. 4) with m = λ·l(b) the mean number of
-  Poisson arrivals during one batch, computed in log space so that m up to 1e3 and beyond is
-  stable (no underflow to garbage);
-* ``arrival_sf(m, kmax)``  P(K > k), the tail mass used for the overflow state (eq. 18),
-  computed directly (no 1 − cumsum cancellation) where a closed form exists.
+Every law gives, for the batch time G_b with mean l,
 
-Closed forms (DESIGN.md §3): deterministic → Poisson, exponential → geometric, Erlang-k →
-negative binomial, hyperexponential → mixture of geometrics.  General transforms and measured
-laws plug in by subclassing :class:`ServiceLaw` (another issue).
+* ``lst(s, l, b)``            g̃_b(s) (eq. 1), vectorised over complex s;
+* ``second_moment(l, b)``     E[G_b²] (the holding cost, eq. 11);
+* ``arrival(m, kmax, b)``     p_k^[b] (eq. 4) and P(K > k) for k = 0..kmax, where m = λ·l is the mean
+                              number of Poisson arrivals during the batch; p_k depends on (λ, l) only
+                              through m because the law is a scale family;
+* ``sample(rng, l, size, b)`` batch times, for the simulator;
+* ``cdf(x, l, b)``            G_b(x).
+
+The default ``arrival`` is the general route: FFT inversion of the PGF A(z) = g̃(λ(1−z)) (eq. 5,
+:mod:`smdp_batch.model.inversion`).  The closed forms override it (DESIGN.md §3): deterministic →
+Poisson, exponential → geometric, gamma/Erlang → negative binomial, hyperexponential → mixture of
+geometrics — in log space, stable for m up to 10³ and beyond, with tails computed directly.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from scipy import special
 
 from ..errors import InputError
-
-def _fmt(x: float) -> str:
-    """Shortest text that round-trips a float, without a trailing '.0'."""
-    text = repr(float(x))
-    return text[:-2] if text.endswith(".0") else text
-
+from .curves import Curve, _fmt
+from .inversion import invert_pgf
 
 __all__ = [
     "ServiceLaw",
     "Deterministic",
     "Exponential",
+    "Gamma",
     "Erlang",
     "HyperExponential",
     "parse_service",
+    "SERVICE_FORMS",
 ]
 
 
@@ -51,42 +55,59 @@ def _check_m(m: float) -> float:
     return m
 
 
+def _check_l(l: float) -> float:
+    l = float(l)
+    if not (math.isfinite(l) and l > 0):
+        raise InputError(f"mean batch time l(b) must be finite and > 0 ms, got {l!r}")
+    return l
+
+
 class ServiceLaw(ABC):
-    """Base class: the shape of G_b given its mean l (ms)."""
+    """The shape of G_b given its mean l (ms) and the batch size b (see the module doc)."""
 
     name: ClassVar[str] = "law"
 
     @abstractmethod
     def spec(self) -> str:
-        """The CLI spelling of this law (round-trips through :func:`parse_service`)."""
-        ...
+        """The CLI spelling of this law (round-trips through :func:`parse_service` where it can)."""
 
     @abstractmethod
-    def lst(self, s, l: float):
-        ...
+    def lst(self, s, l: float, b: int | None = None):
+        """g̃_b(s) = E[e^{−sG_b}] for a batch time with mean l (eq. 1)."""
 
     @abstractmethod
-    def second_moment(self, l: float) -> float:
-        ...
-
-    def cov(self) -> float:
-        """Coefficient of variation (scale-free)."""
-        return math.sqrt(max(self.second_moment(1.0) - 1.0, 0.0))
+    def second_moment(self, l: float, b: int | None = None) -> float:
+        """E[G_b²] in ms² for mean l (eq. 11)."""
 
     @abstractmethod
-    def log_arrival_pmf(self, m: float, k: np.ndarray) -> np.ndarray:
-        ...
+    def sample(self, rng: np.random.Generator, l: float, size: int, b: int | None = None) -> np.ndarray:
+        """``size`` independent batch times (ms) with mean l."""
 
-    def arrival_pmf(self, m: float, kmax: int) -> np.ndarray:
-        """p_k for k = 0..kmax (eq. 4), float64."""
+    def cdf(self, x, l: float, b: int | None = None) -> np.ndarray:
+        """G_b(x) for mean l."""
+        raise InputError(f"service law {self.spec()} has no CDF in closed form")
+
+    def natural_latency(self) -> Curve | None:
+        """l(b) defined by the law itself (e.g. the mean of the max of b request times), else None."""
+        return None
+
+    def cov(self, b: int | None = None) -> float:
+        """Coefficient of variation of G_b (scale-free)."""
+        return math.sqrt(max(self.second_moment(1.0, b) - 1.0, 0.0))
+
+    def arrival(self, m: float, kmax: int, b: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(p_k, P(K > k)) for k = 0..kmax, m = λ·l(b) (eqs. 4–6).  Default: FFT inversion of eq. 5."""
         m = _check_m(m)
-        k = np.arange(kmax + 1, dtype=np.float64)
-        return np.exp(self.log_arrival_pmf(m, k))
+        inv = invert_pgf(lambda z: self.lst(m * (1.0 - z), 1.0, b), kmax)
+        return inv.pmf, inv.sf
 
-    def arrival_sf(self, m: float, kmax: int) -> np.ndarray:
-        """P(K > k) for k = 0..kmax. Generic fallback: 1 − cumsum, clipped at 0."""
-        p = self.arrival_pmf(m, kmax)
-        return np.clip(1.0 - np.cumsum(p), 0.0, 1.0)
+    def arrival_pmf(self, m: float, kmax: int, b: int | None = None) -> np.ndarray:
+        """p_k for k = 0..kmax (eq. 4), float64."""
+        return self.arrival(m, kmax, b)[0]
+
+    def arrival_sf(self, m: float, kmax: int, b: int | None = None) -> np.ndarray:
+        """P(K > k) for k = 0..kmax."""
+        return self.arrival(m, kmax, b)[1]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"
@@ -98,7 +119,24 @@ class ServiceLaw(ABC):
         return hash(self.spec())
 
 
-class Deterministic(ServiceLaw):
+class _LogPmfLaw(ServiceLaw):
+    """Closed-form laws whose p_k is computed in log space."""
+
+    @abstractmethod
+    def log_arrival_pmf(self, m: float, k: np.ndarray) -> np.ndarray:
+        ...
+
+    @abstractmethod
+    def _sf(self, m: float, k: np.ndarray) -> np.ndarray:
+        ...
+
+    def arrival(self, m, kmax, b=None):
+        m = _check_m(m)
+        k = np.arange(int(kmax) + 1, dtype=np.float64)
+        return np.exp(self.log_arrival_pmf(m, k)), np.clip(self._sf(m, k), 0.0, 1.0)
+
+
+class Deterministic(_LogPmfLaw):
     """G_b is a point mass at l(b): g̃(s) = e^{−l s}; p_k is Poisson(m)."""
 
     name = "det"
@@ -106,21 +144,29 @@ class Deterministic(ServiceLaw):
     def spec(self) -> str:
         return "det"
 
-    def lst(self, s, l):
+    def lst(self, s, l, b=None):
         return np.exp(-l * np.asarray(s))
 
-    def second_moment(self, l):
+    def second_moment(self, l, b=None):
         return l * l
 
+    def sample(self, rng, l, size, b=None):
+        return np.full(int(size), _check_l(l))
+
+    def cdf(self, x, l, b=None):
+        return (np.asarray(x, dtype=np.float64) >= l).astype(np.float64)
+
+    def quantile(self, u, v, b=None):
+        return np.ones_like(np.asarray(u, dtype=np.float64))
+
     def log_arrival_pmf(self, m, k):
-        return k * math.log(m) - m - special.gammaln(k + 1.0)
+        return special.xlogy(k, m) - m - special.gammaln(k + 1.0)
 
-    def arrival_sf(self, m, kmax):
-        m = _check_m(m)
-        return special.pdtrc(np.arange(kmax + 1), m)
+    def _sf(self, m, k):
+        return special.pdtrc(k, m)
 
 
-class Exponential(ServiceLaw):
+class Exponential(_LogPmfLaw):
     """G_b exponential with mean l: g̃(s) = 1/(1 + l s); p_k geometric, p_k = (1−q) q^k, q = m/(1+m)."""
 
     name = "exp"
@@ -128,44 +174,68 @@ class Exponential(ServiceLaw):
     def spec(self) -> str:
         return "exp"
 
-    def lst(self, s, l):
+    def lst(self, s, l, b=None):
         return 1.0 / (1.0 + l * np.asarray(s))
 
-    def second_moment(self, l):
+    def second_moment(self, l, b=None):
         return 2.0 * l * l
+
+    def sample(self, rng, l, size, b=None):
+        return rng.exponential(_check_l(l), int(size))
+
+    def cdf(self, x, l, b=None):
+        return -np.expm1(-np.maximum(np.asarray(x, dtype=np.float64), 0.0) / l)
+
+    def quantile(self, u, v, b=None):
+        """Unit-mean quantile at u, given v = 1 − u exactly (for the far tail)."""
+        return -np.log(v)
 
     def log_arrival_pmf(self, m, k):
         return -math.log1p(m) + k * (math.log(m) - math.log1p(m))
 
-    def arrival_sf(self, m, kmax):
-        m = _check_m(m)
-        k = np.arange(kmax + 1, dtype=np.float64)
+    def _sf(self, m, k):
         return np.exp((k + 1.0) * (math.log(m) - math.log1p(m)))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class Erlang(ServiceLaw):
-    """Erlang-k with mean l (k phases of rate k/l): g̃(s) = (1 + l s/k)^{−k}; p_j negative binomial."""
+class Gamma(_LogPmfLaw):
+    """Gamma with shape α (any real α > 0) and mean l: g̃(s) = (1 + l s/α)^{−α}; CoV = 1/√α.
 
-    k: int = 2
-    name: ClassVar[str] = "erlang"
+    p_k is negative binomial NB(α, α/(α+m)) — the closed form the FFT route is tested against.
+    """
+
+    shape: float = 2.0
+    name: ClassVar[str] = "gamma"
 
     def __post_init__(self):
-        if not (isinstance(self.k, (int, np.integer)) and self.k >= 1):
-            raise InputError(f"Erlang shape k must be an integer ≥ 1, got {self.k!r}")
+        a = float(self.shape)
+        if not (math.isfinite(a) and a > 0):
+            raise InputError(f"gamma shape α must be finite and > 0, got {self.shape!r}")
 
     def spec(self) -> str:
-        return f"erlang:{self.k}"
+        return f"gamma:{_fmt(self.shape)}"
 
-    def lst(self, s, l):
-        return (1.0 + l * np.asarray(s) / self.k) ** (-self.k)
+    def lst(self, s, l, b=None):
+        return (1.0 + l * np.asarray(s) / self.shape) ** (-self.shape)
 
-    def second_moment(self, l):
-        return (1.0 + 1.0 / self.k) * l * l
+    def second_moment(self, l, b=None):
+        return (1.0 + 1.0 / self.shape) * l * l
+
+    def sample(self, rng, l, size, b=None):
+        return rng.gamma(self.shape, _check_l(l) / self.shape, int(size))
+
+    def cdf(self, x, l, b=None):
+        return special.gammainc(self.shape, np.maximum(np.asarray(x, dtype=np.float64), 0.0) * self.shape / l)
+
+    def quantile(self, u, v, b=None):
+        u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+        lo = special.gammaincinv(self.shape, u)
+        hi = special.gammainccinv(self.shape, v)
+        return np.where(u < 0.5, lo, hi) / self.shape
 
     def log_arrival_pmf(self, m, j):
-        r = float(self.k)
-        # NB(r, p=r/(r+m)):  C(j+r−1, j) p^r (1−p)^j
+        r = float(self.shape)
+        # NB(r, p=r/(r+m)):  Γ(j+r)/(Γ(r) j!) p^r (1−p)^j
         return (
             special.gammaln(j + r)
             - special.gammaln(r)
@@ -174,13 +244,29 @@ class Erlang(ServiceLaw):
             + j * (math.log(m) - math.log(r + m))
         )
 
-    def arrival_sf(self, m, kmax):
-        m = _check_m(m)
-        return special.nbdtrc(np.arange(kmax + 1), self.k, self.k / (self.k + m))
+    def _sf(self, m, k):
+        return special.betainc(k + 1.0, self.shape, m / (self.shape + m))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
-class HyperExponential(ServiceLaw):
+class Erlang(Gamma):
+    """Erlang-k with mean l (k phases of rate k/l): g̃(s) = (1 + l s/k)^{−k}; CoV = 1/√k."""
+
+    k: int = 2
+    name: ClassVar[str] = "erlang"
+
+    def __init__(self, k: int = 2):
+        if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1):
+            raise InputError(f"Erlang shape k must be an integer ≥ 1, got {k!r}")
+        object.__setattr__(self, "k", int(k))
+        object.__setattr__(self, "shape", float(k))
+
+    def spec(self) -> str:
+        return f"erlang:{self.k}"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class HyperExponential(_LogPmfLaw):
     """Mixture of exponentials: with probability probs[i] the mean is scales[i]·l.
 
     g̃(s) = Σ_i probs[i] / (1 + scales[i] l s).  The scales are normalised so that the mixture
@@ -210,34 +296,45 @@ class HyperExponential(ServiceLaw):
         parts = [f"{_fmt(p)}/{_fmt(c)}" for p, c in zip(self.probs, self.scales)]
         return "hyperexp:" + ",".join(parts)
 
-    def lst(self, s, l):
+    def lst(self, s, l, b=None):
         s = np.asarray(s)
         return sum(p / (1.0 + c * l * s) for p, c in zip(self.probs, self.scales))
 
-    def second_moment(self, l):
+    def second_moment(self, l, b=None):
         return sum(p * 2.0 * (c * l) ** 2 for p, c in zip(self.probs, self.scales))
 
+    def sample(self, rng, l, size, b=None):
+        idx = rng.choice(len(self.probs), size=int(size), p=self.probs)
+        return rng.exponential(1.0, int(size)) * np.asarray(self.scales)[idx] * _check_l(l)
+
+    def cdf(self, x, l, b=None):
+        x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+        return sum(p * -np.expm1(-x / (c * l)) for p, c in zip(self.probs, self.scales))
+
     def log_arrival_pmf(self, m, k):
-        terms = [
-            math.log(p) + Exponential().log_arrival_pmf(c * m, k) for p, c in zip(self.probs, self.scales)
-        ]
+        terms = [math.log(p) + Exponential().log_arrival_pmf(c * m, k) for p, c in zip(self.probs, self.scales)]
         return special.logsumexp(np.vstack(terms), axis=0)
 
-    def arrival_sf(self, m, kmax):
-        m = _check_m(m)
-        return sum(p * Exponential().arrival_sf(c * m, kmax) for p, c in zip(self.probs, self.scales))
+    def _sf(self, m, k):
+        return sum(p * Exponential()._sf(c * m, k) for p, c in zip(self.probs, self.scales))
 
 
-_LAWS = "det, exp, erlang:K (integer K ≥ 1), hyperexp:P1/C1,P2/C2,… (probabilities/relative means)"
+SERVICE_FORMS = (
+    "det, exp, erlang:K (integer K ≥ 1), gamma:ALPHA (shape > 0), hyperexp:P1/C1,P2/C2,… "
+    "(probabilities/relative means), uniform:A,B (shape of U[A,B]), shiftexp:F (shift fraction F in [0,1)), "
+    "lognormal:SIGMA, mix:W1*LAW1@C1;W2*LAW2@C2 (weights, laws, relative means), "
+    "max:LAW@MEAN or max:uniform:A,B (batch time = max of b request times), empirical:FILE.csv"
+)
 
 
 def parse_service(spec: str | ServiceLaw) -> ServiceLaw:
-    """Parse a service-law spelling: ``det``, ``exp``, ``erlang:2``, ``hyperexp:0.6667/0.5,0.3333/2``."""
+    """Parse a service-law spelling (see :data:`SERVICE_FORMS`), e.g. ``det``, ``erlang:2``, ``gamma:0.5``."""
     if isinstance(spec, ServiceLaw):
         return spec
     if not isinstance(spec, str):
         raise InputError(f"service law must be a string such as 'det', got {spec!r}")
-    kind, _, arg = spec.strip().partition(":")
+    text = spec.strip()
+    kind, _, arg = text.partition(":")
     kind = kind.lower()
     if kind in ("det", "deterministic") and not arg:
         return Deterministic()
@@ -249,6 +346,11 @@ def parse_service(spec: str | ServiceLaw) -> ServiceLaw:
         except ValueError:
             raise InputError(f"service law {spec!r}: Erlang needs an integer shape, e.g. 'erlang:2'") from None
         return Erlang(k)
+    if kind == "gamma":
+        try:
+            return Gamma(float(arg))
+        except ValueError:
+            raise InputError(f"service law {spec!r}: gamma needs a shape α > 0, e.g. 'gamma:0.5'") from None
     if kind == "hyperexp":
         if not arg:
             return HyperExponential()
@@ -261,4 +363,14 @@ def parse_service(spec: str | ServiceLaw) -> ServiceLaw:
                 f"service law {spec!r}: hyperexp needs P/C pairs, e.g. 'hyperexp:0.6667/0.5,0.3333/2'"
             ) from None
         return HyperExponential(probs, scales)
-    raise InputError(f"unknown service law {spec!r}; valid: {_LAWS}")
+    from . import families  # the other families build on this module
+
+    law = families.parse_family(kind, arg, spec)
+    if law is not None:
+        return law
+    if kind in ("lst", "samples"):
+        raise InputError(
+            f"service law {spec!r} was built from a Python object and cannot be rebuilt from its name; "
+            "pass the law object itself (service=...)"
+        )
+    raise InputError(f"unknown service law {spec!r}; valid: {SERVICE_FORMS}")

@@ -66,6 +66,13 @@ def batch_size_set(bmin: int = 1, bmax: int = 32, sizes: Iterable[int] | str | N
     return tuple(range(bmin_i, bmax_i + 1))
 
 
+def _latency_curve(latency, service: ServiceLaw) -> Curve:
+    """The given l(b), else the law's own (max of b, measured profile), else the paper's basic model."""
+    if latency is None:
+        return service.natural_latency() or BASIC_LATENCY
+    return parse_curve(latency, "latency model")
+
+
 @dataclass(frozen=True)
 class BatchingProblem:
     """A validated dynamic-batching problem (paper 004 §III–IV).
@@ -74,7 +81,9 @@ class BatchingProblem:
     ----------
     lam : arrival rate λ in requests/ms.
     batch_sizes : the allowed batch sizes 𝓑 (sorted, unique, ≥ 1).
-    latency : mean batch time l(b) in ms (positive, finite, non-decreasing on 𝓑).
+    latency : mean batch time l(b) in ms (positive, finite, non-decreasing on 𝓑).  Default: the
+        service law's own l(b) where it defines one (max of b request times, a measured profile),
+        else the paper's GoogLeNet/P4 model.
     energy : batch energy ζ(b) in mJ (non-negative, finite).
     service : shape of the batch-time law G_b with mean l(b).
     w1, w2 : weights of mean latency (per ms) and mean power (per W); w1 > 0, w2 ≥ 0.
@@ -82,7 +91,7 @@ class BatchingProblem:
 
     lam: float
     batch_sizes: tuple[int, ...] = tuple(range(1, 33))
-    latency: Curve = BASIC_LATENCY
+    latency: Curve | str | None = None
     energy: Curve = BASIC_ENERGY
     service: ServiceLaw = field(default_factory=Deterministic)
     w1: float = 1.0
@@ -91,9 +100,9 @@ class BatchingProblem:
     def __post_init__(self):
         sizes = batch_size_set(sizes=self.batch_sizes)
         object.__setattr__(self, "batch_sizes", sizes)
-        object.__setattr__(self, "latency", parse_curve(self.latency, "latency model"))
-        object.__setattr__(self, "energy", parse_curve(self.energy, "energy model"))
         object.__setattr__(self, "service", parse_service(self.service))
+        object.__setattr__(self, "latency", _latency_curve(self.latency, self.service))
+        object.__setattr__(self, "energy", parse_curve(self.energy, "energy model"))
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
         lam = _finite_number("λ (lam)", self.lam, positive=True)
@@ -130,7 +139,7 @@ class BatchingProblem:
         if not 0 < rho_v < 1:
             raise InputError(f"ρ must lie in (0, 1) for a stable queue, got {rho!r}")
         sizes = batch_size_set(sizes=kwargs.get("batch_sizes", tuple(range(1, 33))))
-        latency = parse_curve(kwargs.get("latency", BASIC_LATENCY), "latency model")
+        latency = _latency_curve(kwargs.get("latency"), parse_service(kwargs.get("service", "det")))
         lmax = float(latency(np.float64(sizes[-1])))
         if not (math.isfinite(lmax) and lmax > 0):
             raise InputError(f"latency l(b) must be finite and > 0 ms; l({sizes[-1]}) = {lmax!r}")
@@ -169,7 +178,9 @@ class BatchingProblem:
 
     def second_moments(self) -> np.ndarray:
         """E[G_b²] for b in 𝓑 (ms²)."""
-        return np.array([self.service.second_moment(float(l)) for l in self.latency_ms()])
+        return np.array(
+            [self.service.second_moment(float(l), int(b)) for b, l in zip(self.batch_sizes, self.latency_ms())]
+        )
 
     def replace(self, **changes) -> "BatchingProblem":
         """A copy with some fields changed (validated again)."""
