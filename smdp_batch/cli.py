@@ -1,4 +1,4 @@
-"""Command line: ``smdp-batch solve | evaluate | show`` (DESIGN.md §4).
+"""Command line: ``smdp-batch solve | evaluate | show | profile`` (DESIGN.md §4).
 
 Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
 and exits with code 2 — never a traceback, never a half-written file.
@@ -20,12 +20,14 @@ from .baselines import parse_policy
 from .errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
 from .evaluate import control_limit_of, evaluate_deployed
 from .export.hdf5 import read_policy, write_policy
+from .model.presets import PRESETS, preset
 from .model.problem import BatchingProblem, batch_size_set
+from .model.profile import read_profile
 from .report import describe_policy
 from .solvers import SOLVERS, solve
 
 DEFAULTS = {
-    "rho": 0.5, "bmin": 1, "bmax": 32, "latency": "affine:0.3051,1.0524",
+    "rho": 0.5, "bmin": 1, "bmax": 32, "latency": None,  # None: the law's own l(b), else the paper's
     "energy": "affine:19.899,19.603", "service": "det", "w1": 1.0, "w2": 1.0,
 }
 
@@ -49,9 +51,10 @@ def scenario_options(f):
         click.option("--bmin", help="smallest batch size [default 1]"),
         click.option("--bmax", help="largest batch size [default 32]"),
         click.option("--batch-sizes", help="explicit allowed batch sizes, e.g. 1,2,4,8,16,32"),
-        click.option("--latency", help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… [paper's GoogLeNet/P4]"),
-        click.option("--energy", help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… [paper's]"),
-        click.option("--service", help="batch-time law: det | exp | erlang:K | hyperexp:P/C,… [det]"),
+        click.option("--preset", help=f"a paper 004 scenario: {', '.join(PRESETS)} (other options override it)"),
+        click.option("--latency", help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:interp|affine|power] [paper's GoogLeNet/P4]"),
+        click.option("--energy", help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj or power_w) [paper's]"),
+        click.option("--service", help="batch-time law: det | exp | erlang:K | gamma:A | hyperexp:P/C,… | uniform:A,B | shiftexp:F | lognormal:S | mix:W*LAW@C;… | max:LAW[@MEAN] | empirical:FILE [det]"),
         click.option("--w1", help="weight of mean latency (per ms) [1]"),
         click.option("--w2", help="weight of mean power (per W) [1]"),
     ]
@@ -65,6 +68,8 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     v = dict(DEFAULTS)
     if base:
         v.update(base)
+    if opts.get("preset") is not None:
+        v.update(preset(opts["preset"]))
     given = {k: opts.get(k) for k in ("lam", "rho", "bmin", "bmax", "batch_sizes", "latency", "energy", "service", "w1", "w2")}
     if given["lam"] is not None and given["rho"] is not None:
         raise InputError("give either --lam or --rho, not both")
@@ -103,10 +108,8 @@ def _json_default(o):
 
 
 def _scenario_line(p: BatchingProblem) -> str:
-    sizes = p.batch_sizes
-    bs = f"{sizes[0]}..{sizes[-1]}" if list(sizes) == list(range(sizes[0], sizes[-1] + 1)) else ",".join(map(str, sizes))
     return (
-        f"  scenario    λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}), batch sizes {bs}\n"
+        f"  scenario    λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}), batch sizes {_sizes_text(p.batch_sizes)}\n"
         f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
         f"w1 = {p.w1:g}, w2 = {p.w2:g}"
     )
@@ -262,6 +265,44 @@ def show_cmd(path, as_json):
         ]
     )
     _emit(d, as_json, text)
+
+
+@cli.command("profile")
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def profile_cmd(path, as_json):
+    """Report what a profile CSV measured and how well l(b), ζ(b) models fit it.
+
+    Columns: batch_size, latency_ms and optionally energy_mj or power_w; one row per measurement.
+    Use it as --latency csv:FILE[:interp|affine|power], --energy csv:FILE[:fit], --service empirical:FILE.
+    """
+    prof = read_profile(path)
+    rep = prof.report()
+    sizes = rep["batch_sizes"]
+    lines = [
+        f"{path}: {rep['rows']} measurements of {len(sizes)} batch sizes ({_sizes_text(sizes)}), "
+        f"{min(rep['samples_per_size'])}–{max(rep['samples_per_size'])} per size"
+    ]
+    for q, unit in (("latency", "ms"), ("energy", "mJ")):
+        if q not in rep:
+            lines.append(f"  {q:8s} not measured (add energy_mj or power_w)")
+            continue
+        for fit in ("affine", "power"):
+            r = rep[q][fit]
+            form = "A·b + C" if fit == "affine" else "A·b^p"
+            params = ", ".join(f"{x:.6g}" for x in r["params"])
+            lines.append(
+                f"  {q:8s} {fit:6s} {form:7s} = ({params}): R² = {r['r2']:.5f}, worst mean residual "
+                f"{r['worst_residual']:+.4g} {unit} at b = {r['worst_at_batch_size']}"
+            )
+    _emit(rep, as_json, "\n".join(lines))
+
+
+def _sizes_text(sizes) -> str:
+    sizes = list(sizes)
+    if len(sizes) > 3 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+        return f"{sizes[0]}..{sizes[-1]}"
+    return ",".join(map(str, sizes))
 
 
 def main(argv: list[str] | None = None) -> int:

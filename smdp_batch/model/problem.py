@@ -150,6 +150,13 @@ class BatchingProblem:
         """Paper 004's basic scenario (GoogLeNet on a Tesla P4, deterministic, 𝓑 = 1..32)."""
         return cls.from_rho(rho, w2=w2, **kwargs)
 
+    @classmethod
+    def preset(cls, name: str, rho: float = 0.5, w2: float = 1.0, **kwargs) -> "BatchingProblem":
+        """A named scenario of paper 004 (:data:`smdp_batch.model.presets.PRESETS`); kwargs override it."""
+        from .presets import preset
+
+        return cls.from_rho(rho, w2=w2, **{**preset(name), **kwargs})
+
     # ------------------------------------------------------------------ derived values
     @property
     def bmin(self) -> int:
