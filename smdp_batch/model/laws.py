@@ -270,7 +270,8 @@ class HyperExponential(_LogPmfLaw):
     """Mixture of exponentials: with probability probs[i] the mean is scales[i]·l.
 
     g̃(s) = Σ_i probs[i] / (1 + scales[i] l s).  The scales are normalised so that the mixture
-    mean is exactly l.  Paper 004 §VII-C uses probs (2/3, 1/3), scales (0.5, 2): CoV 2.
+    mean is exactly l.  Paper 004 §VII-C uses probs (2/3, 1/3), scales (0.5, 2): squared CoV 2 (the
+    paper's "CoV 2"; CoV √2).
     """
 
     probs: tuple[float, ...] = (2.0 / 3.0, 1.0 / 3.0)
