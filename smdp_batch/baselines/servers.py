@@ -1,0 +1,224 @@
+"""The batching rules of real servers, as the simulator runs them (one model instance, one batch at a time).
+
+Times are given in each server's own unit and converted to ms.  Semantics, and what we read:
+
+* **Triton** ``dynamic_batching`` (Triton user guide, "Batchers → Dynamic Batcher"; model_config.proto
+  ``ModelDynamicBatching``).  When the instance is free, the batcher forms a batch from the queued
+  requests in arrival order.  If it can form a preferred size, it sends the largest preferred size it
+  can form at once.  Otherwise it sends the largest batch ≤ max_batch_size. With
+  max_queue_delay > 0 it first waits while no request has waited longer than the delay, unless an
+  arrival makes a preferred size, or max_batch_size with no preferred sizes, formable. 0 means never
+  wait: serve whatever is queued when the instance frees.
+* **TF-Serving** ``batching_parameters`` (tensorflow_serving/batching README; SharedBatchScheduler).
+  Requests join an open batch. The batch becomes schedulable when it is full (max_batch_size) or when
+  batch_timeout_micros has passed since its first request, and it keeps accepting requests until a
+  thread takes it. With one batch thread (num_batch_threads = 1), that is Triton's rule without
+  preferred sizes and with delay = timeout.  ``allowed_batch_sizes`` pads a batch up to the next
+  allowed size: the padded size's time and energy are paid.
+* **Ray Serve** ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` (ray/serve/batching.py,
+  ``_BatchQueue.wait_for_batch``, the version stored at commit 0156dec).  After a batch returns, the
+  batcher waits up to batch_wait_timeout_s for the queue to reach max_batch_size, then takes up to
+  max_batch_size requests. If the queue is still empty then, the next arrival is served alone.  The
+  timer starts when the batcher starts waiting, not at the first request.
+* **TorchServe** ``batch_size``, ``max_batch_delay`` (ms) (TorchServe docs, "Batch inference"). When the
+  worker is free it takes the first request, then waits up to max_batch_delay for batch_size requests,
+  and sends what it has.
+
+The SMDP table and the simple policies (static, greedy, control-limit) are table rules: a batch size
+per queue length, applied when a batch ends or a request reaches an idle server.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["ServerRule", "table_rule", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+
+RULE_FORMS = (
+    "static:B, greedy, control:Q, FILE.h5, triton:max=B[,delay_us=D][,preferred=P1/P2], "
+    "tfserving:max=B,timeout_us=T[,allowed=S1/S2/…], ray:max=B,timeout_s=T, torchserve:batch=B,delay_ms=D"
+)
+
+
+@dataclass(frozen=True)
+class ServerRule:
+    """A batching rule in the simulator's terms (see the module doc)."""
+
+    mode: str  # "table" | "triton" | "ray" | "torchserve"
+    spec: str
+    table: np.ndarray  # int64 policy[s], s = 0..top (table rules); [0] otherwise
+    top: int
+    maxb: int
+    pref: np.ndarray  # int64 preferred sizes (Triton)
+    delay: float  # ms
+    allowed: tuple[int, ...] = ()  # padding targets (TF-Serving); () = no padding
+
+    def pad_map(self, smax_exec: int) -> np.ndarray:
+        """pad[n] = executed size for a batch of n requests."""
+        pad = np.arange(smax_exec + 1, dtype=np.int64)
+        if self.allowed:
+            al = np.asarray(self.allowed)
+            idx = np.searchsorted(al, pad[1:], side="left")
+            pad[1:] = np.where(idx < al.size, al[np.minimum(idx, al.size - 1)], pad[1:])
+        return pad
+
+    def max_executed(self) -> int:
+        return int(max(self.maxb, max(self.allowed, default=0), int(self.table.max())))
+
+    def executed_sizes(self, batch_sizes) -> list[int]:
+        """Sizes this rule can execute (after padding)."""
+        if self.mode == "table":
+            return sorted({int(a) for a in self.table if a > 0})
+        if self.allowed:
+            return list(self.allowed)
+        return list(range(1, self.maxb + 1))
+
+    def fewest_requests_for(self, s: int) -> int:
+        """The fewest requests a batch executed at size s can hold."""
+        if not self.allowed:
+            return int(s)
+        below = [a for a in self.allowed if a < s]
+        return (max(below) + 1) if below else 1
+
+    def check(self, batch_sizes) -> None:
+        """Every executed size must be an allowed batch size of the problem (l, ζ are defined there)."""
+        allowed = set(int(b) for b in batch_sizes)
+        bad = [s for s in self.executed_sizes(batch_sizes) if s not in allowed]
+        if bad:
+            raise InputError(
+                f"rule {self.spec} executes batch size {bad[0]}, which the problem does not allow "
+                f"(allowed: {sorted(allowed)[0]}..{sorted(allowed)[-1]} or the listed set); "
+                "use --batch-sizes / --bmax to match the rule, or a policy file solved for these sizes"
+            )
+
+
+def _int(name: str, v, lo: int = 1) -> int:
+    try:
+        x = int(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}") from None
+    if x != float(v) or x < lo:
+        raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}")
+    return x
+
+
+def _time(name: str, v) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number ≥ 0, got {v!r}") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise InputError(f"{name} must be a finite number ≥ 0, got {v!r}")
+    return x
+
+
+def _dummy() -> np.ndarray:
+    return np.zeros(1, dtype=np.int64)
+
+
+def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
+    """A policy table: policy[s] for s = 0..s_max (a trailing S_o entry, if given, is ignored by eq. 30)."""
+    p = np.asarray(policy)
+    if p.ndim != 1 or p.size < 2 or not np.issubdtype(p.dtype, np.integer) and not np.all(p == np.round(p)):
+        raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length")
+    p = p.astype(np.int64)
+    s = np.arange(p.size)
+    if p[0] != 0 or np.any(p < 0) or np.any(p > s):
+        i = int(np.nonzero((p < 0) | (p > s))[0][0]) if np.any((p < 0) | (p > s)) else 0
+        raise InputError(f"policy serves {int(p[i])} requests with {i} waiting; a table must have 0 ≤ policy[n] ≤ n")
+    if p[-1] == 0:
+        raise InputError("policy waits at its last queue length; by eq. 30 it would never serve a long queue")
+    return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
+
+
+def triton(max_batch_size: int, max_queue_delay_us: float = 0.0, preferred=()) -> ServerRule:
+    b = _int("Triton max_batch_size", max_batch_size)
+    pref = sorted({_int("Triton preferred_batch_size", x) for x in preferred})
+    if pref and pref[-1] > b:
+        raise InputError(f"Triton preferred_batch_size {pref[-1]} exceeds max_batch_size {b}")
+    d = _time("Triton max_queue_delay_microseconds", max_queue_delay_us)
+    spec = f"triton:max={b},delay_us={d:g}" + (f",preferred={'/'.join(map(str, pref))}" if pref else "")
+    return ServerRule("triton", spec, _dummy(), 0, b, np.asarray(pref, dtype=np.int64), d / 1000.0)
+
+
+def tf_serving(max_batch_size: int, batch_timeout_us: float, allowed=()) -> ServerRule:
+    b = _int("TF-Serving max_batch_size", max_batch_size)
+    al = tuple(sorted({_int("TF-Serving allowed_batch_sizes", x) for x in allowed}))
+    if al and al[-1] != b:
+        raise InputError(f"TF-Serving requires the last allowed_batch_sizes entry to equal max_batch_size {b}, got {list(al)}")
+    d = _time("TF-Serving batch_timeout_micros", batch_timeout_us)
+    spec = f"tfserving:max={b},timeout_us={d:g}" + (f",allowed={'/'.join(map(str, al))}" if al else "")
+    return ServerRule("triton", spec, _dummy(), 0, b, _dummy()[:0], d / 1000.0, al)
+
+
+def ray_serve(max_batch_size: int, batch_wait_timeout_s: float) -> ServerRule:
+    b = _int("Ray Serve max_batch_size", max_batch_size)
+    d = _time("Ray Serve batch_wait_timeout_s", batch_wait_timeout_s)
+    return ServerRule("ray", f"ray:max={b},timeout_s={d:g}", _dummy(), 0, b, _dummy()[:0], d * 1000.0)
+
+
+def torchserve(batch_size: int, max_batch_delay_ms: float) -> ServerRule:
+    b = _int("TorchServe batch_size", batch_size)
+    d = _time("TorchServe max_batch_delay", max_batch_delay_ms)
+    return ServerRule("torchserve", f"torchserve:batch={b},delay_ms={d:g}", _dummy(), 0, b, _dummy()[:0], d)
+
+
+def _kv(spec: str, arg: str, keys: dict) -> dict:
+    out = {}
+    for part in filter(None, (p.strip() for p in arg.split(","))):
+        k, eq, v = part.partition("=")
+        k = k.strip().lower()
+        if not eq or k not in keys:
+            raise InputError(f"rule {spec!r}: unknown setting {part!r}; valid settings: {', '.join(keys)}")
+        out[keys[k]] = v.strip()
+    return out
+
+
+def parse_rule(spec: str, problem) -> ServerRule:
+    """A rule from its CLI spelling (:data:`RULE_FORMS`); tables and files via the simple policies."""
+    from . import parse_policy
+
+    text = spec.strip()
+    kind, _, arg = text.partition(":")
+    kind = kind.lower()
+    sizes = problem.batch_sizes
+    if kind == "triton":
+        kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "delay_us": "d", "max_queue_delay_microseconds": "d",
+                             "preferred": "p", "preferred_batch_size": "p"})
+        if "b" not in kw:
+            raise InputError(f"rule {spec!r} needs max=B (max_batch_size)")
+        return triton(kw["b"], kw.get("d", 0), [x for x in kw.get("p", "").split("/") if x])
+    if kind in ("tfserving", "tf-serving", "tf"):
+        kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "timeout_us": "d", "batch_timeout_micros": "d",
+                             "allowed": "a", "allowed_batch_sizes": "a"})
+        if "b" not in kw or "d" not in kw:
+            raise InputError(f"rule {spec!r} needs max=B and timeout_us=T")
+        return tf_serving(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
+    if kind in ("ray", "rayserve"):
+        kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "timeout_s": "d", "batch_wait_timeout_s": "d"})
+        if "b" not in kw or "d" not in kw:
+            raise InputError(f"rule {spec!r} needs max=B and timeout_s=T")
+        return ray_serve(kw["b"], kw["d"])
+    if kind == "torchserve":
+        kw = _kv(spec, arg, {"batch": "b", "batch_size": "b", "delay_ms": "d", "max_batch_delay": "d"})
+        if "b" not in kw or "d" not in kw:
+            raise InputError(f"rule {spec!r} needs batch=B and delay_ms=D")
+        return torchserve(kw["b"], kw["d"])
+    if text.lower().endswith((".h5", ".hdf5")):
+        from ..export.hdf5 import read_policy
+
+        pf = read_policy(text)
+        if tuple(pf.batch_sizes) != tuple(sizes):
+            raise InputError(f"{text} was solved for batch sizes {list(pf.batch_sizes)}, not {list(sizes)}")
+        return table_rule(pf.policy[:-1], sizes, spec=text)
+    if kind in ("static", "greedy", "control", "q"):
+        s_max = problem.bmax
+        if kind in ("control", "q"):
+            s_max = max(s_max, _int("control limit Q", arg or "x"))
+        return table_rule(parse_policy(text, sizes, s_max)[:-1], sizes, spec=text)
+    raise InputError(f"unknown policy or rule {spec!r}; valid: {RULE_FORMS}")

@@ -1,0 +1,375 @@
+"""Event simulation of the batch server of paper 004 §III under any batching rule.
+
+One server, FIFO, one batch at a time.  A batch of b requests takes a time drawn from G_b (the
+problem's service law with mean l(b)) and costs ζ(b) mJ; every request of the batch completes
+when the batch does.  The rule deciding when to start a batch and how large is either
+
+* a **table** n ↦ b (an SMDP solution, static, greedy, control-limit), applied at the model's
+  decision epochs: a batch completion, or an arrival to an idle server (paper 004 §IV; eq. 30
+  for n > s_max), or
+* a **timeout rule** of a real server (:mod:`smdp_batch.baselines.servers`).
+
+Arrivals are Poisson, a replayed trace, or a two-phase MMPP, generated up front with a seeded
+numpy Generator, so a run is a pure function of its seed.  The event loop is one numba kernel:
+queued requests are a contiguous index range [head, next), so the state is a few integers.
+
+Statistics use batch means: after the warm-up (the first ``warmup`` share of requests), the rest
+is cut into ``batches`` consecutive groups; mean response time and power per group give 95 %
+Student-t intervals.  Power counts each request's share ζ(b)/b of its batch's energy over the span of
+the group's arrivals.  Percentiles are taken over all measured requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numba as nb
+import numpy as np
+from scipy import stats
+
+from .errors import InputError
+from .model.problem import BatchingProblem
+
+__all__ = ["SimulationResult", "simulate", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
+
+#: Rule kinds understood by the kernel.
+MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3}
+
+
+@nb.njit(cache=True)
+def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, pool_of, unit, ptr, resp, eshare,
+            sizes_hist, qhist, state, stop):
+    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau).
+
+    Fills resp/eshare per served request; returns the number of batches served, or −1 if the rule
+    waits forever (no more arrivals) — the run is then complete.
+    """
+    n_req = arr.size
+    head = int(state[0])
+    nxt = int(state[1])
+    tau = state[2]  # the server is free from tau on
+    batches = 0
+    qcap = qhist.size - 1
+    while head < stop:
+        while nxt < n_req and arr[nxt] <= tau:
+            nxt += 1
+        n = nxt - head
+        size = 0
+        start = tau
+        if mode == 0:  # table at decision epochs
+            while True:
+                a = table[min(n, top)]
+                if a > 0:
+                    size = a
+                    start = tau
+                    break
+                if nxt >= n_req:
+                    break
+                tau = arr[nxt]
+                nxt += 1
+                n += 1
+        elif mode == 1:  # Triton dynamic batcher / TF-Serving scheduler
+            while True:
+                if n == 0:
+                    if nxt >= n_req:
+                        break
+                    tau = arr[nxt]
+                    nxt += 1
+                    n = 1
+                    continue
+                cap = min(n, maxb)
+                p = 0
+                for q in pref:
+                    if q <= cap and q > p:
+                        p = q
+                if p > 0:
+                    size = p
+                    start = tau
+                    break
+                if delay <= 0.0 or (pref.size == 0 and n >= maxb):
+                    size = cap
+                    start = tau
+                    break
+                deadline = arr[head] + delay
+                if deadline <= tau:
+                    size = cap
+                    start = tau
+                    break
+                if nxt < n_req and arr[nxt] < deadline:
+                    tau = arr[nxt]
+                    nxt += 1
+                    n += 1
+                    continue
+                tau = deadline
+                size = cap
+                start = tau
+                break
+        else:  # 2: Ray Serve (timer from when the batcher starts waiting); 3: TorchServe (from the first request)
+            if mode == 3 and n == 0:
+                if nxt >= n_req:
+                    break
+                tau = arr[nxt]
+                nxt += 1
+                n = 1
+            if n >= maxb:
+                size = maxb
+                start = tau
+            else:
+                deadline = tau + delay
+                start = deadline
+                while nxt < n_req and arr[nxt] <= deadline:
+                    n += 1
+                    nxt += 1
+                    if n == maxb:
+                        start = arr[nxt - 1]
+                        break
+                if n > 0:
+                    size = min(n, maxb)
+                else:  # Ray: queue empty at the deadline → serve the next arrival alone
+                    if nxt >= n_req:
+                        break
+                    start = arr[nxt]
+                    nxt += 1
+                    size = 1
+            tau = start
+        if size == 0:
+            state[0] = n_req  # nothing more will be served
+            return -1
+        s_exec = pad[size]
+        pool = pool_of[s_exec]
+        dur = lat_of[s_exec] * unit[pool, ptr[pool]]
+        ptr[pool] += 1
+        done = start + dur
+        share = en_of[s_exec] / size
+        for j in range(head, head + size):
+            resp[j] = done - arr[j]
+            eshare[j] = share
+        sizes_hist[s_exec] += 1
+        qhist[min(nxt - head, qcap)] += 1
+        batches += 1
+        head += size
+        tau = done
+    state[0] = head
+    state[1] = nxt
+    state[2] = tau
+    return batches
+
+
+@dataclass
+class SimulationResult:
+    """Metrics of one simulation run; intervals are 95 % batch-means Student-t half-widths."""
+
+    requests: int
+    measured: int
+    mean_latency_ms: float
+    mean_latency_ci: float
+    mean_power_w: float
+    mean_power_ci: float
+    throughput: float  # requests/ms
+    mean_batch_size: float
+    percentiles: dict  # "p50_ms" … → value
+    percentile_ci: dict
+    batch_size_counts: dict  # executed size → number of batches
+    queue_at_start: np.ndarray  # histogram of the queue length when a batch starts
+    seconds: float
+    seed: int | None
+    response_ms: np.ndarray = field(repr=False, default=None)
+
+    def as_dict(self) -> dict:
+        d = {
+            "requests": self.requests, "measured_requests": self.measured,
+            "mean_latency_ms": self.mean_latency_ms, "mean_latency_ci_ms": self.mean_latency_ci,
+            "mean_power_w": self.mean_power_w, "mean_power_ci_w": self.mean_power_ci,
+            "throughput": self.throughput, "mean_batch_size": self.mean_batch_size,
+            **self.percentiles, **{k.replace("_ms", "_ci_ms"): v for k, v in self.percentile_ci.items()},
+            "batch_size_counts": {str(k): int(v) for k, v in self.batch_size_counts.items()},
+            "simulate_seconds": self.seconds, "seed": self.seed,
+        }
+        return d
+
+
+# ----------------------------------------------------------------------------------------- arrivals
+def poisson_arrivals(lam: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n Poisson arrival times (ms) at rate λ (1/ms), starting after 0."""
+    if not (math.isfinite(lam) and lam > 0):
+        raise InputError(f"arrival rate λ must be finite and > 0 /ms, got {lam!r}")
+    return np.cumsum(rng.exponential(1.0 / lam, int(n)))
+
+
+def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: int, rng: np.random.Generator) -> np.ndarray:
+    """Two-phase MMPP: rate rates[i] (1/ms) in phase i, leaving phase i at rate switch[i] (1/ms)."""
+    r = [float(x) for x in rates]
+    q = [float(x) for x in switch]
+    if not all(math.isfinite(x) and x >= 0 for x in r) or max(r) <= 0:
+        raise InputError(f"MMPP rates must be finite, ≥ 0 and not both 0, got {tuple(rates)}")
+    if not all(math.isfinite(x) and x > 0 for x in q):
+        raise InputError(f"MMPP switching rates must be finite and > 0, got {tuple(switch)}")
+    out, t, phase, count = [], 0.0, 0, 0
+    while count < n:
+        stay = rng.exponential(1.0 / q[phase])
+        if r[phase] > 0:
+            k = rng.poisson(r[phase] * stay)
+            if k:
+                pts = np.sort(rng.uniform(t, t + stay, k))
+                out.append(pts)
+                count += k
+        t += stay
+        phase = 1 - phase
+    return np.concatenate(out)[: int(n)]
+
+
+def read_trace(path: str) -> np.ndarray:
+    """Arrival timestamps (ms) from a CSV: one column, or a column named arrival_ms; sorted, ≥ 0."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
+    except OSError as e:
+        raise InputError(f"cannot read trace {path}: {e.strerror}") from None
+    col, start = 0, 0
+    if rows and not _is_number(rows[0][0]):
+        header = [c.strip().lower() for c in rows[0]]
+        if "arrival_ms" not in header:
+            raise InputError(f"trace {path}: expected a column arrival_ms (or one unnamed column of ms), found {header}")
+        col, start = header.index("arrival_ms"), 1
+    vals = []
+    for i in range(start, len(rows)):
+        cell = rows[i][col].strip() if col < len(rows[i]) else ""
+        if not _is_number(cell) or not math.isfinite(float(cell)) or float(cell) < 0:
+            raise InputError(f"trace {path} line {i + 1}: {cell!r} is not a time ≥ 0 in ms")
+        vals.append(float(cell))
+    if not vals:
+        raise InputError(f"trace {path} holds no arrival times")
+    t = np.asarray(vals)
+    bad = np.nonzero(np.diff(t) < 0)[0]
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"trace {path}: timestamps must be sorted; {t[i]:g} is followed by {t[i + 1]:g}")
+    return t
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------- driver
+def simulate(
+    problem: BatchingProblem,
+    rule,
+    requests: int = 1_000_000,
+    seed: int = 0,
+    arrivals: np.ndarray | str | None = None,
+    warmup: float = 0.05,
+    batches: int = 20,
+    percentiles=(50, 90, 95, 99),
+    keep_responses: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> SimulationResult:
+    """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
+
+    ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
+    a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
+    :class:`~smdp_batch.baselines.servers.ServerRule`.
+    """
+    from .baselines.servers import ServerRule, table_rule
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    if isinstance(arrivals, str):
+        arr = read_trace(arrivals)
+    elif arrivals is not None:
+        arr = np.asarray(arrivals, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0:
+            raise InputError("arrivals must be a non-empty 1-D array of times in ms")
+        if not np.all(np.isfinite(arr)) or np.any(np.diff(arr) < 0) or arr[0] < 0:
+            raise InputError("arrival times must be finite, ≥ 0 and sorted")
+    else:
+        try:
+            n = int(requests)
+        except (TypeError, ValueError):
+            raise InputError(f"requests must be a positive integer, got {requests!r}") from None
+        if n < 100:
+            raise InputError(f"requests must be ≥ 100 for meaningful statistics, got {requests!r}")
+        arr = poisson_arrivals(problem.lam, n, rng)
+    if not (0 <= warmup < 0.9):
+        raise InputError(f"warmup must be a fraction in [0, 0.9), got {warmup!r}")
+    if int(batches) < 2:
+        raise InputError(f"batches (for the confidence intervals) must be ≥ 2, got {batches!r}")
+    if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
+        rule = np.asarray(rule.policy)[: rule.s_max + 1]
+    rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
+    rule.check(problem.batch_sizes)
+    n_req = arr.size
+
+    smax_exec = max(rule.max_executed(), problem.bmax)
+    lat_of = np.full(smax_exec + 1, np.nan)
+    en_of = np.full(smax_exec + 1, np.nan)
+    lat_of[list(problem.batch_sizes)] = problem.latency_ms()
+    en_of[list(problem.batch_sizes)] = problem.energy_mj()
+    law = problem.service
+    shared = law.natural_latency() is None and not hasattr(law, "law_for")  # one shape for every b
+    executed = rule.executed_sizes(problem.batch_sizes)
+    pool_of = np.zeros(smax_exec + 1, dtype=np.int64)
+    if shared:
+        unit = law.sample(rng, 1.0, n_req)[None, :]
+    else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
+        caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
+        unit = np.zeros((len(executed), max(caps)))
+        for i, (s, cap) in enumerate(zip(executed, caps)):
+            pool_of[s] = i
+            unit[i, :cap] = law.sample(rng, 1.0, cap, s)
+    ptr = np.zeros(unit.shape[0], dtype=np.int64)
+    resp = np.full(n_req, np.nan)
+    eshare = np.zeros(n_req)
+    sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
+    qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
+    state = np.zeros(3)
+    pad = rule.pad_map(smax_exec)
+    chunk = 1_000_000
+    while state[0] < n_req:
+        before = int(state[0])
+        _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad,
+                lat_of, en_of, pool_of, unit, ptr, resp, eshare, sizes_hist, qhist, state, min(before + chunk, n_req))
+        if progress is not None:
+            progress(int(state[0]) - before)
+
+    w = int(warmup * n_req)
+    served = ~np.isnan(resp)
+    last = int(np.nonzero(served)[0][-1]) + 1 if served.any() else 0
+    if last - w < 10 * int(batches):
+        raise InputError(
+            f"only {max(last - w, 0)} requests were served after the warm-up; the rule never serves the rest "
+            "(e.g. static b above the load) or the run is too short"
+        )
+    r = resp[w:last]
+    e = eshare[w:last]
+    a = arr[w:last]
+    groups = np.array_split(np.arange(r.size), int(batches))
+    mean_g = np.array([r[g].mean() for g in groups])
+    span = lambda g: a[g[-1]] - a[g[0]] + (a[-1] - a[0]) / max(a.size - 1, 1)
+    power_g = np.array([e[g].sum() / span(g) for g in groups])
+    tq = float(stats.t.ppf(0.975, len(groups) - 1))
+    ci = lambda x: tq * float(np.std(x, ddof=1)) / math.sqrt(len(x))
+    duration = a[-1] - a[0] + (a[-1] - a[0]) / max(a.size - 1, 1)
+    qs = np.percentile(r, percentiles)
+    pct = {f"p{int(q) if float(q).is_integer() else q}_ms": float(v) for q, v in zip(percentiles, qs)}
+    pct_g = np.array([np.percentile(r[g], percentiles) for g in groups])
+    pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(pct)}
+    counts = {int(s): int(c) for s, c in enumerate(sizes_hist) if c}
+    n_batches = int(sizes_hist.sum())
+    return SimulationResult(
+        requests=n_req, measured=int(r.size),
+        mean_latency_ms=float(r.mean()), mean_latency_ci=ci(mean_g),
+        mean_power_w=float(e.sum() / duration), mean_power_ci=ci(power_g),
+        throughput=float(r.size / duration), mean_batch_size=float(last / n_batches) if n_batches else 0.0,
+        percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
+        queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
+        seconds=time.perf_counter() - t0, seed=seed, response_ms=r.copy() if keep_responses else None,
+    )
