@@ -1,4 +1,4 @@
-"""Command line: ``smdp-batch solve | evaluate | simulate | show | profile`` (DESIGN.md §4).
+"""Command line: ``smdp-batch solve | evaluate | simulate | compare | show | profile`` (DESIGN.md §4).
 
 Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
 and exits with code 2 — never a traceback, never a half-written file.
@@ -303,6 +303,46 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, progres
         f"mean batch = {res.mean_batch_size:.4g}",
     ])
     _emit(d, as_json, text)
+
+
+@cli.command("compare")
+@scenario_options
+@click.option("--slo-mean-ms", default=None, help="SLO: mean latency ≤ X ms")
+@click.option("--slo-p95-ms", default=None, help="SLO: 95th-percentile latency ≤ X ms")
+@click.option("--slo-p99-ms", default=None, help="SLO: 99th-percentile latency ≤ X ms")
+@click.option("--requests", default="200000", show_default=True, help="requests simulated per candidate")
+@click.option("--seed", default="0", show_default=True, help="random seed (the same arrivals for every candidate)")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **opts):
+    """Least power at a latency SLO: best-tuned Triton, TF-Serving, Ray Serve, TorchServe vs the SMDP table."""
+    from .compare import best_at_slo
+
+    given = [(m, v) for m, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms)) if v is not None]
+    if len(given) != 1:
+        raise InputError("give exactly one SLO: --slo-mean-ms, --slo-p95-ms or --slo-p99-ms")
+    metric, bound = given[0][0], _number(f"slo-{given[0][0]}-ms", given[0][1])
+    problem = build_problem(opts)
+    n = _number("requests", requests, integer=True)
+    if n < 1000:
+        raise InputError(f"--requests must be ≥ 1000, got {requests!r}")
+    best, every = best_at_slo(problem, bound, metric, requests=n, seed=_number("seed", seed, integer=True))
+    rows = []
+    for fam, c in best.items():
+        rows.append({"family": fam, **({"setting": c.setting, "slo_metric_ms": c.latency_ms, "mean_latency_ms": c.mean_latency_ms,
+                                        "mean_power_w": c.mean_power_w} if c else {"setting": None})})
+    d = {**problem.describe(), "slo": {"metric": metric, "bound_ms": bound}, "best": rows,
+         "candidates": [c.__dict__ for c in every]}
+    ref = best["smdp"].mean_power_w if best["smdp"] else None
+    lines = [f"smdp-batch — least power with {metric} latency ≤ {bound:g} ms ({n} simulated requests per candidate)",
+             _scenario_line(problem)]
+    for fam, c in best.items():
+        if c is None:
+            lines.append(f"  {fam:10s} no setting meets the SLO")
+            continue
+        extra = f"  (+{c.mean_power_w - ref:.3g} W vs SMDP)" if ref is not None and fam != "smdp" else ""
+        lines.append(f"  {fam:10s} {c.setting:42s} {metric} {c.latency_ms:7.4g} ms, W̄ {c.mean_latency_ms:7.4g} ms, "
+                     f"P̄ {c.mean_power_w:7.4g} W{extra}")
+    _emit(d, as_json, "\n".join(lines))
 
 
 @cli.command("show")

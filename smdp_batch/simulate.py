@@ -32,26 +32,30 @@ import numpy as np
 from scipy import stats
 
 from .errors import InputError
+from .model.laws import Deterministic
 from .model.problem import BatchingProblem
 
-__all__ = ["SimulationResult", "simulate", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
+__all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
 #: Rule kinds understood by the kernel.
 MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3}
 
 
 @nb.njit(cache=True)
-def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, pool_of, unit, ptr, resp, eshare,
-            sizes_hist, qhist, state, stop):
-    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau).
+def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
+            bounds, genergy, sizes_hist, qhist, state, stop):
+    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau, group).
 
-    Fills resp/eshare per served request; returns the number of batches served, or −1 if the rule
-    waits forever (no more arrivals) — the run is then complete.
+    Fills resp per served request and adds each request's energy share ζ(b)/b to its statistics group
+    (groups start at ``bounds[g]``; requests before bounds[0] are warm-up).  Returns the number of
+    batches served, or −1 if the rule waits forever (no more arrivals): the run is then complete.
     """
     n_req = arr.size
     head = int(state[0])
     nxt = int(state[1])
     tau = state[2]  # the server is free from tau on
+    grp = int(state[3])
+    n_groups = genergy.size
     batches = 0
     qcap = qhist.size - 1
     while head < stop:
@@ -137,17 +141,25 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, pool_o
                     size = 1
             tau = start
         if size == 0:
-            state[0] = n_req  # nothing more will be served
+            state[0] = head
+            state[1] = nxt
+            state[2] = tau
             return -1
         s_exec = pad[size]
-        pool = pool_of[s_exec]
-        dur = lat_of[s_exec] * unit[pool, ptr[pool]]
-        ptr[pool] += 1
+        if det:
+            dur = lat_of[s_exec]
+        else:
+            pool = pool_of[s_exec]
+            dur = lat_of[s_exec] * unit[pool, ptr[pool]]
+            ptr[pool] += 1
         done = start + dur
         share = en_of[s_exec] / size
         for j in range(head, head + size):
             resp[j] = done - arr[j]
-            eshare[j] = share
+            while grp < n_groups and j >= bounds[grp + 1]:
+                grp += 1
+            if grp < n_groups and j >= bounds[0]:
+                genergy[grp] += share
         sizes_hist[s_exec] += 1
         qhist[min(nxt - head, qcap)] += 1
         batches += 1
@@ -156,6 +168,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, pool_o
     state[0] = head
     state[1] = nxt
     state[2] = tau
+    state[3] = grp
     return batches
 
 
@@ -197,7 +210,8 @@ def poisson_arrivals(lam: float, n: int, rng: np.random.Generator) -> np.ndarray
     """n Poisson arrival times (ms) at rate λ (1/ms), starting after 0."""
     if not (math.isfinite(lam) and lam > 0):
         raise InputError(f"arrival rate λ must be finite and > 0 /ms, got {lam!r}")
-    return np.cumsum(rng.exponential(1.0 / lam, int(n)))
+    x = rng.exponential(1.0 / lam, int(n))
+    return np.cumsum(x, out=x)
 
 
 def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: int, rng: np.random.Generator) -> np.ndarray:
@@ -260,6 +274,80 @@ def _is_number(text: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------- driver
+def _check_arrivals(arrivals) -> np.ndarray:
+    arr = np.asarray(arrivals, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise InputError("arrivals must be a non-empty 1-D array of times in ms")
+    if not np.all(np.isfinite(arr)) or arr[0] < 0 or np.any(arr[1:] < arr[:-1]):
+        raise InputError("arrival times must be finite, ≥ 0 and sorted")
+    return arr
+
+
+def _as_rule(rule, problem: BatchingProblem):
+    from .baselines.servers import ServerRule, table_rule
+
+    if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
+        rule = np.asarray(rule.policy)[: rule.s_max + 1]
+    rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
+    rule.check(problem.batch_sizes)
+    return rule
+
+
+def _run(problem, rule, arr, rng, bounds, progress=None):
+    """Draw service times and run the kernel over ``arr``; returns resp, group energy, histograms, state."""
+    n_req = arr.size
+    smax_exec = max(rule.max_executed(), problem.bmax)
+    lat_of = np.full(smax_exec + 1, np.nan)
+    en_of = np.full(smax_exec + 1, np.nan)
+    lat_of[list(problem.batch_sizes)] = problem.latency_ms()
+    en_of[list(problem.batch_sizes)] = problem.energy_mj()
+    law = problem.service
+    det = isinstance(law, Deterministic)
+    shared = law.natural_latency() is None and not hasattr(law, "law_for")  # one shape for every b
+    pool_of = np.zeros(smax_exec + 1, dtype=np.int64)
+    if det:
+        unit = np.ones((1, 1))
+    elif shared:  # at most one batch per request
+        unit = law.sample(rng, 1.0, n_req)[None, :]
+    else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
+        executed = rule.executed_sizes(problem.batch_sizes)
+        caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
+        unit = np.zeros((len(executed), max(caps)))
+        for i, (s, cap) in enumerate(zip(executed, caps)):
+            pool_of[s] = i
+            unit[i, :cap] = law.sample(rng, 1.0, cap, s)
+    ptr = np.zeros(unit.shape[0], dtype=np.int64)
+    resp = np.empty(n_req)
+    genergy = np.zeros(bounds.size - 1)
+    sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
+    qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
+    state = np.zeros(4)
+    pad = rule.pad_map(smax_exec)
+    chunk = 1_000_000
+    while state[0] < n_req:
+        before = int(state[0])
+        got = _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad, lat_of, en_of,
+                      det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state,
+                      min(before + chunk, n_req))
+        if progress is not None:
+            progress(int(state[0]) - before)
+        if got < 0:
+            break
+    return resp, genergy, sizes_hist, qhist, state
+
+
+def response_times(problem: BatchingProblem, rule, arrivals: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Response time (ms) of every request of ``arrivals`` under ``rule``; NaN for requests never served.
+
+    The bare simulation, without statistics (what :func:`simulate` summarises).
+    """
+    arr = _check_arrivals(arrivals)
+    rule = _as_rule(rule, problem)
+    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]))
+    resp[int(state[0]):] = np.nan
+    return resp
+
+
 def simulate(
     problem: BatchingProblem,
     rule,
@@ -278,18 +366,12 @@ def simulate(
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
     :class:`~smdp_batch.baselines.servers.ServerRule`.
     """
-    from .baselines.servers import ServerRule, table_rule
-
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     if isinstance(arrivals, str):
         arr = read_trace(arrivals)
     elif arrivals is not None:
-        arr = np.asarray(arrivals, dtype=np.float64)
-        if arr.ndim != 1 or arr.size == 0:
-            raise InputError("arrivals must be a non-empty 1-D array of times in ms")
-        if not np.all(np.isfinite(arr)) or np.any(np.diff(arr) < 0) or arr[0] < 0:
-            raise InputError("arrival times must be finite, ≥ 0 and sorted")
+        arr = _check_arrivals(arrivals)
     else:
         try:
             n = int(requests)
@@ -302,74 +384,57 @@ def simulate(
         raise InputError(f"warmup must be a fraction in [0, 0.9), got {warmup!r}")
     if int(batches) < 2:
         raise InputError(f"batches (for the confidence intervals) must be ≥ 2, got {batches!r}")
-    if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
-        rule = np.asarray(rule.policy)[: rule.s_max + 1]
-    rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
-    rule.check(problem.batch_sizes)
+    rule = _as_rule(rule, problem)
     n_req = arr.size
-
-    smax_exec = max(rule.max_executed(), problem.bmax)
-    lat_of = np.full(smax_exec + 1, np.nan)
-    en_of = np.full(smax_exec + 1, np.nan)
-    lat_of[list(problem.batch_sizes)] = problem.latency_ms()
-    en_of[list(problem.batch_sizes)] = problem.energy_mj()
-    law = problem.service
-    shared = law.natural_latency() is None and not hasattr(law, "law_for")  # one shape for every b
-    executed = rule.executed_sizes(problem.batch_sizes)
-    pool_of = np.zeros(smax_exec + 1, dtype=np.int64)
-    if shared:
-        unit = law.sample(rng, 1.0, n_req)[None, :]
-    else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
-        caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
-        unit = np.zeros((len(executed), max(caps)))
-        for i, (s, cap) in enumerate(zip(executed, caps)):
-            pool_of[s] = i
-            unit[i, :cap] = law.sample(rng, 1.0, cap, s)
-    ptr = np.zeros(unit.shape[0], dtype=np.int64)
-    resp = np.full(n_req, np.nan)
-    eshare = np.zeros(n_req)
-    sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
-    qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
-    state = np.zeros(3)
-    pad = rule.pad_map(smax_exec)
-    chunk = 1_000_000
-    while state[0] < n_req:
-        before = int(state[0])
-        _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad,
-                lat_of, en_of, pool_of, unit, ptr, resp, eshare, sizes_hist, qhist, state, min(before + chunk, n_req))
-        if progress is not None:
-            progress(int(state[0]) - before)
-
     w = int(warmup * n_req)
-    served = ~np.isnan(resp)
-    last = int(np.nonzero(served)[0][-1]) + 1 if served.any() else 0
-    if last - w < 10 * int(batches):
-        raise InputError(
-            f"only {max(last - w, 0)} requests were served after the warm-up; the rule never serves the rest "
-            "(e.g. static b above the load) or the run is too short"
-        )
+    bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
+    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
+    last = int(state[0])  # requests 0..last−1 were served (FIFO)
+    if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
+        if n_req - last > max(rule.maxb, 1) * 4 or last - w < 10 * int(batches):
+            raise InputError(
+                f"only {last} of {n_req} requests were served; the rule never serves the rest "
+                "(static b above what arrives?) or the run is too short"
+            )
+        bounds[-1] = last  # unserved requests carried no energy: only the last group's end moves
     r = resp[w:last]
-    e = eshare[w:last]
     a = arr[w:last]
-    groups = np.array_split(np.arange(r.size), int(batches))
-    mean_g = np.array([r[g].mean() for g in groups])
-    span = lambda g: a[g[-1]] - a[g[0]] + (a[-1] - a[0]) / max(a.size - 1, 1)
-    power_g = np.array([e[g].sum() / span(g) for g in groups])
-    tq = float(stats.t.ppf(0.975, len(groups) - 1))
+    gap = (a[-1] - a[0]) / max(a.size - 1, 1)
+    rel = bounds - w
+    slices = [slice(int(rel[g]), int(rel[g + 1])) for g in range(int(batches))]
+    mean_g = np.array([r[sl].mean() for sl in slices])
+    power_g = np.array([genergy[g] / (a[sl.stop - 1] - a[sl.start] + gap) for g, sl in enumerate(slices)])
+    tq = float(stats.t.ppf(0.975, len(slices) - 1))
     ci = lambda x: tq * float(np.std(x, ddof=1)) / math.sqrt(len(x))
-    duration = a[-1] - a[0] + (a[-1] - a[0]) / max(a.size - 1, 1)
-    qs = np.percentile(r, percentiles)
-    pct = {f"p{int(q) if float(q).is_integer() else q}_ms": float(v) for q, v in zip(percentiles, qs)}
-    pct_g = np.array([np.percentile(r[g], percentiles) for g in groups])
-    pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(pct)}
+    duration = a[-1] - a[0] + gap
+    mean_latency = float(r.mean())
+    kept = r.copy() if keep_responses else None
+    names = [f"p{int(q) if float(q).is_integer() else q}_ms" for q in percentiles]
+    pct_g = np.array([_percentiles_inplace(r[sl], percentiles) for sl in slices])  # partitions r in place
+    pct = dict(zip(names, _percentiles_inplace(r, percentiles)))
+    pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(names)}
     counts = {int(s): int(c) for s, c in enumerate(sizes_hist) if c}
     n_batches = int(sizes_hist.sum())
     return SimulationResult(
         requests=n_req, measured=int(r.size),
-        mean_latency_ms=float(r.mean()), mean_latency_ci=ci(mean_g),
-        mean_power_w=float(e.sum() / duration), mean_power_ci=ci(power_g),
+        mean_latency_ms=mean_latency, mean_latency_ci=ci(mean_g),
+        mean_power_w=float(genergy.sum() / duration), mean_power_ci=ci(power_g),
         throughput=float(r.size / duration), mean_batch_size=float(last / n_batches) if n_batches else 0.0,
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
-        seconds=time.perf_counter() - t0, seed=seed, response_ms=r.copy() if keep_responses else None,
+        seconds=time.perf_counter() - t0, seed=seed, response_ms=kept,
     )
+
+
+def _percentiles_inplace(x: np.ndarray, qs) -> list[float]:
+    """Percentiles (linear interpolation, as numpy's default) by one in-place partition of x."""
+    n = x.size
+    pos = [q / 100.0 * (n - 1) for q in qs]
+    kth = sorted({int(math.floor(p)) for p in pos} | {min(int(math.floor(p)) + 1, n - 1) for p in pos})
+    x.partition(kth)
+    out = []
+    for p in pos:
+        lo = int(math.floor(p))
+        hi = min(lo + 1, n - 1)
+        out.append(float(x[lo] + (p - lo) * (x[hi] - x[lo])))
+    return out

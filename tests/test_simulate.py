@@ -197,3 +197,22 @@ def test_bad_inputs_get_one_line_errors(tmp_path, capsys, args, msg):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert re.search(msg, err), err
+
+
+def test_best_tuned_baselines_at_the_papers_slo(capsys):
+    """Paper 004 §VII-B3: with p95 < 10 ms at ρ = 0.7 the paper picks the SMDP policy for w2 = 1.6.
+
+    Every server rule, best-tuned by simulation on the same arrivals, draws at least as much power.
+    """
+    from smdp_batch.compare import best_at_slo
+
+    best, every = best_at_slo(BatchingProblem.basic(rho=0.7), 10.0, "p95", requests=200_000, seed=0)
+    assert best["smdp"].setting == "w2=1.6"
+    for fam in ("triton", "tfserving", "ray", "torchserve"):
+        assert best[fam] is not None and best[fam].latency_ms <= 10.0
+        assert best[fam].mean_power_w >= best["smdp"].mean_power_w
+    assert main(["compare", "--rho", "0.7", "--slo-p95-ms", "10", "--requests", "20000", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["family"] for r in d["best"]] == ["smdp", "triton", "tfserving", "ray", "torchserve"]
+    assert main(["compare", "--rho", "0.7"]) == 2
+    assert "give exactly one SLO" in capsys.readouterr().err
