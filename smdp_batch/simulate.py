@@ -200,6 +200,7 @@ class SimulationResult:
             "throughput": self.throughput, "mean_batch_size": self.mean_batch_size,
             **self.percentiles, **{k.replace("_ms", "_ci_ms"): v for k, v in self.percentile_ci.items()},
             "batch_size_counts": {str(k): int(v) for k, v in self.batch_size_counts.items()},
+            "queue_at_batch_start": [int(x) for x in self.queue_at_start],
             "simulate_seconds": self.seconds, "seed": self.seed,
         }
         return d
