@@ -7,15 +7,33 @@ relative value iteration (eqs. 27–30) and exact policy iteration, exact evalua
 stationary policy, and HDF5 policy tables.
 """
 
+from importlib import import_module
+
 from .errors import InputError, PolicyFileError
-from .evaluate import Evaluation, evaluate_policy
-from .model import BatchingProblem
-from .solvers import Solution, SolveResult, solve
-from .truncate import TruncatedSMDP, truncate
 
 __version__ = "0.1.0"
+
+# Heavy parts (scipy, numba) load on first use, so that ``import smdp_batch.runtime`` in a server
+# costs numpy and h5py only (PEP 562).
+_LAZY = {
+    "BatchingProblem": ".model", "Evaluation": ".evaluate", "evaluate_policy": ".evaluate",
+    "Solution": ".solvers", "SolveResult": ".solvers", "solve": ".solvers",
+    "TruncatedSMDP": ".truncate", "truncate": ".truncate",
+}
 
 __all__ = [
     "BatchingProblem", "Evaluation", "InputError", "PolicyFileError", "Solution", "SolveResult",
     "TruncatedSMDP", "evaluate_policy", "solve", "truncate", "__version__",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

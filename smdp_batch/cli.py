@@ -197,9 +197,7 @@ def evaluate_cmd(policy_spec, as_json, **opts):
     t0 = time.perf_counter()
     if policy_spec.lower().endswith((".h5", ".hdf5")):
         pf = read_policy(policy_spec)
-        base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
-        base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
-        problem = build_problem(opts, base)
+        problem = build_problem(opts, _file_inputs(pf))
         if tuple(problem.batch_sizes) != pf.batch_sizes:
             raise InputError(
                 f"{policy_spec} was solved for batch sizes {list(pf.batch_sizes)}, not {list(problem.batch_sizes)}"
@@ -236,7 +234,14 @@ def evaluate_cmd(policy_spec, as_json, **opts):
     _emit(d, as_json, text)
 
 
-def _arrivals(spec: str, problem: BatchingProblem, requests: int, seed: int):
+def _file_inputs(pf) -> dict:
+    """The scenario a policy file was solved for, as build_problem's base values."""
+    base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
+    base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
+    return base
+
+
+def _arrivals(spec: str, requests: int, seed: int):
     """None (Poisson at λ), or an array from trace:FILE / mmpp:L1,L2,R12,R21."""
     from .simulate import mmpp_arrivals, read_trace
 
@@ -275,23 +280,17 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, progres
         raise InputError(f"--requests must be ≥ 100, got {requests!r}")
     if sd < 0:
         raise InputError(f"--seed must be ≥ 0, got {seed!r}")
-    base = None
-    if policy_spec.lower().endswith((".h5", ".hdf5")):
-        pf = read_policy(policy_spec)
-        base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
-        base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
-    problem = build_problem(opts, base)
+    is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
+    problem = build_problem(opts, _file_inputs(read_policy(policy_spec)) if is_file else None)
     rule = parse_rule(policy_spec, problem)
-    arr = _arrivals(arrivals, problem, n, sd)
-    total = n if arr is None else arr.size
-    show = sys.stderr.isatty() if progress is None else progress
-    if show:
-        with click.progressbar(length=total, label="simulating", file=sys.stderr) as bar:
-            res = simulate(problem, rule, requests=n, seed=sd, arrivals=arr, warmup=_number("warmup", warmup),
-                           batches=_number("batches", batches, integer=True), progress=bar.update)
+    arr = _arrivals(arrivals, n, sd)
+    kw = dict(requests=n, seed=sd, arrivals=arr, warmup=_number("warmup", warmup),
+              batches=_number("batches", batches, integer=True))
+    if sys.stderr.isatty() if progress is None else progress:
+        with click.progressbar(length=n if arr is None else arr.size, label="simulating", file=sys.stderr) as bar:
+            res = simulate(problem, rule, progress=bar.update, **kw)
     else:
-        res = simulate(problem, rule, requests=n, seed=sd, arrivals=arr, warmup=_number("warmup", warmup),
-                       batches=_number("batches", batches, integer=True))
+        res = simulate(problem, rule, **kw)
     d = {**problem.describe(), "policy_spec": rule.spec, "arrivals": arrivals, **res.as_dict(),
          "units": {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput": "1/ms"}}
     pct = ", ".join(f"{k[:-3]} {v:.4g}" for k, v in res.percentiles.items())

@@ -21,6 +21,7 @@ import numpy as np
 from .errors import InputError
 from .linalg import stationary
 from .model.problem import BatchingProblem
+from .runtime.table import control_limit
 from .truncate import TruncatedSMDP, arrival_table, truncate
 
 __all__ = [
@@ -87,26 +88,11 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
 
 
 def control_limit_of(policy: np.ndarray, batch_sizes) -> int | None:
-    """Q if ``policy`` is a control-limit policy (paper 004 Def. 3), else None.
+    """Q if ``policy`` (states 0..s_max, then S_o) is a control-limit policy (paper 004 Def. 3), else None.
 
-    Control limit Q: wait below Q, from Q on serve the largest allowed batch ≤ min(s, Bmax),
-    checked on states 0..s_max (the S_o entry only reflects the abstract cost and is not part of
-    the deployed rule, eq. 30).
+    The S_o entry only reflects the abstract cost and is not part of the deployed rule (eq. 30).
     """
-    policy = np.asarray(policy)
-    sizes = np.asarray(batch_sizes)
-    n = policy.size - 1  # states 0..s_max
-    serve = np.nonzero(policy[:n] > 0)[0]
-    if serve.size == 0:
-        return None
-    q = int(serve[0])
-    s = np.arange(n)
-    pos = np.searchsorted(sizes, np.minimum(s, sizes[-1]), side="right") - 1
-    greedy = np.where(pos >= 0, sizes[np.clip(pos, 0, None)], 0)
-    expected = np.where(s >= q, greedy, 0)
-    if np.array_equal(policy[:n], expected):
-        return q
-    return None
+    return control_limit(np.asarray(policy)[:-1], batch_sizes)
 
 
 def resize_policy(policy: np.ndarray, s_max: int) -> np.ndarray:

@@ -65,9 +65,9 @@ class PolicyFile:
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (n > s_max uses the s_max action, eq. 30)."""
-        if n < 0:
-            raise InputError(f"queue length must be ≥ 0, got {n}")
-        return int(self.policy[min(int(n), self.s_max)])
+        from ..runtime.table import eq30
+
+        return eq30(self.policy, self.s_max, n)
 
 
 def _attrs(group) -> dict:

@@ -23,6 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
+from ..runtime.table import eq30
 from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
 from ..baselines.simple import greedy_policy
 from ..model.problem import BatchingProblem
@@ -79,10 +80,7 @@ class Solution:
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (eq. 30: n > s_max uses the s_max action)."""
-        n = int(n)
-        if n < 0:
-            raise InputError(f"queue length must be ≥ 0, got {n}")
-        return int(self.result.policy[min(n, self.s_max)])
+        return eq30(self.result.policy, self.s_max, n)
 
     def to_dict(self) -> dict:
         """The JSON contract of DESIGN.md §4.

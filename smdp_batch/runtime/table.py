@@ -1,0 +1,118 @@
+"""PolicyTable: the n ↦ b lookup a server follows (paper 004 eq. 30).  numpy and h5py only.
+
+``policy[s]`` for s = 0..s_max is the batch size to serve with s requests waiting (0 = wait);
+for n > s_max the table serves ``policy[s_max]`` (eq. 30).  HDF5 files store s_max + 2 entries
+(the last one is the truncated model's overflow state S_o); the runtime never uses it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["PolicyTable", "eq30", "control_limit"]
+
+
+def eq30(policy: np.ndarray, s_max: int, n: int) -> int:
+    """Batch size for queue length n ≥ 0: policy[min(n, s_max)] (eq. 30)."""
+    n = int(n)
+    if n < 0:
+        raise InputError(f"queue length must be ≥ 0, got {n}")
+    return int(policy[min(n, s_max)])
+
+
+def control_limit(policy: np.ndarray, batch_sizes) -> int | None:
+    """Q if policy[s], s = 0..s_max, is 'wait below Q, then serve the largest allowed batch ≤ min(s, Bmax)'
+    (a control-limit policy, paper 004 Def. 3), else None."""
+    policy = np.asarray(policy)
+    sizes = np.asarray(batch_sizes)
+    serve = np.nonzero(policy > 0)[0]
+    if serve.size == 0:
+        return None
+    q = int(serve[0])
+    s = np.arange(policy.size)
+    pos = np.searchsorted(sizes, np.minimum(s, sizes[-1]), side="right") - 1
+    greedy = np.where(pos >= 0, sizes[np.clip(pos, 0, None)], 0)
+    return q if np.array_equal(policy, np.where(s >= q, greedy, 0)) else None
+
+
+class PolicyTable:
+    """A validated batching table: ``decide(n)`` for every n ≥ 0, vectorised ``decide_many``."""
+
+    def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None):
+        p = np.asarray(policy)
+        if p.ndim != 1 or p.size < 1 or not np.all(np.isfinite(p)) or np.any(p != np.round(p)):
+            raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length 0..s_max")
+        p = p.astype(np.int64)
+        s = np.arange(p.size)
+        bad = np.nonzero((p < 0) | (p > s))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(f"policy[{i}] = {int(p[i])}: a table must serve between 0 and n requests at queue length n")
+        if p[-1] == 0:
+            raise InputError(f"policy waits at its top queue length {p.size - 1}; by eq. 30 it would never serve a long queue")
+        if batch_sizes is not None:
+            allowed = {0, *(int(b) for b in batch_sizes)}
+            used = sorted(set(int(a) for a in p) - allowed)
+            if used:
+                raise InputError(f"policy uses batch size {used[0]}, which is not among the allowed sizes {sorted(allowed - {0})}")
+        self._policy = p
+        self._policy.setflags(write=False)
+        self.batch_sizes = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else tuple(sorted(set(p[p > 0].tolist())))
+        self.meta = dict(meta or {})
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "PolicyTable":
+        """Read a smdp-batch HDF5 policy table (format and schema version checked)."""
+        from ..export.hdf5 import read_policy
+
+        pf = read_policy(path)
+        meta = {**pf.meta, "inputs": pf.inputs, "truncation": pf.truncation,
+                "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}
+        return cls(pf.policy[:-1], pf.batch_sizes, meta, str(path))
+
+    @property
+    def policy(self) -> np.ndarray:
+        """policy[s], s = 0..s_max (read-only)."""
+        return self._policy
+
+    @property
+    def s_max(self) -> int:
+        return self._policy.size - 1
+
+    @property
+    def lam(self) -> float | None:
+        """The arrival rate (1/ms) the table was solved for, if known."""
+        v = self.meta.get("inputs", {}).get("lam")
+        return None if v is None else float(v)
+
+    @property
+    def max_batch(self) -> int:
+        return int(self._policy.max())
+
+    def decide(self, n: int) -> int:
+        """Batch size to serve with n requests waiting (0: wait), for any n ≥ 0."""
+        return eq30(self._policy, self.s_max, n)
+
+    def decide_many(self, n) -> np.ndarray:
+        """Vectorised :meth:`decide` over an integer array of queue lengths."""
+        n = np.asarray(n)
+        if n.size and (not np.issubdtype(n.dtype, np.integer) or n.min() < 0):
+            raise InputError("queue lengths must be integers ≥ 0")
+        return self._policy[np.minimum(n, self.s_max)]
+
+    @property
+    def control_limit(self) -> int | None:
+        """Q if the table is 'wait below Q, then serve min(n, Bmax)', else None."""
+        return control_limit(self._policy, self.batch_sizes)
+
+    def __repr__(self) -> str:
+        q = self.control_limit
+        rule = f"wait below {q}, then serve min(n, {self.max_batch})" if q is not None else "general table"
+        lam = f", λ = {self.lam:.6g}/ms" if self.lam is not None else ""
+        src = f" from {self.path}" if self.path else ""
+        return f"<PolicyTable s_max={self.s_max}{lam}: {rule}{src}>"
