@@ -1,4 +1,4 @@
-"""Command line: ``smdp-batch solve | evaluate | simulate | compare | show | profile`` (DESIGN.md §4).
+"""Command line: ``smdp-batch solve | evaluate | simulate | compare | export | show | profile`` (DESIGN.md §4).
 
 Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
 and exits with code 2 — never a traceback, never a half-written file.
@@ -342,6 +342,67 @@ def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **
         lines.append(f"  {fam:10s} {c.setting:42s} {metric} {c.latency_ms:7.4g} ms, W̄ {c.mean_latency_ms:7.4g} ms, "
                      f"P̄ {c.mean_power_w:7.4g} W{extra}")
     _emit(d, as_json, "\n".join(lines))
+
+
+@cli.command("export")
+@click.argument("path")
+@click.option("--to", "target", required=True, help="triton | tfserving | ray | torchserve")
+@click.option("--requests", default="200000", show_default=True, help="requests simulated per candidate setting")
+@click.option("--seed", default="0", show_default=True, help="random seed (the same arrivals for table and export)")
+@click.option("-o", "--output", default=None, help="write the config text to this file")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def export_cmd(path, target, requests, seed, output, as_json):
+    """Export a policy table as a server's batching settings, with what they cannot express and its cost."""
+    from .export.configs import TARGETS, export_policy
+
+    if target not in TARGETS:
+        raise InputError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")
+    pf = read_policy(path)
+    problem = build_problem({}, _file_inputs(pf))
+    n = _number("requests", requests, integer=True)
+    if n < 1000:
+        raise InputError(f"--requests must be ≥ 1000, got {requests!r}")
+    if output:
+        _output_folder(output)
+    ex = export_policy(problem, pf.policy[:-1], target, requests=n, seed=_number("seed", seed, integer=True))
+    if output:
+        _write_text_atomically(output, ex.text)
+    g = ex.gap
+    lines = [f"smdp-batch — {target} settings for {path}", _scenario_line(problem), "", ex.text.rstrip(), ""]
+    lines += [f"  fidelity    {x}" for x in ex.limitations]
+    lines.append(
+        f"  simulated gap ({g['requests']} requests, same arrivals): table W̄ {g['table']['mean_latency_ms']:.4g} ms, "
+        f"P̄ {g['table']['mean_power_w']:.4g} W; export W̄ {g['export']['mean_latency_ms']:.4g} ms, "
+        f"P̄ {g['export']['mean_power_w']:.4g} W; objective +{g['objective_increase_pct']:.3g} %"
+    )
+    if output:
+        lines.append(f"  written     {output}")
+    _emit({**ex.as_dict(), "policy_file": path, **({"output": output} if output else {})}, as_json, "\n".join(lines))
+
+
+def _output_folder(path: str) -> str:
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"output folder {folder!r} does not exist")
+    return folder
+
+
+def _write_text_atomically(path: str, text: str) -> None:
+    import os
+    import tempfile
+
+    folder = _output_folder(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".smdp-batch-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 @cli.command("show")

@@ -1,0 +1,152 @@
+"""Exports of a policy table to servers that cannot load one: Triton, TF-Serving, Ray Serve, TorchServe.
+
+No major server takes an n ↦ b table, so each export is the closest setting of the target's own
+batching rule (semantics in :mod:`smdp_batch.baselines.servers`).  Each export comes with a plain
+statement of what the target cannot express, and the simulated cost of that gap: the exported rule
+and the table run on the same arrivals, compared on W̄, P̄ and the table's objective w1·W̄ + w2·P̄.
+
+* **Triton** expresses a control-limit table exactly: ``preferred_batch_size = [Q, …, B]`` sends
+  min(n, B) as soon as n ≥ Q (at an arrival or when the instance frees), and below Q it waits. The
+  only difference is ``max_queue_delay_microseconds``, a safety timeout that the table does not have:
+  we export the smallest delay whose simulated objective is within 0.1 % of the table's.  Other tables
+  become "preferred = the sizes the table serves" with the delay that minimises the objective.
+* **TF-Serving, Ray Serve, TorchServe** cannot wait for a queue length, only for a time; the timeout
+  that minimises the simulated objective is exported (TorchServe's ``max_batch_delay`` is in whole ms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..baselines.servers import ServerRule, ray_serve, table_rule, tf_serving, torchserve, triton
+from ..errors import InputError
+from ..model.problem import BatchingProblem
+from ..runtime.table import control_limit
+
+__all__ = ["Export", "export_policy", "TARGETS"]
+
+TARGETS = ("triton", "tfserving", "ray", "torchserve")
+
+
+@dataclass
+class Export:
+    """A target's settings, their config text, what they cannot express, and the simulated gap."""
+
+    target: str
+    settings: dict
+    text: str
+    limitations: list[str]
+    rule: ServerRule
+    gap: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "settings": self.settings, "config": self.text,
+                "limitations": self.limitations, "rule": self.rule.spec, "gap": self.gap}
+
+
+def _objective(problem: BatchingProblem, res) -> float:
+    return problem.w1 * res.mean_latency_ms + problem.w2 * res.mean_power_w
+
+
+def export_policy(problem: BatchingProblem, policy, target: str, requests: int = 200_000, seed: int = 0) -> Export:
+    """Export ``policy`` (states 0..s_max, or a Solution) for ``target``; settings tuned by simulation."""
+    from ..simulate import poisson_arrivals, simulate
+
+    if target not in TARGETS:
+        raise InputError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")
+    if hasattr(policy, "policy") and hasattr(policy, "s_max"):
+        policy = np.asarray(policy.policy)[: policy.s_max + 1]
+    table = table_rule(policy, problem.batch_sizes, spec="table")
+    p = table.table
+    sizes = problem.batch_sizes
+    b = int(p.max())
+    arr = poisson_arrivals(problem.lam, int(requests), np.random.default_rng(seed))
+    run = lambda rule: simulate(problem, rule, arrivals=arr, seed=seed)
+    base = run(table)
+    base_obj = _objective(problem, base)
+    lmax = float(problem.latency_ms()[-1])
+    q = control_limit(p, sizes)
+    served = sorted({int(a) for a in p if a > 0})
+    limits: list[str] = []
+    contiguous = list(sizes) == list(range(sizes[0], sizes[-1] + 1))
+
+    def tune(make, delays, accept=None):
+        """The delay minimising the objective (or, with ``accept``, the smallest delay it accepts)."""
+        best = None
+        for d in delays:
+            rule = make(d)
+            res = run(rule)
+            obj = _objective(problem, res)
+            if accept is not None and accept(obj):
+                return d, rule, res
+            if best is None or obj < best[3]:
+                best = (d, rule, res, obj)
+        return best[:3]
+
+    delays_ms = [0.0] + list(np.geomspace(0.05, 8.0, 14) * lmax)
+    if target == "triton":
+        if q is not None:
+            pref = [s for s in sizes if q <= s <= b]
+            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref), sorted(np.geomspace(1.0, 1000.0, 13) * lmax),
+                                accept=lambda obj: obj <= base_obj * 1.001)
+            limits.append(
+                f"control-limit table (Q = {q}) expressed exactly by preferred_batch_size [{q}..{b}]; the only "
+                f"difference is the safety timeout max_queue_delay ({d:.4g} ms), which the table does not have"
+            )
+        else:
+            pref = served
+            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref), delays_ms)
+            limits.append("the table is not of control-limit form: Triton sends the largest preferred size it can form "
+                          "and cannot wait at queue lengths where a preferred size is formable")
+        us = int(round(d * 1000.0))
+        rule = triton(b, us, pref)
+        settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us}
+        text = (f"max_batch_size: {b}\ndynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n"
+                f"  max_queue_delay_microseconds: {us}\n}}\n")
+    elif target == "tfserving":
+        allowed = [] if contiguous else [s for s in sizes if s <= b]
+        if allowed and allowed[-1] != b:
+            allowed.append(b)
+        d, rule, res = tune(lambda d: tf_serving(b, d * 1000.0, allowed), delays_ms)
+        us = int(round(d * 1000.0))
+        rule = tf_serving(b, us, allowed)
+        limits.append("TF-Serving cannot wait for a queue length: it waits batch_timeout_micros after the oldest request")
+        if allowed:
+            limits.append(f"batches are padded up to allowed_batch_sizes {allowed}; padding costs the padded size's time and energy")
+        settings = {"max_batch_size": b, "batch_timeout_micros": us, "num_batch_threads": 1,
+                    "max_enqueued_batches": 1_000_000, "allowed_batch_sizes": allowed}
+        text = (f"max_batch_size {{ value: {b} }}\nbatch_timeout_micros {{ value: {us} }}\n"
+                f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: 1 }}\n"
+                + "".join(f"allowed_batch_sizes: {s}\n" for s in allowed))
+    elif target == "ray":
+        d, rule, res = tune(lambda d: ray_serve(b, d / 1000.0), delays_ms)
+        secs = float(f"{d / 1000.0:.6g}")
+        rule = ray_serve(b, secs)
+        limits.append("Ray Serve cannot wait for a queue length: after each batch it waits batch_wait_timeout_s for "
+                      f"max_batch_size requests{'' if contiguous else '; it also cannot restrict batch sizes to a set'}")
+        settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
+        text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
+    else:  # torchserve
+        d, rule, res = tune(lambda d: torchserve(b, d), sorted({float(round(x)) for x in delays_ms}))
+        ms = int(round(d))
+        rule = torchserve(b, ms)
+        limits.append("TorchServe cannot wait for a queue length: it waits max_batch_delay (whole ms) after the first "
+                      f"request{'' if contiguous else '; it also cannot restrict batch sizes to a set'}")
+        settings = {"batch_size": b, "max_batch_delay": ms}
+        text = json.dumps({"models": {"model": {"1.0": {"batchSize": b, "maxBatchDelay": ms}}}}, indent=2) + "\n"
+    rule.check(sizes)
+    res = run(rule)
+    obj = _objective(problem, res)
+    gap = {
+        "table": {"mean_latency_ms": base.mean_latency_ms, "mean_power_w": base.mean_power_w, "objective": base_obj,
+                  "p95_ms": base.percentiles.get("p95_ms")},
+        "export": {"mean_latency_ms": res.mean_latency_ms, "mean_power_w": res.mean_power_w, "objective": obj,
+                   "p95_ms": res.percentiles.get("p95_ms")},
+        "objective_increase_pct": 100.0 * (obj - base_obj) / base_obj if base_obj else math.nan,
+        "requests": int(requests), "seed": int(seed),
+    }
+    return Export(target, settings, text, limits, rule, gap)

@@ -1,0 +1,97 @@
+"""Exports to Triton, TF-Serving, Ray Serve and TorchServe: parsed back with each target's own schema,
+and the exported rule simulated against the table (issue: server runtime and exports)."""
+
+import ast
+import json
+
+import numpy as np
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+from google.protobuf import wrappers_pb2  # noqa: F401  (registers google/protobuf/wrappers.proto)
+from tritonclient.grpc import model_config_pb2
+
+from smdp_batch import BatchingProblem, solve
+from smdp_batch.cli import main
+from smdp_batch.export.configs import export_policy
+
+
+def _tf_batching_parameters():
+    """tensorflow_serving BatchingParameters, field for field as in session_bundle_config.proto."""
+    f = descriptor_pb2.FileDescriptorProto(name="smdp_test_batching.proto", package="tensorflow.serving",
+                                           dependency=["google/protobuf/wrappers.proto"], syntax="proto3")
+    m = f.message_type.add(name="BatchingParameters")
+    T = descriptor_pb2.FieldDescriptorProto
+    for name, num, type_name in [("max_batch_size", 1, ".google.protobuf.Int64Value"),
+                                 ("batch_timeout_micros", 2, ".google.protobuf.Int64Value"),
+                                 ("max_enqueued_batches", 3, ".google.protobuf.Int64Value"),
+                                 ("num_batch_threads", 4, ".google.protobuf.Int64Value"),
+                                 ("thread_pool_name", 5, ".google.protobuf.StringValue")]:
+        m.field.add(name=name, number=num, type=T.TYPE_MESSAGE, type_name=type_name, label=T.LABEL_OPTIONAL)
+    m.field.add(name="allowed_batch_sizes", number=6, type=T.TYPE_INT64, label=T.LABEL_REPEATED)
+    m.field.add(name="pad_variable_length_inputs", number=7, type=T.TYPE_BOOL, label=T.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+
+
+@pytest.fixture(scope="module")
+def table():
+    p = BatchingProblem.basic(rho=0.7, w2=1.6)
+    return p, solve(p)
+
+
+def test_triton_export_is_exact_for_a_control_limit_table(table):
+    p, sol = table
+    ex = export_policy(p, sol, "triton", requests=100_000)
+    cfg = text_format.Parse(ex.text, model_config_pb2.ModelConfig())
+    assert cfg.max_batch_size == 32
+    assert list(cfg.dynamic_batching.preferred_batch_size) == list(range(10, 33))  # Q = 10 .. B
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == ex.settings["max_queue_delay_microseconds"] > 0
+    assert ex.gap["objective_increase_pct"] <= 0.1  # the safety timeout costs ≤ 0.1 % by construction
+    assert "exactly" in ex.limitations[0]
+
+
+def test_tf_serving_export_parses_as_batching_parameters(table):
+    p, sol = table
+    ex = export_policy(p, sol, "tfserving", requests=100_000)
+    msg = text_format.Parse(ex.text, _tf_batching_parameters()())
+    assert msg.max_batch_size.value == 32 and msg.num_batch_threads.value == 1
+    assert msg.batch_timeout_micros.value == ex.settings["batch_timeout_micros"]
+    assert ex.gap["objective_increase_pct"] > 0 and "cannot wait for a queue length" in ex.limitations[0]
+    # an explicit size set becomes allowed_batch_sizes (padding), last = max_batch_size
+    sizes = (1, 2, 4, 8, 16, 32)
+    p2 = BatchingProblem.basic(rho=0.7, w2=1.6, batch_sizes=sizes)
+    ex2 = export_policy(p2, solve(p2), "tfserving", requests=50_000)
+    msg2 = text_format.Parse(ex2.text, _tf_batching_parameters()())
+    assert list(msg2.allowed_batch_sizes) == [s for s in sizes if s <= msg2.max_batch_size.value]
+    assert msg2.allowed_batch_sizes[-1] == msg2.max_batch_size.value
+
+
+def test_ray_and_torchserve_exports_parse(table):
+    p, sol = table
+    ray = export_policy(p, sol, "ray", requests=100_000)
+    call = ast.parse(ray.text.strip().lstrip("@"), mode="eval").body  # parsed, never evaluated
+    kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    assert ast.unparse(call.func) == "serve.batch" and kw == ray.settings
+    ts = export_policy(p, sol, "torchserve", requests=100_000)
+    cfg = json.loads(ts.text)["models"]["model"]["1.0"]
+    assert cfg == {"batchSize": 32, "maxBatchDelay": ts.settings["max_batch_delay"]}
+    assert isinstance(cfg["maxBatchDelay"], int)
+    for ex in (ray, ts):  # the exported rule is simulated on the same arrivals as the table
+        assert ex.gap["export"]["objective"] >= ex.gap["table"]["objective"] * 0.999
+
+
+def test_export_cli(tmp_path, capsys, table):
+    pol = tmp_path / "p.h5"
+    assert main(["solve", "--rho", "0.7", "--w2", "1.6", "-o", str(pol)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "config.pbtxt"
+    assert main(["export", str(pol), "--to", "triton", "--requests", "50000", "-o", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert out.read_text() == d["config"]
+    text_format.Parse(out.read_text(), model_config_pb2.ModelConfig())
+    assert main(["export", str(pol), "--to", "nginx"]) == 2
+    assert "unknown export target 'nginx'" in capsys.readouterr().err
+    assert main(["export", str(pol), "--to", "ray", "-o", str(tmp_path / "missing" / "x")]) == 2
+    assert "does not exist" in capsys.readouterr().err
