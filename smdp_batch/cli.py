@@ -107,9 +107,10 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def _scenario_line(p: BatchingProblem) -> str:
+def _scenario_line(p: BatchingProblem, rate: str | None = None) -> str:
+    rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g})"
     return (
-        f"  scenario    λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}), batch sizes {_sizes_text(p.batch_sizes)}\n"
+        f"  scenario    {rate}, batch sizes {_sizes_text(p.batch_sizes)}\n"
         f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
         f"w1 = {p.w1:g}, w2 = {p.w2:g}"
     )
@@ -140,24 +141,27 @@ def cli():
 @click.option("--eps", default="0.01", show_default=True, help="RVI span tolerance ε")
 @click.option("--max-iter", default=None, help="iteration cap (RVI default 100000, PI 1000)")
 @click.option("--backend", default="numba", show_default=True, help="numba (CPU)")
-@click.option("-o", "--output", default=None, help="write the policy table to FILE.h5")
+@click.option("--lam-grid", default=None, help="solve a λ-bank: comma-separated λ values (1/ms); -o writes one bank file")
+@click.option("--rho-grid", default=None, help="solve a λ-bank over loads ρ, e.g. 0.1,0.2,…,0.9")
+@click.option("-o", "--output", default=None, help="write the policy table (or bank) to FILE.h5")
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
-def solve_cmd(smax, abstract_cost, tol_delta, solver, eps, max_iter, backend, output, as_json, **opts):
+def solve_cmd(smax, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, output, as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
     if backend != "numba":
         raise InputError(f"unknown backend {backend!r}; valid: numba")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
-    problem = build_problem(opts)
     smax_v = smax if str(smax).strip().lower() == "auto" else _number("smax", smax, integer=True)
+    settings = dict(smax=smax_v, abstract_cost=_number("abstract-cost", abstract_cost),
+                    tol_delta=_number("tol-delta", tol_delta), solver=solver, eps=_number("eps", eps),
+                    max_iter=None if max_iter is None else _number("max-iter", max_iter, integer=True))
+    if lam_grid is not None or rho_grid is not None:
+        return _solve_bank(opts, lam_grid, rho_grid, settings, output, as_json)
+    problem = build_problem(opts)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
         warnings.simplefilter("always", DegenerateTruncationWarning)
-        sol = solve(
-            problem, smax=smax_v, abstract_cost=_number("abstract-cost", abstract_cost),
-            tol_delta=_number("tol-delta", tol_delta), solver=solver, eps=_number("eps", eps),
-            max_iter=None if max_iter is None else _number("max-iter", max_iter, integer=True),
-        )
+        sol = solve(problem, **settings)
     for w in caught:
         if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning)):
             click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
@@ -186,6 +190,45 @@ def solve_cmd(smax, abstract_cost, tol_delta, solver, eps, max_iter, backend, ou
         + ([f"  written     {output}"] if output else [])
     )
     _emit(d, as_json, text)
+
+
+def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:
+    """Solve one scenario over a grid of λ (or ρ) and write a policy bank (runtime.PolicyBank)."""
+    from .export.hdf5 import write_bank
+
+    if lam_grid is not None and rho_grid is not None:
+        raise InputError("give either --lam-grid or --rho-grid, not both")
+    if opts.get("lam") is not None or opts.get("rho") is not None:
+        raise InputError("--lam/--rho and a grid exclude each other")
+    name, text = ("lam-grid", lam_grid) if lam_grid is not None else ("rho-grid", rho_grid)
+    values = sorted({_number(name, x) for x in text.split(",") if x.strip()})
+    if not values:
+        raise InputError(f"--{name} needs comma-separated numbers, e.g. 0.5,1,1.5")
+    if output:
+        _output_folder(output)
+    sols = []
+    for v in values:
+        problem = build_problem({**opts, ("lam" if lam_grid is not None else "rho"): v})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", NotConvergedWarning)
+            sol = solve(problem, **settings)
+        for w in caught:
+            click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
+        if sol.degenerate:
+            raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --smax auto")
+        sols.append(sol)
+    if output:
+        write_bank(sols, output)
+    rows = [sol.to_dict() for sol in sols]
+    lines = [f"smdp-batch — policy bank over {len(sols)} arrival rates (paper 004 SMDP per λ)",
+             _scenario_line(sols[0].problem, rate="λ on a grid (below)")]
+    for sol, d in zip(sols, rows):
+        lines.append(f"  λ = {d['lam']:<9.5g} ρ = {d['rho']:<6.3g} s_max = {d['smax']:<5} "
+                     f"{describe_policy(sol.policy, sol.problem.batch_sizes)[:60]:<60} W̄ = {d['mean_latency_ms']:.4g} ms, "
+                     f"P̄ = {d['mean_power_w']:.4g} W")
+    if output:
+        lines.append(f"  written     {output}")
+    _emit({"bank": rows, **({"output": output} if output else {})}, as_json, "\n".join(lines))
 
 
 @cli.command("evaluate")
@@ -409,8 +452,25 @@ def _write_text_atomically(path: str, text: str) -> None:
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def show_cmd(path, as_json):
-    """Print what a policy table holds."""
-    pf = read_policy(path)
+    """Print what a policy table (or a λ-bank) holds."""
+    from .errors import PolicyFileError
+    from .export.hdf5 import read_bank
+
+    try:
+        pf = read_policy(path)
+    except PolicyFileError as e:
+        if "it is a policy bank" not in str(e):
+            raise
+        bank = read_bank(path)
+        rows = [{"lam": t.inputs["lam"], "rho": t.inputs["rho"], "smax": t.truncation["smax"],
+                 "control_limit": control_limit_of(t.policy, t.batch_sizes), "mean_latency_ms": t.solution["mean_latency_ms"],
+                 "mean_power_w": t.solution["mean_power_w"], "policy": [int(a) for a in t.policy]} for t in bank]
+        lines = [f"{path}: {bank[0].meta.get('format')} v{bank[0].meta.get('schema_version')}, {len(bank)} tables"]
+        lines += [f"  λ = {r['lam']:<9.5g} ρ = {r['rho']:<6.3g} s_max = {r['smax']:<5} control limit {r['control_limit']}, "
+                  f"W̄ = {r['mean_latency_ms']:.4g} ms, P̄ = {r['mean_power_w']:.4g} W" for r in rows]
+        _emit({"path": path, **bank[0].meta, "tables": rows}, as_json, "\n".join(lines))
+        return
+
     sizes = pf.batch_sizes
     d = {
         "path": path,

@@ -194,3 +194,84 @@ def test_hundred_thousand_requests_with_cancellations_and_failures():
         assert 0 < len(cancelled) < N
 
     _run(main())
+
+
+# ------------------------------------------------------------------ λ-bank
+from smdp_batch.cli import main  # noqa: E402
+from smdp_batch.runtime import AdaptivePolicy, PolicyBank, RateEstimator  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bank_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bank") / "bank.h5"
+    assert main(["solve", "--rho-grid", "0.3,0.5,0.7,0.9", "--w2", "1.6", "-o", str(path)]) == 0
+    return str(path)
+
+
+def test_bank_holds_the_individual_solutions(bank_file, capsys):
+    bank = PolicyBank.load(bank_file)
+    assert len(bank) == 4 and np.all(np.diff(bank.lams) > 0)
+    for rho, table in zip((0.3, 0.5, 0.7, 0.9), bank.tables):
+        sol = solve(BatchingProblem.basic(rho=rho, w2=1.6))
+        assert table.lam == pytest.approx(sol.problem.lam) and np.array_equal(table.policy, sol.result.policy[:-1])
+    assert bank.table_for(bank.lams[2] * 1.05) is bank.tables[2]
+    assert bank.index_for(1e-6) == 0 and bank.index_for(1e6) == 3
+    assert main(["show", bank_file, "--json"]) == 0
+    assert len(__import__("json").loads(capsys.readouterr().out)["tables"]) == 4
+    with pytest.raises(InputError, match="it is a policy bank"):
+        PolicyTable.load(bank_file)
+
+
+@pytest.mark.parametrize("mode", ["window", "ewma"])
+def test_rate_estimator_tracks_poisson_arrivals(mode):
+    rng = np.random.default_rng(3)
+    est = RateEstimator(mode=mode, window=2000, tau_ms=1000.0)
+    for t in np.cumsum(rng.exponential(1 / 2.0, 5000)):
+        est.observe(t)
+    assert est.rate == pytest.approx(2.0, rel=0.06)
+    with pytest.raises(InputError, match="must not decrease"):
+        est.observe(0.0)
+
+
+class _FixedRate:
+    """An estimator whose estimate the test sets."""
+
+    def __init__(self):
+        self.rate = None
+
+    def observe(self, t):
+        pass
+
+
+def test_adaptive_policy_switches_with_hysteresis(bank_file):
+    bank = PolicyBank.load(bank_file)
+    est = _FixedRate()
+    pol = AdaptivePolicy(bank, est, hysteresis=0.1, initial_lam=bank.lams[1])
+    mid = np.sqrt(bank.lams[1] * bank.lams[2])  # boundary between tables 1 and 2
+    t = 0.0
+    for rate in [mid * 0.95, mid * 1.05, mid * 0.97, mid * 1.08]:  # within ±10 %: no flapping
+        est.rate = rate
+        pol.observe_arrival(t := t + 1)
+        assert pol.index == 1
+    est.rate = mid * 1.15
+    pol.observe_arrival(t := t + 1)
+    assert pol.index == 2 and pol.decide(40) == bank.tables[2].decide(40)
+    est.rate = mid * 0.95  # back below the boundary, but not by the margin
+    pol.observe_arrival(t := t + 1)
+    assert pol.index == 2
+    est.rate = bank.lams[0] * 0.5  # far below: several steps at once
+    pol.observe_arrival(t := t + 1)
+    assert pol.index == 0 and [s[2] for s in pol.switches] == [bank.lams[2], bank.lams[0]]
+
+
+def test_batcher_feeds_arrivals_to_an_adaptive_policy(bank_file):
+    pol = AdaptivePolicy(PolicyBank.load(bank_file), RateEstimator(window=64, min_arrivals=8))
+
+    async def main_():
+        bt = DynamicBatcher(lambda items: items, pol)
+        out = await asyncio.gather(*(bt.submit(i) for i in range(300)))
+        await bt.close()
+        return out
+
+    assert _run(main_()) == list(range(300))
+    assert pol.estimator.count == 300 and pol.estimator.rate > 0

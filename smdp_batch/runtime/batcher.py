@@ -72,7 +72,8 @@ class _Entry:
 class DynamicBatcher:
     """Serve single requests through ``infer(list_of_items) -> list_of_results`` as the table says.
 
-    ``table``: a :class:`PolicyTable`, a path to an HDF5 table, or any callable n ↦ b.
+    ``table``: a :class:`PolicyTable`, an :class:`~smdp_batch.runtime.bank.AdaptivePolicy` (told of every
+    arrival, in ms), a path to an HDF5 table, or any callable n ↦ b.
     ``infer`` may be ``async def`` or a plain function returning the results (or an awaitable).
     """
 
@@ -81,7 +82,8 @@ class DynamicBatcher:
             raise TypeError("infer must be callable: infer(list_of_items) -> list_of_results")
         if isinstance(table, str):
             table = PolicyTable.load(table)
-        self._decide = table.decide if isinstance(table, PolicyTable) else table
+        self._decide = table.decide if hasattr(table, "decide") else table
+        self._observe = getattr(table, "observe_arrival", None)
         self.table = table
         self._infer = infer
         self._queue: deque[_Entry] = deque()
@@ -100,6 +102,8 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         entry = _Entry(item, fut, time.perf_counter())
+        if self._observe is not None:
+            self._observe(entry.t * 1e3)
         self._queue.append(entry)
         self._waiting += 1
         self.metrics.submitted += 1
