@@ -275,3 +275,22 @@ def test_batcher_feeds_arrivals_to_an_adaptive_policy(bank_file):
 
     assert _run(main_()) == list(range(300))
     assert pol.estimator.count == 300 and pol.estimator.rate > 0
+
+
+def test_max_wait_is_a_safety_bound_for_traffic_that_stops():
+    async def main_():
+        bt = DynamicBatcher(lambda items: items, PolicyTable([0, 0, 0, 3, 4], batch_sizes=[1, 2, 3, 4]), max_wait_ms=30)
+        t0 = asyncio.get_running_loop().time()
+        out = await asyncio.gather(bt.submit("a"), bt.submit("b"))  # below the limit, and nothing else comes
+        waited = asyncio.get_running_loop().time() - t0
+        assert out == ["a", "b"] and 0.025 <= waited < 1.0
+        assert bt.metrics.forced_batches == 1 and bt.metrics.batch_sizes == {2: 1}
+        exact = DynamicBatcher(lambda items: items, PolicyTable([0, 0, 0, 3, 4]))  # no bound: the table waits
+        pending = asyncio.ensure_future(exact.submit("c"))
+        await asyncio.sleep(0.05)
+        assert not pending.done()
+        await exact.close(drain=True)
+        assert await pending == "c"
+        await bt.close()
+
+    _run(main_())

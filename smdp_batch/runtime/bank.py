@@ -137,6 +137,10 @@ class AdaptivePolicy:
     def table(self) -> PolicyTable:
         return self.bank.tables[self.index]
 
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.table.batch_sizes
+
     def decide(self, n: int) -> int:
         return self.table.decide(n)
 

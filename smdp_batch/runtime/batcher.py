@@ -13,6 +13,10 @@ Guarantees (tested with 10⁵ requests, random cancellations and injected failur
   one cancelled while its batch runs gets nothing, and the others in the batch are unaffected;
 * an exception from ``infer``, or a result list of the wrong length, reaches exactly the callers of
   that batch;
+* with ``max_wait_ms`` (default None: exactly the table) a request never waits longer than that for
+  the table's next epoch: when the oldest request has waited ``max_wait_ms`` while the table says
+  wait, the largest allowed batch ≤ n is served (a safety bound for traffic that stops, like
+  Triton's max_queue_delay; counted in ``metrics.forced_batches``);
 * ``close(drain=True)`` serves everything still queued (full batches, ignoring waits), and
   ``close(drain=False)`` fails the queued callers with :class:`BatcherClosed`; later
   submissions fail with :class:`BatcherClosed`.
@@ -51,6 +55,7 @@ class BatcherMetrics:
     max_wait_ms: float = 0.0
     queue_length: int = 0
     busy: bool = False
+    forced_batches: int = 0  # served because the oldest request reached max_wait_ms
 
     @property
     def mean_wait_ms(self) -> float:
@@ -77,13 +82,19 @@ class DynamicBatcher:
     ``infer`` may be ``async def`` or a plain function returning the results (or an awaitable).
     """
 
-    def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | Callable[[int], int]):
+    def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | Callable[[int], int],
+                 max_wait_ms: float | None = None):
         if not callable(infer):
             raise TypeError("infer must be callable: infer(list_of_items) -> list_of_results")
+        if max_wait_ms is not None and not (max_wait_ms >= 0):
+            raise ValueError(f"max_wait_ms must be ≥ 0 or None, got {max_wait_ms!r}")
+        self._max_wait_s = None if max_wait_ms is None else float(max_wait_ms) / 1e3
         if isinstance(table, str):
             table = PolicyTable.load(table)
         self._decide = table.decide if hasattr(table, "decide") else table
         self._observe = getattr(table, "observe_arrival", None)
+        sizes = getattr(table, "batch_sizes", None)
+        self._sizes = sorted(int(b) for b in sizes) if sizes else None
         self.table = table
         self._infer = infer
         self._queue: deque[_Entry] = deque()
@@ -181,10 +192,33 @@ class DynamicBatcher:
                 elif b > n:
                     raise RuntimeError(f"policy asked for a batch of {b} with only {n} waiting")
                 else:
-                    self._arrival.clear()
-                    await self._arrival.wait()  # the next decision epoch is the next arrival
-                    continue
+                    forced = await self._wait_for_epoch(n)  # the next decision epoch is the next arrival
+                    if not forced:
+                        continue
+                    b = forced
+                    self.metrics.forced_batches += 1
             await self._serve(self._take(b))
+
+    async def _wait_for_epoch(self, n: int) -> int:
+        """Wait for the next arrival; with max_wait_ms, return a batch size once the oldest has waited that long."""
+        self._arrival.clear()
+        if self._max_wait_s is None:
+            await self._arrival.wait()
+            return 0
+        while self._queue and self._queue[0].taken:
+            self._queue.popleft()
+        left = self._max_wait_s - (time.perf_counter() - self._queue[0].t)
+        if left > 0:
+            try:
+                await asyncio.wait_for(self._arrival.wait(), left)
+                return 0
+            except asyncio.TimeoutError:
+                pass
+        n = self._waiting
+        if self._sizes is None:
+            return n
+        fit = [b for b in self._sizes if b <= n]
+        return fit[-1] if fit else 0
 
     async def _serve(self, batch: list[_Entry]) -> None:
         if not batch:
