@@ -397,6 +397,8 @@ def simulate(
                 f"only {last} of {n_req} requests were served; the rule never serves the rest "
                 "(static b above what arrives?) or the run is too short"
             )
+        if last - bounds[-2] < 2:
+            raise InputError(f"the run is too short for {int(batches)} batch-means groups: use more requests or fewer batches")
         bounds[-1] = last  # unserved requests carried no energy: only the last group's end moves
     r = resp[w:last]
     a = arr[w:last]
