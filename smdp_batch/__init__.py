@@ -7,6 +7,8 @@ relative value iteration (eqs. 27–30) and exact policy iteration, exact evalua
 stationary policy, and HDF5 policy tables.
 """
 
+import sys
+import types
 from importlib import import_module
 
 from .errors import InputError, PolicyFileError
@@ -37,3 +39,16 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """Keeps ``smdp_batch.truncate`` the function: importing the submodule of the same name would
+    otherwise rebind the package attribute to the module."""
+
+    def __setattr__(self, name, value):
+        if name == "truncate" and isinstance(value, types.ModuleType):
+            value = value.truncate
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
