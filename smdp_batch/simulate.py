@@ -311,7 +311,7 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     elif shared:  # at most one batch per request
         unit = law.sample(rng, 1.0, n_req)[None, :]
     else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
-        executed = rule.executed_sizes(problem.batch_sizes)
+        executed = rule.executed_sizes()
         caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
         unit = np.zeros((len(executed), max(caps)))
         for i, (s, cap) in enumerate(zip(executed, caps)):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..runtime.table import PolicyTable
 
 __all__ = ["ServerRule", "table_rule", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
@@ -70,7 +71,7 @@ class ServerRule:
     def max_executed(self) -> int:
         return int(max(self.maxb, max(self.allowed, default=0), int(self.table.max())))
 
-    def executed_sizes(self, batch_sizes) -> list[int]:
+    def executed_sizes(self) -> list[int]:
         """Sizes this rule can execute (after padding)."""
         if self.mode == "table":
             return sorted({int(a) for a in self.table if a > 0})
@@ -88,7 +89,7 @@ class ServerRule:
     def check(self, batch_sizes) -> None:
         """Every executed size must be an allowed batch size of the problem (l, ζ are defined there)."""
         allowed = set(int(b) for b in batch_sizes)
-        bad = [s for s in self.executed_sizes(batch_sizes) if s not in allowed]
+        bad = [s for s in self.executed_sizes() if s not in allowed]
         if bad:
             raise InputError(
                 f"rule {self.spec} executes batch size {bad[0]}, which the problem does not allow "
@@ -122,17 +123,8 @@ def _dummy() -> np.ndarray:
 
 
 def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
-    """A policy table: policy[s] for s = 0..s_max (a trailing S_o entry, if given, is ignored by eq. 30)."""
-    p = np.asarray(policy)
-    if p.ndim != 1 or p.size < 2 or not np.issubdtype(p.dtype, np.integer) and not np.all(p == np.round(p)):
-        raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length")
-    p = p.astype(np.int64)
-    s = np.arange(p.size)
-    if p[0] != 0 or np.any(p < 0) or np.any(p > s):
-        i = int(np.nonzero((p < 0) | (p > s))[0][0]) if np.any((p < 0) | (p > s)) else 0
-        raise InputError(f"policy serves {int(p[i])} requests with {i} waiting; a table must have 0 ≤ policy[n] ≤ n")
-    if p[-1] == 0:
-        raise InputError("policy waits at its last queue length; by eq. 30 it would never serve a long queue")
+    """A policy table: policy[s] for s = 0..s_max (validated as a :class:`~smdp_batch.runtime.PolicyTable`)."""
+    p = PolicyTable(policy, batch_sizes).policy
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
 
 
