@@ -1,4 +1,4 @@
-"""Command line: ``smdp-batch solve | evaluate | simulate | compare | export | show | profile`` (DESIGN.md §4).
+"""Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile`` (DESIGN.md §4).
 
 Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
 and exits with code 2 — never a traceback, never a half-written file.
@@ -25,6 +25,8 @@ from .model.problem import BatchingProblem, batch_size_set
 from .model.profile import read_profile
 from .report import describe_policy
 from .solvers import SOLVERS, solve
+
+_ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
 
 DEFAULTS = {
     "rho": 0.5, "bmin": 1, "bmax": 32, "latency": None,  # None: the law's own l(b), else the paper's
@@ -107,12 +109,13 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def _scenario_line(p: BatchingProblem, rate: str | None = None) -> str:
+def _scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:
+    """Two lines describing the scenario; ``w2`` replaces the weight's value (e.g. "swept")."""
     rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g})"
     return (
         f"  scenario    {rate}, batch sizes {_sizes_text(p.batch_sizes)}\n"
         f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
-        f"w1 = {p.w1:g}, w2 = {p.w2:g}"
+        f"w1 = {p.w1:g}, w2 = {w2 or format(p.w2, 'g')}"
     )
 
 
@@ -387,6 +390,353 @@ def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **
     _emit(d, as_json, "\n".join(lines))
 
 
+def _grid(name: str, text: str) -> list[float]:
+    values = sorted({_number(name, x) for x in text.split(",") if x.strip()})
+    if not values:
+        raise InputError(f"--{name} needs comma-separated numbers, e.g. 0.3,0.7")
+    return values
+
+
+def _problems(opts: dict, rho_grid, lam_grid) -> tuple[list[BatchingProblem], list[str]]:
+    """Problems for every preset (``--preset a,b``) × load (``--rho``/``--lam`` or a grid), with labels."""
+    if rho_grid is not None and lam_grid is not None:
+        raise InputError("give either --rho-grid or --lam-grid, not both")
+    grid_name, grid = ("rho", rho_grid) if rho_grid is not None else ("lam", lam_grid)
+    if grid is not None and (opts.get("lam") is not None or opts.get("rho") is not None):
+        raise InputError("--lam/--rho and a grid exclude each other")
+    loads = [None] if grid is None else _grid(f"{grid_name}-grid", grid)
+    presets = [None] if opts.get("preset") is None else [x.strip() for x in opts["preset"].split(",") if x.strip()]
+    problems, labels = [], []
+    for name in presets:
+        for v in loads:
+            problems.append(build_problem({**opts, "preset": name, **({grid_name: v} if v is not None else {})}))
+            labels.append(name if len(presets) > 1 else "")
+    return problems, labels
+
+
+def _progress_line(enabled: bool, what: str):
+    """A counter on stderr (the number of jobs of an adaptive sweep is not known in advance)."""
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        click.echo(f"\r  {what}: {done[0]} done", nl=False, err=True)
+
+    return tick if enabled else None, (lambda: click.echo("", err=True) if enabled and done[0] else None)
+
+
+def _slo_within(text: str) -> tuple[float, float]:
+    bound, sep, pct = str(text).partition(":")
+    if not sep:
+        raise InputError(f"--slo-within must be BOUND_MS:PERCENT, e.g. 10:95, got {text!r}")
+    b, p = _number("slo-within bound", bound), _number("slo-within percent", pct)
+    if b <= 0 or not (0 < p <= 100):
+        raise InputError(f"--slo-within needs a bound > 0 ms and a percentage in (0, 100], got {text!r}")
+    return b, p / 100.0
+
+
+@cli.command("pareto")
+@scenario_options
+@click.option("--rho-grid", default=None, help="several loads ρ, e.g. 0.3,0.7 (one front each)")
+@click.option("--lam-grid", default=None, help="several arrival rates λ (1/ms)")
+@click.option("--w2-min", default="0.01", show_default=True, help="smallest positive w2 of the log grid (w2 = 0 is always swept)")
+@click.option("--w2-max", default="10", show_default=True, help="largest w2 of the log grid (then doubled until the least-power policy)")
+@click.option("--points", default="25", show_default=True, help="points of the log grid before refinement")
+@click.option("--rtol", default="0.02", show_default=True, help="w2 ranges resolved to this relative precision")
+@click.option("--extend", default="6", show_default=True, help="doublings of w2 beyond --w2-max to reach the least-power end")
+@click.option("--baselines/--no-baselines", default=True, show_default=True, help="greedy and static b (exact)")
+@click.option("--timeouts/--no-timeouts", default=True, show_default=True, help="Triton, TF-Serving, Ray, TorchServe over their delay (simulated)")
+@click.option("--statics", default=None, help="static batch sizes to show, e.g. 8,16,32 [powers of 2 and Bmax]")
+@click.option("--simulate", "sim_requests", default=None, help="requests simulated per policy for p50/p95/p99 [0; 200000 if an SLO needs it]")
+@click.option("--within-ms", default=None, help="latency bound whose satisfaction share is simulated (Fig. 6(c))")
+@click.option("--baseline-requests", default="200000", show_default=True, help="requests simulated per timeout setting")
+@click.option("--seed", default="0", show_default=True, help="random seed (the same arrivals for every policy)")
+@click.option("--slo-mean-ms", default=None, help="choose: least power with mean latency ≤ X ms (exact)")
+@click.option("--slo-p95-ms", default=None, help="choose: least power with simulated p95 ≤ X ms")
+@click.option("--slo-p99-ms", default=None, help="choose: least power with simulated p99 ≤ X ms")
+@click.option("--slo-within", default=None, help="choose: least power with ≥ PERCENT of requests within BOUND_MS, as BOUND_MS:PERCENT")
+@click.option("-o", "--output", default=None, help="write the chosen policy's table to FILE.h5 (one front)")
+@click.option("--csv", "csv_path", default=None, help="write every front and baseline point to FILE.csv")
+@click.option("--plot", "plot_path", default=None, help="draw the figure to FILE.png|.svg|.pdf")
+@click.option("--plot-kind", default="tradeoff", show_default=True, help="tradeoff (Figs. 5, 7–9) | percentiles (Fig. 6) | scenarios (adds panel (a) of Figs. 7–9)")
+@click.option("--dask", "dask_address", default=None, help="run the sweep on Dask: 'local' (a LocalCluster) or a scheduler address")
+@click.option("--workers", default=None, help="LocalCluster workers [CPU count]")
+@click.option("--progress/--no-progress", default=None, help="progress counter on stderr [on a terminal]")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselines, timeouts, statics, sim_requests,
+               within_ms, baseline_requests, seed, slo_mean_ms, slo_p95_ms, slo_p99_ms, slo_within, output, csv_path,
+               plot_path, plot_kind, dask_address, workers, progress, as_json, **opts):
+    """Latency–power trade-off over w2, baselines on it, and the least-power policy meeting an SLO."""
+    import contextlib
+
+    from .parallel import dask_mapper
+    from .pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
+    from .plots import check_path
+
+    problems, labels = _problems(opts, rho_grid, lam_grid)
+    slos = {k: v for k, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms), ("within", slo_within))
+            if v is not None}
+    if len(slos) > 1:
+        raise InputError("give at most one SLO: --slo-mean-ms, --slo-p95-ms, --slo-p99-ms or --slo-within")
+    slo = next(iter(slos.items()), None)
+    slo_value = None if slo is None else (_slo_within(slo[1]) if slo[0] == "within" else _number(f"slo-{slo[0]}-ms", slo[1]))
+    if slo is not None and slo[0] != "within" and slo_value <= 0:
+        raise InputError(f"--slo-{slo[0]}-ms must be a positive number of ms, got {slo[1]!r}")
+    within = _number("within-ms", within_ms) if within_ms is not None else None
+    if within is not None and within <= 0:
+        raise InputError(f"--within-ms must be a positive number of ms, got {within_ms!r}")
+    if slo is not None and slo[0] == "within":
+        within = slo_value[0]
+    n_sim = 0 if sim_requests is None else _number("simulate", sim_requests, integer=True)
+    if n_sim == 0 and ((slo is not None and slo[0] != "mean") or within is not None or plot_kind == "percentiles"):
+        n_sim = 200_000
+    if n_sim and n_sim < 1000:
+        raise InputError(f"--simulate must be 0 or ≥ 1000 requests, got {sim_requests!r}")
+    n_base = _number("baseline-requests", baseline_requests, integer=True)
+    if n_base < 1000:
+        raise InputError(f"--baseline-requests must be ≥ 1000, got {baseline_requests!r}")
+    if plot_kind not in ("tradeoff", "percentiles", "scenarios"):
+        raise InputError(f"unknown --plot-kind {plot_kind!r}; valid: tradeoff, percentiles, scenarios")
+    if output and (slo is None or len(problems) != 1):
+        raise InputError("-o writes the SLO's chosen policy: give one SLO and one scenario/load")
+    for path in (output, csv_path):
+        if path:
+            _output_folder(path)
+    if plot_path:
+        check_path(plot_path)
+    sd = _number("seed", seed, integer=True)
+    static_sizes = None if statics is None else [int(_number("statics", x, integer=True)) for x in statics.split(",") if x.strip()]
+    show = sys.stderr.isatty() if progress is None else progress
+    tick, finish = _progress_line(show, "solves and simulations")
+    n_workers = None if workers is None else _number("workers", workers, integer=True)
+    runner = dask_mapper(dask_address, n_workers) if dask_address else contextlib.nullcontext(None)
+    with runner as mapper:
+        fronts = sweep_fronts(problems, _number("w2-min", w2_min), _number("w2-max", w2_max),
+                              _number("points", points, integer=True), _number("rtol", rtol), n_sim,
+                              () if within is None else (within,), sd, labels=labels,
+                              extend=_number("extend", extend, integer=True), progress=tick, mapper=mapper)
+        base, skipped = {}, {}
+        if baselines or timeouts:
+            for i, f in enumerate(fronts):
+                base[i], skipped[i] = baseline_points(
+                    f.problem, static_sizes if baselines else [], timeouts, n_base, sd,
+                    simulate_tables=bool(n_sim), within_ms=() if within is None else (within,), mapper=mapper)
+                if not baselines:
+                    base[i] = [b for b in base[i] if b.family != "greedy"]
+                if tick:
+                    tick(len(base[i]))
+    finish()
+    chosen = None
+    if slo is not None:
+        kw = {"mean": "slo_mean_ms", "p95": "slo_p95_ms", "p99": "slo_p99_ms", "within": "slo_within"}[slo[0]]
+        chosen = [f.choose(**{kw: slo_value}) for f in fronts]
+    if output and chosen[0] is not None:
+        pt = chosen[0]
+        if math.isfinite(pt.w2_lo):
+            write_policy(fronts[0].solution(pt), output)
+        else:
+            raise InputError("the chosen policy is the front's w2 = ∞ end (static batching); use --policy static:B instead of a table")
+    rows = []
+    d_fronts = []
+    for i, f in enumerate(fronts):
+        bl = []
+        for b in base.get(i, []):
+            F = f.power_at(b.mean_latency_ms)
+            bl.append({**b.as_dict(), "front_power_w": F, "margin_w": b.mean_power_w - F,
+                       "dominated": dominated_by_front(f, b.mean_latency_ms, b.mean_power_w, b.latency_ci, b.power_ci)})
+        d_fronts.append({**f.problem.describe(), "label": f.label, "points": [p.as_dict() for p in f.points],
+                         "baselines": bl, "skipped": [{"setting": s_, "reason": r} for s_, r in skipped.get(i, [])],
+                         **({"chosen": chosen[i].as_dict() if chosen[i] else None} if chosen else {})})
+        for p in f.points:
+            rows.append(_csv_row(f, "smdp", "smdp", f"w2 in [{p.w2_lo:.6g}, {p.w2_hi:.6g}]", p, p.w2_lo, p.w2_hi,
+                                 p.control_limit, within))
+        for b, extra in zip(base.get(i, []), bl):
+            rows.append({**_csv_row(f, "baseline", b.family, b.setting, b, None, None, None, within),
+                         "mean_latency_ci_ms": b.latency_ci, "mean_power_ci_w": b.power_ci,
+                         "dominated": extra["dominated"], "margin_w": extra["margin_w"]})
+    if csv_path:
+        _write_csv(csv_path, rows)
+    if plot_path:
+        _pareto_figure(fronts, base, plot_kind, plot_path, chosen, within, n_sim, sd, latency_cdfs)
+    data = {"fronts": d_fronts, "slo": None if slo is None else {"kind": slo[0], "value": slo_value},
+            "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
+            **({"output": output} if output else {}), **({"csv": csv_path} if csv_path else {}),
+            **({"plot": plot_path} if plot_path else {})}
+    _emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
+
+
+def _csv_row(front, kind, family, setting, p, w2_lo, w2_hi, control_limit, within) -> dict:
+    row = {"scenario": front.label or front.problem.describe().get("service", ""), "rho": front.problem.rho,
+           "lam": front.problem.lam, "kind": kind, "family": family, "setting": setting,
+           "w2_lo": w2_lo, "w2_hi": w2_hi, "mean_latency_ms": p.mean_latency_ms, "mean_power_w": p.mean_power_w,
+           "efficiency_req_per_j": 1e3 * p.efficiency, "control_limit": control_limit,
+           "mean_latency_ci_ms": 0.0, "mean_power_ci_w": 0.0,
+           "p50_ms": p.percentiles.get("p50_ms"), "p95_ms": p.percentiles.get("p95_ms"), "p99_ms": p.percentiles.get("p99_ms"),
+           "dominated": None, "margin_w": None}
+    if within is not None:
+        row[f"within_{within:g}ms"] = p.within.get(within)
+    return row
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    _write_text_atomically(path, buf.getvalue())
+
+
+def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latency_cdfs) -> None:
+    from .baselines import parse_policy
+    from .plots import plot_percentiles, plot_tradeoff, save
+
+    if kind in ("tradeoff", "scenarios"):
+        fig = plot_tradeoff(fronts, base, model_panel=kind == "scenarios")
+    else:
+        f = fronts[0]
+        pick = chosen[0] if chosen and chosen[0] is not None else f.points[len(f.points) // 2]
+        k = f.points.index(pick)
+        rules = {"greedy": parse_policy("greedy", f.problem.batch_sizes, f.problem.bmax)}
+        for b in base.get(0, []):
+            if b.family == "static":
+                rules[b.setting] = parse_policy(b.setting, f.problem.batch_sizes, f.problem.bmax)
+        for p in f.points[max(k - 1, 0): k + 2]:
+            tag = " (chosen)" if p is pick and chosen else ""
+            rules[f"SMDP w2 ∈ [{p.w2_lo:.3g}, {p.w2_hi:.3g}]{tag}"] = np.asarray(p.policy, dtype=np.int64)
+        cdfs = latency_cdfs(f.problem, rules, requests=n_sim, seed=seed)
+        fig = plot_percentiles(f, base.get(0, []), cdfs, within)
+    save(fig, path)
+
+
+def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path) -> str:
+    from .plots import finite_w2
+
+    lines = ["smdp-batch — latency–power trade-off over w2 (paper 004 §VII-B)"]
+    for i, (f, d) in enumerate(zip(fronts, d_fronts)):
+        lines += ["", _scenario_line(f.problem, w2="swept"), f"  {f.label}" if f.label else ""]
+        lines.append(f"  {'w2 range':>21s}  {'W̄ ms':>9s}  {'P̄ W':>9s}  {'req/J':>7s}  {'Q':>4s}" +
+                     ("  p95 ms  p99 ms" if f.points and f.points[0].percentiles else ""))
+        for p in f.points:
+            q = "-" if p.control_limit is None else str(p.control_limit)
+            pct = (f"  {p.percentiles['p95_ms']:6.4g}  {p.percentiles['p99_ms']:6.4g}" if p.percentiles else "")
+            lines.append(f"  [{finite_w2(p.w2_lo):>8s}, {finite_w2(p.w2_hi):>8s}]  {p.mean_latency_ms:9.6g}  "
+                         f"{p.mean_power_w:9.6g}  {1e3 * p.efficiency:7.4g}  {q:>4s}{pct}")
+        bl = d["baselines"]
+        if bl:
+            bad = [b for b in bl if not b["dominated"]]
+            lines.append(f"  baselines   {len(bl)} points; the front dominates {len(bl) - len(bad)} "
+                         f"(F(W_b + h_W) ≤ P_b + h_P)")
+            for b in bl:
+                if b["family"] in ("greedy", "static") or not b["dominated"]:
+                    lines.append(f"    {b['setting']:34s} W̄ {b['mean_latency_ms']:8.4g} ms, P̄ {b['mean_power_w']:8.4g} W, "
+                                 f"front {b['front_power_w']:8.4g} W ({b['margin_w']:+.3g} W)"
+                                 f"{'' if b['dominated'] else '  NOT dominated'}")
+        for s_ in d["skipped"]:
+            lines.append(f"    {s_['setting']:34s} skipped: {s_['reason']}")
+        if chosen:
+            c = chosen[i]
+            what = {"mean": f"W̄ ≤ {slo_value:g} ms", "p95": f"p95 ≤ {slo_value:g} ms", "p99": f"p99 ≤ {slo_value:g} ms",
+                    "within": f"≥ {100 * slo_value[1]:g} % within {slo_value[0]:g} ms" if slo[0] == "within" else ""}[slo[0]]
+            if c is None:
+                lines.append(f"  SLO         {what}: no swept policy meets it")
+            else:
+                lines.append(f"  SLO         {what}: least power {c.mean_power_w:.5g} W at W̄ = {c.mean_latency_ms:.5g} ms, "
+                             f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges to the sweep's rtol)")
+    for label, path in (("written", output), ("csv", csv_path), ("figure", plot_path)):
+        if path:
+            lines.append(f"  {label:11s} {path}")
+    return "\n".join(x for x in lines if x != "")
+
+
+@cli.command("tables")
+@scenario_options
+@click.option("--rho-grid", default=None, help="loads ρ, e.g. 0.1,0.2,…,0.9")
+@click.option("--lam-grid", default=None, help="arrival rates λ (1/ms)")
+@click.option("--w2-grid", required=True, help="weights w2, e.g. 0,0.5,1,1.6,2.2,5")
+@click.option("-o", "--output", "outdir", default=None, help="write one FILE.h5 per (load, w2) and a README.md index here")
+@click.option("--plot", "plot_path", default=None, help="draw the policies (Fig. 3 style) to FILE.png|.svg|.pdf")
+@click.option("--max-queue", default=None, help="largest queue length drawn [control limits + 4]")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_json, **opts):
+    """Solve a grid of loads × weights: one policy table each, an index, and a Fig. 3-style chart."""
+    import os
+
+    from .plots import check_path, plot_policies, save
+
+    if opts.get("preset") and "," in opts["preset"]:
+        raise InputError("tables takes one --preset")
+    problems, _ = _problems(opts, rho_grid, lam_grid)
+    w2s = _grid("w2-grid", w2_grid)
+    if any(w < 0 for w in w2s):
+        raise InputError(f"--w2-grid values must be ≥ 0, got {w2_grid!r}")
+    if outdir:
+        parent = os.path.dirname(os.path.abspath(outdir))
+        if not os.path.isdir(parent):
+            raise InputError(f"output folder {parent!r} does not exist")
+    if plot_path:
+        check_path(plot_path)
+    mq = None if max_queue is None else _number("max-queue", max_queue, integer=True)
+    sols = []
+    for p in problems:
+        for w2 in w2s:
+            sol = solve(p.replace(w2=w2))
+            if sol.degenerate:
+                raise InputError(f"ρ = {p.rho:.4g}, w2 = {w2:g}: the truncation is degenerate")
+            sols.append(sol)
+    prefix = (opts.get("preset") or "custom").replace(",", "_")
+    names = [f"{prefix}_rho{s.problem.rho:.2f}_w2-{s.problem.w2:g}.h5" if rho_grid is not None or lam_grid is None
+             else f"{prefix}_lam{s.problem.lam:.4g}_w2-{s.problem.w2:g}.h5" for s in sols]
+    if outdir:
+        os.makedirs(outdir, exist_ok=True)
+        for s, name in zip(sols, names):
+            write_policy(s, os.path.join(outdir, name))
+        _write_text_atomically(os.path.join(outdir, "README.md"), _tables_readme(sols, names))
+    if plot_path:
+        grid = {(round(s.problem.rho, 6), s.problem.w2): (s.policy[: s.s_max + 1], s.control_limit) for s in sols}
+        save(plot_policies(grid, problems[0].batch_sizes, mq), plot_path)
+    rows = [{"file": n, **{k: v for k, v in s.to_dict().items() if k != "policy"}} for s, n in zip(sols, names)]
+    lines = [f"smdp-batch — {len(sols)} policy tables ({len(problems)} loads × {len(w2s)} weights)",
+             _scenario_line(problems[0], rate="loads on a grid (below)", w2="on a grid (below)")]
+    for s, n in zip(sols, names):
+        lines.append(f"  {n:32s} ρ = {s.problem.rho:<5.3g} w2 = {s.problem.w2:<5g} "
+                     f"{describe_policy(s.policy, s.problem.batch_sizes)[:44]:44s} W̄ {s.deployed.mean_latency_ms:7.4g} ms, "
+                     f"P̄ {s.deployed.mean_power_w:7.4g} W")
+    for label, path in (("written", outdir), ("figure", plot_path)):
+        if path:
+            lines.append(f"  {label:11s} {path}")
+    _emit({"tables": rows, **({"output": outdir} if outdir else {})}, as_json, "\n".join(lines))
+
+
+def _tables_readme(sols, names) -> str:
+    import shlex
+
+    p = sols[0].problem
+    cmd = "smdp-batch " + " ".join(shlex.quote(a) for a in _ARGV)
+    out = [
+        "# Policy tables",
+        "",
+        f"Written by `{cmd}` (smdp-batch {__version__}); run it again to regenerate them.",
+        "",
+        f"Scenario: batch sizes {_sizes_text(p.batch_sizes)}, l(b) = `{p.latency.spec()}` ms, "
+        f"ζ(b) = `{p.energy.spec()}` mJ, service `{p.service.spec()}`, w1 = {p.w1:g}. Each file is an HDF5 policy "
+        "table (DESIGN.md §4): load it with `smdp_batch.runtime.PolicyTable.load(path)` or inspect it with "
+        "`smdp-batch show FILE`.",
+        "",
+        "| file | ρ | λ (1/ms) | w2 | policy | W̄ (ms) | P̄ (W) | s_max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s, n in zip(sols, names):
+        ev = s.deployed
+        out.append(f"| `{n}` | {s.problem.rho:.4g} | {s.problem.lam:.6g} | {s.problem.w2:g} | "
+                   f"{describe_policy(s.policy, s.problem.batch_sizes)} | {ev.mean_latency_ms:.5g} | "
+                   f"{ev.mean_power_w:.5g} | {s.s_max} |")
+    return "\n".join(out) + "\n"
+
+
 @cli.command("export")
 @click.argument("path")
 @click.option("--to", "target", required=True, help="triton | tfserving | ray | torchserve")
@@ -537,6 +887,7 @@ def _sizes_text(sizes) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (errors: one line on stderr, code 2)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    _ARGV[:] = args
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0

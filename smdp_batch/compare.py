@@ -21,7 +21,7 @@ from .model.problem import BatchingProblem
 from .simulate import simulate
 from .solvers import solve
 
-__all__ = ["Candidate", "best_at_slo", "METRICS"]
+__all__ = ["Candidate", "best_at_slo", "METRICS", "MAKERS", "timeout_delays"]
 
 METRICS = {"mean": "mean_latency_ms", "p95": "p95_ms", "p99": "p99_ms", "p90": "p90_ms", "p50": "p50_ms"}
 
@@ -38,12 +38,19 @@ class Candidate:
     meets_slo: bool
 
 
-_MAKERS = {
+#: family → (max batch, delay in ms) → ServerRule
+MAKERS = {
     "triton": lambda b, d: triton(b, d * 1000.0),
     "tfserving": lambda b, d: tf_serving(b, d * 1000.0),
     "ray": lambda b, d: ray_serve(b, d / 1000.0),
     "torchserve": lambda b, d: torchserve(b, d),
 }
+
+
+def timeout_delays(problem: BatchingProblem, points: int = 12) -> list[float]:
+    """The timeout knob's search grid (ms): 0 and ``points`` − 1 log-spaced multiples of l(Bmax) in [0.05, 4]."""
+    lmax = float(problem.latency_ms()[-1])
+    return [0.0] + [float(x) for x in np.geomspace(0.05, 4.0, int(points) - 1) * lmax]
 
 
 def best_at_slo(
@@ -80,9 +87,8 @@ def best_at_slo(
             continue
         seen.add(sig)
         run("smdp", f"w2={w2:g}", sol)
-    lmax = float(problem.latency_ms()[-1])
-    delays = [0.0] + list(np.geomspace(0.05, 4.0, points - 1) * lmax)  # ms
-    for family, make in _MAKERS.items():
+    delays = timeout_delays(problem, points)
+    for family, make in MAKERS.items():
         ok = []
         for d in delays:
             run(family, make(problem.bmax, d).spec, make(problem.bmax, d))

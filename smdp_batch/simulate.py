@@ -191,6 +191,8 @@ class SimulationResult:
     seconds: float
     seed: int | None
     response_ms: np.ndarray = field(repr=False, default=None)
+    within: dict = field(default_factory=dict)  # bound (ms) → share of requests served within it
+    within_ci: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = {
@@ -203,6 +205,8 @@ class SimulationResult:
             "queue_at_batch_start": [int(x) for x in self.queue_at_start],
             "simulate_seconds": self.seconds, "seed": self.seed,
         }
+        if self.within:
+            d["within"] = [{"bound_ms": b, "share": v, "share_ci": self.within_ci[b]} for b, v in self.within.items()]
         return d
 
 
@@ -360,12 +364,14 @@ def simulate(
     percentiles=(50, 90, 95, 99),
     keep_responses: bool = False,
     progress: Callable[[int], None] | None = None,
+    within_ms=(),
 ) -> SimulationResult:
     """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
-    :class:`~smdp_batch.baselines.servers.ServerRule`.
+    :class:`~smdp_batch.baselines.servers.ServerRule`.  ``within_ms``: latency bounds (ms) whose
+    satisfaction share P(W ≤ bound) is reported (paper 004 Fig. 6(c)), with batch-means intervals.
     """
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -385,6 +391,9 @@ def simulate(
         raise InputError(f"warmup must be a fraction in [0, 0.9), got {warmup!r}")
     if int(batches) < 2:
         raise InputError(f"batches (for the confidence intervals) must be ≥ 2, got {batches!r}")
+    bounds_ms = [float(b) for b in within_ms]
+    if any(not (math.isfinite(b) and b > 0) for b in bounds_ms):
+        raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
     n_req = arr.size
     w = int(warmup * n_req)
@@ -412,6 +421,9 @@ def simulate(
     duration = a[-1] - a[0] + gap
     mean_latency = float(r.mean())
     kept = r.copy() if keep_responses else None
+    within = {b: float(np.count_nonzero(r <= b) / r.size) for b in bounds_ms}
+    within_ci = {b: ci(np.array([np.count_nonzero(r[sl] <= b) / (sl.stop - sl.start) for sl in slices]))
+                 for b in bounds_ms}
     names = [f"p{int(q) if float(q).is_integer() else q}_ms" for q in percentiles]
     pct_g = np.array([_percentiles_inplace(r[sl], percentiles) for sl in slices])  # partitions r in place
     pct = dict(zip(names, _percentiles_inplace(r, percentiles)))
@@ -425,7 +437,7 @@ def simulate(
         throughput=float(r.size / duration), mean_batch_size=float(last / n_batches) if n_batches else 0.0,
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
-        seconds=time.perf_counter() - t0, seed=seed, response_ms=kept,
+        seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
     )
 
 
