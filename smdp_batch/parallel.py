@@ -37,12 +37,17 @@ def dask_mapper(address: str = "local", workers: int | None = None) -> Iterator[
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise InputError("Dask sweeps need the dask extra: pip install 'smdp-batch[dask]'") from None
+    if workers is not None and int(workers) < 1:
+        raise InputError(f"a LocalCluster needs at least 1 worker, got {workers!r}")
     if not isinstance(address, str) or not address.strip():
         raise InputError(f"the Dask address must be 'local' or a scheduler address like tcp://host:8786, got {address!r}")
     cluster = None
     try:
         if address == "local":
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            try:
+                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+            except (RuntimeError, OSError) as e:
+                raise InputError(f"could not start a Dask LocalCluster: {e}") from None
             client = Client(cluster)
         else:
             try:
