@@ -788,19 +788,10 @@ def _output_folder(path: str) -> str:
 
 
 def _write_text_atomically(path: str, text: str) -> None:
-    import os
-    import tempfile
+    from .files import atomic_output
 
-    folder = _output_folder(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".smdp-batch-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 @cli.command("show")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .baselines.servers import ServerRule, ray_serve, tf_serving, torchserve, triton
+from .baselines.servers import ray_serve, tf_serving, torchserve, triton
 from .errors import InputError
 from .model.problem import BatchingProblem
 from .simulate import simulate

@@ -42,19 +42,12 @@ def check_path(path: str) -> None:
 
 def save(fig, path: str) -> str:
     """Write ``fig`` to ``path`` (png at 150 dpi, svg or pdf), atomically."""
-    import tempfile
+    from .files import atomic_output
 
     check_path(path)
     ext = os.path.splitext(path)[1].lower()
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".smdp-batch-", suffix=ext)
-    os.close(fd)
-    try:
+    with atomic_output(path, ext) as tmp:
         fig.savefig(tmp, dpi=150, format=ext[1:])
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from ..files import atomic_output
 from ..errors import InputError, PolicyFileError
 
 FORMAT = "smdp-batch-policy"
@@ -85,13 +85,7 @@ def _attrs(group) -> dict:
 
 def _write_atomically(path: str | os.PathLike, fmt: str, fill) -> Path:
     """Create an HDF5 file with the root attributes of ``fmt``, let ``fill(file)`` write it, rename into place."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"output folder {str(folder)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
+    with atomic_output(path) as tmp:
         with h5py.File(tmp, "w") as f:
             f.attrs.update(
                 {
@@ -106,12 +100,7 @@ def _write_atomically(path: str | os.PathLike, fmt: str, fill) -> Path:
                 }
             )
             fill(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return Path(path)
 
 
 def _fill_table(f, solution) -> None:

@@ -295,5 +295,5 @@ def parse_profile_curve(arg: str, quantity: str) -> ProfileCurve:
     if not sep or fit not in FITS:
         path, fit = arg, "interp"
     if not path:
-        raise InputError(f"csv:FILE needs a file name, e.g. csv:profile.csv or csv:profile.csv:affine")
+        raise InputError("csv:FILE needs a file name, e.g. csv:profile.csv or csv:profile.csv:affine")
     return ProfileCurve(path, quantity, fit)

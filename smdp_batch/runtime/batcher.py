@@ -30,7 +30,7 @@ import inspect
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable
 
 from .table import PolicyTable
 
