@@ -563,7 +563,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
         _pareto_figure(fronts, base, plot_kind, plot_path, chosen, within, n_sim, sd, latency_cdfs)
     data = {"fronts": d_fronts, "slo": None if slo is None else {"kind": slo[0], "value": slo_value},
             "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
-            **({"output": output} if output else {}), **({"csv": csv_path} if csv_path else {}),
+            **({"output": output} if output and chosen[0] is not None else {}), **({"csv": csv_path} if csv_path else {}),
             **({"plot": plot_path} if plot_path else {})}
     _emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
 
@@ -651,6 +651,9 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
             else:
                 lines.append(f"  SLO         {what}: least power {c.mean_power_w:.5g} W at W̄ = {c.mean_latency_ms:.5g} ms, "
                              f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges to the sweep's rtol)")
+    if output and chosen[0] is None:
+        lines.append(f"  not written {output}: no swept policy meets the SLO")
+        output = None
     for label, path in (("written", output), ("csv", csv_path), ("figure", plot_path)):
         if path:
             lines.append(f"  {label:11s} {path}")
