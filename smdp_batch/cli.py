@@ -199,19 +199,13 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
     """Solve one scenario over a grid of λ (or ρ) and write a policy bank (runtime.PolicyBank)."""
     from .export.hdf5 import write_bank
 
-    if lam_grid is not None and rho_grid is not None:
-        raise InputError("give either --lam-grid or --rho-grid, not both")
-    if opts.get("lam") is not None or opts.get("rho") is not None:
-        raise InputError("--lam/--rho and a grid exclude each other")
-    name, text = ("lam-grid", lam_grid) if lam_grid is not None else ("rho-grid", rho_grid)
-    values = sorted({_number(name, x) for x in text.split(",") if x.strip()})
-    if not values:
-        raise InputError(f"--{name} needs comma-separated numbers, e.g. 0.5,1,1.5")
+    if opts.get("preset") and "," in opts["preset"]:
+        raise InputError("a policy bank takes one --preset")
+    problems, _ = _problems(opts, rho_grid, lam_grid)
     if output:
         _output_folder(output)
     sols = []
-    for v in values:
-        problem = build_problem({**opts, ("lam" if lam_grid is not None else "rho"): v})
+    for problem in problems:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", NotConvergedWarning)
             sol = solve(problem, **settings)
