@@ -19,11 +19,18 @@ def expected_next(h, s, ai, a, P, SF, klo, khi, s_max):
     ss = s if s <= s_max else s_max
     base = ss - a
     m = s_max - base
+    lo = klo[ai]
     hi = khi[ai] if khi[ai] < m else m
+    return _dot(P[ai, lo : hi + 1], h[base + lo : base + hi + 1]) + SF[ai, m] * h[s_max + 1]
+
+
+@njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
+def _dot(x, z):
+    """Σ x[t]·z[t] over equal-length 1-D views (non-negative indices: the loop vectorises)."""
     acc = 0.0
-    for k in range(klo[ai], hi + 1):
-        acc += P[ai, k] * h[base + k]
-    return acc + SF[ai, m] * h[s_max + 1]
+    for t in range(x.shape[0]):
+        acc += x[t] * z[t]
+    return acc
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"})

@@ -6,6 +6,11 @@ under every policy (paper 004 Lemma 2), so the system is non-singular.  Improvem
 argmin_a ĉ(s,a) − g·y(a) + Σ_j m̂(j|s,a)h(j), keeping the current action unless another is better
 by more than a round-off tolerance; the loop ends when the policy repeats, which certifies
 optimality of the truncated SMDP (no ε).
+
+The loop runs in one numba call (:func:`smdp_batch.pi_kernels.pi_loop`: banded LU without
+pivoting, certified by the residual of eq. 20).  If a policy does not evaluate there, the loop
+continues here from the last evaluated policy with the pivoting LAPACK solve of
+:mod:`smdp_batch.linalg`, which also recovers from numerically multichain switches.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from ..errors import InputError, NotConvergedWarning
 from ..truncate import TruncatedSMDP
 from ..kernels import expected_next_table
 from ..linalg import gain_bias
+from ..pi_kernels import CONVERGED, EVAL_FAILED, pi_loop
 from .result import SolveResult
 
 
@@ -59,6 +65,25 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
     )
 
 
+def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
+    """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
+    rows = np.arange(model.n_states)
+    g, h = evaluate_gain_bias(model, pol, costs)
+    it = 0
+    for it in range(1, max_iter + 1):
+        EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
+        Q = costs - g * model.y[None, :] + EH
+        best = Q.argmin(axis=1)
+        qbest = Q[rows, best]
+        qcur = Q[rows, pol]
+        tol = 1e-11 * (1.0 + np.abs(qcur))
+        new = np.where(qcur - qbest > tol, best, pol)
+        if np.array_equal(new, pol):
+            return pol, g, h, it, True
+        pol, g, h = _improve(model, pol, new, costs)
+    return pol, g, h, it, False
+
+
 def policy_iteration(
     model: TruncatedSMDP,
     policy0: np.ndarray | None = None,
@@ -74,23 +99,13 @@ def policy_iteration(
     else:
         pol = model.action_index(policy0)
     costs = model.costs()
-    S = model.n_states
-    rows = np.arange(S)
-    converged = False
-    it = 0
-    g, h = evaluate_gain_bias(model, pol, costs)
-    for it in range(1, int(max_iter) + 1):
-        EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
-        Q = costs - g * model.y[None, :] + EH
-        best = Q.argmin(axis=1)
-        qbest = Q[rows, best]
-        qcur = Q[rows, pol]
-        tol = 1e-11 * (1.0 + np.abs(qcur))
-        new = np.where(qcur - qbest > tol, best, pol)
-        if np.array_equal(new, pol):
-            converged = True
-            break
-        pol, g, h = _improve(model, pol, new, costs)
+    status, pol, g, h, it = pi_loop(
+        pol, costs, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max, int(max_iter)
+    )
+    converged = status == CONVERGED
+    if status == EVAL_FAILED:
+        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, int(max_iter) - it)
+        it += it2
     secs = time.perf_counter() - t0
     if not converged:
         warnings.warn(
