@@ -19,13 +19,13 @@ __version__ = "0.1.0"
 # costs numpy and h5py only (PEP 562).
 _LAZY = {
     "BatchingProblem": ".model", "Evaluation": ".evaluate", "evaluate_policy": ".evaluate",
-    "Solution": ".solvers", "SolveResult": ".solvers", "solve": ".solvers",
+    "Solution": ".solvers", "SolveResult": ".solvers", "solve": ".solvers", "solve_batch": ".solvers",
     "TruncatedSMDP": ".truncate", "truncate": ".truncate",
 }
 
 __all__ = [
     "BatchingProblem", "Evaluation", "InputError", "PolicyFileError", "Solution", "SolveResult",
-    "TruncatedSMDP", "evaluate_policy", "solve", "truncate", "__version__",
+    "TruncatedSMDP", "evaluate_policy", "solve", "solve_batch", "truncate", "__version__",
 ]
 
 

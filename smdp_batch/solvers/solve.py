@@ -4,7 +4,9 @@
 Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II) and whose policy is usable
 on the infinite queue (eq. 30's tail action π(s_max) serves faster than λ).  Each candidate is
 solved exactly by policy iteration warm-started from the previous one.  Steps are 1 up to
-s_max = 256 and then ≈1 % of s_max.
+s_max = 256 (so the paper's minimal s_max of Table II is found exactly); beyond, s_max grows by
+×1.25 and the scan bisects back between the last rejected and the first accepted candidate to
+1 % of s_max — O(log s_max) candidates instead of one per percent.
 
 *Degenerate* truncations are those whose optimal policy waits at the top (the c_o ≈ 0 regime of
 Fig. 10 where all mass ends in S_o, or a large w2 that makes "wait and let S_o absorb the queue"
@@ -35,6 +37,7 @@ from .rvi import ETA_FRACTION, relative_value_iteration
 __all__ = ["Solution", "solve", "solve_truncated", "SOLVERS"]
 
 SOLVERS = ("pi", "rvi")
+BACKENDS = ("numba", "jax")
 #: Give up the automatic scan beyond this s_max.
 SMAX_LIMIT = 200_000
 #: PI budget per scan candidate: warm starts settle in a few iterations; a candidate that needs
@@ -132,13 +135,37 @@ def solve_truncated(
     max_iter: int | None = None,
     eta_fraction: float = ETA_FRACTION,
     policy0: np.ndarray | None = None,
+    backend: str = "numba",
 ) -> SolveResult:
-    """Solve one truncated model with the named solver ('pi' exact, 'rvi' ε-optimal)."""
+    """Solve one truncated model with the named solver ('pi' exact, 'rvi' ε-optimal) and backend."""
+    check_backend(backend)
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    if backend == "jax":
+        from .jax_backend import pi_batch, rvi_batch
+
+        if solver == "rvi":
+            return rvi_batch([model], eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)[0]
+        p0 = None if policy0 is None else np.asarray(policy0)[None, :]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NotConvergedWarning)
+            res = pi_batch([model], policy0=p0, max_iter=max_iter or 1000)[0]
+        if res.converged:
+            return res
+        # a numerically singular policy on the way (see jax_backend): the numba path recovers
     if solver == "pi":
         return policy_iteration(model, policy0=policy0, max_iter=max_iter or 1000)
-    if solver == "rvi":
-        return relative_value_iteration(model, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
-    raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    return relative_value_iteration(model, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
+
+
+def check_backend(backend: str) -> None:
+    """Raise InputError unless ``backend`` is known and usable here."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "jax":
+        from .jax_backend import _require
+
+        _require()
 
 
 def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int) -> np.ndarray | None:
@@ -157,7 +184,7 @@ def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int)
 
 
 def _next_smax(s: int) -> int:
-    return s + 1 if s < 256 else s + max(1, s // 100)
+    return s + 1 if s < 256 else int(s * 1.25)
 
 
 def solve(
@@ -169,15 +196,20 @@ def solve(
     eps: float = 0.01,
     max_iter: int | None = None,
     eta_fraction: float = ETA_FRACTION,
+    backend: str = "numba",
 ) -> Solution:
     """Optimal batching policy for ``problem`` (paper 004 §V).
 
     smax : an integer ≥ Bmax, or "auto" (smallest s_max, scanned upward, with Δ < tol_delta).
     abstract_cost : c_o of eq. 19 (≥ 0).
     solver : "pi" (exact policy iteration, default) or "rvi" (Algorithm 1 with span tolerance eps).
+    backend : "numba" (CPU, default) or "jax" (CPU/GPU, optional extra).  With smax="auto" the
+        scan runs on numba (every candidate has a new shape, which JAX would recompile) and the
+        chosen truncation is solved by ``backend``.
     """
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    check_backend(backend)
     tol = float(tol_delta)
     if not (np.isfinite(tol) and tol > 0):
         raise InputError(f"tol_delta (δ) must be > 0, got {tol_delta!r}")
@@ -190,7 +222,7 @@ def solve(
                 raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} or 'auto', got {smax!r}") from None
     if not isinstance(smax, str):
         model = truncate(problem, smax, abstract_cost)
-        res = solve_truncated(model, solver, eps, max_iter, eta_fraction)
+        res = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
         ev = evaluate_policy(model, res.policy)
         sol = Solution(problem, model, res, ev, tol, False, time.perf_counter() - t0)
         if sol.degenerate:
@@ -250,8 +282,8 @@ def solve(
                 else:
                     lo = mid
             model, res, ev, _ = candidate(hi)
-            if solver != "pi":
-                res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction)
+            if solver != "pi" or backend != "numba":
+                res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
                 ev2 = evaluate_policy(model, res2.policy)
                 if not (ev2.delta < tol and tail_stable(problem, res2.policy)):
                     last_bad, s = hi, _next_smax(hi)

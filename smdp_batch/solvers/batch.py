@@ -1,0 +1,106 @@
+"""Many problems at once: a grid of w2 × λ (or any list) at one truncation, on numba or JAX.
+
+* :func:`truncate_many` builds the truncated models, computing each distinct arrival-count law
+  (eqs. 4–6) once — problems that differ only in w1, w2 or c_o share it.
+* :func:`solve_batch` solves them.  ``backend="jax"`` stacks the models and solves the whole
+  batch in one ``vmap``-ped, jit-compiled call (:mod:`smdp_batch.solvers.jax_backend`); PI
+  problems it cannot certify (a numerically singular policy on the way) are re-solved on numba;
+  ``backend="numba"`` runs the compiled loop problem by problem, warm-starting each PI from the
+  previous problem's policy (neighbours on a grid have nearly the same policy; the answer does
+  not depend on the start, only the iteration count does).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from ..errors import InputError, NotConvergedWarning
+from ..evaluate import evaluate_policy, tail_stable
+from ..model.problem import BatchingProblem
+from ..truncate import ArrivalTable, TruncatedSMDP, truncate
+from .rvi import ETA_FRACTION
+from .solve import SOLVERS, Solution, check_backend, solve_truncated
+
+__all__ = ["solve_batch", "truncate_many"]
+
+
+def _law_key(p: BatchingProblem) -> tuple:
+    return (p.lam, p.service.spec(), p.latency.spec(), p.batch_sizes)
+
+
+def truncate_many(problems: list[BatchingProblem], s_max: int, abstract_cost: float = 100.0) -> list[TruncatedSMDP]:
+    """Truncated models of ``problems`` at one s_max, sharing arrival tables between equal laws."""
+    tables: dict[tuple, ArrivalTable] = {}
+    out = []
+    for p in problems:
+        key = _law_key(p)
+        m = truncate(p, s_max, abstract_cost, tables.get(key))  # validates s_max and c_o
+        tables.setdefault(key, ArrivalTable(m.P[1:], m.SF[1:]))
+        out.append(m)
+    return out
+
+
+def solve_batch(
+    problems: list[BatchingProblem],
+    smax: int,
+    abstract_cost: float = 100.0,
+    solver: str = "pi",
+    backend: str = "numba",
+    eps: float = 0.01,
+    max_iter: int | None = None,
+    eta_fraction: float = ETA_FRACTION,
+    policy0: np.ndarray | None = None,
+) -> list[Solution]:
+    """Solve every problem at the fixed truncation ``smax``; one :class:`Solution` each, in order.
+
+    policy0 : optional (len(problems), smax+2) batch sizes to warm-start PI (e.g. the previous
+        sweep's policies); by default numba chains warm starts along the list and JAX starts greedy.
+    A batch solved with JAX needs one set of batch sizes (one shape).  Solutions whose policy
+    waits on long queues (a degenerate truncation) are returned as they are; check
+    ``Solution.degenerate`` or use :func:`smdp_batch.solve` with smax="auto" for those.
+    """
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    check_backend(backend)
+    if isinstance(smax, str) or int(smax) != smax:
+        raise InputError(f"solve_batch needs one integer s_max for the whole batch, got {smax!r}")
+    problems = list(problems)
+    if not problems:
+        return []
+    if policy0 is not None:
+        policy0 = np.asarray(policy0)
+        if policy0.shape != (len(problems), int(smax) + 2):
+            raise InputError(f"policy0 must have shape ({len(problems)}, {int(smax) + 2}), got {policy0.shape}")
+    t0 = time.perf_counter()
+    models = truncate_many(problems, int(smax), abstract_cost)
+    if backend == "jax":
+        from .jax_backend import pi_batch, rvi_batch
+
+        if solver == "pi":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NotConvergedWarning)
+                results = pi_batch(models, policy0=policy0, max_iter=max_iter or 1000)
+            # problems JAX could not certify (a numerically singular policy): the numba path recovers
+            results = [r if r.converged else solve_truncated(m, "pi", max_iter=max_iter) for m, r in zip(models, results)]
+        else:
+            results = rvi_batch(models, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
+    else:
+        results, prev = [], None
+        for i, m in enumerate(models):
+            start = policy0[i] if policy0 is not None else prev
+            if start is not None and solver == "pi":
+                try:
+                    m.action_index(start)  # a neighbour with other batch sizes cannot warm-start
+                except InputError:
+                    start = None
+            r = solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=start)
+            results.append(r)
+            prev = r.policy if tail_stable(m.problem, r.policy) else None
+    secs = (time.perf_counter() - t0) / len(models)
+    return [
+        Solution(m.problem, m, r, evaluate_policy(m, r.policy), 1e-3, False, secs)
+        for m, r in zip(models, results)
+    ]
