@@ -25,6 +25,7 @@ from .model.problem import BatchingProblem, batch_size_set
 from .model.profile import read_profile
 from .report import describe_policy
 from .solvers import SOLVERS, solve
+from .solvers.solve import check_backend
 
 _ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
 
@@ -143,21 +144,22 @@ def cli():
 @click.option("--solver", default="pi", show_default=True, help=f"one of {', '.join(SOLVERS)} (pi exact; rvi = paper's Alg. 1)")
 @click.option("--eps", default="0.01", show_default=True, help="RVI span tolerance ε")
 @click.option("--max-iter", default=None, help="iteration cap (RVI default 100000, PI 1000)")
-@click.option("--backend", default="numba", show_default=True, help="numba (CPU)")
+@click.option("--backend", default="numba", show_default=True,
+              help="numba (CPU) or jax (CPU/GPU; pip install 'smdp-batch[jax]'); auto s_max scans on numba")
 @click.option("--lam-grid", default=None, help="solve a λ-bank: comma-separated λ values (1/ms); -o writes one bank file")
 @click.option("--rho-grid", default=None, help="solve a λ-bank over loads ρ, e.g. 0.1,0.2,…,0.9")
 @click.option("-o", "--output", default=None, help="write the policy table (or bank) to FILE.h5")
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def solve_cmd(smax, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, output, as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
-    if backend != "numba":
-        raise InputError(f"unknown backend {backend!r}; valid: numba")
+    check_backend(backend)
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     smax_v = smax if str(smax).strip().lower() == "auto" else _number("smax", smax, integer=True)
     settings = dict(smax=smax_v, abstract_cost=_number("abstract-cost", abstract_cost),
                     tol_delta=_number("tol-delta", tol_delta), solver=solver, eps=_number("eps", eps),
-                    max_iter=None if max_iter is None else _number("max-iter", max_iter, integer=True))
+                    max_iter=None if max_iter is None else _number("max-iter", max_iter, integer=True),
+                    backend=backend)
     if lam_grid is not None or rho_grid is not None:
         return _solve_bank(opts, lam_grid, rho_grid, settings, output, as_json)
     problem = build_problem(opts)

@@ -110,3 +110,9 @@ def test_console_script_exit_code():
     """The installed entry point (as a subprocess) exits 2 on bad input."""
     r = subprocess.run([sys.executable, "-m", "smdp_batch", "solve", "--rho", "2"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_backend_is_one_line_exit_2(capsys):
+    rc, out, err = run(["solve", "--backend", "cuda"], capsys)
+    assert rc == 2 and "unknown backend 'cuda'" in err and "valid: numba, jax" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -214,7 +214,7 @@ def pi_batch(
     return [
         SolveResult(
             policy=acts[pol[i]], gain=float(g[i]), gain_bracket=(float(g[i]), float(g[i])), relative_values=h[i],
-            iterations=int(it[i]), span=0.0, converged=bool(conv[i]), solver="pi", seconds=secs / len(models),
+            iterations=int(it[i]), span=0.0, converged=bool(conv[i]), solver="pi", seconds=secs / len(models), backend="jax",
         )
         for i in range(len(models))
     ]
@@ -250,7 +250,7 @@ def rvi_batch(
         SolveResult(
             policy=acts[pol[i]], gain=float(0.5 * (lo[i] + hi[i])), gain_bracket=(float(lo[i]), float(hi[i])),
             relative_values=eta[i] * H[i], iterations=int(it[i]), span=float(hi[i] - lo[i]), converged=bool(conv[i]),
-            solver="rvi", seconds=secs / len(models), eps=float(eps), eta=float(eta[i]),
+            solver="rvi", seconds=secs / len(models), eps=float(eps), eta=float(eta[i]), backend="jax",
         )
         for i in range(len(models))
     ]

@@ -31,3 +31,4 @@ class SolveResult:
     seconds: float
     eps: float | None = None
     eta: float | None = None
+    backend: str = "numba"  # what computed it: "numba" or "jax"

@@ -108,6 +108,7 @@ class Solution:
             "abstract_cost": self.model.abstract_cost,
             "tol_delta": self.tol_delta,
             "solver": r.solver,
+            "backend": r.backend,
             "eps": r.eps,
             "eta": r.eta,
             "iterations": r.iterations,
