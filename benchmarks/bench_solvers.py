@@ -1,35 +1,53 @@
 """Time smdp-batch's solvers against pymdptoolbox and mdpsolver on the identical discretized MDP.
 
-Cases (paper 004 basic scenario, w1 = w2 = 1, c_o = 100, ε = 0.01):
-  A  ρ = 0.9, Bmax = 32,  s_max = 70   (Table II row)
-  B  ρ = 0.5, Bmax = 32,  s_max = 160  (Table III)
+Cases (paper 004 basic scenario: l(b) = 0.3051b + 1.0524 ms, ζ(b) = 19.899b + 19.603 mJ,
+deterministic service, w1 = w2 = 1, c_o = 100, ε = 0.01 for the RVIs):
+
+  A  ρ = 0.9, Bmax = 32,  s_max = 70     (paper Table II row)
+  B  ρ = 0.5, Bmax = 32,  s_max = 160    (Table III)
   C  ρ = 0.9, Bmax = 128, s_max = 400
+  D  ρ = 0.9, Bmax = 256, s_max = 4096   (no peer can build it: dense S×A×S is 34.5 GB)
+  E  256 problems, 16 ρ ∈ [0.1, 0.9] × 16 w2 ∈ [0.05, 10] (log), at case A's size
 
-All solvers run in this one process on the same machine.  Peers get the dense discretized MDP of
-eq. 23 (infeasible actions: self-loop with a prohibitive cost); building their arrays is not
-timed.  Times are the best of --repeat runs (after one warm-up for our numba kernels).  The
-"policy" column says whether a solver returned exactly the policy of our exact policy iteration.
+All solvers run in this one process (case D's memory in a child process of its own).  Peers get
+the dense discretized MDP of eq. 23 (infeasible actions: a self-loop with a prohibitive cost);
+building their arrays is not timed, nor is building our compact model for A–C (for D and E our
+times include it).  Times are the best of --repeat runs after one warm-up (numba and JAX
+compile once per shape; compile time is reported separately for JAX).  "same policy" compares
+with our exact policy iteration.  The ratio column is (fastest peer's time) / (this time).
 
-    python benchmarks/bench_solvers.py                # all cases, all peers
-    python benchmarks/bench_solvers.py --cases A,B --no-slow-peers
+    python benchmarks/bench_solvers.py                      # all cases, all peers (~3 min; pymdptoolbox RVI on C ~80 s)
+    python benchmarks/bench_solvers.py --cases A,B,E --no-slow-peers
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 import warnings
 
 import numpy as np
 
-from smdp_batch import BatchingProblem, truncate
+from smdp_batch import BatchingProblem, solve, solve_batch, truncate
 from smdp_batch.solvers import policy_iteration, relative_value_iteration
+
+jax_backend = None  # imported in main(), not in case D's child (whose memory we measure)
 
 CASES = {
     "A": dict(rho=0.9, bmax=32, smax=70),
     "B": dict(rho=0.5, bmax=32, smax=160),
     "C": dict(rho=0.9, bmax=128, smax=400),
+    "D": dict(rho=0.9, bmax=256, smax=4096),
 }
+
+
+def problem(case: str, w2: float = 1.0, rho: float | None = None) -> BatchingProblem:
+    c = CASES[case]
+    return BatchingProblem.from_rho(c["rho"] if rho is None else rho, batch_sizes=range(1, c["bmax"] + 1), w2=w2)
 
 
 def discretized_dense(model, eta):
@@ -60,76 +78,215 @@ def best_time(fn, repeat):
     return best, out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="A,B,C")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--eps", type=float, default=0.01)
-    ap.add_argument("--no-slow-peers", action="store_true", help="skip pymdptoolbox RVI (tens of seconds on case C)")
-    args = ap.parse_args()
-    warnings.simplefilter("ignore")
-    rows, summary = [], []
-    for name in args.cases.split(","):
-        c = CASES[name]
-        p = BatchingProblem.from_rho(c["rho"], batch_sizes=range(1, c["bmax"] + 1), w2=1.0)
-        model = truncate(p, c["smax"], 100.0)
-        policy_iteration(model), relative_value_iteration(model, eps=args.eps)  # JIT warm-up
-        t_pi, pi = best_time(lambda: policy_iteration(model), args.repeat)
-        ref = pi.policy
-        t_rvi, rvi = best_time(lambda: relative_value_iteration(model, eps=args.eps), args.repeat)
-        res = [("smdp-batch PI (default)", t_pi, True), ("smdp-batch RVI", t_rvi, np.array_equal(rvi.policy, ref))]
-        eta = rvi.eta
-        P, R = discretized_dense(model, eta)
-        try:
-            import mdptoolbox.mdp as mtb
-
-            if not args.no_slow_peers:
-                def peer_rvi():
-                    m = mtb.RelativeValueIteration(P, R, epsilon=args.eps, max_iter=1_000_000)
-                    m.run()
-                    return model.actions[np.array(m.policy)]
-
-                t, pol = best_time(peer_rvi, 1 if name == "C" else min(args.repeat, 3))
-                res.append(("pymdptoolbox RelativeValueIteration", t, np.array_equal(pol, ref)))
-
-            def peer_pi():
-                m = mtb.PolicyIteration(P, R, 0.999999, max_iter=10_000)
+def peers(model, eps, repeat, slow, name):
+    """[(solver name, seconds, policy)] for the peers on the dense discretized MDP."""
+    out = []
+    eta = 0.99 * model.eta_bound()
+    P, R = discretized_dense(model, eta)
+    try:
+        import mdptoolbox.mdp as mtb
+    except ImportError:
+        print("pymdptoolbox not installed (pip install -e '.[bench]')")
+        mtb = None
+    if mtb is not None:
+        if slow:
+            def peer_rvi():
+                m = mtb.RelativeValueIteration(P, R, epsilon=eps, max_iter=1_000_000)
                 m.run()
                 return model.actions[np.array(m.policy)]
 
-            t, pol = best_time(peer_pi, min(args.repeat, 3))
-            res.append(("pymdptoolbox PolicyIteration (γ=0.999999)", t, np.array_equal(pol, ref)))
-        except ImportError:
-            print("pymdptoolbox not installed (pip install -e '.[bench]')")
-        try:
-            import mdpsolver
+            out.append(("pymdptoolbox RelativeValueIteration", *best_time(peer_rvi, 1 if name == "C" else min(repeat, 3))))
 
-            S, A = model.n_states, len(model.actions)
-            probs = [[list(P[a, s][P[a, s] > 0]) for a in range(A)] for s in range(S)]
-            cols = [[list(np.nonzero(P[a, s] > 0)[0].astype(int)) for a in range(A)] for s in range(S)]
-            rew = R.tolist()
+        def peer_pi():
+            m = mtb.PolicyIteration(P, R, 0.999999, max_iter=10_000)
+            m.run()
+            return model.actions[np.array(m.policy)]
 
-            def peer_mdpsolver():
-                m = mdpsolver.model()
-                m.mdp(discount=0.999999, rewards=rew, tranMatProbs=probs, tranMatColumns=cols)
-                m.solve(algorithm="mpi", criterion="average", tolerance=args.eps, verbose=False)
-                return model.actions[np.array(m.getPolicy())]
+        out.append(("pymdptoolbox PolicyIteration (γ=0.999999)", *best_time(peer_pi, min(repeat, 3))))
+    try:
+        import mdpsolver
+    except ImportError:
+        print("mdpsolver not installed (pip install -e '.[bench]')")
+        return out
+    S, A = model.n_states, len(model.actions)
+    probs = [[list(P[a, s][P[a, s] > 0]) for a in range(A)] for s in range(S)]
+    cols = [[list(np.nonzero(P[a, s] > 0)[0].astype(int)) for a in range(A)] for s in range(S)]
+    rew = R.tolist()
 
-            t, pol = best_time(peer_mdpsolver, min(args.repeat, 3))
-            res.append(("mdpsolver MPI (criterion=average)", t, np.array_equal(pol, ref)))
-        except ImportError:
-            print("mdpsolver not installed (pip install -e '.[bench]')")
-        peers = [(t, n) for n, t, _ in res if not n.startswith("smdp-batch")]
-        for n, t, same in res:
-            rows.append((name, n, t, t / t_pi, same))
-        if peers:
-            t_best, n_best = min(peers)
-            summary.append(f"case {name}: our default (PI) is {t_best / t_pi:.1f}x faster than the fastest peer ({n_best})")
-    print(f"\n{'case':4} {'solver':42} {'ms':>10} {'/ our PI':>9}  same policy as our PI")
+    def peer_mdpsolver():
+        m = mdpsolver.model()
+        m.mdp(discount=0.999999, rewards=rew, tranMatProbs=probs, tranMatColumns=cols)
+        m.solve(algorithm="mpi", criterion="average", tolerance=eps, verbose=False)
+        return model.actions[np.array(m.getPolicy())]
+
+    out.append(("mdpsolver MPI (criterion=average)", *best_time(peer_mdpsolver, 1 if name == "C" else min(repeat, 3))))
+    return out
+
+
+def small_case(name, args, rows):
+    c = CASES[name]
+    model = truncate(problem(name), c["smax"], 100.0)
+    policy_iteration(model), relative_value_iteration(model, eps=args.eps)  # JIT warm-up
+    t_pi, pi = best_time(lambda: policy_iteration(model), args.repeat)
+    ref = pi.policy
+    ours = [("smdp-batch PI, numba (default)", t_pi, ref)]
+    ours.append(("smdp-batch RVI, numba", *best_time(lambda: relative_value_iteration(model, eps=args.eps), args.repeat)))
+    if jax_backend.available() and not args.no_jax:
+        t0 = time.perf_counter()
+        jax_backend.pi_batch([model])
+        compile_s = time.perf_counter() - t0
+        t, r = best_time(lambda: jax_backend.pi_batch([model])[0], args.repeat)
+        ours.append((f"smdp-batch PI, JAX {jax_backend.device()} (compile {compile_s:.1f} s)", t, r.policy))
+    theirs = peers(model, args.eps, args.repeat, not args.no_slow_peers, name)
+    fastest = min((t for _, t, _ in theirs), default=np.nan)
+    for n, t, pol in ours + theirs:
+        pol = getattr(pol, "policy", pol)
+        rows.append((name, n, t, fastest / t, np.array_equal(pol, ref)))
+
+
+def _status_mb(key: str) -> float:
+    """A memory figure of this process from /proc/self/status, MiB (max RSS from getrusage elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def case_d_child():
+    """Run in a fresh process: case D end to end, with peak memory (max RSS)."""
+    warnings.simplefilter("ignore")
+    c = CASES["D"]
+    small = truncate(problem("D"), 300, 100.0)
+    policy_iteration(small)  # JIT warm-up (cached kernels load)
+    rss0 = _status_mb("VmRSS")
+    try:  # reset the peak-RSS mark (Linux), so VmHWM below is the peak during the solve
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    t0 = time.perf_counter()
+    model = truncate(problem("D"), c["smax"], 100.0)
+    t1 = time.perf_counter()
+    r = policy_iteration(model)
+    t2 = time.perf_counter()
+    rss1 = _status_mb("VmHWM")
+    t3 = time.perf_counter()
+    auto = solve(problem("D"))
+    t4 = time.perf_counter()
+    print(json.dumps(dict(
+        truncate_s=t1 - t0, pi_s=t2 - t1, iterations=r.iterations, converged=r.converged, gain=r.gain,
+        rss_before_mb=rss0, rss_peak_mb=rss1, model_mb=(model.P.nbytes + model.SF.nbytes) / 2**20,
+        auto_s=t4 - t3, auto_smax=auto.s_max, auto_delta=auto.evaluation.delta, auto_candidates=auto.candidates,
+        policy=[int(a) for a in r.policy],
+    )))
+
+
+def case_d(args, rows, notes):
+    out = subprocess.run([sys.executable, __file__, "--_case-d-child"], capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    total = d["truncate_s"] + d["pi_s"]
+    rows.append(("D", "smdp-batch PI, numba (default): build + solve", total, np.nan, True))
+    notes.append(
+        f"case D (S = 4098, A = 257): build {d['truncate_s']:.2f} s + PI {d['pi_s']:.2f} s ({d['iterations']} iterations, "
+        f"converged={d['converged']}, ĝ = {d['gain']:.6f}); peak RSS of the whole process during build + solve "
+        f"{d['rss_peak_mb']:.0f} MiB, {d['rss_peak_mb'] - d['rss_before_mb']:.0f} MiB above the warmed-up interpreter "
+        f"(compact model P, SF: {d['model_mb']:.1f} MiB). Peers need dense S×A×S = {4098 * 257 * 4098 * 8 / 1e9:.1f} GB."
+    )
+    notes.append(
+        f"case D, smax=auto (δ = 1e-3, c_o = 100): s_max = {d['auto_smax']} after {d['auto_candidates']} candidate(s), "
+        f"Δ = {d['auto_delta']:.3g}, {d['auto_s']:.2f} s"
+    )
+    if jax_backend.available() and not args.no_jax and (args.jax_d or not jax_backend.device().startswith("cpu")):
+        model = truncate(problem("D"), CASES["D"]["smax"], 100.0)
+        t0 = time.perf_counter()
+        jax_backend.pi_batch([model])
+        compile_s = time.perf_counter() - t0
+        t, r = best_time(lambda: jax_backend.pi_batch([model])[0], 3)
+        rows.append(("D", f"smdp-batch PI, JAX {jax_backend.device()} (compile {compile_s:.1f} s)", t, np.nan,
+                     r.policy.tolist() == d["policy"]))
+
+
+def case_e(args, rows, notes):
+    rhos = np.linspace(0.1, 0.9, 16)
+    w2s = np.geomspace(0.05, 10.0, 16)
+    probs = [problem("A", w2=float(w), rho=float(r)) for r in rhos for w in w2s]
+    smax = CASES["A"]["smax"]
+    solve_batch(probs[:2], smax)  # warm-up
+    t, ref = best_time(lambda: solve_batch(probs, smax), args.repeat)
+    ours = [("smdp-batch solve_batch, numba (default)", t, True)]
+    if jax_backend.available() and not args.no_jax:
+        t0 = time.perf_counter()
+        solve_batch(probs, smax, backend="jax")
+        compile_s = time.perf_counter() - t0
+        tj, sols = best_time(lambda: solve_batch(probs, smax, backend="jax"), args.repeat)
+        ours.append((f"smdp-batch solve_batch, JAX vmap {jax_backend.device()} (first call {compile_s:.1f} s)", tj,
+                     all(np.array_equal(a.policy, b.policy) for a, b in zip(ref, sols))))
+    theirs = []
+    try:
+        import mdptoolbox.mdp as mtb
+
+        arrays = []
+        for s in ref:
+            arrays.append(discretized_dense(s.model, 0.99 * s.model.eta_bound()))
+
+        def peer_pi():
+            pols = []
+            for (P, R), s in zip(arrays, ref):
+                m = mtb.PolicyIteration(P, R, 0.999999, max_iter=10_000)
+                m.run()
+                pols.append(s.model.actions[np.array(m.policy)])
+            return pols
+
+        tp, pols = best_time(peer_pi, 1)
+        same = sum(np.array_equal(p, s.policy) for p, s in zip(pols, ref))
+        theirs.append(("pymdptoolbox PolicyIteration ×256 (γ=0.999999)", tp, same == len(ref)))
+        notes.append(f"case E: pymdptoolbox PI returned our policy on {same} of {len(ref)} problems")
+    except ImportError:
+        pass
+    fastest = min((t for _, t, _ in theirs), default=np.nan)
+    for n, t, same in ours + theirs:
+        rows.append(("E", n, t, fastest / t, same))
+    notes.append(f"case E: {sum(s.degenerate for s in ref)} of 256 truncations at s_max = 70 are degenerate "
+                 "(their policy waits at the top: large w2 at high ρ) — solved all the same, as a sweep would")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="A,B,C,D,E")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--eps", type=float, default=0.01)
+    ap.add_argument("--no-slow-peers", action="store_true", help="skip pymdptoolbox RVI (about 80 s on case C)")
+    ap.add_argument("--no-jax", action="store_true", help="skip the JAX backend")
+    ap.add_argument("--jax-d", action="store_true", help="run JAX on case D even on a CPU (dense 4098² solves: slow)")
+    ap.add_argument("--_case-d-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._case_d_child:
+        return case_d_child()
+    global jax_backend
+    from smdp_batch.solvers import jax_backend
+    warnings.simplefilter("ignore")
+    rows, notes = [], []
+    for name in args.cases.split(","):
+        if name in ("A", "B", "C"):
+            small_case(name, args, rows)
+        elif name == "D":
+            case_d(args, rows, notes)
+        elif name == "E":
+            case_e(args, rows, notes)
+        else:
+            raise SystemExit(f"unknown case {name!r}; valid: A,B,C,D,E")
+    print(f"\n{'case':4} {'solver':74} {'time':>10} {'× fastest peer':>15}  same policy")
     for name, n, t, ratio, same in rows:
-        print(f"{name:4} {n:42} {t * 1e3:10.2f} {ratio:9.1f}  {'yes' if same else 'NO'}")
-    print()
-    print("\n".join(summary))
+        tt = f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
+        rr = "" if np.isnan(ratio) else f"{ratio:.1f}×"
+        print(f"{name:4} {n:74} {tt:>10} {rr:>15}  {'yes' if same else 'NO'}")
+    for n in notes:
+        print("  " + n)
+
 
 if __name__ == "__main__":
     main()
