@@ -102,7 +102,7 @@ def peers(model, eps, repeat, slow, name):
             m.run()
             return model.actions[np.array(m.policy)]
 
-        out.append(("pymdptoolbox PolicyIteration (γ=0.999999)", *best_time(peer_pi, min(repeat, 3))))
+        out.append(("pymdptoolbox PolicyIteration (γ=0.999999)", *best_time(peer_pi, repeat)))
     try:
         import mdpsolver
     except ImportError:

@@ -131,29 +131,28 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
         _add(ab, lw, Uo, V, D, ref, last, s, last, SF[ai, m])
         if s < n and s != ref and base + top > ext[s]:
             ext[s] = base + top
-    # ---- LU without pivoting, row envelope kept (B is a non-singular M-matrix)
-    for k in range(n):
-        piv = ab[k, lw]
-        if not piv > 0.0:
-            return False, 0.0, h
-        if k == ref:
-            continue  # identity row/column: nothing below to eliminate
-        inv = 1.0 / piv
-        ek = ext[k]
-        iend = k + lw + 1 if k + lw + 1 < n else n
-        for i in range(k + 1, iend):
-            l = ab[i, lw + k - i]
-            if l == 0.0:
+    # ---- LU without pivoting, by rows (row i is eliminated by the rows k < i above it); the row
+    # envelope is kept, and ext tracks each U row's last non-zero (its fill from rows above)
+    for i in range(n):
+        ri = ab[i]
+        k0 = i - lw if i - lw > 0 else 0
+        for k in range(k0, i):
+            o = lw + k - i
+            lik = ri[o]
+            if lik == 0.0:
                 continue
-            l *= inv
-            ab[i, lw + k - i] = l
-            L = ek - k
-            ri = ab[i, lw - i + k + 1 : lw - i + k + 1 + L]
-            rk = ab[k, lw + 1 : lw + 1 + L]
+            rk = ab[k]
+            lik /= rk[lw]
+            ri[o] = lik
+            L = ext[k] - k
+            dst = ri[o + 1 : o + 1 + L]
+            src = rk[lw + 1 : lw + 1 + L]
             for t in range(L):
-                ri[t] -= l * rk[t]
-            if ek > ext[i]:
-                ext[i] = ek
+                dst[t] -= lik * src[t]
+            if ext[k] > ext[i]:
+                ext[i] = ext[k]
+        if not ri[lw] > 0.0:
+            return False, 0.0, h
     # ---- solve B z = rhs for rhs in (Ug, Uo, rin): forward (unit L), then backward (U)
     for i in range(n):
         j0 = i - lw if i - lw > 0 else 0
