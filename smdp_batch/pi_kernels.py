@@ -304,18 +304,24 @@ def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
 
 
 @njit(cache=True)
-def pi_loop(pol0, costs, P, SF, klo, khi, actions, y, s_max, max_iter):
-    """Policy iteration from ``pol0`` (action indices).  Returns (status, pol, g, h, iterations).
+def pi_loop(starts, costs, P, SF, klo, khi, actions, y, s_max, max_iter):
+    """Policy iteration from the best of ``starts`` (C × S action indices; the lowest gain).
 
-    status: CONVERGED (the policy repeated), MAX_ITER, or EVAL_FAILED — a policy did not evaluate
-    here; ``pol`` is then the last one that did (``pol0`` itself if none did, with g = NaN) and the
-    caller finishes with the pivoting solver, which also handles numerically multichain switches.
+    Returns (status, pol, g, h, iterations).  status: CONVERGED (the policy repeated), MAX_ITER,
+    or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
+    (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
+    which also handles numerically multichain switches.
     """
-    pol = pol0.copy()
     F, tail, jmin = window_filters(P, SF, klo, khi, actions)
-    ok, g, h = evaluate_policy_banded(pol, _policy_costs(pol, costs), P, SF, klo, khi, actions, y, s_max)
-    if not ok:
-        return EVAL_FAILED, pol, np.nan, h, 0
+    pol = starts[0].copy()
+    g = np.inf
+    h = np.zeros(s_max + 2)
+    for c in range(starts.shape[0]):
+        ok, gc, hc = evaluate_policy_banded(starts[c], _policy_costs(starts[c], costs), P, SF, klo, khi, actions, y, s_max)
+        if ok and gc < g:
+            pol, g, h = starts[c].copy(), gc, hc
+    if not g < np.inf:
+        return EVAL_FAILED, starts[0].copy(), np.nan, h, 0
     for it in range(1, max_iter + 1):
         new = improve(pol, g, h, costs, F, tail, jmin, y, s_max)
         if not np.any(new != pol):

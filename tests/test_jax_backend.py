@@ -12,6 +12,7 @@ from smdp_batch import BatchingProblem, InputError, solve, solve_batch, truncate
 from smdp_batch.cli import main  # noqa: E402
 from smdp_batch.solvers import policy_iteration, relative_value_iteration  # noqa: E402
 from smdp_batch.solvers.jax_backend import pi_batch, rvi_batch  # noqa: E402
+from smdp_batch.solvers.policy_iteration import _initial_policy  # noqa: E402
 
 SIZES = range(1, 17)
 SMAX = 60
@@ -33,9 +34,10 @@ def test_vmap_batch_equals_individual_numba_solves(service):
     assert len(out) == len(models)
     for m, r in zip(models, out):
         assert r.converged and r.backend == "jax"
-        n = policy_iteration(m)
+        n = policy_iteration(m, policy0=m.actions[_initial_policy(m)])
         _same(n, r)
         assert r.iterations == n.iterations  # same path from the same greedy start
+        _same(policy_iteration(m), r)  # numba's default start (best of greedy and a control limit)
         np.testing.assert_allclose(r.relative_values, n.relative_values, rtol=1e-9, atol=1e-9 * np.abs(n.relative_values).max())
 
 

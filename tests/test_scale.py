@@ -80,7 +80,7 @@ def test_compiled_pi_equals_the_pivoting_loop_everywhere():
                     policy_iteration(m)
                 continue
             r = policy_iteration(m)
-        st = pi_loop(_initial_policy(m), m.costs(), m.P, m.SF, m.klo, m.khi, m.actions, m.y, m.s_max, 1000)[0]
+        st = pi_loop(_initial_policy(m)[None, :], m.costs(), m.P, m.SF, m.klo, m.khi, m.actions, m.y, m.s_max, 1000)[0]
         assert st in (CONVERGED, EVAL_FAILED)
         fell_back += st == EVAL_FAILED
         assert np.array_equal(r.policy, m.actions[ref[0]])
