@@ -65,8 +65,12 @@ def solve_batch(
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)
-    if isinstance(smax, str) or int(smax) != smax:
-        raise InputError(f"solve_batch needs one integer s_max for the whole batch, got {smax!r}")
+    try:
+        whole = not isinstance(smax, str) and int(smax) == smax
+    except (TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise InputError(f"solve_batch needs one integer s_max ≥ Bmax for the whole batch, got {smax!r}")
     problems = list(problems)
     if not problems:
         return []

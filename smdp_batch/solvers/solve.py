@@ -34,7 +34,7 @@ from .policy_iteration import policy_iteration
 from .result import SolveResult
 from .rvi import ETA_FRACTION, relative_value_iteration
 
-__all__ = ["Solution", "solve", "solve_truncated", "SOLVERS"]
+__all__ = ["BACKENDS", "SOLVERS", "Solution", "check_backend", "solve", "solve_truncated"]
 
 SOLVERS = ("pi", "rvi")
 BACKENDS = ("numba", "jax")
