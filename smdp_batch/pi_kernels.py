@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kernels import policy_residual
+from .kernels import _band_widths, policy_residual
 
 #: pi_loop status codes
 CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
@@ -52,22 +52,6 @@ def _add(ab, lw, Uo, V, D, ref, last, s, t, v):
         ab[s, lw + t - s] -= v
 
 
-@njit(cache=True)
-def _widths(pol, klo, khi, actions, s_max):
-    lw = 0
-    uw = 1
-    for s in range(s_max + 1):
-        ai = pol[s]
-        a = actions[ai]
-        if a == 0:
-            continue
-        if a - klo[ai] > lw:
-            lw = a - klo[ai]
-        if khi[ai] - a > uw:
-            uw = khi[ai] - a
-    return lw, uw
-
-
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
     """(ok, g, h) for the policy ``pol`` (action indices, length s_max+2) with costs ``pc[s]``.
@@ -84,7 +68,7 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
         if actions[pol[s]] > 0:
             ref = s
             break
-    lw, uw = _widths(pol, klo, khi, actions, s_max)
+    lw, uw = _band_widths(pol, klo, khi, actions, s_max)
     W = lw + uw + 1
     ab = np.zeros((n, W))
     Ug = np.zeros(n)

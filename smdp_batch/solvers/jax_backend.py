@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import InputError, NotConvergedWarning
 from ..pi_kernels import window_filters
 from ..truncate import TruncatedSMDP
+from .policy_iteration import _initial_policy
 from .result import SolveResult
 
 try:  # optional dependency
@@ -189,8 +190,7 @@ def pi_batch(
     _require()
     costs, F, tail, y, jmin, s_max = _stack(models)
     if policy0 is None:
-        feas = np.isfinite(costs)
-        pol0 = np.where(feas, np.arange(costs.shape[2])[None, None, :], 0).max(axis=2)
+        pol0 = np.stack([_initial_policy(m) for m in models])
     else:
         p0 = np.asarray(policy0)
         if p0.shape != (len(models), s_max + 2):
