@@ -1,0 +1,122 @@
+"""Paper 004's SMDP solved per bin of multi-bin batching (papers 000/003), run as per-bin tables.
+
+Bin i receives the requests whose time lies in [l_{i−1}, l_i): Poisson with rate λ_i = λ·P(bin i).
+A batch of b requests of bin i takes the maximum of b request times drawn from the bin's law, so
+G_b is the max-of-b law of the in-bin distribution (:class:`~smdp_batch.model.families.MaxOf`, CDF
+F_i^b) with its own mean l_i(b) = E[max of b] (for U[a, c): a + (c − a)·b/(b+1)).  Each bin's SMDP
+(paper 004 eqs. 4–17, 𝓑 = 1..B) is solved exactly by policy iteration (at s_max = B + 4·λ_i·l_i(B), doubled until Δ < 1e-3); where PI meets a
+numerically multichain candidate — it does for w2 = 0 at some loads, e.g. U[1, 20], B = 128, λ = 2,
+where the automatic s_max scan of :func:`smdp_batch.solve` then fails too — the bin is solved by RVI
+(Algorithm 1, ε = 0.01: the gain is bracketed).  RVI is slow there at high load (U[1, 20], k = 1,
+λ = 6: 11 600 sweeps, 190 s), which is this module's known cost.  With w2 = 0 (the default) the
+cost is mean latency alone, the objective multi-bin batching cares about.
+
+The SMDP of a bin assumes the server is free whenever that bin's batch ends (a server per bin).  In the
+shared-server simulator (:func:`smdp_batch.llm.binsim.simulate_bins` with ``tables``) this holds
+exactly when ``servers = k`` is dedicated one per bin, and approximately otherwise; the simulator
+reports what the tables achieve there, which is what the comparisons use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..model.families import Empirical, MaxOf, Uniform
+from ..model.problem import BatchingProblem
+from .binsim import RequestLaw
+
+__all__ = ["PerBinPolicy", "solve_bins"]
+
+
+@dataclass(frozen=True)
+class PerBinPolicy:
+    """Per-bin solutions: ``tables`` (k × (s_max+1), the batch size at queue length n, 0 = wait; rows
+    are extended by eq. 30), ``rates`` λ_i, ``solutions`` (paper 004 :class:`Solution` per bin) and
+    the model's mean latency per bin, ``latency`` (time units; exact, eq. 30 on the infinite queue)."""
+
+    edges: np.ndarray
+    rates: np.ndarray
+    tables: np.ndarray
+    solutions: tuple
+    latency: np.ndarray
+
+    @property
+    def mean_latency(self) -> float:
+        """Request-weighted mean latency if every bin had its own server (the SMDPs' model)."""
+        return float(np.sum(self.rates * self.latency) / np.sum(self.rates))
+
+
+def _bin_law(law: RequestLaw, a: float, c: float):
+    if law.kind == "uniform":
+        return MaxOf(Uniform(a, c))
+    if law.kind == "empirical":
+        v = np.asarray(law.params, dtype=np.float64)
+        inside = v[(v >= a) & (v < c)] if math.isfinite(c) else v[v >= a]
+        if inside.size == 0:
+            return None
+        return MaxOf(Empirical(inside))
+    raise InputError(
+        f"per-bin SMDP needs a bounded request-time law (uniform:LO,HI or a trace), got {law.spec()}; "
+        "the truncated exponential of an unbounded last bin has no max-of-b family here"
+    )
+
+
+def _solve_bin(prob: BatchingProblem, smax):
+    """PI at s_max (given, or B + 4·λ·l(B) doubled until Δ < 1e-3); RVI where PI meets a numerically
+    multichain policy (w2 = 0 with max-of-b laws can: see the module's notes)."""
+    from ..solvers import solve
+
+    if smax != "auto":
+        return solve(prob, smax=int(smax))
+    m = prob.bmax + int(math.ceil(4.0 * prob.lam * float(prob.latency(float(prob.bmax)))))
+    for _ in range(6):
+        try:
+            s = solve(prob, smax=m)
+        except InputError:  # a numerically multichain / singular candidate on PI's path
+            s = solve(prob, smax=m, solver="rvi")
+        if s.evaluation.delta < 1e-3:
+            return s
+        m *= 2
+    raise InputError(f"bin SMDP at λ = {prob.lam:.6g}: no s_max ≤ {m} gives Δ < 1e-3 (load ρ = {prob.rho:.4g} too high?)")
+
+
+def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 0.0, smax="auto") -> PerBinPolicy:
+    """Solve each bin's SMDP (λ_i = λ·P(bin i), 𝓑 = 1..B, G_b = max of b in-bin request times)."""
+    e = np.asarray(edges, dtype=np.float64)
+    if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
+        raise InputError("bin edges must be an increasing sequence of at least two values")
+    lam = float(lam)
+    if not (math.isfinite(lam) and lam > 0):
+        raise InputError(f"arrival rate λ must be finite and > 0, got {lam!r}")
+    if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 1:
+        raise InputError(f"batch size B must be an integer ≥ 1, got {B!r}")
+    k = e.size - 1
+    rates, sols, lats = np.zeros(k), [], np.zeros(k)
+    for i in range(k):
+        a, c = e[i], e[i + 1]
+        p_i = law.cdf(c) - law.cdf(a) if math.isfinite(c) else 1.0 - law.cdf(a)
+        if i == 0 and law.kind == "empirical":
+            p_i = law.cdf(c)  # values below the first edge go to bin 0
+        rates[i] = lam * p_i
+        g = _bin_law(law, a, c)
+        if rates[i] <= 0 or g is None:
+            sols.append(None)
+            continue
+        prob = BatchingProblem(lam=rates[i], batch_sizes=tuple(range(1, int(B) + 1)), service=g, w2=float(w2))
+        s = _solve_bin(prob, smax)
+        sols.append(s)
+        lats[i] = s.deployed.mean_latency_ms
+    width = max(s.s_max for s in sols if s is not None) + 1
+    tables = np.zeros((k, width), np.int64)
+    for i, s in enumerate(sols):
+        if s is None:
+            tables[i, 1:] = 1  # a bin that never fills: serve what comes
+            continue
+        pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
+        tables[i, : pol.size] = pol
+        tables[i, pol.size:] = pol[-1]  # eq. 30
+    return PerBinPolicy(edges=e, rates=rates, tables=tables, solutions=tuple(sols), latency=lats)
