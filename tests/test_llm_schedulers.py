@@ -190,7 +190,10 @@ def test_online_oldest_bucket_first_and_offline_sjf_ljf():
     on = BucketServe(l_max=1000, mode="online", prior_output=1)
     on.buckets = [on.buckets[0].__class__(0, 500), on.buckets[0].__class__(500, 1001)]
     on.push(list(range(5)), eng)
-    assert on.admit(0.0, eng) == [0]  # the bucket holding the oldest request (id 0)
+    eng.free_tokens = 2000  # N_max = 2 < 5 waiting: no merge
+    assert on.admit(0.0, eng) == [0]  # the bucket holding the oldest request (id 0), alone by eq. 6
+    assert on.admit(0.0, eng) == [1, 2, 3, 4]  # the short rest fits one batch: merged (lines 12–13), FCFS
+    eng.free_tokens = 10**9
     sjf = BucketServe(l_max=1000, mode="sjf", prior_output=1)
     sjf.push(list(range(5)), eng)
     assert sjf.admit(0.0, eng) == [3, 1, 4, 2, 0]
