@@ -1,4 +1,5 @@
-"""Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile`` (DESIGN.md §4).
+"""Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile |
+multibin | llm`` (DESIGN.md §4).
 
 Every command takes ``--json``.  Bad input prints one line ``smdp-batch: error: …`` on stderr
 and exits with code 2 — never a traceback, never a half-written file.
@@ -870,6 +871,110 @@ def profile_cmd(path, as_json):
                 f"{r['worst_residual']:+.4g} {unit} at b = {r['worst_at_batch_size']}"
             )
     _emit(rep, as_json, "\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------- LLM schemes
+_MB_COLS = [("scheme", "scheme", ""), ("lam", "λ", "g"), ("throughput", "throughput", ".4g"),
+            ("mean_latency", "mean latency", ".4g"), ("p95_latency", "p95 latency", ".4g"),
+            ("slo_attainment", "SLO share", ".3f"), ("mean_batch", "mean batch", ".1f"), ("max_wait", "max wait", "")]
+_LLM_COLS = [("scheme", "scheme", ""), ("lam", "λ req/s", "g"), ("throughput_tok_s", "tokens/s", ".1f"),
+             ("mean_latency_s", "mean s", ".3g"), ("p95_latency_s", "p95 s", ".3g"), ("mean_ttft_s", "TTFT s", ".3g"),
+             ("slo_attainment", "SLO share", ".3f"), ("waste_ratio", "waste", ".3f"),
+             ("peak_memory_share", "peak mem", ".3f"), ("preemptions", "preempted", "d")]
+
+
+@cli.command("multibin")
+@click.option("--lam-grid", default="1,2,4,6,8", show_default=True, help="arrival rates λ (requests per time unit)")
+@click.option("--law", default="uniform:1,20", show_default=True, help="request time law: uniform:LO,HI | exp:MU | trace:FILE[:COLUMN]")
+@click.option("--bins", "k", default="2", show_default=True, help="number of bins k (equal-mass edges, Lemma 4.1)")
+@click.option("--batch", "B", default="128", show_default=True, help="batch size B")
+@click.option("--servers", default="1", show_default=True, help="servers (0: infinitely many; no per-bin SMDP then)")
+@click.option("--requests", default="100000", show_default=True, help="requests simulated per load")
+@click.option("--max-waits", default="5,10,20,40,80,160", show_default=True, help="max-wait grid for the tuned fixed-B rule ('' for none)")
+@click.option("--smdp/--no-smdp", default=True, show_default=True, help="solve and simulate the per-bin SMDP tables")
+@click.option("--slo", default=None, help="latency bound for the SLO share column")
+@click.option("--seed", default="0", show_default=True, help="random seed (the same stream for every scheme)")
+@click.option("--plot", "plot_path", default=None, help="draw throughput and latency to FILE.png|.svg|.pdf")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, seed, plot_path, as_json):
+    """Multi-bin batching (papers 000/003) vs per-bin SMDP tables over a load sweep.
+
+    Prints the closed forms (Thm 4.2 throughput, c_max, Lemma 5.1 latency for uniform laws), then one
+    row per load and scheme on the same simulated stream.
+    """
+    from .llm import binsim, multibin
+    from .llm.sweep import format_rows, multibin_sweep, plot_rows
+    from .plots import check_path, save
+
+    if plot_path:
+        check_path(plot_path)
+    lams = _grid("lam-grid", lam_grid)
+    k, B = _number("bins", k, integer=True), _number("batch", B, integer=True)
+    servers, n = _number("servers", servers, integer=True), _number("requests", requests, integer=True)
+    if k < 1 or B < 1 or n < 1 or servers < 0:
+        raise InputError("--bins, --batch and --requests must be ≥ 1 and --servers ≥ 0")
+    waits = _grid("max-waits", max_waits) if max_waits.strip() else []
+    slo_v = _number("slo", slo) if slo is not None else None
+    rl = binsim.parse_request_law(law)
+    rows = multibin_sweep(lams, law=rl, B=B, k=k, n=n, servers=servers, seed=_number("seed", seed, integer=True),
+                          max_waits=waits, smdp=smdp, slo=slo_v)
+    theory = {}
+    if rl.kind == "uniform":
+        lo, hi = rl.params
+        theory = {"throughput_thm_4_2": multibin.uniform_throughput(k, B, lo, hi), "c_max": multibin.capacity(B, lo, hi),
+                  "lemma_5_1_latency": {str(l): multibin.uniform_latency(l, k, B, lo, hi) for l in lams}}
+    if plot_path:
+        save(plot_rows(rows, [("throughput", "throughput"), ("mean_latency", "mean latency")],
+                       f"{rl.spec()}, k = {k}, B = {B}, servers = {servers or '∞'}"), plot_path)
+    head = f"multi-bin batching: {rl.spec()}, k = {k}, B = {B}, servers = {servers or '∞'}, {n} requests per load"
+    if theory:
+        head += (f"\n  Thm 4.2 saturation throughput {theory['throughput_thm_4_2']:.4g}, c_max {theory['c_max']:.4g}; "
+                 "Lemma 5.1 latency " + ", ".join(f"λ={l}: {v:.4g}" for l, v in theory["lemma_5_1_latency"].items()))
+    _emit({"theory": theory, "rows": rows}, as_json, head + "\n" + format_rows(rows, _MB_COLS))
+
+
+@cli.command("llm")
+@click.option("--lam-grid", default="0.5,1,2,3", show_default=True, help="arrival rates (requests/s)")
+@click.option("--requests", default="2000", show_default=True, help="requests per load")
+@click.option("--prompt", default="lognormal:200,0.8", show_default=True, help="prompt tokens: const:N | uniform:A,B | exp:MEAN | lognormal:MEDIAN,SIGMA")
+@click.option("--output-tokens", default="lognormal:150,0.7", show_default=True, help="output tokens (same laws)")
+@click.option("--schemes", default=",".join(("static", "continuous", "multibin", "bucketserve", "bucketserve-sjf", "mem-aware", "sla")), show_default=True, help="schemes to run")
+@click.option("--mem-gib", default="10", show_default=True, help="KV-cache memory cap (GiB)")
+@click.option("--slo", default="20", show_default=True, help="end-to-end latency SLO (s) for the SLO share")
+@click.option("--d-sla", default="0.024", show_default=True, help="paper 002 Alg. 2's decode-step SLA D_SLA (s)")
+@click.option("--static-batch", default="16", show_default=True, help="batch size of static and multi-bin batching")
+@click.option("--max-batch", default="64", show_default=True, help="continuous batching's and BucketServe's largest batch")
+@click.option("--bins", "k", default="4", show_default=True, help="multi-bin: bins by output length (equal mass)")
+@click.option("--seed", default="0", show_default=True, help="random seed (the same stream for every scheme)")
+@click.option("--plot", "plot_path", default=None, help="draw the sweep to FILE.png|.svg|.pdf")
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_sla, static_batch, max_batch, k, seed,
+            plot_path, as_json):
+    """LLM serving schemes (papers 000, 001, 002) on one engine and one request stream per load."""
+    from .llm.engine import LLMModel
+    from .llm.sweep import format_rows, llm_sweep, plot_rows
+    from .plots import check_path, save
+
+    if plot_path:
+        check_path(plot_path)
+    mem = _number("mem-gib", mem_gib)
+    if not mem > 0:
+        raise InputError(f"--mem-gib must be > 0, got {mem_gib!r}")
+    model = LLMModel(mem_cap=mem * 2**30)
+    names = [s.strip() for s in schemes.split(",") if s.strip()]
+    ints = {o: _number(o, v, integer=True) for o, v in (("requests", requests), ("static-batch", static_batch),
+                                                        ("max-batch", max_batch), ("bins", k), ("seed", seed))}
+    if min(ints["requests"], ints["static-batch"], ints["max-batch"], ints["bins"]) < 1:
+        raise InputError("--requests, --static-batch, --max-batch and --bins must be ≥ 1")
+    rows = llm_sweep(_grid("lam-grid", lam_grid), n=ints["requests"], prompt=prompt, output=output_tokens, model=model,
+                     slo=_number("slo", slo), schemes=names, static_batch=ints["static-batch"],
+                     max_batch=ints["max-batch"], k=ints["bins"], d_sla=_number("d-sla", d_sla), seed=ints["seed"])
+    if plot_path:
+        save(plot_rows(rows, [("throughput_tok_s", "tokens/s"), ("mean_latency_s", "mean latency (s)"),
+                              ("slo_attainment", "SLO share")], f"KV cap {mem:g} GiB"), plot_path)
+    head = (f"LLM serving: {ints['requests']} requests per load, prompts {prompt}, outputs {output_tokens}, "
+            f"KV cap {mem:g} GiB = {model.cap_tokens} tokens, SLO {_number('slo', slo):g} s")
+    _emit({"rows": rows}, as_json, head + "\n" + format_rows(rows, _LLM_COLS))
 
 
 def _sizes_text(sizes) -> str:

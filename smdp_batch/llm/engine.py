@@ -14,7 +14,8 @@ Shared by BucketServe (paper 001) and paper 002's controllers (:mod:`.bucketserv
 
 The scheduler has one decision point, ``admit(now, engine) -> list[int]`` (request ids for a prefill
 group, or [] to decode), called before every step; it owns the waiting queue (``push``,
-``push_front`` for preempted requests).
+``push_front`` for preempted requests) and may name a timer, ``wakeup(engine) -> time``, at which an
+idle engine asks again (a batching timeout).
 """
 
 from __future__ import annotations
@@ -235,8 +236,10 @@ def run(requests: Requests, scheduler, model: LLMModel | None = None, max_steps:
                 if finished == n:
                     break
             continue
-        if nxt < n:
-            eng.now = max(eng.now, float(arr[nxt]))
+        wake = getattr(scheduler, "wakeup", None)
+        t_next = min(float(arr[nxt]) if nxt < n else math.inf, wake(engine=eng) if wake else math.inf)
+        if t_next > eng.now and math.isfinite(t_next):
+            eng.now = t_next  # idle until the next arrival or the scheduler's own timer
             continue
         raise InputError(f"scheduler {scheduler.name} left {n - finished} requests waiting with an idle engine")
     else:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["Scheduler", "StaticBatching", "ContinuousFCFS"]
+__all__ = ["Scheduler", "StaticBatching", "ContinuousFCFS", "MultiBinStatic"]
 
 
 def _check_int(name: str, v, lo: int = 1) -> int:
@@ -63,3 +63,53 @@ class ContinuousFCFS(Scheduler):
 
     def admit(self, now, engine) -> list[int]:
         return self._take(self.max_batch - len(engine.running))
+
+
+class MultiBinStatic(Scheduler):
+    """Multi-bin batching (paper 000 Alg. 1) on the LLM engine: requests go to k bins by output length
+    (oracle, equal-mass ``edges``), a bin's batch of B runs to completion alone, the first completed
+    batch is served first; a bin whose oldest request waited ``max_wait`` s sends a partial batch."""
+
+    def __init__(self, edges, max_batch: int = 32, max_wait: float = 5.0):
+        super().__init__()
+        self.edges = np.asarray(edges, dtype=np.float64)
+        if self.edges.ndim != 1 or self.edges.size < 2 or np.any(np.diff(self.edges) <= 0):
+            raise InputError("bin edges must be an increasing sequence of at least two values")
+        self.max_batch = _check_int("max_batch", max_batch)
+        if not float(max_wait) > 0:
+            raise InputError(f"max_wait must be > 0 s, got {max_wait!r}")
+        self.max_wait = float(max_wait)
+        self.bins = [deque() for _ in range(self.edges.size - 1)]
+        self.name = f"multi-bin k={len(self.bins)} B={self.max_batch}"
+
+    def _bin(self, engine, r) -> int:
+        k = len(self.bins)
+        return int(min(max(np.searchsorted(self.edges, engine.requests.output[r], side="right") - 1, 0), k - 1))
+
+    def push(self, ids, engine) -> None:
+        for r in ids:
+            self.bins[self._bin(engine, r)].append(r)
+
+    def push_front(self, ids, engine) -> None:
+        for r in reversed(list(ids)):
+            self.bins[self._bin(engine, r)].appendleft(r)
+
+    def admit(self, now, engine) -> list[int]:
+        if engine.running:
+            return []
+        arr = engine.requests.arrival
+        best, ready = None, np.inf
+        for q in self.bins:
+            if not q:
+                continue
+            t = arr[q[self.max_batch - 1]] if len(q) >= self.max_batch else arr[q[0]] + self.max_wait
+            if t <= now and t < ready:
+                best, ready = q, t
+        if best is None:
+            return []  # the engine idles until the next arrival or :meth:`wakeup`
+        return [best.popleft() for _ in range(min(self.max_batch, len(best)))]
+
+    def wakeup(self, engine) -> float:
+        """The earliest timeout of a non-empty bin (s)."""
+        arr = engine.requests.arrival
+        return min((arr[q[0]] + self.max_wait for q in self.bins if q), default=np.inf)
