@@ -162,3 +162,22 @@ def test_max_wait_sends_partial_batches_and_fixed_rule_edge_cases():
         bs.simulate_bins(arr, x, bins + 1, 1, 3)
     with pytest.raises(InputError, match="uniform"):
         bs.parse_request_law("uniform:5,1")
+
+
+def test_trace_law_and_quantile_boundaries(tmp_path):
+    f = tmp_path / "times.csv"
+    f.write_text("service_s\n" + "\n".join(str(v) for v in range(1, 101)) + "\n")
+    law = bs.parse_request_law(f"trace:{f}:service_s")
+    assert law.kind == "empirical" and law.mean == pytest.approx(50.5)
+    e = mb.quantile_boundaries(4, law.quantile)
+    np.testing.assert_allclose(e, np.quantile(np.arange(1, 101), [0, 0.25, 0.5, 0.75, 1]))
+    x = law.sample(np.random.default_rng(0), 50_000)
+    bins = bs.assign_bins(x, e)
+    assert np.bincount(bins).min() > 0.22 * x.size  # equal mass
+    # an empirical law's E[max of B] per bin is exact from its atoms; simulation at saturation agrees
+    r = bs.simulate_bins(np.zeros(x.size), x, bins, 4, 8)
+    assert r.throughput == pytest.approx(mb.throughput(e, 8, atoms=law.params), rel=0.01)
+    # and one bin of atoms 1..100: E[max of 2] = Σ v (F(v)² − F(v−1)²)
+    assert mb.batch_time([0, 1000], 2, atoms=range(1, 101)) == pytest.approx(sum(v * ((v / 100) ** 2 - ((v - 1) / 100) ** 2) for v in range(1, 101)))
+    with pytest.raises(InputError, match="no column"):
+        bs.parse_request_law(f"trace:{f}:nope")

@@ -179,13 +179,29 @@ def quantile_boundaries(k: int, quantile: Callable[[np.ndarray], np.ndarray]) ->
     return np.asarray(quantile(np.arange(k + 1, dtype=np.float64) / k), dtype=np.float64)
 
 
-def batch_time(edges: Sequence[float], B: int, cdf: Callable[[float], float]) -> float:
-    """E[t_service] of eq. 2 for any continuous request-time CDF and edges (finite or last = ∞):
-    Σ_i P(bin i)·E[max of B | bin i], with E[max] = a + ∫_a^b (1 − F_i^B) and F_i the in-bin CDF."""
+def batch_time(edges: Sequence[float], B: int, cdf: Callable[[float], float] | None = None,
+               atoms: Sequence[float] | None = None) -> float:
+    """E[t_service] of eq. 2 for a request-time law and edges (finite or last = ∞):
+    Σ_i P(bin i)·E[max of B | bin i].  A continuous law by its ``cdf``: E[max] = a + ∫_a^b (1 − F_i^B),
+    F_i the in-bin CDF; an empirical law by its equally likely ``atoms``: E[max] = Σ_j v_j (F_i(v_j)^B −
+    F_i(v_{j−1})^B), exact (values below the first edge count in bin 0, as :func:`assign_bins` puts them)."""
     B = _check_B(B)
     e = np.asarray(edges, dtype=np.float64)
     if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
         raise InputError("bin edges must be an increasing sequence of at least two values")
+    if atoms is not None:
+        v = np.sort(np.asarray(atoms, dtype=np.float64))
+        idx = np.searchsorted(e[1:-1], v, side="right")
+        total = 0.0
+        for i in range(e.size - 1):
+            w = v[idx == i]
+            if w.size == 0:
+                continue
+            F = np.arange(1, w.size + 1) / w.size
+            total += w.size / v.size * float(np.sum(w * (F**B - np.concatenate([[0.0], F[:-1]]) ** B)))
+        return total
+    if cdf is None:
+        raise InputError("batch_time needs the law's cdf or its atoms")
     total = 0.0
     for a, b in zip(e[:-1], e[1:]):
         Fa = float(cdf(a))
@@ -199,9 +215,10 @@ def batch_time(edges: Sequence[float], B: int, cdf: Callable[[float], float]) ->
     return total
 
 
-def throughput(edges: Sequence[float], B: int, cdf: Callable[[float], float]) -> float:
+def throughput(edges: Sequence[float], B: int, cdf: Callable[[float], float] | None = None,
+               atoms: Sequence[float] | None = None) -> float:
     """Proposition 4.1, eq. 1: B / E[t_service] for any law and edges (one server, saturated)."""
-    return _check_B(B) / batch_time(edges, B, cdf)
+    return _check_B(B) / batch_time(edges, B, cdf, atoms)
 
 
 def toy_makespan(times: Sequence[float], B: int, edges: Sequence[float] | None = None) -> float:

@@ -11,10 +11,10 @@ where the automatic s_max scan of :func:`smdp_batch.solve` then fails too — th
 λ = 6: 11 600 sweeps, 190 s), which is this module's known cost.  With w2 = 0 (the default) the
 cost is mean latency alone, the objective multi-bin batching cares about.
 
-The SMDP of a bin assumes the server is free whenever that bin's batch ends (a server per bin).  In the
-shared-server simulator (:func:`smdp_batch.llm.binsim.simulate_bins` with ``tables``) this holds
-exactly when ``servers = k`` is dedicated one per bin, and approximately otherwise; the simulator
-reports what the tables achieve there, which is what the comparisons use.
+The SMDP of a bin assumes the server is free whenever that bin's batch ends (a server of its own).
+With one bin (k = 1) the simulator reproduces the SMDP's exact latency (a test); with k bins sharing
+servers (:func:`smdp_batch.llm.binsim.simulate_bins` with ``tables``) the bins compete for them, and the
+simulator reports what the tables achieve there, which is what the comparisons use.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class PerBinPolicy:
 
     @property
     def mean_latency(self) -> float:
-        """Request-weighted mean latency if every bin had its own server (the SMDPs' model)."""
+        """Request-weighted mean latency if every bin had a server of its own (the SMDPs' model)."""
         return float(np.sum(self.rates * self.latency) / np.sum(self.rates))
 
 

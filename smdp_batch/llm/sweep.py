@@ -59,7 +59,7 @@ def multibin_sweep(lams: Sequence[float], *, law: str = "uniform:1,20", B: int =
             tuned = [(binsim.simulate_bins(arr, x, bins, k, B, servers=servers, max_wait=w, warmup=warmup), w)
                      for w in max_waits]
             r, w = min(tuned, key=lambda t: t[0].mean_latency)
-            runs.append((f"fixed B, best max-wait", r, w))
+            runs.append(("fixed B, best max-wait", r, w))
         if smdp:
             if servers < 1:
                 raise InputError("per-bin SMDP tables need a finite number of servers (≥ 1)")
