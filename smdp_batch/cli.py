@@ -938,7 +938,7 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
 @click.option("--requests", default="2000", show_default=True, help="requests per load")
 @click.option("--prompt", default="lognormal:200,0.8", show_default=True, help="prompt tokens: const:N | uniform:A,B | exp:MEAN | lognormal:MEDIAN,SIGMA")
 @click.option("--output-tokens", default="lognormal:150,0.7", show_default=True, help="output tokens (same laws)")
-@click.option("--schemes", default=",".join(("static", "continuous", "multibin", "bucketserve", "bucketserve-sjf", "mem-aware", "sla")), show_default=True, help="schemes to run")
+@click.option("--schemes", default=",".join(("static", "continuous", "multibin", "perbin-smdp", "bucketserve", "bucketserve-sjf", "mem-aware", "sla")), show_default=True, help="schemes to run")
 @click.option("--mem-gib", default="10", show_default=True, help="KV-cache memory cap (GiB)")
 @click.option("--slo", default="20", show_default=True, help="end-to-end latency SLO (s) for the SLO share")
 @click.option("--d-sla", default="0.024", show_default=True, help="paper 002 Alg. 2's decode-step SLA D_SLA (s)")
@@ -974,7 +974,9 @@ def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_
                               ("slo_attainment", "SLO share")], f"KV cap {mem:g} GiB"), plot_path)
     head = (f"LLM serving: {ints['requests']} requests per load, prompts {prompt}, outputs {output_tokens}, "
             f"KV cap {mem:g} GiB = {model.cap_tokens} tokens, SLO {_number('slo', slo):g} s")
-    _emit({"rows": rows}, as_json, head + "\n" + format_rows(rows, _LLM_COLS))
+    notes = [f"  {r['scheme']} at λ = {r['lam']:g}: {r['note']}" for r in rows if "note" in r]
+    table = format_rows([r for r in rows if "note" not in r], _LLM_COLS)
+    _emit({"rows": rows}, as_json, "\n".join([head, table] + notes))
 
 
 def _sizes_text(sizes) -> str:

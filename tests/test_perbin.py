@@ -61,3 +61,27 @@ def test_cli_multibin_and_llm(capsys, tmp_path):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("smdp-batch: error:") and err.count("\n") == 1
+
+
+def test_per_bin_tables_on_the_llm_engine():
+    from smdp_batch.llm.engine import LLMModel, run
+    from smdp_batch.llm.perbin import engine_batch_times, solve_engine_bins
+    from smdp_batch.llm.schedulers import PerBinTables, StaticBatching
+    from smdp_batch.llm.sweep import llm_sweep
+    from smdp_batch.llm.workload import Requests, synthetic
+
+    m = LLMModel()
+    # the batch-time formula is the engine's own run-to-completion time
+    p, o = np.array([120, 80, 200]), np.array([40, 7, 90])
+    r = run(Requests(np.zeros(3), p, o), StaticBatching(3), m)
+    assert r.latency.max() == pytest.approx(engine_batch_times(m, p, o), rel=1e-12)
+    req = synthetic(300, 0.5, seed=4)
+    e = np.array([0.0, float(np.median(req.output)), np.inf])
+    pol = solve_engine_bins(0.5, e, req.prompt, req.output, m, 8, samples=100)
+    assert pol.tables.shape[0] == 2 and np.all(pol.tables[:, 1:].max(axis=1) > 0)
+    assert pol.rates.sum() == pytest.approx(0.5)
+    r = run(req, PerBinTables(e, pol.tables), m)
+    assert np.all(np.isfinite(r.latency)) and r.peak_tokens <= m.cap_tokens
+    # beyond a bin's capacity the SMDP is unstable: the sweep notes it instead of failing
+    rows = llm_sweep([50.0], n=50, schemes=["perbin-smdp"], static_batch=4)
+    assert "unstable" in rows[0]["note"]

@@ -94,6 +94,7 @@ class Engine:
         self.completed_output: list[int] = []
         self._steps: deque = deque(maxlen=window)
         self.decode_steps = 0
+        self.arrivals_left = len(requests)  # requests not yet arrived (0: the stream has ended)
 
     @property
     def free_tokens(self) -> int:
@@ -170,6 +171,7 @@ def run(requests: Requests, scheduler, model: LLMModel | None = None, max_steps:
         while nxt < n and arr[nxt] <= eng.now:
             nxt += 1
         if nxt > j:
+            eng.arrivals_left = n - nxt
             scheduler.push(list(range(j, nxt)), eng)
         group = list(scheduler.admit(eng.now, eng))
         if group:

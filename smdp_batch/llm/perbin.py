@@ -29,7 +29,7 @@ from ..model.families import Empirical, MaxOf, Uniform
 from ..model.problem import BatchingProblem
 from .binsim import RequestLaw
 
-__all__ = ["PerBinPolicy", "solve_bins"]
+__all__ = ["PerBinPolicy", "solve_bins", "solve_engine_bins", "engine_batch_times"]
 
 
 @dataclass(frozen=True)
@@ -119,4 +119,66 @@ def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 
         pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
         tables[i, : pol.size] = pol
         tables[i, pol.size:] = pol[-1]  # eq. 30
+    return PerBinPolicy(edges=e, rates=rates, tables=tables, solutions=tuple(sols), latency=lats)
+
+
+def engine_batch_times(model, prompts: np.ndarray, outputs: np.ndarray) -> float:
+    """Run-to-completion time (s) of one batch on the LLM engine (:mod:`.engine`): padded prefill, then
+    decode steps while requests remain, Σ_t (a + c·#{j : out_j ≥ t}) = a·max(out) + c·Σ out."""
+    b = prompts.size
+    return (model.prefill_time(b, int(prompts.max())) + model.decode_base * int(outputs.max())
+            + model.decode_per_request * int(outputs.sum()))
+
+
+def solve_engine_bins(lam: float, edges, prompts: np.ndarray, outputs: np.ndarray, model, B: int = 16, *,
+                      samples: int = 400, seed: int = 0, w2: float = 0.0) -> PerBinPolicy:
+    """Per-bin SMDPs for run-to-completion batches on the LLM engine.
+
+    Requests are binned by output length (``edges``); for each bin and b = 1..B, ``samples`` batches of
+    b requests drawn from the bin's (prompt, output) pairs give measured batch times, which become the
+    bin's service law exactly as a measured profile does (:class:`~smdp_batch.model.profile.EmpiricalProfile`:
+    per-b empirical laws, l(b) interpolated).  λ in requests/s; the SMDPs run in ms.
+    """
+    from ..model.profile import EmpiricalProfile, Profile
+
+    e = np.asarray(edges, dtype=np.float64)
+    p, o = np.asarray(prompts, np.int64), np.asarray(outputs, np.int64)
+    idx = np.clip(np.searchsorted(e, o, side="right") - 1, 0, e.size - 2)
+    rng = np.random.default_rng(seed)
+    k = e.size - 1
+    rates, sols, lats = np.zeros(k), [], np.zeros(k)
+    for i in range(k):
+        members = np.nonzero(idx == i)[0]
+        rates[i] = lam * members.size / o.size
+        if members.size == 0:
+            sols.append(None)
+            continue
+        bs, lat = [], []
+        for b in range(1, int(B) + 1):
+            for _ in range(int(samples)):
+                pick = rng.choice(members, b)
+                bs.append(b)
+                lat.append(1e3 * engine_batch_times(model, p[pick], o[pick]))
+        lat_arr = np.asarray(lat)
+        bs_arr = np.asarray(bs, np.int64)
+        # l(b) must be non-decreasing: it is in expectation; sort the per-b means' sampling noise away
+        means = np.array([lat_arr[bs_arr == b].mean() for b in range(1, int(B) + 1)])
+        lift = np.maximum.accumulate(means) - means
+        lat_arr = lat_arr + lift[bs_arr - 1]
+        prof = Profile(path=f"engine-bin-{i}", batch=bs_arr, latency=lat_arr, energy=None,
+                       lines=np.arange(2, bs_arr.size + 2))
+        law = EmpiricalProfile(f"engine-bin-{i}", profile=prof)
+        prob = BatchingProblem(lam=rates[i] / 1e3, batch_sizes=tuple(range(1, int(B) + 1)), service=law, w2=float(w2))
+        s = _solve_bin(prob, "auto")
+        sols.append(s)
+        lats[i] = s.deployed.mean_latency_ms / 1e3
+    width = max(s.s_max for s in sols if s is not None) + 1
+    tables = np.zeros((k, width), np.int64)
+    for i, s in enumerate(sols):
+        if s is None:
+            tables[i, 1:] = 1
+            continue
+        pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
+        tables[i, : pol.size] = pol
+        tables[i, pol.size:] = pol[-1]
     return PerBinPolicy(edges=e, rates=rates, tables=tables, solutions=tuple(sols), latency=lats)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["Scheduler", "StaticBatching", "ContinuousFCFS", "MultiBinStatic"]
+__all__ = ["Scheduler", "StaticBatching", "ContinuousFCFS", "MultiBinStatic", "PerBinTables"]
 
 
 def _check_int(name: str, v, lo: int = 1) -> int:
@@ -113,3 +113,39 @@ class MultiBinStatic(Scheduler):
         """The earliest timeout of a non-empty bin (s)."""
         arr = engine.requests.arrival
         return min((arr[q[0]] + self.max_wait for q in self.bins if q), default=np.inf)
+
+
+class PerBinTables(Scheduler):
+    """Per-bin SMDP tables (:func:`smdp_batch.llm.perbin.solve_engine_bins`) on the LLM engine: bins by
+    output length as :class:`MultiBinStatic`, batches run to completion alone; when the engine is idle
+    each bin's table maps its queue length n to a batch size (0 = wait, eq. 30 beyond s_max) and the
+    serving bin holding the oldest request goes first.  After the last arrival, waiting bins are
+    flushed."""
+
+    def __init__(self, edges, tables):
+        super().__init__()
+        self.edges = np.asarray(edges, dtype=np.float64)
+        self.tables = np.asarray(tables, dtype=np.int64)
+        if self.tables.ndim != 2 or self.tables.shape[0] != self.edges.size - 1:
+            raise InputError("per-bin tables need one row per bin")
+        self.bins = [deque() for _ in range(self.edges.size - 1)]
+        self.name = f"per-bin SMDP k={len(self.bins)}"
+
+    _bin = MultiBinStatic._bin
+    push = MultiBinStatic.push
+    push_front = MultiBinStatic.push_front
+
+    def admit(self, now, engine) -> list[int]:
+        if engine.running:
+            return []
+        top = self.tables.shape[1] - 1
+        best, size = None, 0
+        for i, q in enumerate(self.bins):
+            if not q:
+                continue
+            a = int(self.tables[i, min(len(q), top)])
+            if a <= 0 and engine.arrivals_left == 0:
+                a = len(q)  # the stream has ended: serve what is left
+            if a > 0 and (best is None or q[0] < best[0]):
+                best, size = q, min(a, len(q))
+        return [] if best is None else [best.popleft() for _ in range(size)]

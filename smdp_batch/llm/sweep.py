@@ -3,8 +3,8 @@
 * :func:`multibin_sweep` — paper 000's multi-bin batching (fixed B; fixed B with the best maximum
   wait of a grid) against per-bin SMDP tables (:mod:`.perbin`), on the same arrivals and times.
 * :func:`llm_sweep` — the LLM engine (:mod:`.engine`) under static batching, continuous batching,
-  multi-bin batching, BucketServe (online and SJF) and paper 002's Alg. 1 and Alg. 2, on one stream
-  of prompts and outputs per load.
+  multi-bin batching, per-bin SMDP tables (run-to-completion batches like multi-bin), BucketServe
+  (online and SJF) and paper 002's Alg. 1 and Alg. 2, on one stream of prompts and outputs per load.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from . import binsim, multibin
 from .bucketserve import BucketServe
 from .engine import LLMModel, run
 from .memaware import MemoryAware, SLAConstrained
-from .perbin import solve_bins
-from .schedulers import ContinuousFCFS, MultiBinStatic, StaticBatching
+from .perbin import solve_bins, solve_engine_bins
+from .schedulers import ContinuousFCFS, MultiBinStatic, PerBinTables, StaticBatching
 from .workload import synthetic
 
 __all__ = ["multibin_sweep", "llm_sweep", "LLM_SCHEMES", "format_rows", "plot_rows"]
 
-LLM_SCHEMES = ("static", "continuous", "multibin", "bucketserve", "bucketserve-sjf", "mem-aware", "sla")
+LLM_SCHEMES = ("static", "continuous", "multibin", "perbin-smdp", "bucketserve", "bucketserve-sjf", "mem-aware", "sla")
 
 
 def _lams(lams: Sequence[float]) -> list[float]:
@@ -75,7 +75,8 @@ def multibin_sweep(lams: Sequence[float], *, law: str = "uniform:1,20", B: int =
     return rows
 
 
-def _scheme(name: str, req, *, static_batch: int, max_batch: int, k: int, d_sla: float, max_wait: float):
+def _scheme(name: str, req, *, static_batch: int, max_batch: int, k: int, d_sla: float, max_wait: float,
+            lam: float = 1.0, model: LLMModel | None = None, seed: int = 0):
     tot = req.prompt + req.output
     pm, pv = float(tot.mean()), float(np.var(req.prompt) + np.var(req.output))
     lmax = int(req.prompt.max())
@@ -88,6 +89,14 @@ def _scheme(name: str, req, *, static_batch: int, max_batch: int, k: int, d_sla:
         e[-1] += 1.0
         e = np.unique(e)
         return MultiBinStatic(e, static_batch, max_wait)
+    if name == "perbin-smdp":
+        # batch times are sampled from the stream's own (prompt, output) pairs: an oracle profile, as
+        # multi-bin's bins are oracle bins
+        e = np.quantile(req.output, np.linspace(0, 1, k + 1)).astype(np.float64)
+        e[0], e[-1] = 0.0, np.inf
+        e = np.unique(e)
+        pol = solve_engine_bins(lam, e, req.prompt, req.output, model or LLMModel(), static_batch, seed=seed + 1)
+        return PerBinTables(e, pol.tables)
     if name == "bucketserve":
         return BucketServe(lmax, "online", prior_output=float(req.output.mean()), max_batch=max_batch)
     if name == "bucketserve-sjf":
@@ -113,7 +122,12 @@ def llm_sweep(lams: Sequence[float], *, n: int = 2000, prompt: str = "lognormal:
     for lam in _lams(lams):
         req = synthetic(n, lam, prompt, output, seed)
         for s in schemes:
-            sch = _scheme(s, req, static_batch=static_batch, max_batch=max_batch, k=k, d_sla=d_sla, max_wait=max_wait)
+            try:
+                sch = _scheme(s, req, static_batch=static_batch, max_batch=max_batch, k=k, d_sla=d_sla,
+                              max_wait=max_wait, lam=lam, model=model, seed=seed)
+            except InputError as e:  # e.g. a bin's SMDP is unstable at this load: no row, a note
+                rows.append(dict(lam=lam, scheme=s, note=str(e)))
+                continue
             r = run(req, sch, model)
             rows.append(dict(lam=lam, **r.summary(slo)))
     return rows

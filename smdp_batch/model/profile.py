@@ -253,9 +253,10 @@ class EmpiricalProfile(ServiceLaw):
 
     name: ClassVar[str] = "empirical"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, profile: Profile | None = None):
+        """``profile``: rows already in memory (e.g. sampled batch times); ``path`` then only names them."""
         self.path = str(path)
-        self.profile = read_profile(self.path)
+        self.profile = profile or read_profile(self.path)
         self._laws = {int(b): Empirical(self.profile.samples(b), label=f"{self.path}@b={int(b)}") for b in self.profile.sizes}
 
     def spec(self):
