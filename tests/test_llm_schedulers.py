@@ -219,3 +219,13 @@ def test_no_scheme_exceeds_the_memory_cap(lam):
         assert r.peak_tokens <= m.cap_tokens, s.name
         assert np.all(np.isfinite(r.latency)) and r.latency.size == 400
         assert r.output_tokens == int(req.output.sum())
+
+
+def test_alg1_periodic_update_uses_observed_lengths():
+    eng = fake_engine([100] * 10, running=[0], completed=[50, 70], cap=20_000)
+    eng.arrivals_left = 0
+    s = MemoryAware(prior_mean=1000, prior_var=1e6, eps_m=0.05, update_every=2)
+    s.push([1], eng)
+    s.batch_size(eng)
+    # L_0 now from E = 100 + 60 and Var = 0 + 100 (prompts all 100, outputs 50 and 70)
+    assert s.L0 == pytest.approx(s.buffer(20_000, 160, 100))

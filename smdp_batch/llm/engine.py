@@ -89,7 +89,6 @@ class Engine:
         self.running: list[int] = []
         self.kv = np.zeros(len(requests), np.int64)  # tokens held
         self.gen = np.zeros(len(requests), np.int64)
-        self.pad = np.zeros(len(requests), np.int64)  # padded prompt length of its group
         self.used_tokens = 0
         self.completed_output: list[int] = []
         self._steps: deque = deque(maxlen=window)
@@ -186,7 +185,6 @@ def run(requests: Requests, scheduler, model: LLMModel | None = None, max_steps:
             for r in group:
                 eng.kv[r] = s_max
                 eng.gen[r] = 0
-                eng.pad[r] = s_max
             eng.used_tokens += s_max * len(group)
             eng.running.extend(group)
             order_admit.extend(group)

@@ -47,7 +47,8 @@ class MemoryAware(Scheduler):
     """Paper 002 Alg. 1: b_t from the CLT memory bound; FCFS admission while fewer than b_t run.
 
     ``prior_mean``/``prior_var``: E and Var of l_in + l_out used for L_0 (the paper's offline step);
-    ``update_every``: recompute L_0 from completed requests every so many completions (0 = never).
+    ``update_every``: every so many completions, recompute L_0 from the arrived prompts and completed
+    outputs (the paper's periodic update of the offline step; 0 = never).
     """
 
     def __init__(self, prior_mean: float, prior_var: float, eps_m: float = 0.05, max_batch: int = 512,
@@ -81,9 +82,14 @@ class MemoryAware(Scheduler):
         eta = float(engine.model.cap_tokens)
         if self.L0 is None:  # line 1, offline
             self.L0 = self.buffer(eta, self.prior_mean, self.prior_var)
-        if self.update_every and len(engine.completed_output) >= self._seen + self.update_every:
-            self._seen = len(engine.completed_output)
-            self.L0 = self.buffer(eta, self.prior_mean, self.prior_var)
+        outs = engine.completed_output
+        if self.update_every and len(outs) >= self._seen + self.update_every:  # periodic online update
+            self._seen = len(outs)
+            seen = np.asarray(engine.requests.prompt[: engine.requests.prompt.size - engine.arrivals_left], np.float64)
+            mean = float(seen.mean() + np.mean(outs))
+            var = float(seen.var() + np.var(outs))
+            if var > 0:
+                self.L0 = self.buffer(eta, mean, var)
         if self.b is None:
             self.b = min(max(int(clt_batch_size(eta, self.prior_mean, self.prior_var, self.eps_m)), 1), self.max_batch)
         n_dec, n_pre = len(engine.running), len(self.queue)
