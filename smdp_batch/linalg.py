@@ -24,8 +24,28 @@ def reference_state(model: TruncatedSMDP, pol_idx: np.ndarray) -> int:
 
     Below it the policy waits, so the queue climbs through it whenever it drops below it.
     """
+    return reference_states(model, pol_idx)[0]
+
+
+def reference_states(model: TruncatedSMDP, pol_idx: np.ndarray) -> list[int]:
+    """Border candidates, best first: the first serving state, then the first serving state at or above
+    the fewest mean arrivals during a batch, m_min = min_b Σ_k k·p_k^[b].
+
+    The first can be visited with negligible probability — when every batch lasts long enough that
+    fewer than m_min arrivals are all but impossible (e.g. the max of b uniforms on [1, 20] at λ = 2:
+    after any batch n ≳ 10), so a column replaced there leaves the system numerically singular.  A
+    state near m_min is one the queue actually passes.
+    """
     serving = np.nonzero(model.actions[pol_idx[: model.s_max + 1]] > 0)[0]
-    return int(serving[0]) if serving.size else 0
+    if not serving.size:
+        return [0]
+    k = np.arange(model.P.shape[1], dtype=np.float64)
+    m_min = float(np.min(model.P[model.actions > 0] @ k)) if np.any(model.actions > 0) else 0.0
+    out = [int(serving[0])]
+    later = serving[serving >= int(m_min)]
+    if later.size and int(later[0]) not in out:
+        out.append(int(later[0]))
+    return out
 
 
 def bordered_solve(
@@ -72,23 +92,35 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
     shifted to h(0) = 0, and its residual is checked: a numerically singular (multichain)
     policy raises instead of returning garbage.
     """
-    ref = reference_state(model, pol_idx)
-    x = bordered_solve(model, pol_idx, model.y[pol_idx], c, ref)
-    g = float(x[ref])
-    x[ref] = 0.0
-    h = x - x[0]
-    res = policy_residual(h, g, c, pol_idx, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max)
-    if not res <= 1e-7 * (1.0 + np.abs(h).max() + np.abs(c).max()):
-        raise InputError(_SINGULAR)
-    return g, h
+    for ref in reference_states(model, pol_idx):
+        try:
+            x = bordered_solve(model, pol_idx, model.y[pol_idx], c, ref)
+        except InputError:
+            continue
+        g = float(x[ref])
+        x[ref] = 0.0
+        h = x - x[0]
+        res = policy_residual(h, g, c, pol_idx, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max)
+        if res <= 1e-7 * (1.0 + np.abs(h).max() + np.abs(c).max()):
+            return g, h
+    raise InputError(_SINGULAR)
 
 
 def stationary(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.ndarray:
     """Stationary law μ of the embedded chain under π (μ M = μ, Σμ = 1)."""
     S = model.n_states
-    ref = reference_state(model, pol_idx)
-    rhs = np.zeros(S)
-    rhs[ref] = 1.0
-    mu = bordered_solve(model, pol_idx, np.ones(S), rhs, ref, transpose=True)
-    mu = np.clip(mu, 0.0, None)
-    return mu / mu.sum()
+    refs = reference_states(model, pol_idx)
+    for i, ref in enumerate(refs):
+        rhs = np.zeros(S)
+        rhs[ref] = 1.0
+        try:
+            mu = bordered_solve(model, pol_idx, np.ones(S), rhs, ref, transpose=True)
+        except InputError:
+            if i + 1 < len(refs):
+                continue
+            raise
+        # an ill-conditioned border shows as clearly negative probabilities: try the next candidate
+        if mu.min() >= -1e-9 * max(np.abs(mu).max(), 1e-300) or i + 1 == len(refs):
+            mu = np.clip(mu, 0.0, None)
+            return mu / mu.sum()
+    raise InputError(_SINGULAR)

@@ -116,3 +116,27 @@ def test_heavy_tailed_scan_grows_geometrically_past_256():
     assert s.evaluation.delta < 1e-3 and not s.degenerate
     assert 600 < s.s_max < 900
     assert s.candidates < 260  # one per state up to 256, then O(log) — not one per percent
+
+
+def test_border_state_falls_back_when_the_first_serving_state_is_numerically_transient():
+    """Max of b uniforms on [1, 20] at λ = 2: after any batch the queue holds ≳ 10, so greedy's first
+    serving state (1) is all but never visited and a border there is singular; the fallback border
+    gives the certified solution, and solve()'s automatic s_max no longer scans to its limit."""
+    from smdp_batch import linalg
+    from smdp_batch.model.families import MaxOf, Uniform
+    from smdp_batch.solvers.policy_iteration import _starts
+
+    p = BatchingProblem(lam=2.0, batch_sizes=tuple(range(1, 129)), service=MaxOf(Uniform(1, 20)), w2=0.0)
+    m = truncate(p, 300, 100.0)
+    greedy = _starts(m)[0]
+    refs = linalg.reference_states(m, greedy)
+    assert refs[0] == 1 and refs[1] > 5
+    c = m.costs()[np.arange(m.n_states), greedy]
+    g, h = linalg.gain_bias(m, greedy, c)
+    x = linalg.bordered_solve(m, greedy, m.y[greedy], c, 40)  # an independent, well-visited border
+    assert g == pytest.approx(x[40], rel=1e-10)
+    s = solve(p)
+    assert s.evaluation.delta < 1e-3 and s.control_limit == 17
+    rvi = solve(p, smax=s.s_max, solver="rvi")
+    assert s.result.gain <= rvi.result.gain_bracket[1] + 1e-9
+    assert s.result.gain == pytest.approx(rvi.result.gain, rel=1e-3)

@@ -4,11 +4,8 @@ Bin i receives the requests whose time lies in [l_{i−1}, l_i): Poisson with ra
 A batch of b requests of bin i takes the maximum of b request times drawn from the bin's law, so
 G_b is the max-of-b law of the in-bin distribution (:class:`~smdp_batch.model.families.MaxOf`, CDF
 F_i^b) with its own mean l_i(b) = E[max of b] (for U[a, c): a + (c − a)·b/(b+1)).  Each bin's SMDP
-(paper 004 eqs. 4–17, 𝓑 = 1..B) is solved exactly by policy iteration (at s_max = B + 4·λ_i·l_i(B), doubled until Δ < 1e-3); where PI meets a
-numerically multichain candidate — it does for w2 = 0 at some loads, e.g. U[1, 20], B = 128, λ = 2,
-where the automatic s_max scan of :func:`smdp_batch.solve` then fails too — the bin is solved by RVI
-(Algorithm 1, ε = 0.01: the gain is bracketed).  RVI is slow there at high load (U[1, 20], k = 1,
-λ = 6: 11 600 sweeps, 190 s), which is this module's known cost.  With w2 = 0 (the default) the
+(paper 004 eqs. 4–17, 𝓑 = 1..B) is solved exactly by policy iteration (at s_max = B + 4·λ_i·l_i(B), doubled until Δ < 1e-3; RVI if PI ever
+meets a numerically multichain candidate).  With w2 = 0 (the default) the
 cost is mean latency alone, the objective multi-bin batching cares about.
 
 The SMDP of a bin assumes the server is free whenever that bin's batch ends (a server of its own).
