@@ -913,6 +913,8 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
     servers, n = _number("servers", servers, integer=True), _number("requests", requests, integer=True)
     if k < 1 or B < 1 or n < 1 or servers < 0:
         raise InputError("--bins, --batch and --requests must be ≥ 1 and --servers ≥ 0")
+    if servers == 0 and smdp:
+        raise InputError("--servers 0 (infinitely many) has no per-bin SMDP: add --no-smdp, or give --servers ≥ 1")
     waits = _grid("max-waits", max_waits) if max_waits.strip() else []
     slo_v = _number("slo", slo) if slo is not None else None
     rl = binsim.parse_request_law(law)
