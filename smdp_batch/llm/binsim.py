@@ -29,6 +29,7 @@ import numba as nb
 import numpy as np
 
 from ..errors import InputError
+from ..simulate import _is_number, poisson_arrivals
 
 __all__ = ["RequestLaw", "parse_request_law", "assign_bins", "perturb_bins", "BinSimResult", "simulate_bins",
            "poisson_times"]
@@ -131,14 +132,6 @@ def _read_column(path: str, column: str | None) -> list[float]:
     return vals
 
 
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
-
-
 # ----------------------------------------------------------------------------------------- bins
 def assign_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Bin index of each time: bin i holds edges[i] ≤ t < edges[i+1] (values outside go to the end bins)."""
@@ -169,8 +162,8 @@ def poisson_times(lam: float, n: int, rng: np.random.Generator) -> np.ndarray:
     if math.isinf(lam) and lam > 0:
         return np.zeros(n)
     if not (math.isfinite(lam) and lam > 0):
-        raise InputError(f"arrival rate λ must be > 0 (or inf), got {lam!r}")
-    return np.cumsum(rng.exponential(1.0 / lam, n))
+        raise InputError(f"arrival rate λ must be > 0 (or inf: all at once), got {lam!r}")
+    return poisson_arrivals(lam, n, rng)
 
 
 # ----------------------------------------------------------------------------------------- kernels

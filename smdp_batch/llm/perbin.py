@@ -62,6 +62,21 @@ def _bin_law(law: RequestLaw, a: float, c: float):
     )
 
 
+def _tables(sols) -> np.ndarray:
+    """The bins' policies as one k × (s_max+1) array, rows extended by eq. 30 to the widest s_max; a bin
+    with no solution (no requests) serves whatever comes."""
+    width = max(s.s_max for s in sols if s is not None) + 1
+    tables = np.zeros((len(sols), width), np.int64)
+    for i, s in enumerate(sols):
+        if s is None:
+            tables[i, 1:] = 1
+            continue
+        pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
+        tables[i, : pol.size] = pol
+        tables[i, pol.size:] = pol[-1]  # eq. 30
+    return tables
+
+
 def _solve_bin(prob: BatchingProblem, smax):
     """PI at s_max (given, or B + 4·λ·l(B) doubled until Δ < 1e-3); RVI where PI meets a numerically
     multichain policy (w2 = 0 with max-of-b laws can: see the module's notes)."""
@@ -107,16 +122,7 @@ def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 
         s = _solve_bin(prob, smax)
         sols.append(s)
         lats[i] = s.deployed.mean_latency_ms
-    width = max(s.s_max for s in sols if s is not None) + 1
-    tables = np.zeros((k, width), np.int64)
-    for i, s in enumerate(sols):
-        if s is None:
-            tables[i, 1:] = 1  # a bin that never fills: serve what comes
-            continue
-        pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
-        tables[i, : pol.size] = pol
-        tables[i, pol.size:] = pol[-1]  # eq. 30
-    return PerBinPolicy(edges=e, rates=rates, tables=tables, solutions=tuple(sols), latency=lats)
+    return PerBinPolicy(edges=e, rates=rates, tables=_tables(sols), solutions=tuple(sols), latency=lats)
 
 
 def engine_batch_times(model, prompts: np.ndarray, outputs: np.ndarray) -> float:
@@ -169,13 +175,4 @@ def solve_engine_bins(lam: float, edges, prompts: np.ndarray, outputs: np.ndarra
         s = _solve_bin(prob, "auto")
         sols.append(s)
         lats[i] = s.deployed.mean_latency_ms / 1e3
-    width = max(s.s_max for s in sols if s is not None) + 1
-    tables = np.zeros((k, width), np.int64)
-    for i, s in enumerate(sols):
-        if s is None:
-            tables[i, 1:] = 1
-            continue
-        pol = np.asarray(s.policy[: s.s_max + 1], dtype=np.int64)
-        tables[i, : pol.size] = pol
-        tables[i, pol.size:] = pol[-1]
-    return PerBinPolicy(edges=e, rates=rates, tables=tables, solutions=tuple(sols), latency=lats)
+    return PerBinPolicy(edges=e, rates=rates, tables=_tables(sols), solutions=tuple(sols), latency=lats)

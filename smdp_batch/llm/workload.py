@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .binsim import poisson_times
 
 __all__ = ["Requests", "token_law", "synthetic", "read_trace"]
 
@@ -68,15 +69,6 @@ def token_law(spec: str):
     )
 
 
-def _poisson(lam: float, n: int, rng) -> np.ndarray:
-    lam = float(lam)
-    if math.isinf(lam) and lam > 0:
-        return np.zeros(n)
-    if not (math.isfinite(lam) and lam > 0):
-        raise InputError(f"arrival rate must be > 0 requests/s (or inf: all at once), got {lam!r}")
-    return np.cumsum(rng.exponential(1.0 / lam, n))
-
-
 def synthetic(n: int, lam: float, prompt: str = "lognormal:200,0.8", output: str = "lognormal:150,0.7",
               seed: int = 0) -> Requests:
     """n requests, Poisson arrivals at ``lam`` requests/s (inf: all at t = 0), seeded."""
@@ -84,7 +76,7 @@ def synthetic(n: int, lam: float, prompt: str = "lognormal:200,0.8", output: str
         raise InputError(f"number of requests must be an integer ≥ 1, got {n!r}")
     rng = np.random.default_rng(seed)
     p, o = token_law(prompt)(rng, n), token_law(output)(rng, n)
-    return Requests(_poisson(lam, n, rng), p, o)
+    return Requests(poisson_times(lam, n, rng), p, o)
 
 
 def read_trace(path: str, lam: float | None = None, seed: int = 0) -> Requests:
@@ -106,6 +98,6 @@ def read_trace(path: str, lam: float | None = None, seed: int = 0) -> Requests:
     if a is None:
         if lam is None:
             raise InputError(f"trace {path!r} has no arrival_s column: give an arrival rate")
-        a = _poisson(lam, p.size, np.random.default_rng(seed))
+        a = poisson_times(lam, p.size, np.random.default_rng(seed))
     order = np.argsort(a, kind="stable")
     return Requests(a[order], p[order], o[order])
