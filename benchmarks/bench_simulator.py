@@ -21,7 +21,7 @@ import numpy as np
 import simpy
 
 from smdp_batch import BatchingProblem, solve
-from smdp_batch.simulate import poisson_arrivals, response_times, simulate
+from smdp_batch.analysis.simulate import poisson_arrivals, response_times, simulate
 
 
 def simpy_run(problem: BatchingProblem, table: np.ndarray, arrivals: np.ndarray) -> np.ndarray:

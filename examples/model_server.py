@@ -24,7 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from smdp_batch.model.laws import parse_service
+from smdp_batch.model.spec import parse_service
 from smdp_batch.runtime import DynamicBatcher, PolicyTable
 
 

@@ -31,7 +31,7 @@ from smdp_batch import BatchingProblem, solve  # noqa: E402
 from smdp_batch.baselines.servers import ray_serve  # noqa: E402
 from smdp_batch.export.configs import export_policy  # noqa: E402
 from smdp_batch.export.hdf5 import write_policy  # noqa: E402
-from smdp_batch.simulate import simulate  # noqa: E402
+from smdp_batch.analysis.simulate import simulate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

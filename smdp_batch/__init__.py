@@ -7,8 +7,6 @@ relative value iteration (eqs. 27–30) and exact policy iteration, exact evalua
 stationary policy, and HDF5 policy tables.
 """
 
-import sys
-import types
 from importlib import import_module
 
 from .errors import InputError, PolicyFileError
@@ -18,9 +16,9 @@ __version__ = "0.1.0"
 # Heavy parts (scipy, numba) load on first use, so that ``import smdp_batch.runtime`` in a server
 # costs numpy and h5py only (PEP 562).
 _LAZY = {
-    "BatchingProblem": ".model", "Evaluation": ".evaluate", "evaluate_policy": ".evaluate",
+    "BatchingProblem": ".model", "Evaluation": ".solvers", "evaluate_policy": ".solvers",
     "Solution": ".solvers", "SolveResult": ".solvers", "solve": ".solvers", "solve_batch": ".solvers",
-    "TruncatedSMDP": ".truncate", "truncate": ".truncate",
+    "TruncatedSMDP": ".model", "truncate": ".model",
 }
 
 __all__ = [
@@ -39,16 +37,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """Keeps ``smdp_batch.truncate`` the function: importing the submodule of the same name would
-    otherwise rebind the package attribute to the module."""
-
-    def __setattr__(self, name, value):
-        if name == "truncate" and isinstance(value, types.ModuleType):
-            value = value.truncate
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -19,12 +19,13 @@ import numpy as np
 from . import __version__
 from .baselines import parse_policy
 from .errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
-from .evaluate import control_limit_of, evaluate_deployed
-from .export.hdf5 import read_policy, write_policy
+from .solvers.evaluation import control_limit_of, evaluate_deployed
+from .export.hdf5 import write_policy
+from .runtime.schema import read_policy
 from .model.presets import PRESETS, preset
 from .model.problem import BatchingProblem, batch_size_set
 from .model.profile import read_profile
-from .report import describe_policy
+from .analysis.report import describe_policy
 from .solvers import SOLVERS, solve
 from .solvers.solve import check_backend
 
@@ -286,7 +287,7 @@ def _file_inputs(pf) -> dict:
 
 def _arrivals(spec: str, requests: int, seed: int):
     """None (Poisson at λ), or an array from trace:FILE / mmpp:L1,L2,R12,R21."""
-    from .simulate import mmpp_arrivals, read_trace
+    from .analysis.simulate import mmpp_arrivals, read_trace
 
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
@@ -316,7 +317,7 @@ def _arrivals(spec: str, requests: int, seed: int):
 def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, within_ms, progress, as_json, **opts):
     """Simulate a policy or a server's batching rule: latency percentiles, power, 95% intervals."""
     from .baselines.servers import parse_rule
-    from .simulate import simulate
+    from .analysis.simulate import simulate
 
     n = _number("requests", requests, integer=True)
     sd = _number("seed", seed, integer=True)
@@ -360,7 +361,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, within_
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **opts):
     """Least power at a latency SLO: best-tuned Triton, TF-Serving, Ray Serve, TorchServe vs the SMDP table."""
-    from .compare import best_at_slo
+    from .analysis.compare import best_at_slo
 
     given = [(m, v) for m, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms)) if v is not None]
     if len(given) != 1:
@@ -469,9 +470,9 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
     """Latency–power trade-off over w2, baselines on it, and the least-power policy meeting an SLO."""
     import contextlib
 
-    from .parallel import dask_mapper
-    from .pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
-    from .plots import check_path
+    from .analysis.parallel import dask_mapper
+    from .analysis.pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
+    from .analysis.plots import check_path
 
     problems, labels = _problems(opts, rho_grid, lam_grid)
     slos = {k: v for k, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms), ("within", slo_within))
@@ -592,7 +593,7 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 
 def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latency_cdfs) -> None:
     from .baselines import parse_policy
-    from .plots import plot_percentiles, plot_tradeoff, save
+    from .analysis.plots import plot_percentiles, plot_tradeoff, save
 
     if kind in ("tradeoff", "scenarios"):
         fig = plot_tradeoff(fronts, base, model_panel=kind == "scenarios")
@@ -613,7 +614,7 @@ def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latenc
 
 
 def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path) -> str:
-    from .plots import finite_w2
+    from .analysis.plots import finite_w2
 
     lines = ["smdp-batch — latency–power trade-off over w2 (paper 004 §VII-B)"]
     for i, (f, d) in enumerate(zip(fronts, d_fronts)):
@@ -670,7 +671,7 @@ def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_jso
     """Solve a grid of loads × weights: one policy table each, an index, and a Fig. 3-style chart."""
     import os
 
-    from .plots import check_path, plot_policies, save
+    from .analysis.plots import check_path, plot_policies, save
 
     if opts.get("preset") and "," in opts["preset"]:
         raise InputError("tables takes one --preset")
@@ -800,7 +801,7 @@ def _write_text_atomically(path: str, text: str) -> None:
 def show_cmd(path, as_json):
     """Print what a policy table (or a λ-bank) holds."""
     from .errors import PolicyFileError
-    from .export.hdf5 import read_bank
+    from .runtime.schema import read_bank
 
     try:
         pf = read_policy(path)
@@ -904,7 +905,7 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
     """
     from .llm import binsim, multibin
     from .llm.sweep import format_rows, multibin_sweep, plot_rows
-    from .plots import check_path, save
+    from .analysis.plots import check_path, save
 
     if plot_path:
         check_path(plot_path)
@@ -955,7 +956,7 @@ def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_
     """LLM serving schemes (papers 000, 001, 002) on one engine and one request stream per load."""
     from .llm.engine import LLMModel
     from .llm.sweep import format_rows, llm_sweep, plot_rows
-    from .plots import check_path, save
+    from .analysis.plots import check_path, save
 
     if plot_path:
         check_path(plot_path)

@@ -5,7 +5,7 @@ import pytest
 
 from smdp_batch import BatchingProblem, InputError, evaluate_policy, truncate
 from smdp_batch.baselines import control_limit_policy, greedy_policy, parse_policy, static_policy
-from smdp_batch.evaluate import control_limit_of, evaluate_deployed
+from smdp_batch.solvers.evaluation import control_limit_of, evaluate_deployed
 
 
 @pytest.mark.parametrize("service, m2", [("det", 1.0), ("exp", 2.0), ("erlang:4", 1.25)])

@@ -18,7 +18,8 @@ from smdp_batch.model.families import (
     Empirical, LogNormal, MaxOf, Mixture, ShiftedExponential, TransformLaw, Uniform,
 )
 from smdp_batch.model.inversion import invert_pgf, transform_moments
-from smdp_batch.model.laws import Deterministic, Erlang, Exponential, Gamma, HyperExponential, parse_service
+from smdp_batch.model.laws import Deterministic, Erlang, Exponential, Gamma, HyperExponential
+from smdp_batch.model.spec import parse_service
 
 CLOSED = [Deterministic(), Exponential(), Erlang(2), Erlang(5), HyperExponential(), Gamma(0.5), Gamma(3.7)]
 

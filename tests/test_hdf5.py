@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from smdp_batch import BatchingProblem, PolicyFileError, solve
-from smdp_batch.export import SCHEMA_VERSION, read_policy, write_policy
+from smdp_batch.export import write_policy
+from smdp_batch.runtime import SCHEMA_VERSION, read_policy
 
 
 @pytest.fixture(scope="module")

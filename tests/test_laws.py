@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from scipy import integrate, stats
 
 from smdp_batch.errors import InputError
-from smdp_batch.model.laws import Deterministic, Erlang, Exponential, HyperExponential, parse_service
+from smdp_batch.model.laws import Deterministic, Erlang, Exponential, HyperExponential
+from smdp_batch.model.spec import parse_service
 
 LAWS = [Deterministic(), Exponential(), Erlang(2), Erlang(5), HyperExponential()]
 

@@ -9,7 +9,7 @@ from scipy.optimize import brentq
 from smdp_batch import BatchingProblem, evaluate_policy, solve, truncate
 from smdp_batch.baselines import static_policy
 from smdp_batch.errors import NotConvergedWarning
-from smdp_batch.evaluate import evaluate_deployed
+from smdp_batch.solvers.evaluation import evaluate_deployed
 from smdp_batch.solvers import relative_value_iteration
 
 # Table II (ρ = 0.9, w2 = 1, ε = 0.01, iter_max = 10000): c_o → (min s_max, iterations, Δ, ĝ)

@@ -6,9 +6,9 @@ import pytest
 from smdp_batch import BatchingProblem
 from smdp_batch.baselines import parse_policy
 from smdp_batch.errors import InputError
-from smdp_batch.evaluate import evaluate_deployed
+from smdp_batch.solvers.evaluation import evaluate_deployed
 from smdp_batch.solvers import solve
-from smdp_batch.pareto import baseline_points, dominated_by_front, sweep_w2
+from smdp_batch.analysis.pareto import baseline_points, dominated_by_front, sweep_w2
 
 
 _FRONTS = {}
@@ -49,7 +49,7 @@ def test_paper_fig5_choice_at_rho_03():
 @pytest.mark.parametrize("rho", [0.3, 0.7])
 def test_front_dominates_every_baseline(rho):
     """Acceptance: no baseline (greedy, static b exact; four timeout rules simulated over their knob)
-    is better than the front — F(W_b + h_W) ≤ P_b + h_P, the test stated in smdp_batch.pareto."""
+    is better than the front — F(W_b + h_W) ≤ P_b + h_P, the test stated in smdp_batch.analysis.pareto."""
     p = BatchingProblem.basic(rho=rho)
     f = _front(rho)
     pts, skipped = baseline_points(p, requests=100_000, seed=1)
@@ -116,8 +116,8 @@ def test_sweep_rejects_bad_ranges():
 def test_dask_localcluster_gives_the_local_result():
     """Acceptance: the Dask path (a LocalCluster of 2 processes) equals the local path on a small grid."""
     pytest.importorskip("dask.distributed")
-    from smdp_batch.parallel import dask_mapper
-    from smdp_batch.pareto import sweep_fronts
+    from smdp_batch.analysis.parallel import dask_mapper
+    from smdp_batch.analysis.pareto import sweep_fronts
 
     problems = [BatchingProblem.basic(rho=0.3), BatchingProblem.preset("fig8-log-energy", rho=0.5)]
     kw = dict(w2_min=0.1, w2_max=3.0, points=5, rtol=0.1, extend=1, simulate_requests=5000, within_ms=(8.0,), seed=2)
@@ -131,7 +131,7 @@ def test_dask_localcluster_gives_the_local_result():
 
 def test_dask_bad_address_is_one_clear_error():
     pytest.importorskip("dask.distributed")
-    from smdp_batch.parallel import dask_mapper
+    from smdp_batch.analysis.parallel import dask_mapper
 
     with pytest.raises(InputError, match="Dask"):
         with dask_mapper(""):

@@ -8,7 +8,7 @@ import pytest
 
 from smdp_batch import BatchingProblem
 from smdp_batch.cli import main
-from smdp_batch.export.hdf5 import read_policy
+from smdp_batch.runtime import read_policy
 from smdp_batch.solvers import solve
 
 pytest.importorskip("matplotlib")

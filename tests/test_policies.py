@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from smdp_batch import BatchingProblem
-from smdp_batch.export.hdf5 import read_policy
+from smdp_batch.runtime import read_policy
 from smdp_batch.runtime import PolicyTable
 from smdp_batch.solvers import solve
 

@@ -8,8 +8,8 @@ import pytest
 from smdp_batch import BatchingProblem, solve
 from smdp_batch.cli import main
 from smdp_batch.errors import InputError
-from smdp_batch.evaluate import evaluate_deployed
-from smdp_batch.model.curves import parse_curve
+from smdp_batch.solvers.evaluation import evaluate_deployed
+from smdp_batch.model.spec import parse_curve
 from smdp_batch.model.laws import Deterministic
 from smdp_batch.model.presets import PRESETS
 from smdp_batch.model.profile import EmpiricalProfile, ProfileCurve, read_profile

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from smdp_batch import BatchingProblem, InputError, solve, solve_batch, truncate
-from smdp_batch.linalg import gain_bias
-from smdp_batch.pi_kernels import CONVERGED, EVAL_FAILED, evaluate_policy_banded, improve, pi_loop, window_filters
-from smdp_batch.kernels import expected_next_table
+from smdp_batch.solvers.banded import gain_bias
+from smdp_batch.solvers.pi_kernels import CONVERGED, EVAL_FAILED, evaluate_policy_banded, improve, pi_loop, window_filters
+from smdp_batch.solvers.kernels import expected_next_table
 from smdp_batch.solvers.policy_iteration import _initial_policy, _pi_pivoting, policy_iteration
 from smdp_batch.solvers.batch import truncate_many
 

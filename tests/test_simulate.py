@@ -12,8 +12,8 @@ from smdp_batch.baselines import parse_policy
 from smdp_batch.baselines.servers import parse_rule, ray_serve, tf_serving, torchserve, triton
 from smdp_batch.cli import main
 from smdp_batch.errors import InputError
-from smdp_batch.evaluate import evaluate_deployed
-from smdp_batch.simulate import simulate
+from smdp_batch.solvers.evaluation import evaluate_deployed
+from smdp_batch.analysis.simulate import simulate
 
 # every batch takes 10 ms except size 4 (20 ms); energy 1 mJ per request in the batch
 TOY = BatchingProblem(lam=0.01, batch_sizes=range(1, 5), latency="table:1=10,2=10,3=10,4=20",
@@ -204,7 +204,7 @@ def test_best_tuned_baselines_at_the_papers_slo(capsys):
 
     Every server rule, best-tuned by simulation on the same arrivals, draws at least as much power.
     """
-    from smdp_batch.compare import best_at_slo
+    from smdp_batch.analysis.compare import best_at_slo
 
     best, every = best_at_slo(BatchingProblem.basic(rho=0.7), 10.0, "p95", requests=200_000, seed=0)
     assert best["smdp"].setting == "w2=1.6"
@@ -219,7 +219,7 @@ def test_best_tuned_baselines_at_the_papers_slo(capsys):
 
 
 def test_mmpp_long_run_rate_and_queue_histogram():
-    from smdp_batch.simulate import mmpp_arrivals
+    from smdp_batch.analysis.simulate import mmpp_arrivals
 
     rates, switch = (3.0, 0.5), (0.02, 0.05)  # leave phase 0 at 0.02/ms, phase 1 at 0.05/ms
     arr = mmpp_arrivals(rates, switch, 400_000, np.random.default_rng(5))

@@ -202,7 +202,7 @@ def parse_rule(spec: str, problem) -> ServerRule:
             raise InputError(f"rule {spec!r} needs batch=B and delay_ms=D")
         return torchserve(kw["b"], kw["d"])
     if text.lower().endswith((".h5", ".hdf5")):
-        from ..export.hdf5 import read_policy
+        from ..runtime.schema import read_policy
 
         pf = read_policy(text)
         if tuple(pf.batch_sizes) != tuple(sizes):

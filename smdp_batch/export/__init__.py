@@ -1,5 +1,9 @@
-"""Exports: HDF5 policy tables (schema 1)."""
+"""Exports: HDF5 policy tables and λ-banks (:mod:`.hdf5`), and server configs (:mod:`.configs`).
 
-from .hdf5 import FORMAT, SCHEMA_VERSION, PolicyFile, read_policy, write_policy
+The schema and its reader live in :mod:`smdp_batch.runtime.schema`, which servers import without
+the solver stack.
+"""
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "PolicyFile", "read_policy", "write_policy"]
+from .hdf5 import write_bank, write_policy
+
+__all__ = ["write_bank", "write_policy"]

@@ -54,7 +54,7 @@ def _objective(problem: BatchingProblem, res) -> float:
 
 def export_policy(problem: BatchingProblem, policy, target: str, requests: int = 200_000, seed: int = 0) -> Export:
     """Export ``policy`` (states 0..s_max, or a Solution) for ``target``; settings tuned by simulation."""
-    from ..simulate import poisson_arrivals, simulate
+    from ..analysis.simulate import poisson_arrivals, simulate
 
     if target not in TARGETS:
         raise InputError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")

@@ -29,7 +29,7 @@ import numba as nb
 import numpy as np
 
 from ..errors import InputError
-from ..simulate import _is_number, poisson_arrivals
+from ..analysis.simulate import _is_number, poisson_arrivals
 
 __all__ = ["RequestLaw", "parse_request_law", "assign_bins", "perturb_bins", "BinSimResult", "simulate_bins",
            "poisson_times"]

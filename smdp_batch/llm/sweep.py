@@ -149,7 +149,7 @@ def format_rows(rows: list[dict], cols: Sequence[tuple[str, str, str]]) -> str:
 
 def plot_rows(rows: list[dict], panels: Sequence[tuple[str, str]], title: str = ""):
     """One panel per (key, label) against the arrival rate, a line per scheme."""
-    from ..plots import _figure
+    from ..analysis.plots import _figure
 
     fig = _figure(len(panels))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]

@@ -1,7 +1,7 @@
 """Per-batch-size models: mean batch latency l(b) in ms and batch energy ζ(b) in mJ (paper 004 §III).
 
 Each model is a small immutable object with a vectorised ``__call__(b)`` and a ``spec()``
-string that round-trips through :func:`parse_curve` (the CLI spelling):
+string that round-trips through :func:`smdp_batch.model.spec.parse_curve` (the CLI spelling):
 
 * ``affine:A,C``   A·b + C          (paper's basic scenario: l = affine:0.3051,1.0524,
                                       ζ = affine:19.899,19.603)
@@ -32,7 +32,7 @@ def _fmt(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-__all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table", "parse_curve"]
+__all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table"]
 
 
 def _finite(name: str, *values: float) -> tuple[float, ...]:
@@ -128,53 +128,3 @@ class Table(Curve):
 
     def spec(self):
         return "table:" + ",".join(f"{b}={_fmt(v)}" for b, v in zip(self.sizes, self.values))
-
-
-_CURVES = (
-    "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…, csv:FILE[:interp|affine|power], "
-    "max:LAW (mean of the max of b request times), empirical:FILE (measured per-b means)"
-)
-
-
-def _numbers(spec: str, arg: str, count: int) -> list[float]:
-    parts = [p for p in arg.split(",")]
-    try:
-        vals = [float(p) for p in parts]
-    except ValueError:
-        raise InputError(f"{spec!r}: expected {count} comma-separated number(s); valid forms: {_CURVES}") from None
-    if len(vals) != count:
-        raise InputError(f"{spec!r}: expected {count} number(s), got {len(vals)}; valid forms: {_CURVES}")
-    return vals
-
-
-def parse_curve(spec: str | Curve, what: str = "model") -> Curve:
-    """Parse ``affine:A,C`` / ``const:C`` / ``log:A,C`` / ``table:b=v,…`` into a :class:`Curve`."""
-    if isinstance(spec, Curve):
-        return spec
-    if not isinstance(spec, str):
-        raise InputError(f"{what} must be a string such as 'affine:0.3051,1.0524', got {spec!r}")
-    kind, _, arg = spec.strip().partition(":")
-    kind = kind.lower()
-    if kind == "affine":
-        return Affine(*_numbers(spec, arg, 2))
-    if kind in ("const", "constant"):
-        return Constant(*_numbers(spec, arg, 1))
-    if kind in ("log", "logarithmic"):
-        return Logarithmic(*_numbers(spec, arg, 2))
-    if kind == "table":
-        try:
-            pairs = [item.split("=") for item in arg.split(",")]
-            sizes = tuple(int(b) for b, _ in pairs)
-            values = tuple(float(v) for _, v in pairs)
-        except ValueError:
-            raise InputError(f"{what} {spec!r}: table needs b=value pairs, e.g. 'table:1=1.3,2=1.6'") from None
-        return Table(sizes, values)
-    if kind == "csv":
-        from .profile import parse_profile_curve
-
-        return parse_profile_curve(spec.strip()[4:], "energy" if "energy" in what else "latency")
-    if kind in ("max", "empirical") and "energy" not in what:
-        from .laws import parse_service
-
-        return parse_service(spec).natural_latency()
-    raise InputError(f"unknown {what} {spec!r}; valid forms: {_CURVES}")

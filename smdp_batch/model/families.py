@@ -30,7 +30,7 @@ from scipy import special
 from ..errors import InputError
 from .curves import Curve, _fmt
 from .inversion import invert_pgf, transform_moments
-from .laws import Deterministic, ServiceLaw, _check_l, _check_m, parse_service
+from .laws import Deterministic, ServiceLaw, _check_l, _check_m
 
 __all__ = [
     "TransformLaw", "QuantileLaw", "Uniform", "ShiftedExponential", "LogNormal", "Mixture", "Empirical",
@@ -149,6 +149,16 @@ class QuantileLaw(ServiceLaw):
             if len(self._cache) > 4096:
                 self._cache.clear()
         return self._cache[key]
+
+
+def _law(law, what: str) -> ServiceLaw:
+    """A component law must be a law object; spellings go through :func:`smdp_batch.model.spec.parse_service`."""
+    if not isinstance(law, ServiceLaw):
+        raise InputError(
+            f"{what}: a component must be a ServiceLaw object, got {law!r}; "
+            f"parse a spelling with smdp_batch.model.spec.parse_service"
+        )
+    return law
 
 
 # ----------------------------------------------------------------------------------------- general transform
@@ -351,7 +361,7 @@ class Mixture(ServiceLaw):
 
     name: ClassVar[str] = "mix"
 
-    def __init__(self, components: Sequence[tuple[float, ServiceLaw | str, float]]):
+    def __init__(self, components: Sequence[tuple[float, ServiceLaw, float]]):
         comps = list(components)
         if not comps:
             raise InputError("mix needs at least one component (weight, law, relative mean)")
@@ -368,7 +378,7 @@ class Mixture(ServiceLaw):
         c = c / float(w @ c)
         self.weights = tuple(float(x) for x in w)
         self.scales = tuple(float(x) for x in c)
-        self.laws = tuple(parse_service(cc[1]) for cc in comps)
+        self.laws = tuple(_law(cc[1], "mix") for cc in comps)
 
     def spec(self):
         return "mix:" + ";".join(
@@ -486,9 +496,9 @@ class MaxOf(QuantileLaw):
 
     name: ClassVar[str] = "max"
 
-    def __init__(self, base: ServiceLaw | str, request_mean: float | None = None):
+    def __init__(self, base: ServiceLaw, request_mean: float | None = None):
         super().__init__()
-        self.base = parse_service(base)
+        self.base = _law(base, "max")
         if isinstance(self.base, (MaxOf, TransformLaw, Mixture)) or not (
             hasattr(self.base, "quantile") or isinstance(self.base, Empirical)
         ):
@@ -572,58 +582,3 @@ class MaxOf(QuantileLaw):
         b = self._b(b)
         scale = l / self.raw_moments(b)[0]  # x/scale is in units of the unit-mean request time
         return np.asarray(self.base.cdf(np.asarray(x, dtype=np.float64) / scale, 1.0)) ** b
-
-
-# ----------------------------------------------------------------------------------------- parsing
-def _floats(spec: str, arg: str, count: int, example: str) -> list[float]:
-    try:
-        vals = [float(x) for x in arg.split(",")]
-    except ValueError:
-        vals = []
-    if len(vals) != count:
-        raise InputError(f"service law {spec!r}: expected {count} number(s), e.g. {example!r}")
-    return vals
-
-
-def parse_family(kind: str, arg: str, spec: str) -> ServiceLaw | None:
-    """The laws of this module by their CLI spelling; None for an unknown kind."""
-    if kind == "uniform":
-        return Uniform(*_floats(spec, arg, 2, "uniform:1,20"))
-    if kind in ("shiftexp", "shifted-exp"):
-        return ShiftedExponential(*_floats(spec, arg, 1, "shiftexp:0.5"))
-    if kind in ("lognormal", "lognorm"):
-        return LogNormal(*_floats(spec, arg, 1, "lognormal:0.5"))
-    if kind in ("mix", "mixture"):
-        comps = []
-        for part in arg.split(";"):
-            wt, star, rest = part.partition("*")
-            law, at, scale = rest.rpartition("@") if "@" in rest else (rest, "", "1")
-            try:
-                comps.append((float(wt), law, float(scale)))
-            except ValueError:
-                comps = None
-                break
-            if not star or not law:
-                comps = None
-                break
-        if not comps:
-            raise InputError(f"service law {spec!r}: mix needs W*LAW@C parts joined by ';', e.g. 'mix:0.5*det@0.8;0.5*exp@1.2'")
-        return Mixture(comps)
-    if kind == "max":
-        base, at, mean = arg.rpartition("@") if "@" in arg else (arg, "", "")
-        if not base:
-            raise InputError(f"service law {spec!r}: max needs a request-time law, e.g. 'max:uniform:1,20' or 'max:exp@5'")
-        try:
-            rm = float(mean) if at else None
-        except ValueError:
-            raise InputError(f"service law {spec!r}: the mean after '@' must be a number of ms") from None
-        if base.lower().startswith("empirical:"):
-            raise InputError(f"service law {spec!r}: for measured request times use Python: MaxOf(Empirical(samples))")
-        return MaxOf(base, rm)
-    if kind == "empirical":
-        from .profile import EmpiricalProfile
-
-        if not arg:
-            raise InputError("empirical:FILE needs a profile CSV with columns batch_size, latency_ms")
-        return EmpiricalProfile(arg)
-    return None

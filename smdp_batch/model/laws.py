@@ -43,8 +43,6 @@ __all__ = [
     "Gamma",
     "Erlang",
     "HyperExponential",
-    "parse_service",
-    "SERVICE_FORMS",
 ]
 
 
@@ -318,60 +316,3 @@ class HyperExponential(_LogPmfLaw):
 
     def _sf(self, m, k):
         return sum(p * Exponential()._sf(c * m, k) for p, c in zip(self.probs, self.scales))
-
-
-SERVICE_FORMS = (
-    "det, exp, erlang:K (integer K ≥ 1), gamma:ALPHA (shape > 0), hyperexp:P1/C1,P2/C2,… "
-    "(probabilities/relative means), uniform:A,B (shape of U[A,B]), shiftexp:F (shift fraction F in [0,1)), "
-    "lognormal:SIGMA, mix:W1*LAW1@C1;W2*LAW2@C2 (weights, laws, relative means), "
-    "max:LAW@MEAN or max:uniform:A,B (batch time = max of b request times), empirical:FILE.csv"
-)
-
-
-def parse_service(spec: str | ServiceLaw) -> ServiceLaw:
-    """Parse a service-law spelling (see :data:`SERVICE_FORMS`), e.g. ``det``, ``erlang:2``, ``gamma:0.5``."""
-    if isinstance(spec, ServiceLaw):
-        return spec
-    if not isinstance(spec, str):
-        raise InputError(f"service law must be a string such as 'det', got {spec!r}")
-    text = spec.strip()
-    kind, _, arg = text.partition(":")
-    kind = kind.lower()
-    if kind in ("det", "deterministic") and not arg:
-        return Deterministic()
-    if kind in ("exp", "exponential", "m") and not arg:
-        return Exponential()
-    if kind == "erlang":
-        try:
-            k = int(arg)
-        except ValueError:
-            raise InputError(f"service law {spec!r}: Erlang needs an integer shape, e.g. 'erlang:2'") from None
-        return Erlang(k)
-    if kind == "gamma":
-        try:
-            return Gamma(float(arg))
-        except ValueError:
-            raise InputError(f"service law {spec!r}: gamma needs a shape α > 0, e.g. 'gamma:0.5'") from None
-    if kind == "hyperexp":
-        if not arg:
-            return HyperExponential()
-        try:
-            pairs = [item.split("/") for item in arg.split(",")]
-            probs = tuple(float(p) for p, _ in pairs)
-            scales = tuple(float(c) for _, c in pairs)
-        except ValueError:
-            raise InputError(
-                f"service law {spec!r}: hyperexp needs P/C pairs, e.g. 'hyperexp:0.6667/0.5,0.3333/2'"
-            ) from None
-        return HyperExponential(probs, scales)
-    from . import families  # the other families build on this module
-
-    law = families.parse_family(kind, arg, spec)
-    if law is not None:
-        return law
-    if kind in ("lst", "samples"):
-        raise InputError(
-            f"service law {spec!r} was built from a Python object and cannot be rebuilt from its name; "
-            "pass the law object itself (service=...)"
-        )
-    raise InputError(f"unknown service law {spec!r}; valid: {SERVICE_FORMS}")

@@ -14,8 +14,9 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import InputError
-from .curves import Affine, Curve, parse_curve
-from .laws import Deterministic, ServiceLaw, parse_service
+from .curves import Affine, Curve
+from .laws import Deterministic, ServiceLaw
+from .spec import parse_curve, parse_service
 
 __all__ = ["BatchingProblem", "BASIC_LATENCY", "BASIC_ENERGY", "batch_size_set"]
 

@@ -2,6 +2,11 @@
 
 from .bank import AdaptivePolicy, PolicyBank, RateEstimator
 from .batcher import BatcherClosed, BatcherMetrics, DynamicBatcher, batched
-from .table import PolicyTable, control_limit, eq30
+from .schema import FORMAT, SCHEMA_VERSION, PolicyFile, eq30, read_bank, read_policy
+from .table import PolicyTable, control_limit
 
-__all__ = ["AdaptivePolicy", "PolicyBank", "RateEstimator", "BatcherClosed", "BatcherMetrics", "DynamicBatcher", "PolicyTable", "batched", "control_limit", "eq30"]
+__all__ = [
+    "AdaptivePolicy", "PolicyBank", "RateEstimator", "BatcherClosed", "BatcherMetrics", "DynamicBatcher",
+    "FORMAT", "SCHEMA_VERSION", "PolicyFile", "PolicyTable", "batched", "control_limit", "eq30", "read_bank",
+    "read_policy",
+]

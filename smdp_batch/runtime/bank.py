@@ -16,6 +16,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import InputError
+from .schema import read_bank
 from .table import PolicyTable
 
 __all__ = ["PolicyBank", "RateEstimator", "AdaptivePolicy"]
@@ -38,8 +39,6 @@ class PolicyBank:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PolicyBank":
-        from ..export.hdf5 import read_bank
-
         tables = []
         for pf in read_bank(path):
             meta = {**pf.meta, "inputs": pf.inputs, "truncation": pf.truncation,

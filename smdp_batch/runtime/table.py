@@ -12,16 +12,9 @@ import os
 import numpy as np
 
 from ..errors import InputError
+from .schema import eq30, read_policy
 
-__all__ = ["PolicyTable", "eq30", "control_limit"]
-
-
-def eq30(policy: np.ndarray, s_max: int, n: int) -> int:
-    """Batch size for queue length n ≥ 0: policy[min(n, s_max)] (eq. 30)."""
-    n = int(n)
-    if n < 0:
-        raise InputError(f"queue length must be ≥ 0, got {n}")
-    return int(policy[min(n, s_max)])
+__all__ = ["PolicyTable", "control_limit"]
 
 
 def control_limit(policy: np.ndarray, batch_sizes) -> int | None:
@@ -68,8 +61,6 @@ class PolicyTable:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PolicyTable":
         """Read a smdp-batch HDF5 policy table (format and schema version checked)."""
-        from ..export.hdf5 import read_policy
-
         pf = read_policy(path)
         meta = {**pf.meta, "inputs": pf.inputs, "truncation": pf.truncation,
                 "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}

@@ -18,9 +18,9 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from ..evaluate import evaluate_policy, tail_stable
+from .evaluation import evaluate_policy, tail_stable
 from ..model.problem import BatchingProblem
-from ..truncate import ArrivalTable, TruncatedSMDP, truncate
+from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
 from .rvi import ETA_FRACTION
 from .solve import SOLVERS, Solution, check_backend, solve_truncated
 

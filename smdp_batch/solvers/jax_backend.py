@@ -31,8 +31,8 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from ..pi_kernels import window_filters
-from ..truncate import TruncatedSMDP
+from .pi_kernels import window_filters
+from ..model.truncation import TruncatedSMDP
 from .policy_iteration import _initial_policy
 from .result import SolveResult
 

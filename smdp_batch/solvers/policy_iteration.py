@@ -21,10 +21,10 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from ..truncate import TruncatedSMDP
-from ..kernels import expected_next_table
-from ..linalg import gain_bias
-from ..pi_kernels import CONVERGED, EVAL_FAILED, pi_loop
+from ..model.truncation import TruncatedSMDP
+from .kernels import expected_next_table
+from .banded import gain_bias
+from .pi_kernels import CONVERGED, EVAL_FAILED, pi_loop
 from .result import SolveResult
 
 

@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from ..truncate import TruncatedSMDP
-from ..kernels import rvi_loop
+from ..model.truncation import TruncatedSMDP
+from .kernels import rvi_loop
 from .result import SolveResult
 
 #: Default η as a fraction of the bound of eq. 25 (DESIGN.md §3).

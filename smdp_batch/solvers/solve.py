@@ -25,11 +25,11 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
-from ..runtime.table import eq30
-from ..evaluate import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
+from ..runtime.schema import eq30
+from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
 from ..baselines.simple import greedy_policy
 from ..model.problem import BatchingProblem
-from ..truncate import ArrivalTable, TruncatedSMDP, arrival_table, truncate
+from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
 from .policy_iteration import policy_iteration
 from .result import SolveResult
 from .rvi import ETA_FRACTION, relative_value_iteration

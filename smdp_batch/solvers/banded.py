@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg.lapack import dgbtrf, dgbtrs
 
-from .errors import InputError
+from ..errors import InputError
 from .kernels import policy_residual, policy_system_bordered
-from .truncate import TruncatedSMDP
+from ..model.truncation import TruncatedSMDP
 
 _SINGULAR = "the policy's embedded chain has more than one recurrent class (singular system)"
 

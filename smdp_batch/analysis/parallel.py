@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["Mapper", "local_map", "dask_mapper"]
 

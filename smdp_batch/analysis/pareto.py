@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError
-from .model.problem import BatchingProblem
+from ..errors import InputError
+from ..model.problem import BatchingProblem
 from .parallel import Mapper, local_map
-from .solvers import solve
+from ..solvers import solve
 
 __all__ = ["FrontPoint", "Front", "BaselinePoint", "sweep_w2", "sweep_fronts", "baseline_points",
            "dominated_by_front", "latency_cdfs"]
@@ -196,8 +196,8 @@ def _anchor_job(problem: BatchingProblem) -> dict | None:
     """The w2 → ∞ end of the front: static b* with b* = argmin ζ(b)/b (least energy per request; the
     smallest such b), evaluated exactly; None when it cannot serve λ.  Every request then costs the least
     energy there is, so no policy draws less power; serving b* as soon as b* wait is the fastest way."""
-    from .baselines.simple import static_policy
-    from .evaluate import control_limit_of, evaluate_deployed
+    from ..baselines.simple import static_policy
+    from ..solvers.evaluation import control_limit_of, evaluate_deployed
 
     sizes = np.asarray(problem.batch_sizes)
     b = int(sizes[int(np.argmin(problem.energy_mj() / sizes))])
@@ -314,9 +314,9 @@ def baseline_points(problem: BatchingProblem, statics=None, timeouts: bool = Tru
     this load (e.g. static b whose batch rate is below λ).  ``simulate_tables`` adds simulated
     percentiles to the exact points too (for percentile plots).
     """
-    from .baselines import parse_policy
+    from ..baselines import parse_policy
     from .compare import MAKERS, timeout_delays
-    from .evaluate import evaluate_deployed
+    from ..solvers.evaluation import evaluate_deployed
 
     mapper = mapper or local_map
     statics = default_statics(problem.batch_sizes) if statics is None else list(statics)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .model.problem import BatchingProblem
+from ..errors import InputError
+from .problem import BatchingProblem
 
 __all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "truncate"]
 

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["FORMATS", "plot_policies", "plot_tradeoff", "plot_percentiles", "save"]
 
@@ -42,7 +42,7 @@ def check_path(path: str) -> None:
 
 def save(fig, path: str) -> str:
     """Write ``fig`` to ``path`` (png at 150 dpi, svg or pdf), atomically."""
-    from .files import atomic_output
+    from ..files import atomic_output
 
     check_path(path)
     ext = os.path.splitext(path)[1].lower()

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .baselines.servers import ray_serve, tf_serving, torchserve, triton
-from .errors import InputError
-from .model.problem import BatchingProblem
+from ..baselines.servers import ray_serve, tf_serving, torchserve, triton
+from ..errors import InputError
+from ..model.problem import BatchingProblem
 from .simulate import simulate
-from .solvers import solve
+from ..solvers import solve
 
 __all__ = ["Candidate", "best_at_slo", "METRICS", "MAKERS", "timeout_delays"]
 

@@ -31,9 +31,9 @@ import numba as nb
 import numpy as np
 from scipy import stats
 
-from .errors import InputError
-from .model.laws import Deterministic
-from .model.problem import BatchingProblem
+from ..errors import InputError
+from ..model.laws import Deterministic
+from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
@@ -289,7 +289,7 @@ def _check_arrivals(arrivals) -> np.ndarray:
 
 
 def _as_rule(rule, problem: BatchingProblem):
-    from .baselines.servers import ServerRule, table_rule
+    from ..baselines.servers import ServerRule, table_rule
 
     if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
         rule = np.asarray(rule.policy)[: rule.s_max + 1]

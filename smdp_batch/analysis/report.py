@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .evaluate import control_limit_of
+from ..solvers.evaluation import control_limit_of
 
 
 def policy_ranges(policy) -> list[tuple[int, int | None, str]]:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .linalg import stationary
-from .model.problem import BatchingProblem
-from .runtime.table import control_limit
-from .truncate import TruncatedSMDP, arrival_table, truncate
+from ..errors import InputError
+from .banded import stationary
+from ..model.problem import BatchingProblem
+from ..runtime.table import control_limit
+from ..model.truncation import TruncatedSMDP, arrival_table, truncate
 
 __all__ = [
     "Evaluation", "control_limit_of", "evaluate_deployed", "evaluate_policy", "extend_policy",
