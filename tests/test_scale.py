@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from smdp_batch import BatchingProblem, InputError, solve, solve_batch, truncate
-from smdp_batch.solvers.banded import gain_bias
-from smdp_batch.solvers.pi_kernels import CONVERGED, EVAL_FAILED, evaluate_policy_banded, improve, pi_loop, window_filters
-from smdp_batch.solvers.kernels import expected_next_table
-from smdp_batch.solvers.policy_iteration import _initial_policy, _pi_pivoting, policy_iteration
+from smdp_batch.solvers.banded import evaluate_policy_banded, gain_bias
+from smdp_batch.solvers.kernels import expected_next_table, improve, window_filters
+from smdp_batch.solvers.policy_iteration import CONVERGED, EVAL_FAILED, _initial_policy, _pi_pivoting, pi_loop, policy_iteration
 from smdp_batch.solvers.batch import truncate_many
 
 HYPER = "hyperexp:0.6667/0.5,0.3333/2"
@@ -122,18 +121,18 @@ def test_border_state_falls_back_when_the_first_serving_state_is_numerically_tra
     """Max of b uniforms on [1, 20] at λ = 2: after any batch the queue holds ≳ 10, so greedy's first
     serving state (1) is all but never visited and a border there is singular; the fallback border
     gives the certified solution, and solve()'s automatic s_max no longer scans to its limit."""
-    from smdp_batch import linalg
+    from smdp_batch.solvers import banded
     from smdp_batch.model.families import MaxOf, Uniform
     from smdp_batch.solvers.policy_iteration import _starts
 
     p = BatchingProblem(lam=2.0, batch_sizes=tuple(range(1, 129)), service=MaxOf(Uniform(1, 20)), w2=0.0)
     m = truncate(p, 300, 100.0)
     greedy = _starts(m)[0]
-    refs = linalg.reference_states(m, greedy)
+    refs = banded.reference_states(m, greedy)
     assert refs[0] == 1 and refs[1] > 5
     c = m.costs()[np.arange(m.n_states), greedy]
-    g, h = linalg.gain_bias(m, greedy, c)
-    x = linalg.bordered_solve(m, greedy, m.y[greedy], c, 40)  # an independent, well-visited border
+    g, h = banded.gain_bias(m, greedy, c)
+    x = banded.bordered_solve(m, greedy, m.y[greedy], c, 40)  # an independent, well-visited border
     assert g == pytest.approx(x[40], rel=1e-10)
     s = solve(p)
     assert s.evaluation.delta < 1e-3 and s.control_limit == 17

@@ -1,24 +1,274 @@
-"""Linear solves for one stationary policy on the truncated SMDP (used by PI and evaluation).
+"""The linear system of one stationary policy, solved in O(S·(Bmax + K)) memory (paper 004 eqs. 20–21).
 
-Under a policy, row s of m̂ (eq. 18) is a shifted copy of p^[π(s)] plus the tail into S_o, so
-A = I − M is banded on states 1..s_max — lower width ≤ Bmax, upper width ≤ the arrival
-support K — bordered by two dense columns: a reference state's (its unknown h(ref) ≡ 0 is replaced by g, or
-its equation by the normalisation) and S_o's.  We solve the banded block with LAPACK (gbsv) and the 2×2 border
-by a Schur complement (one dgbtrf factorisation; dgbtrs solves with B or Bᵀ): O(S·Bmax·K) time and O(S·(Bmax+K)) memory, never O(S²).
+Under a policy π, row s of m̂ (eq. 18) is a shifted copy of p^[π(s)] plus the tail into S_o.  Both
+linear problems PI and evaluation need are A x = r with A = I − M_π and one column replaced:
+
+* the bias equations h(s) + g·y(s) − Σ_j m̂(j|s,π)h(j) = ĉ(s,π) (eq. 20): the unknown h(ref) ≡ 0 of
+  a recurrent state ``ref`` gives its column to g, whose column is y(π(s));
+* the stationary law μ (μ M = μ, Σ μ = 1, for eqs. 21–22): Aᵀ with ``ref``'s equation replaced by
+  the normalisation (column of ones).
+
+:func:`assemble` writes that system once, in one storage: the states 0..s_max form a banded block
+B (lower width lw ≤ Bmax, upper width uw ≤ the arrival support K; row and column ``ref`` are the
+identity), bordered by the two dense columns and rows of {ref, S_o}.  Row s of B is stored
+contiguously at ``ab[s, lw + t − s]`` — Doolittle's row order and, padded by uw leading columns,
+LAPACK's band layout of Bᵀ.  Two solvers read it:
+
+* :func:`evaluate_policy_banded` (numba, the PI loop's evaluation): B = I − Q with Q substochastic
+  and every state leaking into the border, so B is a non-singular M-matrix and Gaussian elimination
+  *without pivoting* exists with positive pivots and keeps the row envelope: O(S·lw·uw) time.  The
+  2×2 border closes by a Schur complement.  Certified by the residual of eq. 20.
+* :func:`bordered_solve` (LAPACK ``dgbtrf``/``dgbtrs`` with partial pivoting): the fallback for
+  numerically multichain policies and the solver of the transposed system for μ.
+
+Never O(S²) memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 from scipy.linalg.lapack import dgbtrf, dgbtrs
 
 from ..errors import InputError
-from .kernels import policy_residual, policy_system_bordered
 from ..model.truncation import TruncatedSMDP
+from .kernels import policy_residual
+
+__all__ = [
+    "assemble", "band_widths", "bordered_solve", "evaluate_policy_banded", "gain_bias", "reference_state",
+    "reference_states", "stationary",
+]
 
 _SINGULAR = "the policy's embedded chain has more than one recurrent class (singular system)"
 
 
+# ------------------------------------------------------------------------------------ assembly
+@njit(cache=True)
+def band_widths(pol_idx, klo, khi, actions, s_max):
+    """(lw, uw): lower width ≤ max(a − klo_a) ≤ Bmax, upper width ≤ max(khi_a − a, 1) under π."""
+    lw = 0
+    uw = 1
+    for s in range(s_max + 1):
+        ai = pol_idx[s]
+        a = actions[ai]
+        if a == 0:
+            continue
+        if a - klo[ai] > lw:
+            lw = a - klo[ai]
+        if khi[ai] - a > uw:
+            uw = khi[ai] - a
+    return lw, uw
+
+
+@njit(cache=True, inline="always")
+def _sub(ab, lw, U, V, D, ref, last, s, t, v):
+    """A[s, t] −= v for a transition s → t of mass v; column ``ref`` belongs to col0 and is skipped."""
+    if t == ref:
+        return
+    if s == ref or s == last:
+        r = 0 if s == ref else 1
+        if t == last:
+            D[r, 1] -= v
+        else:
+            V[r, t] -= v
+    elif t == last:
+        U[s, 1] -= v
+    else:
+        ab[s, lw + t - s] -= v
+
+
+@njit(cache=True)
+def assemble(pol_idx, P, SF, klo, khi, actions, s_max, col0, ref):
+    """A = I − m̂(·|s, π(s)) with column ``ref`` replaced by ``col0``, split for a bordered banded solve.
+
+    Returns (ab, lw, uw, U, V, D, ext) with border order (ref, S_o):
+
+    * ``ab`` (n × (lw+uw+1), n = s_max+1): row s of B at ``ab[s, lw + t − s]``; row ``ref`` is e_ref;
+    * ``U`` = A[band, border] (n × 2), ``V`` = A[border, band] (2 × n), ``D`` = A[border, border];
+    * ``ext[s]``: the last non-zero column of band row s (the row envelope the LU keeps).
+
+    Rows keep the support [klo, khi] of p^[a]: the dropped mass is < 1e-18, below float64
+    resolution of a row sum.
+    """
+    S = s_max + 2
+    n = s_max + 1
+    last = S - 1
+    lw, uw = band_widths(pol_idx, klo, khi, actions, s_max)
+    ab = np.zeros((n, lw + uw + 1))
+    U = np.zeros((n, 2))
+    V = np.zeros((2, n))
+    D = np.zeros((2, 2))
+    ext = np.arange(n)
+    for s in range(n):
+        ab[s, lw] = 1.0
+    D[1, 1] = 1.0
+    for s in range(S):
+        band = s < n and s != ref
+        if s == ref:
+            D[0, 0] += col0[s]
+        elif s == last:
+            D[1, 0] += col0[s]
+        else:
+            U[s, 0] += col0[s]
+        ai = pol_idx[s]
+        a = actions[ai]
+        if a == 0:
+            t = s + 1 if s <= s_max else s
+            _sub(ab, lw, U, V, D, ref, last, s, t, 1.0)
+            if band and t < n and t > ext[s]:
+                ext[s] = t
+            continue
+        lev = s if s <= s_max else s_max
+        base = lev - a
+        m = s_max - base
+        top = khi[ai] if khi[ai] < m else m
+        k0 = klo[ai]
+        L = top + 1 - k0
+        Pr = P[ai, k0 : top + 1]  # targets base+k0..base+top ≤ s_max: band columns
+        if band:
+            row = ab[s, lw - s + base + k0 : lw - s + base + k0 + L]
+        else:
+            row = V[0 if s == ref else 1, base + k0 : base + k0 + L]
+        for t in range(L):
+            row[t] -= Pr[t]
+        if base + k0 <= ref <= base + top:  # column ref belongs to col0
+            if band:
+                ab[s, lw - s + ref] = 0.0
+            else:
+                V[0 if s == ref else 1, ref] = 0.0
+        _sub(ab, lw, U, V, D, ref, last, s, last, SF[ai, m])
+        if band and base + top > ext[s]:
+            ext[s] = base + top
+    return ab, lw, uw, U, V, D, ext
+
+
+# ------------------------------------------------------------------------------------ no-pivot LU
+@njit(cache=True)
+def _lu_rows(ab, lw, ext):
+    """In-place LU of the band without pivoting, by rows (Doolittle ikj: row i is eliminated by the rows
+    k < i above it, so it stays hot); ext grows with each row's fill.  False if a pivot is not > 0."""
+    n = ab.shape[0]
+    for i in range(n):
+        ri = ab[i]
+        k0 = i - lw if i - lw > 0 else 0
+        for k in range(k0, i):
+            o = lw + k - i
+            lik = ri[o]
+            if lik == 0.0:
+                continue
+            rk = ab[k]
+            lik /= rk[lw]
+            ri[o] = lik
+            L = ext[k] - k
+            dst = ri[o + 1 : o + 1 + L]
+            src = rk[lw + 1 : lw + 1 + L]
+            for t in range(L):
+                dst[t] -= lik * src[t]
+            if ext[k] > ext[i]:
+                ext[i] = ext[k]
+        if not ri[lw] > 0.0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _lu_solve(ab, lw, ext, X):
+    """Solve B Z = X in place for the columns of X (n × c): forward with unit L, then backward with U."""
+    n, c = X.shape
+    for i in range(n):
+        j0 = i - lw if i - lw > 0 else 0
+        for k in range(j0, i):
+            l = ab[i, lw + k - i]
+            if l != 0.0:
+                for j in range(c):
+                    X[i, j] -= l * X[k, j]
+    for i in range(n - 1, -1, -1):
+        for t in range(i + 1, ext[i] + 1):
+            u = ab[i, lw + t - i]
+            for j in range(c):
+                X[i, j] -= u * X[t, j]
+        inv = 1.0 / ab[i, lw]
+        for j in range(c):
+            X[i, j] *= inv
+
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
+    """(ok, g, h) of the policy ``pol`` (action indices, length s_max+2) with costs ``pc[s]`` (eq. 20).
+
+    The border ``ref`` is the first serving state; h is normalised to h(0) = 0.  ok is False when a
+    pivot is not positive, the 2×2 border is singular, the result is not finite, or the residual of
+    eq. 20 exceeds 1e-7·(1 + max|h| + max|c|) — the caller then uses :func:`gain_bias`.
+    """
+    S = s_max + 2
+    n = s_max + 1
+    last = S - 1
+    h = np.zeros(S)
+    ref = 0
+    for s in range(n):
+        if actions[pol[s]] > 0:
+            ref = s
+            break
+    col0 = np.empty(S)
+    for s in range(S):
+        col0[s] = y[pol[s]]
+    ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, col0, ref)
+    if not _lu_rows(ab, lw, ext):
+        return False, 0.0, h
+    X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
+    for s in range(n):
+        X[s, 0] = U[s, 0]
+        X[s, 1] = U[s, 1]
+        X[s, 2] = pc[s]
+    X[ref, 0] = 0.0
+    X[ref, 1] = 0.0
+    X[ref, 2] = 0.0
+    _lu_solve(ab, lw, ext, X)
+    # border: (D − V Z) x_b = r_b − V z_r, x_b = (g, h(S_o))
+    d00, d01, d10, d11 = D[0, 0], D[0, 1], D[1, 0], D[1, 1]
+    r0 = pc[ref]
+    r1 = pc[last]
+    for j in range(n):
+        v0 = V[0, j]
+        v1 = V[1, j]
+        if v0 != 0.0:
+            d00 -= v0 * X[j, 0]
+            d01 -= v0 * X[j, 1]
+            r0 -= v0 * X[j, 2]
+        if v1 != 0.0:
+            d10 -= v1 * X[j, 0]
+            d11 -= v1 * X[j, 1]
+            r1 -= v1 * X[j, 2]
+    det = d00 * d11 - d01 * d10
+    scale = (abs(d00) + abs(d01)) * (abs(d10) + abs(d11))
+    if not abs(det) > 1e-14 * scale:
+        return False, 0.0, h
+    g = (r0 * d11 - d01 * r1) / det
+    hso = (d00 * r1 - d10 * r0) / det
+    for s in range(n):
+        h[s] = X[s, 2] - X[s, 0] * g - X[s, 1] * hso
+    h[ref] = 0.0
+    h[last] = hso
+    h0 = h[0]
+    hmax = 0.0
+    cmax = 0.0
+    for s in range(S):
+        h[s] -= h0
+        if not np.isfinite(h[s]):
+            return False, 0.0, h
+        if abs(h[s]) > hmax:
+            hmax = abs(h[s])
+        if abs(pc[s]) > cmax:
+            cmax = abs(pc[s])
+    if not np.isfinite(g):
+        return False, 0.0, h
+    res = policy_residual(h, g, pc, pol, P, SF, klo, khi, actions, y, s_max)
+    if not res <= 1e-7 * (1.0 + hmax + cmax):
+        return False, 0.0, h
+    return True, g, h
+
+
+# ------------------------------------------------------------------------------------ pivoting path
 def reference_state(model: TruncatedSMDP, pol_idx: np.ndarray) -> int:
     """A state recurrent under π for the border: the first state that serves (0 if none does).
 
@@ -51,12 +301,15 @@ def reference_states(model: TruncatedSMDP, pol_idx: np.ndarray) -> list[int]:
 def bordered_solve(
     model: TruncatedSMDP, pol_idx: np.ndarray, col0: np.ndarray, rhs: np.ndarray, ref: int, transpose: bool = False
 ) -> np.ndarray:
-    """Solve A x = rhs (or Aᵀ x = rhs), A = I − M_π with column ``ref`` replaced by col0."""
-    abx, lw, uw, U, V, D = policy_system_bordered(
+    """Solve A x = rhs (or Aᵀ x = rhs), A = I − M_π with column ``ref`` replaced by col0 (LAPACK, pivoting)."""
+    ab, lw, uw, U, V, D, _ = assemble(
         pol_idx, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max,
         np.ascontiguousarray(col0, dtype=np.float64), ref,
     )
-    # abx.T holds Bᵀ (lower width uw, upper lw); trans=1 solves with B itself
+    # padded by uw leading columns, ab's transpose is dgbtrf's band storage of Bᵀ (lower width uw,
+    # upper lw, uw rows of fill); trans=1 then solves with B itself
+    abx = np.zeros((ab.shape[0], 2 * uw + lw + 1))
+    abx[:, uw:] = ab
     lu, piv, info = dgbtrf(abx.T, uw, lw, overwrite_ab=True)
     if info != 0:
         raise InputError(_SINGULAR)
@@ -88,7 +341,7 @@ def bordered_solve(
 def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple[float, np.ndarray]:
     """Solve h = c − g·y + M h with h(0) = 0 (eq. 20 under π); returns (g, h).
 
-    The system is solved with h(ref) ≡ 0 for a recurrent ``ref`` (see :func:`reference_state`),
+    The system is solved with h(ref) ≡ 0 for a recurrent ``ref`` (see :func:`reference_states`),
     shifted to h(0) = 0, and its residual is checked: a numerically singular (multichain)
     policy raises instead of returning garbage.
     """

@@ -1,10 +1,10 @@
 """JAX backend (optional extra ``smdp-batch[jax]``): jit-compiled PI and RVI, vmapped over problems.
 
-The model is the numba path's (:mod:`smdp_batch.pi_kernels`), in float64 (``jax.enable_x64``):
+The model is the numba path's (:mod:`.policy_iteration`, :mod:`.kernels`), in float64 (``jax.enable_x64``):
 
 * every expectation Σ_j m̂(j|s,a)h(j) (eq. 18) for all (s, a) is one matrix product of the
   (S, W) windows of h̄ — h padded with h(S_o) past s_max — with the filter matrix F (W × A) of
-  :func:`smdp_batch.pi_kernels.window_filters`, plus tail[a]·h(S_o): O(S·W·A) flops, O(S·W + W·A)
+  :func:`smdp_batch.solvers.kernels.window_filters`, plus tail[a]·h(S_o): O(S·W·A) flops, O(S·W + W·A)
   memory, never S×A×S;
 * policy iteration evaluates π by one dense solve of (I − M_π with column 0 replaced by y)·(g, h)
   = ĉ_π, i.e. eq. 20 with h(0) ≡ 0 (unique for a unichain π, paper 004 Lemma 2) — O(S²) memory
@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from .pi_kernels import window_filters
+from .kernels import window_filters
 from ..model.truncation import TruncatedSMDP
 from .policy_iteration import _initial_policy
 from .result import SolveResult

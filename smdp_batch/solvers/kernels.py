@@ -1,7 +1,17 @@
-"""Small numba kernels over the compact truncated SMDP (see :mod:`smdp_batch.truncate`).
+"""The Bellman sweep kernels over the compact truncated SMDP (:mod:`smdp_batch.model.truncation`), numba.
 
 The expected next value Σ_j m̂(j|s,a)·h(j) (eq. 18) out of (s, a ≠ 0) is a sliding dot product of
-p^[a] against h starting at s − a, plus the tail mass times h(S_o); waiting reads h(s+1).
+p^[a] against h starting at s − a, plus the tail mass times h(S_o); waiting reads h(s+1).  One
+family computes it everywhere:
+
+* :func:`expected_next` — one (s, a) pair; RVI's sweep (eq. 29) and the residual of eq. 20
+  (:func:`policy_residual`, which certifies every evaluation) call it; :func:`expected_next_table`
+  is its (S, A) table, the plain reference the tests hold :func:`improve` to;
+* :func:`window_filters` + :func:`improve` — all S×A expectations as one BLAS product: every
+  action's p^[a] shifted into the common frame j = next state − queue length is a column of F
+  (W × A, W ≤ Bmax + K), multiplied by the S × W windows of h.  PI's improvement step (numba and
+  pivoting loops) and the JAX backend use it.
+
 Everything is O(S·A·K) per sweep, K = the arrival-count support.
 """
 
@@ -9,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+__all__ = ["expected_next", "expected_next_table", "improve", "policy_residual", "window_filters"]
 
 
 @njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
@@ -49,91 +61,6 @@ def expected_next_table(h, P, SF, klo, khi, actions, s_max):
     return out
 
 
-@njit(cache=True)
-def _band_widths(pol_idx, klo, khi, actions, s_max):
-    lw = 0
-    uw = 1
-    for s in range(s_max + 1):
-        ai = pol_idx[s]
-        a = actions[ai]
-        if a == 0:
-            continue
-        if a - klo[ai] > lw:
-            lw = a - klo[ai]
-        if khi[ai] - a > uw:
-            uw = khi[ai] - a
-    return lw, uw
-
-
-@njit(cache=True)
-def _put(abx, U, V, D, lw, uw, ref, last, r, c, v):
-    """Scatter A[r, c] += v into the band (states 0..s_max except ref) or the border {ref, S_o}."""
-    if c == ref:
-        return  # column ref is replaced by col0
-    rb = r == ref or r == last
-    cb = c == last
-    if rb and cb:
-        D[0 if r == ref else 1, 1] += v
-    elif rb:
-        V[0 if r == ref else 1, c] += v
-    elif cb:
-        U[r, 1] += v
-    else:
-        abx[r, uw + lw + c - r] += v
-
-
-@njit(cache=True)
-def policy_system_bordered(pol_idx, P, SF, klo, khi, actions, s_max, col0, ref):
-    """A = I − m̂(·|s, π(s)) with column ``ref`` replaced by ``col0``, split for a bordered banded solve.
-
-    States 0..s_max form a banded block B (lower width ≤ Bmax, upper ≤ the arrival support) in
-    which row and column ``ref`` are the identity; the border is {ref, S_o}: column ref (col0)
-    and S_o's column (tail masses) are dense.  With ref recurrent under π, every other state
-    leaks into the border, so B is non-singular.  Returns (abx, lw, uw, U, V, D): ``abx.T`` is
-    LAPACK dgbtrf band storage (with fill rows) of Bᵀ — row s of B is written contiguously —
-    U = A[band, border], V = A[border, band], D = A[border, border] (border order: ref, S_o).
-    Rows keep the support [klo, khi] of p^[a]: the dropped mass is < 1e-18, below float64
-    resolution of a row sum.
-    """
-    S = s_max + 2
-    last = S - 1
-    lw, uw = _band_widths(pol_idx, klo, khi, actions, s_max)
-    abx = np.zeros((S - 1, 2 * uw + lw + 1))
-    U = np.zeros((S - 1, 2))
-    V = np.zeros((2, S - 1))
-    D = np.zeros((2, 2))
-    abx[ref, uw + lw] = 1.0
-    for s in range(S):
-        # column ref := col0
-        if s == ref:
-            D[0, 0] += col0[s]
-        elif s == last:
-            D[1, 0] += col0[s]
-        else:
-            U[s, 0] += col0[s]
-        _put(abx, U, V, D, lw, uw, ref, last, s, s, 1.0)
-        ai = pol_idx[s]
-        a = actions[ai]
-        if a == 0:
-            _put(abx, U, V, D, lw, uw, ref, last, s, s + 1 if s <= s_max else s, -1.0)
-            continue
-        ss = s if s <= s_max else s_max
-        base = ss - a
-        m = s_max - base
-        hi = khi[ai] if khi[ai] < m else m
-        k0 = klo[ai]
-        if s <= s_max and s != ref and not (base + k0 <= ref <= base + hi):
-            off = uw + lw - s + base  # fast path: contiguous band writes
-            row = abx[s]
-            for k in range(k0, hi + 1):
-                row[off + k] -= P[ai, k]
-        else:
-            for k in range(k0, hi + 1):
-                _put(abx, U, V, D, lw, uw, ref, last, s, base + k, -P[ai, k])
-        _put(abx, U, V, D, lw, uw, ref, last, s, last, -SF[ai, m])
-    return abx, lw, uw, U, V, D
-
-
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def policy_residual(h, g, c, pol_idx, P, SF, klo, khi, actions, y, s_max):
     """max_s |h(s) − c(s) + g·y(s) − Σ_j m̂(j|s,π(s))h(j)| — the residual of eq. 20 under π."""
@@ -146,67 +73,69 @@ def policy_residual(h, g, c, pol_idx, P, SF, klo, khi, actions, y, s_max):
     return worst
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def rvi_loop(P, SF, klo, khi, actions, y, cfix, cslope, c_o, s_max, eta, eps, max_iter, h0, ref):
-    """Relative value iteration (paper 004 Algorithm 1) on the discretized MDP (eq. 23).
+@njit(cache=True)
+def window_filters(P, SF, klo, khi, actions):
+    """Every action's transition law in one frame j = next − level ∈ [jmin, jmax]; (F, tail, jmin).
 
-    One sweep: J(s) = min_a c̃(s,a) + (η/y_a)·Σ_j m̂(j|s,a)H(j) + (1 − η/y_a)·H(s)  (eq. 29);
-    H ← J − J(ref).  Stops when span(J − H) = span(H_{i+1} − H_i) < eps.
-    Returns (H, policy_idx, iterations, lo, hi, converged) with [lo, hi] the bracket of
-    J − H that contains the optimal gain.  Waiting (action 0) is handled outside the inner
-    sliding dot product, which runs over the support [klo, khi] of p^[a].
+    Column a of F (W × A) holds p^[a]_{j+a} over the kernels' support [klo, khi] (waiting: a 1 at
+    j = +1), and tail[a] = P(K > khi) (not negligible when khi is capped at s_max), so
+    Σ_j F[j−jmin, a]·h̄(s + j) + tail[a]·h(S_o) = Σ_j m̂(j|s,a) h(j) when h̄ extends h by h(S_o)
+    past s_max: all mass beyond s_max lands on S_o, as in eq. 18.
+    """
+    A = actions.shape[0]
+    jmin = 1
+    jmax = 1
+    for ai in range(1, A):
+        if klo[ai] - actions[ai] < jmin:
+            jmin = klo[ai] - actions[ai]
+        if khi[ai] - actions[ai] > jmax:
+            jmax = khi[ai] - actions[ai]
+    F = np.zeros((jmax - jmin + 1, A))
+    tail = np.zeros(A)
+    F[1 - jmin, 0] = 1.0
+    for ai in range(1, A):
+        a = actions[ai]
+        for k in range(klo[ai], khi[ai] + 1):
+            F[k - a - jmin, ai] = P[ai, k]
+        tail[ai] = SF[ai, khi[ai]]
+    return F, tail, jmin
+
+
+@njit(cache=True)
+def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
+    """The improved policy: argmin_a Q(s,a), keeping pol[s] unless beaten by > 1e-11 relative.
+
+    Q(s,a) = ĉ(s,a) − g·y(a) + Σ_j m̂(j|s,a)h(j); the expectations for all (s, a) come from one
+    matrix product (BLAS) of the (S, W) windows of h̄ with the filters F of :func:`window_filters`
+    — O(S·W·A) flops at BLAS speed, O(S·(W + A)) memory.  ``costs`` is +inf where a > s.
     """
     S = s_max + 2
-    A = actions.shape[0]
-    H = h0.copy()
-    J = np.empty(S)
-    pol = np.zeros(S, dtype=np.int64)
-    w = eta / y
-    invy = 1.0 / y
-    lo = 0.0
-    hi = 0.0
-    for it in range(1, max_iter + 1):
-        lo = np.inf
-        hi = -np.inf
-        hso = H[S - 1]
-        for s in range(S):
-            ss = s if s <= s_max else s_max
-            # wait
-            cost = cslope[0] * ss
-            if s == S - 1:
-                cost += c_o * y[0]
-            nxt = H[s + 1] if s <= s_max else H[s]
-            best = cost * invy[0] + w[0] * nxt + (1.0 - w[0]) * H[s]
-            besta = 0
-            for ai in range(1, A):
-                a = actions[ai]
-                if a > ss:
-                    break
-                base = ss - a
-                m = s_max - base
-                top = khi[ai] if khi[ai] < m else m
-                acc = 0.0
-                Prow = P[ai]
-                for k in range(klo[ai], top + 1):
-                    acc += Prow[k] * H[base + k]
-                acc += SF[ai, m] * hso
-                cost = cfix[ai] + cslope[ai] * ss
-                if s == S - 1:
-                    cost += c_o * y[ai]
-                q = cost * invy[ai] + w[ai] * acc + (1.0 - w[ai]) * H[s]
-                if q < best:
-                    best = q
-                    besta = ai
-            J[s] = best
-            pol[s] = besta
-            d = best - H[s]
-            if d < lo:
-                lo = d
-            if d > hi:
-                hi = d
-        jref = J[ref]
-        for s in range(S):
-            H[s] = J[s] - jref
-        if hi - lo < eps:
-            return H, pol, it, lo, hi, True
-    return H, pol, max_iter, lo, hi, False
+    n = s_max + 1
+    Wd, A = F.shape
+    hbar = np.empty(n + Wd)  # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
+    for i in range(n + Wd):
+        j = i + jmin
+        hbar[i] = 0.0 if j < 0 else (h[j] if j <= s_max else h[S - 1])
+    Hw = np.empty((n, Wd))
+    for s in range(n):
+        Hw[s, :] = hbar[s : s + Wd]
+    EH = Hw @ F
+    hso = h[S - 1]
+    for s in range(n):
+        for ai in range(A):
+            EH[s, ai] += tail[ai] * hso
+    new = pol.copy()
+    for s in range(S):
+        r = s if s <= s_max else s_max
+        cur = pol[s]
+        qcur = costs[s, cur] - g * y[cur] + EH[r, cur]
+        qbest = np.inf
+        best = cur
+        for ai in range(A):
+            q = costs[s, ai] - g * y[ai] + EH[r, ai]
+            if q < qbest:
+                qbest = q
+                best = ai
+        if qcur - qbest > 1e-11 * (1.0 + abs(qcur)):
+            new[s] = best
+    return new

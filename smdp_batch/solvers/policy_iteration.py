@@ -7,10 +7,11 @@ argmin_a ĉ(s,a) − g·y(a) + Σ_j m̂(j|s,a)h(j), keeping the current action u
 by more than a round-off tolerance; the loop ends when the policy repeats, which certifies
 optimality of the truncated SMDP (no ε).
 
-The loop runs in one numba call (:func:`smdp_batch.pi_kernels.pi_loop`: banded LU without
-pivoting, certified by the residual of eq. 20).  If a policy does not evaluate there, the loop
-continues here from the last evaluated policy with the pivoting LAPACK solve of
-:mod:`smdp_batch.linalg`, which also recovers from numerically multichain switches.
+The loop runs in one numba call (:func:`pi_loop`): evaluation by the banded LU without pivoting
+of :mod:`.banded`, certified by the residual of eq. 20; improvement by the BLAS product of
+:func:`.kernels.improve`.  If a policy does not evaluate there, the loop continues here from the
+last evaluated policy with the pivoting LAPACK solve (:func:`.banded.gain_bias`) and the same
+improvement step, which also recovers from numerically multichain switches.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import time
 import warnings
 
 import numpy as np
+from numba import njit
 
 from ..errors import InputError, NotConvergedWarning
 from ..model.truncation import TruncatedSMDP
-from .kernels import expected_next_table
-from .banded import gain_bias
-from .pi_kernels import CONVERGED, EVAL_FAILED, pi_loop
+from .banded import evaluate_policy_banded, gain_bias
+from .kernels import improve, window_filters
 from .result import SolveResult
+
+#: pi_loop status codes
+CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
 
 
 def _initial_policy(model: TruncatedSMDP) -> np.ndarray:
@@ -80,21 +84,53 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
 
 def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
     """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
-    rows = np.arange(model.n_states)
+    F, tail, jmin = window_filters(model.P, model.SF, model.klo, model.khi, model.actions)
     g, h = evaluate_gain_bias(model, pol, costs)
     it = 0
     for it in range(1, max_iter + 1):
-        EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
-        Q = costs - g * model.y[None, :] + EH
-        best = Q.argmin(axis=1)
-        qbest = Q[rows, best]
-        qcur = Q[rows, pol]
-        tol = 1e-11 * (1.0 + np.abs(qcur))
-        new = np.where(qcur - qbest > tol, best, pol)
+        new = improve(pol, g, h, costs, F, tail, jmin, model.y, model.s_max)
         if np.array_equal(new, pol):
             return pol, g, h, it, True
         pol, g, h = _improve(model, pol, new, costs)
     return pol, g, h, it, False
+
+
+@njit(cache=True)
+def _policy_costs(pol, costs):
+    pc = np.empty(pol.shape[0])
+    for s in range(pol.shape[0]):
+        pc[s] = costs[s, pol[s]]
+    return pc
+
+
+@njit(cache=True)
+def pi_loop(starts, costs, P, SF, klo, khi, actions, y, s_max, max_iter):
+    """Policy iteration from the best of ``starts`` (C × S action indices; the lowest gain).
+
+    Returns (status, pol, g, h, iterations).  status: CONVERGED (the policy repeated), MAX_ITER,
+    or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
+    (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
+    which also handles numerically multichain switches.
+    """
+    F, tail, jmin = window_filters(P, SF, klo, khi, actions)
+    pol = starts[0].copy()
+    g = np.inf
+    h = np.zeros(s_max + 2)
+    for c in range(starts.shape[0]):
+        ok, gc, hc = evaluate_policy_banded(starts[c], _policy_costs(starts[c], costs), P, SF, klo, khi, actions, y, s_max)
+        if ok and gc < g:
+            pol, g, h = starts[c].copy(), gc, hc
+    if not g < np.inf:
+        return EVAL_FAILED, starts[0].copy(), np.nan, h, 0
+    for it in range(1, max_iter + 1):
+        new = improve(pol, g, h, costs, F, tail, jmin, y, s_max)
+        if not np.any(new != pol):
+            return CONVERGED, pol, g, h, it
+        ok, g2, h2 = evaluate_policy_banded(new, _policy_costs(new, costs), P, SF, klo, khi, actions, y, s_max)
+        if not ok:
+            return EVAL_FAILED, pol, g, h, it - 1
+        pol, g, h = new, g2, h2
+    return MAX_ITER, pol, g, h, max_iter
 
 
 def policy_iteration(

@@ -3,8 +3,8 @@
 The SMDP 𝒫̂ is turned into a discrete-time MDP by eq. 23 with c̃ = ĉ/y and
 Σ_j m̃(j|s,a)H(j) = (η/y)·Σ_j m̂(j|s,a)H(j) + (1 − η/y)·H(s); η is a fixed fraction of its bound
 (eqs. 24–25) — the larger η, the faster RVI converges.  Reference state s* = 0.  The loop runs
-in one numba kernel (:func:`smdp_batch.kernels.rvi_loop`) that exploits the shift
-structure of the transitions.  The optimal gain of the discretized model equals the SMDP's
+in one numba kernel (:func:`rvi_loop`) whose expectations are the sliding dot products of
+:func:`smdp_batch.solvers.kernels.expected_next`.  The optimal gain of the discretized model equals the SMDP's
 (Puterman Prop. 11.4.5) and lies in [min, max] of J_{i+1} − H_i; η·H solves eq. 20.
 """
 
@@ -14,14 +14,66 @@ import time
 import warnings
 
 import numpy as np
+from numba import njit
 
 from ..errors import InputError, NotConvergedWarning
 from ..model.truncation import TruncatedSMDP
-from .kernels import rvi_loop
+from .kernels import expected_next
 from .result import SolveResult
 
 #: Default η as a fraction of the bound of eq. 25 (DESIGN.md §3).
 ETA_FRACTION = 0.99
+
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def rvi_loop(P, SF, klo, khi, actions, y, cfix, cslope, c_o, s_max, eta, eps, max_iter, h0, ref):
+    """Relative value iteration (paper 004 Algorithm 1) on the discretized MDP (eq. 23).
+
+    One sweep: J(s) = min_a c̃(s,a) + (η/y_a)·Σ_j m̂(j|s,a)H(j) + (1 − η/y_a)·H(s)  (eq. 29), the
+    expectation by :func:`~smdp_batch.solvers.kernels.expected_next`; H ← J − J(ref).  Stops when
+    span(J − H) = span(H_{i+1} − H_i) < eps.  Returns (H, policy_idx, iterations, lo, hi,
+    converged) with [lo, hi] the bracket of J − H that contains the optimal gain.
+    """
+    S = s_max + 2
+    A = actions.shape[0]
+    H = h0.copy()
+    J = np.empty(S)
+    pol = np.zeros(S, dtype=np.int64)
+    w = eta / y
+    invy = 1.0 / y
+    lo = 0.0
+    hi = 0.0
+    for it in range(1, max_iter + 1):
+        lo = np.inf
+        hi = -np.inf
+        for s in range(S):
+            ss = s if s <= s_max else s_max
+            best = np.inf
+            besta = 0
+            for ai in range(A):
+                a = actions[ai]
+                if a > ss:
+                    break
+                cost = cfix[ai] + cslope[ai] * ss  # eq. 19: waiting has cfix = 0
+                if s == S - 1:
+                    cost += c_o * y[ai]
+                q = cost * invy[ai] + w[ai] * expected_next(H, s, ai, a, P, SF, klo, khi, s_max) + (1.0 - w[ai]) * H[s]
+                if q < best:
+                    best = q
+                    besta = ai
+            J[s] = best
+            pol[s] = besta
+            d = best - H[s]
+            if d < lo:
+                lo = d
+            if d > hi:
+                hi = d
+        jref = J[ref]
+        for s in range(S):
+            H[s] = J[s] - jref
+        if hi - lo < eps:
+            return H, pol, it, lo, hi, True
+    return H, pol, max_iter, lo, hi, False
 
 
 def relative_value_iteration(
