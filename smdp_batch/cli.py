@@ -8,6 +8,7 @@ and exits with code 2 — never a traceback, never a half-written file.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -27,7 +28,7 @@ from .model.problem import BatchingProblem, batch_size_set
 from .model.profile import read_profile
 from .analysis.report import describe_policy
 from .solvers import SOLVERS, solve
-from .solvers.solve import check_backend
+from .solvers.solution import check_backend
 
 _ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
 
@@ -989,10 +990,25 @@ def _sizes_text(sizes) -> str:
     return ",".join(map(str, sizes))
 
 
+class _StderrNotice(logging.Handler):
+    """The library's notices (e.g. numba compiling on a cold cache) as ``smdp-batch: …`` lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"smdp-batch: {record.getMessage()}", err=True)
+
+
+def _notices_to_stderr() -> None:
+    log = logging.getLogger("smdp_batch")
+    if not any(isinstance(h, _StderrNotice) for h in log.handlers):
+        log.addHandler(_StderrNotice())
+    log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (errors: one line on stderr, code 2)."""
     args = sys.argv[1:] if argv is None else list(argv)
     _ARGV[:] = args
+    _notices_to_stderr()
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0

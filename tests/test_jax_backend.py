@@ -12,7 +12,7 @@ from smdp_batch import BatchingProblem, InputError, solve, solve_batch, truncate
 from smdp_batch.cli import main  # noqa: E402
 from smdp_batch.solvers import policy_iteration, relative_value_iteration  # noqa: E402
 from smdp_batch.solvers.jax_backend import pi_batch, rvi_batch  # noqa: E402
-from smdp_batch.solvers.policy_iteration import _initial_policy  # noqa: E402
+from smdp_batch.solvers.pi import _initial_policy  # noqa: E402
 
 SIZES = range(1, 17)
 SMAX = 60

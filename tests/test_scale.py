@@ -8,7 +8,7 @@ import pytest
 from smdp_batch import BatchingProblem, InputError, solve, solve_batch, truncate
 from smdp_batch.solvers.banded import evaluate_policy_banded, gain_bias
 from smdp_batch.solvers.kernels import expected_next_table, improve, window_filters
-from smdp_batch.solvers.policy_iteration import CONVERGED, EVAL_FAILED, _initial_policy, _pi_pivoting, pi_loop, policy_iteration
+from smdp_batch.solvers.pi import CONVERGED, EVAL_FAILED, _initial_policy, _pi_pivoting, pi_loop, policy_iteration
 from smdp_batch.solvers.batch import truncate_many
 
 HYPER = "hyperexp:0.6667/0.5,0.3333/2"
@@ -123,7 +123,7 @@ def test_border_state_falls_back_when_the_first_serving_state_is_numerically_tra
     gives the certified solution, and solve()'s automatic s_max no longer scans to its limit."""
     from smdp_batch.solvers import banded
     from smdp_batch.model.families import MaxOf, Uniform
-    from smdp_batch.solvers.policy_iteration import _starts
+    from smdp_batch.solvers.pi import _starts
 
     p = BatchingProblem(lam=2.0, batch_sizes=tuple(range(1, 129)), service=MaxOf(Uniform(1, 20)), w2=0.0)
     m = truncate(p, 300, 100.0)

@@ -21,8 +21,9 @@ from ..errors import InputError, NotConvergedWarning
 from .evaluation import evaluate_policy, tail_stable
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
-from .rvi import ETA_FRACTION
-from .solve import SOLVERS, Solution, check_backend, solve_truncated
+from .pi import warm_up_pi
+from .rvi import ETA_FRACTION, warm_up_rvi
+from .solution import SOLVERS, Solution, check_backend, solve_truncated
 
 __all__ = ["solve_batch", "truncate_many"]
 
@@ -78,6 +79,8 @@ def solve_batch(
         policy0 = np.asarray(policy0)
         if policy0.shape != (len(problems), int(smax) + 2):
             raise InputError(f"policy0 must have shape ({len(problems)}, {int(smax) + 2}), got {policy0.shape}")
+    if backend != "jax":  # numba's load-or-compile stays out of Solution.seconds
+        (warm_up_rvi if solver == "rvi" else warm_up_pi)()
     t0 = time.perf_counter()
     models = truncate_many(problems, int(smax), abstract_cost)
     if backend == "jax":

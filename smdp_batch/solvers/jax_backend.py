@@ -1,6 +1,6 @@
 """JAX backend (optional extra ``smdp-batch[jax]``): jit-compiled PI and RVI, vmapped over problems.
 
-The model is the numba path's (:mod:`.policy_iteration`, :mod:`.kernels`), in float64 (``jax.enable_x64``):
+The model is the numba path's (:mod:`.pi`, :mod:`.kernels`), in float64 (``jax.enable_x64``):
 
 * every expectation Σ_j m̂(j|s,a)h(j) (eq. 18) for all (s, a) is one matrix product of the
   (S, W) windows of h̄ — h padded with h(S_o) past s_max — with the filter matrix F (W × A) of
@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InputError, NotConvergedWarning
 from .kernels import window_filters
 from ..model.truncation import TruncatedSMDP
-from .policy_iteration import _initial_policy
+from .pi import _initial_policy
 from .result import SolveResult
 
 try:  # optional dependency

@@ -17,8 +17,10 @@ import numpy as np
 from numba import njit
 
 from ..errors import InputError, NotConvergedWarning
-from ..model.truncation import TruncatedSMDP
+from ..model.problem import BatchingProblem
+from ..model.truncation import TruncatedSMDP, truncate
 from .kernels import expected_next
+from .jit import warm_up
 from .result import SolveResult
 
 #: Default η as a fraction of the bound of eq. 25 (DESIGN.md §3).
@@ -99,6 +101,7 @@ def relative_value_iteration(
     H0 = np.zeros(S) if h0 is None else np.asarray(h0, dtype=np.float64) / eta
     if H0.shape != (S,):
         raise InputError(f"h0 must have {S} entries, got shape {H0.shape}")
+    warm_up_rvi()
     t0 = time.perf_counter()
     H, pol, it, lo, hi, ok = rvi_loop(
         model.P, model.SF, model.klo, model.khi, model.actions, model.y,
@@ -126,3 +129,15 @@ def relative_value_iteration(
         eps=float(eps),
         eta=float(eta),
     )
+
+
+#: Cold compile of :func:`rvi_loop` (s), measured on the 2-core development machine.
+COLD_SECONDS = 3.0
+
+
+def warm_up_rvi() -> float:
+    """Load or compile RVI's kernel once per process (:mod:`.jit`); the seconds it took."""
+    def run():
+        relative_value_iteration(truncate(BatchingProblem(lam=0.5, batch_sizes=(1, 2), latency="affine:1,1"), 4), eps=1.0)
+
+    return warm_up("rvi", (rvi_loop,), run, COLD_SECONDS)

@@ -23,9 +23,11 @@ import numpy as np
 from numba import njit
 
 from ..errors import InputError, NotConvergedWarning
-from ..model.truncation import TruncatedSMDP
-from .banded import evaluate_policy_banded, gain_bias
-from .kernels import improve, window_filters
+from ..model.problem import BatchingProblem
+from ..model.truncation import TruncatedSMDP, truncate
+from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary
+from .kernels import improve, policy_residual, window_filters
+from .jit import warm_up
 from .result import SolveResult
 
 #: pi_loop status codes
@@ -143,6 +145,7 @@ def policy_iteration(
     ``policy0`` (batch sizes, length s_max+2) warm-starts the iteration; by default it starts
     from the better of greedy and a control-limit rule (:func:`_starts`).
     """
+    warm_up_pi()
     t0 = time.perf_counter()
     starts = _starts(model) if policy0 is None else model.action_index(policy0)[None, :]
     costs = model.costs()
@@ -171,3 +174,22 @@ def policy_iteration(
         solver="pi",
         seconds=secs,
     )
+
+
+#: Cold compile of the kernels below (s), measured on the 2-core development machine.
+COLD_SECONDS = 8.0
+
+
+def _tiny_run() -> None:
+    model = truncate(BatchingProblem(lam=0.5, batch_sizes=(1, 2), latency="affine:1,1"), 4)
+    res = policy_iteration(model)
+    pol = model.action_index(res.policy)
+    costs = model.costs()
+    _pi_pivoting(model, pol, costs, 1)
+    stationary(model, pol)
+
+
+def warm_up_pi() -> float:
+    """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
+    kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, window_filters, policy_residual)
+    return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)

@@ -30,9 +30,9 @@ from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluat
 from ..baselines.simple import greedy_policy
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
-from .policy_iteration import policy_iteration
+from .pi import policy_iteration, warm_up_pi
 from .result import SolveResult
-from .rvi import ETA_FRACTION, relative_value_iteration
+from .rvi import ETA_FRACTION, relative_value_iteration, warm_up_rvi
 
 __all__ = ["BACKENDS", "SOLVERS", "Solution", "check_backend", "solve", "solve_truncated"]
 
@@ -214,6 +214,9 @@ def solve(
     tol = float(tol_delta)
     if not (np.isfinite(tol) and tol > 0):
         raise InputError(f"tol_delta (δ) must be > 0, got {tol_delta!r}")
+    warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the scan always runs PI)
+    if solver == "rvi":
+        warm_up_rvi()
     t0 = time.perf_counter()
     if isinstance(smax, str):
         if smax.strip().lower() != "auto":

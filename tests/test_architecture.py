@@ -1,0 +1,137 @@
+"""The layout's invariants (docs/architecture.md): no import cycle, small modules, no module patching,
+no package attribute that is both a submodule and a function."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import smdp_batch
+
+ROOT = Path(smdp_batch.__file__).parent
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → modules it imports, at any depth of the file (function-level imports count too).
+
+    Importing ``a.b.c`` runs the ``__init__`` of ``a`` and ``a.b`` first, so those count as
+    imported as well — except the importer's own ancestors, which Python has initialised (or is
+    initialising) already.
+    """
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        own = set(_ancestors(mod))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                targets = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t not in mods:
+                    continue
+                for dep in [*_ancestors(t), t]:
+                    if dep in mods and dep != mod and dep not in own:
+                        graph[mod].add(dep)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" ↔ ".join(c) for c in found)
+
+
+def test_no_module_over_the_size_limit():
+    big = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_no_module_class_patching():
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    assert not (isinstance(t, ast.Attribute) and t.attr == "__class__"), f"{mod} patches a __class__"
+
+
+@pytest.mark.parametrize("pkg", sorted(m for m, p in _modules().items() if p.name == "__init__.py"))
+def test_every_submodule_attribute_is_the_module(pkg):
+    """``pkg.name`` is the submodule ``name``, never a function that shadows it (the old ``truncate``)."""
+    package = importlib.import_module(pkg)
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name == "__main__":
+            continue  # running it is the CLI, not an import
+        module = importlib.import_module(f"{pkg}.{info.name}")
+        assert getattr(package, info.name) is module, f"{pkg}.{info.name} is shadowed by {getattr(package, info.name)!r}"
