@@ -22,7 +22,8 @@ class below):
   int, < 0, > n), or the batcher's task being cancelled — stops the batcher: the running batch and
   every queued request fail with :class:`BatcherBroken` (its ``__cause__`` is the fault), later
   submissions fail with it at once, and ``close()`` returns without raising.  ``KeyboardInterrupt``
-  and ``SystemExit`` are re-raised after that, so that they still stop the program;
+  and ``SystemExit`` are re-raised after that, so that they still stop the program, and a
+  ``CancelledError`` ends the batcher's task cancelled;
 * a safety bound ``max_wait_ms`` (default ``"auto"``: :func:`default_max_wait_ms`) caps how long the
   oldest request waits while the table says wait: then the largest allowed batch ≤ n is served
   (a *forced* batch, counted in ``metrics.forced_batches``, like Triton's max_queue_delay).  When
@@ -391,11 +392,8 @@ class DynamicBatcher:
             self._inflight = []
             self._reject_queued(broken)
             self.metrics.busy = False
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            task = asyncio.current_task()
-            if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
-                raise  # the task itself was cancelled (e.g. loop shutdown): let it end cancelled
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+                raise  # still stop the program / end the task cancelled (close() does not re-raise it)
 
     async def _loop(self) -> None:
         while True:
