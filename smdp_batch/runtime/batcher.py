@@ -146,18 +146,21 @@ def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
     otherwise nothing.  0 if the table never waits with a request queued.
 
     Without a policy array (a plain callable) or without a rate (a table built in memory with no
-    ``meta["inputs"]["lam"]`` and no ``lam`` given), the bound is ``FALLBACK_MAX_WAIT_MS`` (1 s):
+    usable ``meta["inputs"]["lam"]`` and no ``lam`` given), the bound is ``FALLBACK_MAX_WAIT_MS`` (1 s):
     long enough for any batch-forming wait at server rates, short enough that traffic that stops
     does not strand requests.  Pass ``max_wait_ms`` for anything else.
     """
     policy = _policy_array(table)
-    if lam is None:
+    if lam is not None:
+        if isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
+    else:
         lam = getattr(getattr(table, "table", table), "lam", None)
+        if lam is not None and not (math.isfinite(lam) and lam > 0):
+            lam = None  # a table recording no usable rate: the fallback
     if policy is None or lam is None:
         return FALLBACK_MAX_WAIT_MS
     lam = float(lam)
-    if not (math.isfinite(lam) and lam > 0):
-        raise ValueError(f"arrival rate must be finite and > 0 (1/ms), got {lam!r}")
     k = int(np.nonzero(policy == 0)[0][-1])  # policy[0] = 0 always; policy[s_max] > 0 (validated)
     return BOUND_SAFETY * erlang_quantile_ms(k, lam, 1.0 - BOUND_EPS)
 
@@ -197,8 +200,7 @@ class DynamicBatcher:
             raise TypeError("table must be a PolicyTable, an AdaptivePolicy, a path or a callable n -> b")
         if short_batch not in _SHORT:
             raise ValueError(f"short_batch must be one of {_SHORT}, got {short_batch!r}")
-        if lam is not None and not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
+        default_max_wait_ms(table, lam)  # checks lam
         if isinstance(max_wait_ms, str):
             if max_wait_ms != "auto":
                 raise ValueError(f"max_wait_ms must be 'auto', a number ≥ 0 (ms), None or inf; got {max_wait_ms!r}")
