@@ -45,6 +45,7 @@ import functools
 import inspect
 import math
 import numbers
+import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -189,12 +190,12 @@ class DynamicBatcher:
     batch with fewer requests than the smallest allowed batch size (see the module docstring).
     """
 
-    def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | Callable[[int], int],
+    def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | os.PathLike | Callable[[int], int],
                  max_wait_ms: float | str | None = "auto", *, lam: float | None = None,
                  short_batch: str = "serve", pad_item: Any = None):
         if not callable(infer):
             raise TypeError("infer must be callable: infer(list_of_items) -> list_of_results")
-        if isinstance(table, str):
+        if isinstance(table, (str, os.PathLike)):
             table = PolicyTable.load(table)
         if not (callable(table) or callable(getattr(table, "decide", None))):
             raise TypeError("table must be a PolicyTable, an AdaptivePolicy, a path or a callable n -> b")
@@ -462,7 +463,7 @@ class DynamicBatcher:
             await asyncio.sleep(0)
 
 
-def batched(table: PolicyTable | str | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,
+def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,
             lam: float | None = None, short_batch: str = "serve", pad_item: Any = None):
     """Decorator like Ray Serve's ``@serve.batch``: ``async def f(items: list) -> list`` becomes
     ``async def f(item) -> result`` served by a :class:`DynamicBatcher` following ``table``, with the
@@ -470,7 +471,7 @@ def batched(table: PolicyTable | str | Callable[[int], int], max_wait_ms: float 
 
     One batcher per event loop (created on first call); ``f.batcher`` is the latest one.
     """
-    if isinstance(table, str):
+    if isinstance(table, (str, os.PathLike)):
         table = PolicyTable.load(table)
     DynamicBatcher(lambda items: items, table, max_wait_ms, lam=lam, short_batch=short_batch,
                    pad_item=pad_item)  # validate the options now, not at the first request
