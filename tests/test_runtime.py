@@ -285,7 +285,7 @@ def test_max_wait_is_a_safety_bound_for_traffic_that_stops():
         waited = asyncio.get_running_loop().time() - t0
         assert out == ["a", "b"] and 0.025 <= waited < 1.0
         assert bt.metrics.forced_batches == 1 and bt.metrics.batch_sizes == {2: 1}
-        exact = DynamicBatcher(lambda items: items, PolicyTable([0, 0, 0, 3, 4]))  # no bound: the table waits
+        exact = DynamicBatcher(lambda items: items, PolicyTable([0, 0, 0, 3, 4]), max_wait_ms=None)  # asked: no bound
         pending = asyncio.ensure_future(exact.submit("c"))
         await asyncio.sleep(0.05)
         assert not pending.done()

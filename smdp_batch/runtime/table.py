@@ -7,12 +7,13 @@ for n > s_max the table serves ``policy[s_max]`` (eq. 30).  HDF5 files store s_m
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import numpy as np
 
 from ..errors import InputError
-from .schema import eq30, read_policy
+from .schema import read_policy
 
 __all__ = ["PolicyTable", "control_limit"]
 
@@ -86,15 +87,31 @@ class PolicyTable:
         return int(self._policy.max())
 
     def decide(self, n: int) -> int:
-        """Batch size to serve with n requests waiting (0: wait), for any n ≥ 0."""
-        return eq30(self._policy, self.s_max, n)
+        """Batch size to serve with n requests waiting (0: wait), for any integer n ≥ 0 (eq. 30 beyond s_max).
+
+        One rule for :meth:`decide` and :meth:`decide_many`: a queue length is an integer (``int`` or a
+        numpy integer) ≥ 0.  Floats — even integral ones like 3.0 — NaN, bools and negatives raise
+        :class:`InputError`; nothing is rounded.
+        """
+        if type(n) is not int:
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+                raise InputError(f"a queue length must be an integer ≥ 0, got {n!r} ({type(n).__name__})")
+            n = int(n)
+        if n < 0:
+            raise InputError(f"a queue length must be an integer ≥ 0, got {n}")
+        return int(self._policy[n if n < self._policy.size else -1])
 
     def decide_many(self, n) -> np.ndarray:
-        """Vectorised :meth:`decide` over an integer array of queue lengths."""
+        """Vectorised :meth:`decide` over an array of queue lengths (same rule; same shape, int64).
+        An empty input gives an empty array."""
         n = np.asarray(n)
-        if n.size and (not np.issubdtype(n.dtype, np.integer) or n.min() < 0):
-            raise InputError("queue lengths must be integers ≥ 0")
-        return self._policy[np.minimum(n, self.s_max)]
+        if n.size == 0:
+            return np.zeros(n.shape, dtype=np.int64)
+        if not np.issubdtype(n.dtype, np.integer):
+            raise InputError(f"queue lengths must be integers ≥ 0, got an array of {n.dtype}")
+        if n.min() < 0:
+            raise InputError(f"queue lengths must be integers ≥ 0, got {n.min()}")
+        return self._policy[np.where(n > self.s_max, self.s_max, n).astype(np.intp, copy=False)]
 
     @property
     def control_limit(self) -> int | None:
