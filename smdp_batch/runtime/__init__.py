@@ -1,12 +1,13 @@
 """Runtime for servers: load a policy table and batch requests by it.  Imports numpy and h5py only."""
 
 from .bank import AdaptivePolicy, PolicyBank, RateEstimator
-from .batcher import BatcherClosed, BatcherMetrics, DynamicBatcher, batched
+from .batcher import BatcherBroken, BatcherClosed, BatcherMetrics, DynamicBatcher, batched, default_max_wait_ms
 from .schema import FORMAT, SCHEMA_VERSION, PolicyFile, eq30, read_bank, read_policy
 from .table import PolicyTable, control_limit
 
 __all__ = [
-    "AdaptivePolicy", "PolicyBank", "RateEstimator", "BatcherClosed", "BatcherMetrics", "DynamicBatcher",
+    "AdaptivePolicy", "PolicyBank", "RateEstimator", "BatcherBroken", "BatcherClosed", "BatcherMetrics",
+    "DynamicBatcher", "default_max_wait_ms",
     "FORMAT", "SCHEMA_VERSION", "PolicyFile", "PolicyTable", "batched", "control_limit", "eq30", "read_bank",
     "read_policy",
 ]

@@ -25,6 +25,7 @@ such table per rate under ``/tables/000``, ``/tables/001``, …
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 
@@ -41,11 +42,18 @@ __all__ = ["FORMAT", "BANK_FORMAT", "SCHEMA_VERSION", "PolicyFile", "eq30", "rea
 
 
 def eq30(policy: np.ndarray, s_max: int, n: int) -> int:
-    """Batch size for queue length n ≥ 0: policy[min(n, s_max)] (eq. 30)."""
-    n = int(n)
+    """Batch size for queue length n: policy[min(n, s_max)] (paper 004 eq. 30).
+
+    A queue length is an integer (``int`` or a numpy integer) ≥ 0.  Floats — even integral ones
+    like 3.0 — NaN, bools and negatives raise :class:`InputError`; nothing is rounded.
+    """
+    if type(n) is not int:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
+            raise InputError(f"a queue length must be an integer ≥ 0, got {n!r} ({type(n).__name__})")
+        n = int(n)
     if n < 0:
-        raise InputError(f"queue length must be ≥ 0, got {n}")
-    return int(policy[min(n, s_max)])
+        raise InputError(f"a queue length must be an integer ≥ 0, got {n}")
+    return int(policy[n if n < s_max else s_max])
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,12 @@ for n > s_max the table serves ``policy[s_max]`` (eq. 30).  HDF5 files store s_m
 
 from __future__ import annotations
 
-import numbers
 import os
 
 import numpy as np
 
 from ..errors import InputError
-from .schema import read_policy
+from .schema import eq30, read_policy
 
 __all__ = ["PolicyTable", "control_limit"]
 
@@ -93,13 +92,7 @@ class PolicyTable:
         numpy integer) ≥ 0.  Floats — even integral ones like 3.0 — NaN, bools and negatives raise
         :class:`InputError`; nothing is rounded.
         """
-        if type(n) is not int:
-            if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-                raise InputError(f"a queue length must be an integer ≥ 0, got {n!r} ({type(n).__name__})")
-            n = int(n)
-        if n < 0:
-            raise InputError(f"a queue length must be an integer ≥ 0, got {n}")
-        return int(self._policy[n if n < self._policy.size else -1])
+        return eq30(self._policy, self.s_max, n)
 
     def decide_many(self, n) -> np.ndarray:
         """Vectorised :meth:`decide` over an array of queue lengths (same rule; same shape, int64).

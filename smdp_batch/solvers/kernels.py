@@ -6,11 +6,14 @@ family computes it everywhere:
 
 * :func:`expected_next` — one (s, a) pair; RVI's sweep (eq. 29) and the residual of eq. 20
   (:func:`policy_residual`, which certifies every evaluation) call it; :func:`expected_next_table`
-  is its (S, A) table, the plain reference the tests hold :func:`improve` to;
+  is its (S, A) table, which the pivoting PI loop uses (near-multichain policies, where |h| is
+  huge and the summation order matters);
 * :func:`window_filters` + :func:`improve` — all S×A expectations as one BLAS product: every
   action's p^[a] shifted into the common frame j = next state − queue length is a column of F
-  (W × A, W ≤ Bmax + K), multiplied by the S × W windows of h.  PI's improvement step (numba and
-  pivoting loops) and the JAX backend use it.
+  (W × A, W ≤ Bmax + K), multiplied by the S × W windows of h.  The numba PI loop and the JAX
+  backend use it.
+
+Both PI loops then apply one improvement rule, :func:`improve_step`.
 
 Everything is O(S·A·K) per sweep, K = the arrival-count support.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expected_next", "expected_next_table", "improve", "policy_residual", "window_filters"]
+__all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "window_filters"]
 
 
 @njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
@@ -102,12 +105,40 @@ def window_filters(P, SF, klo, khi, actions):
 
 
 @njit(cache=True)
-def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
-    """The improved policy: argmin_a Q(s,a), keeping pol[s] unless beaten by > 1e-11 relative.
+def improve_step(pol, g, EH, costs, y, s_max):
+    """PI's improvement rule (Puterman §11.4): argmin_a Q(s,a), keeping pol[s] unless beaten by > 1e-11 relative.
 
-    Q(s,a) = ĉ(s,a) − g·y(a) + Σ_j m̂(j|s,a)h(j); the expectations for all (s, a) come from one
-    matrix product (BLAS) of the (S, W) windows of h̄ with the filters F of :func:`window_filters`
-    — O(S·W·A) flops at BLAS speed, O(S·(W + A)) memory.  ``costs`` is +inf where a > s.
+    Q(s,a) = ĉ(s,a) − g·y(a) + EH[min(s, s_max), a], with EH[r, a] = Σ_j m̂(j|r,a)h(j) (S_o reads
+    row s_max: the same expectations).  ``costs`` is +inf where a > s.
+    """
+    S = s_max + 2
+    A = costs.shape[1]
+    new = pol.copy()
+    for s in range(S):
+        r = s if s <= s_max else s_max
+        cur = pol[s]
+        qcur = costs[s, cur] - g * y[cur] + EH[r, cur]
+        qbest = np.inf
+        best = cur
+        for ai in range(A):
+            q = costs[s, ai] - g * y[ai] + EH[r, ai]
+            if q < qbest:
+                qbest = q
+                best = ai
+        if qcur - qbest > 1e-11 * (1.0 + abs(qcur)):
+            new[s] = best
+    return new
+
+
+@njit(cache=True)
+def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
+    """:func:`improve_step` with the expectations for all (s, a) from one matrix product (BLAS).
+
+    The (S, W) windows of h̄ times the filters F of :func:`window_filters` — O(S·W·A) flops at
+    BLAS speed, O(S·(W + A)) memory.  Its sums are grouped differently from
+    :func:`expected_next`'s: equal to round-off, which matters only where |h| is astronomically
+    large (a near-multichain policy), and that is the pivoting loop's job, which uses the sliding
+    :func:`expected_next_table` instead.
     """
     S = s_max + 2
     n = s_max + 1
@@ -124,18 +155,4 @@ def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
     for s in range(n):
         for ai in range(A):
             EH[s, ai] += tail[ai] * hso
-    new = pol.copy()
-    for s in range(S):
-        r = s if s <= s_max else s_max
-        cur = pol[s]
-        qcur = costs[s, cur] - g * y[cur] + EH[r, cur]
-        qbest = np.inf
-        best = cur
-        for ai in range(A):
-            q = costs[s, ai] - g * y[ai] + EH[r, ai]
-            if q < qbest:
-                qbest = q
-                best = ai
-        if qcur - qbest > 1e-11 * (1.0 + abs(qcur)):
-            new[s] = best
-    return new
+    return improve_step(pol, g, EH, costs, y, s_max)

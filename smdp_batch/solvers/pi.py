@@ -10,8 +10,9 @@ optimality of the truncated SMDP (no ε).
 The loop runs in one numba call (:func:`pi_loop`): evaluation by the banded LU without pivoting
 of :mod:`.banded`, certified by the residual of eq. 20; improvement by the BLAS product of
 :func:`.kernels.improve`.  If a policy does not evaluate there, the loop continues here from the
-last evaluated policy with the pivoting LAPACK solve (:func:`.banded.gain_bias`) and the same
-improvement step, which also recovers from numerically multichain switches.
+last evaluated policy with the pivoting LAPACK solve (:func:`.banded.gain_bias`), the sliding
+expectations of :func:`.kernels.expected_next_table` and the same improvement rule
+(:func:`.kernels.improve_step`), which also recovers from numerically multichain switches.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary
-from .kernels import improve, policy_residual, window_filters
+from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters
 from .jit import warm_up
 from .result import SolveResult
 
@@ -86,11 +87,11 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
 
 def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
     """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
-    F, tail, jmin = window_filters(model.P, model.SF, model.klo, model.khi, model.actions)
     g, h = evaluate_gain_bias(model, pol, costs)
     it = 0
     for it in range(1, max_iter + 1):
-        new = improve(pol, g, h, costs, F, tail, jmin, model.y, model.s_max)
+        EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
+        new = improve_step(pol, g, EH, costs, model.y, model.s_max)
         if np.array_equal(new, pol):
             return pol, g, h, it, True
         pol, g, h = _improve(model, pol, new, costs)
@@ -191,5 +192,6 @@ def _tiny_run() -> None:
 
 def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
-    kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, window_filters, policy_residual)
+    kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, improve_step, window_filters,
+               expected_next_table, policy_residual)
     return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)
