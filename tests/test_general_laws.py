@@ -266,3 +266,17 @@ def test_property_pmf_is_a_law_with_mean_m(law, m):
     assert np.all(p >= 0) and np.all(sf >= 0)
     assert p.sum() == pytest.approx(1.0, abs=1e-11)
     assert np.arange(kmax + 1) @ p == pytest.approx(m, rel=1e-9)
+
+
+def test_quadrature_cache_stays_bounded_and_keeps_answering(monkeypatch):
+    """Past its bound the cache evicts its oldest entries instead of failing (multibin --batch 5000 raised KeyError)."""
+    from smdp_batch.model.families import _BoundedCache
+
+    monkeypatch.setattr(_BoundedCache, "MAX_ENTRIES", 8)
+    law = parse_service("max:uniform:1,20")
+    first = law.arrival(3.0, 64, 1)
+    for b in range(2, 40):
+        law.arrival(3.0, 64, b)
+    assert len(law._cache) <= 8
+    again = law.arrival(3.0, 64, 1)  # recomputed after eviction, identical
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])

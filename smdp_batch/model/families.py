@@ -73,6 +73,35 @@ def _tanh_sinh_level(h: float, odd_only: bool) -> tuple[np.ndarray, np.ndarray, 
     return u, v, math.pi * np.cosh(t) * u * v
 
 
+class _BoundedCache(dict):
+    """Quadrature nodes, moments and arrival laws per batch size, oldest evicted first.
+
+    Bounded in entries and in bytes, so a law used at thousands of batch sizes (``multibin --batch
+    5000``) or large kmax stays within memory; :meth:`put` returns the value it stored.
+    """
+
+    MAX_ENTRIES = 4096
+    MAX_BYTES = 256 << 20
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    @staticmethod
+    def _size(value) -> int:
+        items = value if isinstance(value, tuple) else (value,)
+        return sum(getattr(v, "nbytes", 8) for v in items)
+
+    def put(self, key, value):
+        size = self._size(value)
+        while self and (len(self) >= self.MAX_ENTRIES or self.nbytes + size > self.MAX_BYTES):
+            oldest = next(iter(self))
+            self.nbytes -= self._size(self.pop(oldest))
+        self[key] = value
+        self.nbytes += size
+        return value
+
+
 class QuantileLaw(ServiceLaw):
     """A law given by the quantile function of its shape; eq. 4 and the moments by tanh–sinh quadrature.
 
@@ -81,7 +110,7 @@ class QuantileLaw(ServiceLaw):
     """
 
     def __init__(self):
-        self._cache: dict = {}
+        self._cache = _BoundedCache()
 
     @abstractmethod
     def raw_quantile(self, u: np.ndarray, v: np.ndarray, b: int | None) -> np.ndarray:
@@ -91,7 +120,7 @@ class QuantileLaw(ServiceLaw):
         key = ("nodes", b, h)
         if key not in self._cache:
             u, v, w = _tanh_sinh_level(h, odd_only=False)
-            self._cache[key] = (self.raw_quantile(u, v, b), w * h)
+            return self._cache.put(key, (self.raw_quantile(u, v, b), w * h))
         return self._cache[key]
 
     def raw_moments(self, b: int | None) -> tuple[float, float]:
@@ -109,7 +138,7 @@ class QuantileLaw(ServiceLaw):
                 raise InputError(f"service law {self.spec()}: its moments do not converge (infinite variance?)")
             if not (np.all(np.isfinite(cur)) and cur[0] > 0):
                 raise InputError(f"service law {self.spec()}: mean must be finite and > 0, got {cur[0]!r}")
-            self._cache[key] = (float(cur[0]), float(cur[1]))
+            return self._cache.put(key, (float(cur[0]), float(cur[1])))
         return self._cache[key]
 
     def quantile(self, u, v, b: int | None = None) -> np.ndarray:
@@ -145,9 +174,7 @@ class QuantileLaw(ServiceLaw):
                 prev = cur
             else:
                 raise InputError(f"service law {self.spec()}: quadrature of eq. 4 did not converge at λ·l = {m:g}")
-            self._cache[key] = cur
-            if len(self._cache) > 4096:
-                self._cache.clear()
+            return self._cache.put(key, cur)
         return self._cache[key]
 
 
