@@ -108,7 +108,7 @@ def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
     s = solve(p)
     assert s.smax_auto and s.evaluation.delta < 1e-3 and not s.degenerate
-    assert s.s_max == 256 and s.to_dict()["smax"] == 256
+    assert s.s_max == 256 and s.to_dict()["s_max"] == 256
 
 
 def test_heavy_tailed_scan_grows_geometrically_past_256():

@@ -83,13 +83,13 @@ def _solve_bin(prob: BatchingProblem, smax):
     from ..solvers import solve
 
     if smax != "auto":
-        return solve(prob, smax=int(smax))
+        return solve(prob, s_max=int(smax))
     m = prob.bmax + int(math.ceil(4.0 * prob.lam * float(prob.latency(float(prob.bmax)))))
     for _ in range(6):
         try:
-            s = solve(prob, smax=m)
+            s = solve(prob, s_max=m)
         except InputError:  # a numerically multichain / singular candidate on PI's path
-            s = solve(prob, smax=m, solver="rvi")
+            s = solve(prob, s_max=m, solver="rvi")
         if s.evaluation.delta < 1e-3:
             return s
         m *= 2
