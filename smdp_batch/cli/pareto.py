@@ -157,7 +157,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
             "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
             **({"output": output} if output and chosen[0] is not None else {}), **({"csv": csv_path} if csv_path else {}),
             **({"plot": plot_path} if plot_path else {})}
-    _emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
+    emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
 
 
 def _csv_row(front, kind, family, setting, p, w2_lo, w2_hi, control_limit, within) -> dict:

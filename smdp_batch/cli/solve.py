@@ -190,12 +190,15 @@ def show_cmd(path, as_json):
         return
 
     sizes = pf.batch_sizes
+    solution = {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}
+    if "throughput" in solution:  # the same throughput keys as solve and evaluate
+        solution["throughput_per_s"] = solution["throughput"] * 1e3
     d = {
         "path": path,
         **pf.meta,
         "inputs": pf.inputs,
         "truncation": pf.truncation,
-        "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")},
+        "solution": solution,
         "policy": [int(a) for a in pf.policy],
         "control_limit": control_limit_of(pf.policy, sizes),
     }
