@@ -12,6 +12,7 @@ file.  An old option spelling still works and prints one line ``smdp-batch: warn
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -43,6 +44,20 @@ for _cmd in (solve_cmd, evaluate_cmd, simulate_cmd, compare_cmd, pareto_cmd, tab
     cli.add_command(_cmd)
 
 
+class _StderrNotice(logging.Handler):
+    """The library's notices (e.g. numba compiling on a cold cache) as ``smdp-batch: …`` lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"smdp-batch: {record.getMessage()}", err=True)
+
+
+def _notices_to_stderr() -> None:
+    log = logging.getLogger("smdp_batch")
+    if not any(isinstance(h, _StderrNotice) for h in log.handlers):
+        log.addHandler(_StderrNotice())
+    log.setLevel(logging.INFO)
+
+
 def _error(message: str) -> int:
     """The one stderr line of a failed run (deprecated spellings named at its end); exit code 2."""
     message = " ".join(str(message).split())
@@ -57,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     ARGV[:] = args
     NOTICES.clear()
+    _notices_to_stderr()
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0
