@@ -38,10 +38,10 @@ from smdp_batch.solvers import policy_iteration, relative_value_iteration
 jax_backend = None  # imported in main(), not in case D's child (whose memory we measure)
 
 CASES = {
-    "A": dict(rho=0.9, bmax=32, smax=70),
-    "B": dict(rho=0.5, bmax=32, smax=160),
-    "C": dict(rho=0.9, bmax=128, smax=400),
-    "D": dict(rho=0.9, bmax=256, smax=4096),
+    "A": dict(rho=0.9, bmax=32, s_max=70),
+    "B": dict(rho=0.5, bmax=32, s_max=160),
+    "C": dict(rho=0.9, bmax=128, s_max=400),
+    "D": dict(rho=0.9, bmax=256, s_max=4096),
 }
 
 
@@ -125,7 +125,7 @@ def peers(model, eps, repeat, slow, name):
 
 def small_case(name, args, rows):
     c = CASES[name]
-    model = truncate(problem(name), c["smax"], 100.0)
+    model = truncate(problem(name), c["s_max"], 100.0)
     policy_iteration(model), relative_value_iteration(model, eps=args.eps)  # JIT warm-up
     t_pi, pi = best_time(lambda: policy_iteration(model), args.repeat)
     ref = pi.policy
@@ -169,7 +169,7 @@ def case_d_child():
     except OSError:
         pass
     t0 = time.perf_counter()
-    model = truncate(problem("D"), c["smax"], 100.0)
+    model = truncate(problem("D"), c["s_max"], 100.0)
     t1 = time.perf_counter()
     r = policy_iteration(model)
     t2 = time.perf_counter()
@@ -180,7 +180,7 @@ def case_d_child():
     print(json.dumps(dict(
         truncate_s=t1 - t0, pi_s=t2 - t1, iterations=r.iterations, converged=r.converged, gain=r.gain,
         rss_before_mb=rss0, rss_peak_mb=rss1, model_mb=(model.P.nbytes + model.SF.nbytes) / 2**20,
-        auto_s=t4 - t3, auto_smax=auto.s_max, auto_delta=auto.evaluation.delta, auto_candidates=auto.candidates,
+        auto_s=t4 - t3, auto_s_max=auto.s_max, auto_delta=auto.evaluation.delta, auto_candidates=auto.candidates,
         policy=[int(a) for a in r.policy],
     )))
 
@@ -197,11 +197,11 @@ def case_d(args, rows, notes):
         f"(compact model P, SF: {d['model_mb']:.1f} MiB). Peers need dense S×A×S = {4098 * 257 * 4098 * 8 / 1e9:.1f} GB."
     )
     notes.append(
-        f"case D, smax=auto (δ = 1e-3, c_o = 100): s_max = {d['auto_smax']} after {d['auto_candidates']} candidate(s), "
+        f"case D, s_max=auto (δ = 1e-3, c_o = 100): s_max = {d['auto_s_max']} after {d['auto_candidates']} candidate(s), "
         f"Δ = {d['auto_delta']:.3g}, {d['auto_s']:.2f} s"
     )
     if jax_backend.available() and not args.no_jax and (args.jax_d or not jax_backend.device().startswith("cpu")):
-        model = truncate(problem("D"), CASES["D"]["smax"], 100.0)
+        model = truncate(problem("D"), CASES["D"]["s_max"], 100.0)
         t0 = time.perf_counter()
         jax_backend.pi_batch([model])
         compile_s = time.perf_counter() - t0
@@ -214,15 +214,15 @@ def case_e(args, rows, notes):
     rhos = np.linspace(0.1, 0.9, 16)
     w2s = np.geomspace(0.05, 10.0, 16)
     probs = [problem("A", w2=float(w), rho=float(r)) for r in rhos for w in w2s]
-    smax = CASES["A"]["smax"]
-    solve_batch(probs[:2], smax)  # warm-up
-    t, ref = best_time(lambda: solve_batch(probs, smax), args.repeat)
+    s_max = CASES["A"]["s_max"]
+    solve_batch(probs[:2], s_max)  # warm-up
+    t, ref = best_time(lambda: solve_batch(probs, s_max), args.repeat)
     ours = [("smdp-batch solve_batch, numba (default)", t, True)]
     if jax_backend.available() and not args.no_jax:
         t0 = time.perf_counter()
-        solve_batch(probs, smax, backend="jax")
+        solve_batch(probs, s_max, backend="jax")
         compile_s = time.perf_counter() - t0
-        tj, sols = best_time(lambda: solve_batch(probs, smax, backend="jax"), args.repeat)
+        tj, sols = best_time(lambda: solve_batch(probs, s_max, backend="jax"), args.repeat)
         ours.append((f"smdp-batch solve_batch, JAX vmap {jax_backend.device()} (first call {compile_s:.1f} s)", tj,
                      all(np.array_equal(a.policy, b.policy) for a, b in zip(ref, sols))))
     theirs = []

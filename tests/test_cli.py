@@ -9,7 +9,7 @@ import pytest
 
 from smdp_batch.cli import main
 
-KEYS = {"lam", "rho", "smax", "abstract_cost", "iterations", "converged", "avg_cost", "delta", "mean_latency_ms",
+KEYS = {"lam", "rho", "s_max", "abstract_cost", "iterations", "converged", "avg_cost", "delta", "mean_latency_ms",
         "mean_power_w", "throughput", "policy", "control_limit", "solve_seconds"}
 
 
@@ -32,7 +32,7 @@ def test_solve_json_keys_and_file(tmp_path, capsys):
     assert rc == 0, err
     d = json.loads(out)
     assert KEYS <= d.keys()
-    assert d["converged"] is True and len(d["policy"]) == d["smax"] + 2
+    assert d["converged"] is True and len(d["policy"]) == d["s_max"] + 2
     assert d["mean_latency_ms"] == pytest.approx(6.90, rel=5e-3)
     rc, out, err = run(["evaluate", "--policy", str(out_file), "--json"], capsys)
     assert rc == 0, err

@@ -4,7 +4,6 @@ and the exported rule simulated against the table (issue: server runtime and exp
 import ast
 import json
 
-import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from google.protobuf import wrappers_pb2  # noqa: F401  (registers google/protobuf/wrappers.proto)

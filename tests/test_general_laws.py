@@ -15,7 +15,7 @@ from scipy import integrate, stats
 from smdp_batch import BatchingProblem, solve
 from smdp_batch.errors import InputError
 from smdp_batch.model.families import (
-    Empirical, LogNormal, MaxOf, Mixture, ShiftedExponential, TransformLaw, Uniform,
+    Empirical, LogNormal, MaxOf, ShiftedExponential, TransformLaw, Uniform,
 )
 from smdp_batch.model.inversion import invert_pgf, transform_moments
 from smdp_batch.model.laws import Deterministic, Erlang, Exponential, Gamma, HyperExponential
@@ -102,7 +102,7 @@ def test_general_route_solves_like_closed_form_for_fig9_laws(service):
     closed = BatchingProblem.basic(rho=0.5, w2=1.0, service=service)
     sol = solve(closed)
     general = closed.replace(service=_general(closed.service))
-    sol_g = solve(general, smax=sol.s_max)
+    sol_g = solve(general, s_max=sol.s_max)
     assert np.array_equal(sol_g.policy, sol.policy)
     assert sol_g.result.gain == pytest.approx(sol.result.gain, rel=1e-9)
 
@@ -270,7 +270,7 @@ def test_property_pmf_is_a_law_with_mean_m(law, m):
 
 def test_quadrature_cache_stays_bounded_and_keeps_answering(monkeypatch):
     """Past its bound the cache evicts its oldest entries instead of failing (multibin --batch 5000 raised KeyError)."""
-    from smdp_batch.model.families import _BoundedCache
+    from smdp_batch.model.quadrature import _BoundedCache
 
     monkeypatch.setattr(_BoundedCache, "MAX_ENTRIES", 8)
     law = parse_service("max:uniform:1,20")

@@ -30,7 +30,7 @@ def basic09():
 @pytest.mark.parametrize("c_o", [1e4, 1e3, 100.0])
 def test_table2_auto_smax_delta_gain(basic09, c_o):
     smax, _, delta, g = TABLE2[c_o]
-    sol = solve(basic09, smax="auto", abstract_cost=c_o, tol_delta=1e-3)
+    sol = solve(basic09, s_max="auto", abstract_cost=c_o, tol_delta=1e-3)
     assert abs(sol.s_max - smax) <= 1
     assert sol.evaluation.delta < 1e-3
     assert sol.evaluation.delta == pytest.approx(delta, rel=0.01)
@@ -44,7 +44,7 @@ def test_table2_rvi_iterations_at_paper_smax(basic09, c_o):
     res = relative_value_iteration(model, eps=0.01, max_iter=10_000, eta_fraction=0.99)
     assert res.converged
     assert abs(res.iterations - iters) <= 5  # we count 1846/1634/1482
-    np.testing.assert_array_equal(res.policy, solve(basic09, smax=smax, abstract_cost=c_o).policy)  # = exact PI
+    np.testing.assert_array_equal(res.policy, solve(basic09, s_max=smax, abstract_cost=c_o).policy)  # = exact PI
     ev = evaluate_policy(model, res.policy)
     assert ev.delta == pytest.approx(delta, rel=0.01)
     assert ev.avg_cost == pytest.approx(g, rel=2e-4)
@@ -62,7 +62,7 @@ def test_table2_capped_rows(basic09, c_o):
     ev = evaluate_policy(model, res.policy)
     assert ev.delta < 1e-3 and ev.avg_cost == pytest.approx(g, rel=2e-4)
     assert ev.delta == pytest.approx(delta, rel=0.01) if c_o == 10.0 else ev.delta < 1e-13
-    np.testing.assert_array_equal(res.policy, solve(basic09, smax=smax, abstract_cost=c_o).policy)  # = exact PI
+    np.testing.assert_array_equal(res.policy, solve(basic09, s_max=smax, abstract_cost=c_o).policy)  # = exact PI
     # exact convergence (policy iteration) needs a smaller truncation than the capped RVI did
     sol = solve(basic09, abstract_cost=c_o)
     assert sol.s_max == {10.0: 150, 0.0: 177}[c_o]
@@ -71,7 +71,7 @@ def test_table2_capped_rows(basic09, c_o):
 
 @pytest.mark.parametrize("c_o", [0.0, 100.0])
 def test_table3(c_o):
-    sol = solve(BatchingProblem.basic(rho=0.5, w2=1.0), smax=160, abstract_cost=c_o)
+    sol = solve(BatchingProblem.basic(rho=0.5, w2=1.0), s_max=160, abstract_cost=c_o)
     assert sol.evaluation.avg_cost == pytest.approx(38.86, abs=5e-3)
     assert sol.evaluation.delta < 1e-3
 

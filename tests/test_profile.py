@@ -59,7 +59,7 @@ def test_solving_from_a_profile_gives_the_paper_policy(profile_csv):
     measured = BatchingProblem(
         lam=paper.lam, latency=f"csv:{profile_csv}:affine", energy=f"csv:{profile_csv}:affine", w2=1.6
     )
-    sol = solve(measured, smax=ref.s_max)
+    sol = solve(measured, s_max=ref.s_max)
     assert np.array_equal(sol.policy, ref.policy)
     assert sol.control_limit == 10
     assert sol.deployed.mean_latency_ms == pytest.approx(ref.deployed.mean_latency_ms, rel=0.01)

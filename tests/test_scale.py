@@ -94,7 +94,7 @@ def test_solve_batch_numba_equals_individual_solves_and_shares_arrival_tables():
     assert models[0].P is not models[1].P and np.array_equal(models[0].P, models[1].P)
     sols = solve_batch(probs, 70)
     for p, s in zip(probs, sols):
-        ref = solve(p, smax=70) if not s.degenerate else None
+        ref = solve(p, s_max=70) if not s.degenerate else None
         if ref is not None:
             assert np.array_equal(ref.policy, s.policy)
             assert s.result.gain == pytest.approx(ref.result.gain, rel=1e-12)
@@ -106,8 +106,8 @@ def test_solve_batch_numba_equals_individual_solves_and_shares_arrival_tables():
 def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
     s = solve(p)
-    assert s.smax_auto and s.evaluation.delta < 1e-3 and not s.degenerate
-    assert s.s_max == 256 and s.to_dict()["smax"] == 256
+    assert s.s_max_auto and s.evaluation.delta < 1e-3 and not s.degenerate
+    assert s.s_max == 256 and s.to_dict()["s_max"] == 256
 
 
 def test_heavy_tailed_scan_grows_geometrically_past_256():
@@ -136,6 +136,6 @@ def test_border_state_falls_back_when_the_first_serving_state_is_numerically_tra
     assert g == pytest.approx(x[40], rel=1e-10)
     s = solve(p)
     assert s.evaluation.delta < 1e-3 and s.control_limit == 17
-    rvi = solve(p, smax=s.s_max, solver="rvi")
+    rvi = solve(p, s_max=s.s_max, solver="rvi")
     assert s.result.gain <= rvi.result.gain_bracket[1] + 1e-9
     assert s.result.gain == pytest.approx(rvi.result.gain, rel=1e-3)

@@ -11,7 +11,6 @@ from smdp_batch import BatchingProblem, solve
 from smdp_batch.baselines import parse_policy
 from smdp_batch.baselines.servers import parse_rule, ray_serve, tf_serving, torchserve, triton
 from smdp_batch.cli import main
-from smdp_batch.errors import InputError
 from smdp_batch.solvers.evaluation import evaluate_deployed
 from smdp_batch.analysis.simulate import simulate
 

@@ -132,4 +132,4 @@ def test_fixed_smax_degenerate_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DegenerateTruncationWarning)
         with pytest.raises(DegenerateTruncationWarning):
-            solve(p, smax=100)
+            solve(p, s_max=100)

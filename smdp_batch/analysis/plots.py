@@ -111,7 +111,7 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     for i, (front, c) in enumerate(zip(fronts, colors)):
         w = [p.mean_latency_ms for p in front.points]
         ax_p.plot(w, [p.mean_power_w for p in front.points], "-o", color=c, ms=3, label=f"SMDP, {_front_label(front)}")
-        ax_e.plot(w, [1e3 * p.efficiency for p in front.points], "-o", color=c, ms=3, label=f"SMDP, {_front_label(front)}")
+        ax_e.plot(w, [p.efficiency for p in front.points], "-o", color=c, ms=3, label=f"SMDP, {_front_label(front)}")
         by_family: dict[str, list] = {}
         for b in baselines.get(i, []):
             by_family.setdefault(b.family, []).append(b)
@@ -122,7 +122,7 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
                          linestyle=":" if fam not in ("greedy", "static") else "none", linewidth=0.8)
             lab = fam if i == 0 else None
             ax_p.plot(xs, [b.mean_power_w for b in pts], label=lab, **style)
-            ax_e.plot(xs, [1e3 * b.efficiency for b in pts], **style)
+            ax_e.plot(xs, [b.efficiency for b in pts], **style)
             if fam == "static":
                 for b in pts:
                     ax_p.annotate(b.setting.split(":")[1], (b.mean_latency_ms, b.mean_power_w), fontsize=6,

@@ -62,7 +62,7 @@ def _fill_table(f, solution) -> None:
     g.create_dataset("energy_mj", data=p.energy_mj())
     t = f.create_group("truncation")
     t.attrs.update(
-        {"smax": m.s_max, "smax_auto": solution.smax_auto, "abstract_cost": m.abstract_cost,
+        {"s_max": m.s_max, "s_max_auto": solution.s_max_auto, "abstract_cost": m.abstract_cost,
          "delta": solution.evaluation.delta, "tol_delta": solution.tol_delta}
     )
     s = f.create_group("solution")

@@ -77,26 +77,26 @@ def _tables(sols) -> np.ndarray:
     return tables
 
 
-def _solve_bin(prob: BatchingProblem, smax):
+def _solve_bin(prob: BatchingProblem, s_max):
     """PI at s_max (given, or B + 4·λ·l(B) doubled until Δ < 1e-3); RVI where PI meets a numerically
     multichain policy (w2 = 0 with max-of-b laws can: see the module's notes)."""
     from ..solvers import solve
 
-    if smax != "auto":
-        return solve(prob, smax=int(smax))
+    if s_max != "auto":
+        return solve(prob, s_max=int(s_max))
     m = prob.bmax + int(math.ceil(4.0 * prob.lam * float(prob.latency(float(prob.bmax)))))
     for _ in range(6):
         try:
-            s = solve(prob, smax=m)
+            s = solve(prob, s_max=m)
         except InputError:  # a numerically multichain / singular candidate on PI's path
-            s = solve(prob, smax=m, solver="rvi")
+            s = solve(prob, s_max=m, solver="rvi")
         if s.evaluation.delta < 1e-3:
             return s
         m *= 2
     raise InputError(f"bin SMDP at λ = {prob.lam:.6g}: no s_max ≤ {m} gives Δ < 1e-3 (load ρ = {prob.rho:.4g} too high?)")
 
 
-def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 0.0, smax="auto") -> PerBinPolicy:
+def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 0.0, s_max="auto") -> PerBinPolicy:
     """Solve each bin's SMDP (λ_i = λ·P(bin i), 𝓑 = 1..B, G_b = max of b in-bin request times)."""
     e = np.asarray(edges, dtype=np.float64)
     if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
@@ -119,7 +119,7 @@ def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 
             sols.append(None)
             continue
         prob = BatchingProblem(lam=rates[i], batch_sizes=tuple(range(1, int(B) + 1)), service=g, w2=float(w2))
-        s = _solve_bin(prob, smax)
+        s = _solve_bin(prob, s_max)
         sols.append(s)
         lats[i] = s.deployed.mean_latency_ms
     return PerBinPolicy(edges=e, rates=rates, tables=_tables(sols), solutions=tuple(sols), latency=lats)

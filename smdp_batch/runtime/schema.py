@@ -13,7 +13,8 @@ Layout (DESIGN.md §4)::
                      for n > s_max serve policy[s_max] (paper 004 eq. 30, :func:`eq30`)
     /inputs          attrs: lam, rho, w1, w2, service, latency, energy (model specs)
     /inputs/batch_sizes   int32;  /inputs/latency_ms, /inputs/energy_mj  float64 per batch size
-    /truncation      attrs: smax, smax_auto, abstract_cost, delta, tol_delta
+    /truncation      attrs: s_max, s_max_auto, abstract_cost, delta, tol_delta
+                     (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto)
     /solution        attrs: avg_cost, solver, iterations, converged, eps, eta, span, gain_lo, gain_hi,
                             mean_latency_ms, mean_power_w, throughput, mean_batch_size, objective,
                             control_limit (-1 = none), solve_seconds
@@ -119,13 +120,21 @@ def _open(path: str, fmt: str):
     return f, meta
 
 
+_OLD_TRUNCATION_NAMES = {"smax": "s_max", "smax_auto": "s_max_auto"}
+
+
+def _renamed(attrs: dict, names: dict) -> dict:
+    """``attrs`` with old attribute names mapped to the current ones (old files keep loading)."""
+    return {names.get(k, k): v for k, v in attrs.items()}
+
+
 def _load_table(g, path: str, meta: dict) -> PolicyFile:
     try:
         policy = np.asarray(g["policy"][()], dtype=np.int64)
         inputs = _attrs(g["inputs"])
         for name in ("batch_sizes", "latency_ms", "energy_mj"):
             inputs[name] = g["inputs"][name][()]
-        truncation = _attrs(g["truncation"])
+        truncation = _renamed(_attrs(g["truncation"]), _OLD_TRUNCATION_NAMES)
         solution = _attrs(g["solution"])
         solution["relative_values"] = g["solution"]["relative_values"][()]
     except KeyError as e:

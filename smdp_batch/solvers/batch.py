@@ -23,7 +23,7 @@ from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
 from .pi import warm_up_pi
 from .rvi import ETA_FRACTION, warm_up_rvi
-from .solution import SOLVERS, Solution, check_backend, solve_truncated
+from .solution import SOLVERS, Solution, _renamed_s_max, check_backend, solve_truncated
 
 __all__ = ["solve_batch", "truncate_many"]
 
@@ -46,7 +46,7 @@ def truncate_many(problems: list[BatchingProblem], s_max: int, abstract_cost: fl
 
 def solve_batch(
     problems: list[BatchingProblem],
-    smax: int,
+    s_max: int | None = None,
     abstract_cost: float = 100.0,
     solver: str = "pi",
     backend: str = "numba",
@@ -54,15 +54,18 @@ def solve_batch(
     max_iter: int | None = None,
     eta_fraction: float = ETA_FRACTION,
     policy0: np.ndarray | None = None,
+    **deprecated,
 ) -> list[Solution]:
-    """Solve every problem at the fixed truncation ``smax``; one :class:`Solution` each, in order.
+    """Solve every problem at the fixed truncation ``s_max``; one :class:`Solution` each, in order.
 
-    policy0 : optional (len(problems), smax+2) batch sizes to warm-start PI (e.g. the previous
+    s_max : one integer ≥ Bmax for the whole batch (the old keyword ``smax=`` still works and warns).
+    policy0 : optional (len(problems), s_max+2) batch sizes to warm-start PI (e.g. the previous
         sweep's policies); by default numba chains warm starts along the list and JAX starts greedy.
     A batch solved with JAX needs one set of batch sizes (one shape).  Solutions whose policy
     waits on long queues (a degenerate truncation) are returned as they are; check
-    ``Solution.degenerate`` or use :func:`smdp_batch.solve` with smax="auto" for those.
+    ``Solution.degenerate`` or use :func:`smdp_batch.solve` with s_max="auto" for those.
     """
+    smax = _renamed_s_max(s_max, deprecated, "solve_batch")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)

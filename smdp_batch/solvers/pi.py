@@ -81,7 +81,7 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
             changed = changed[: changed.size // 2]
     raise InputError(
         "policy iteration reached a numerically multichain policy: the truncation's optimum waits at the top "
-        "(degenerate); use a larger s_max or smax='auto'"
+        "(degenerate); use a larger s_max or s_max='auto'"
     )
 
 

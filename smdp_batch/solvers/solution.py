@@ -1,6 +1,6 @@
 """One entry point: truncate, solve, evaluate — with automatic choice of s_max (paper 004 §V-A).
 
-``smax="auto"`` scans s_max upward from Bmax and returns the first truncation whose solution has
+``s_max="auto"`` scans s_max upward from Bmax and returns the first truncation whose solution has
 Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II) and whose policy is usable
 on the infinite queue (eq. 30's tail action π(s_max) serves faster than λ).  Each candidate is
 solved exactly by policy iteration warm-started from the previous one.  Steps are 1 up to
@@ -55,7 +55,7 @@ class Solution:
     result: SolveResult
     evaluation: Evaluation
     tol_delta: float
-    smax_auto: bool
+    s_max_auto: bool
     seconds: float
     candidates: int = 1  # truncations solved by the automatic scan
 
@@ -71,6 +71,12 @@ class Solution:
     @property
     def s_max(self) -> int:
         return self.model.s_max
+
+    @property
+    def smax_auto(self) -> bool:
+        """Deprecated spelling of :attr:`s_max_auto`."""
+        warnings.warn("Solution.smax_auto is deprecated; use s_max_auto", DeprecationWarning, stacklevel=2)
+        return self.s_max_auto
 
     @property
     def control_limit(self) -> int | None:
@@ -102,9 +108,9 @@ class Solution:
             "latency": p.latency.spec(),
             "energy": p.energy.spec(),
             "service": p.service.spec(),
-            "smax": self.s_max,
-            "smax_auto": self.smax_auto,
-            "smax_candidates": self.candidates,
+            "s_max": self.s_max,
+            "s_max_auto": self.s_max_auto,
+            "s_max_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
             "tol_delta": self.tol_delta,
             "solver": r.solver,
@@ -184,13 +190,24 @@ def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int)
     return out
 
 
+def _renamed_s_max(s_max, deprecated: dict, func: str):
+    """``s_max``, or the value of the deprecated keyword ``smax=`` (with a DeprecationWarning)."""
+    if not deprecated:
+        return s_max
+    unknown = set(deprecated) - {"smax"}
+    if unknown:
+        raise TypeError(f"{func}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    warnings.warn(f"{func}(smax=...) is deprecated; use s_max=...", DeprecationWarning, stacklevel=3)
+    return deprecated["smax"]
+
+
 def _next_smax(s: int) -> int:
     return s + 1 if s < 256 else int(s * 1.25)
 
 
 def solve(
     problem: BatchingProblem,
-    smax: int | str = "auto",
+    s_max: int | str = "auto",
     abstract_cost: float = 100.0,
     tol_delta: float = 1e-3,
     solver: str = "pi",
@@ -198,16 +215,19 @@ def solve(
     max_iter: int | None = None,
     eta_fraction: float = ETA_FRACTION,
     backend: str = "numba",
+    **deprecated,
 ) -> Solution:
     """Optimal batching policy for ``problem`` (paper 004 §V).
 
-    smax : an integer ≥ Bmax, or "auto" (smallest s_max, scanned upward, with Δ < tol_delta).
+    s_max : an integer ≥ Bmax, or "auto" (smallest s_max, scanned upward, with Δ < tol_delta).
+        The old keyword ``smax=`` still works and warns (DeprecationWarning).
     abstract_cost : c_o of eq. 19 (≥ 0).
     solver : "pi" (exact policy iteration, default) or "rvi" (Algorithm 1 with span tolerance eps).
-    backend : "numba" (CPU, default) or "jax" (CPU/GPU, optional extra).  With smax="auto" the
+    backend : "numba" (CPU, default) or "jax" (CPU/GPU, optional extra).  With s_max="auto" the
         scan runs on numba (every candidate has a new shape, which JAX would recompile) and the
         chosen truncation is solved by ``backend``.
     """
+    smax = _renamed_s_max(s_max, deprecated, "solve")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)
@@ -233,7 +253,7 @@ def solve(
             warnings.warn(
                 f"s_max={model.s_max} with c_o={model.abstract_cost:g} is degenerate: the policy's action at s_max "
                 f"({int(res.policy[model.s_max])}) cannot drain a long queue (Δ = {ev.delta:.3g}); raise s_max or c_o, "
-                "or use smax='auto'",
+                "or use s_max='auto'",
                 DegenerateTruncationWarning,
                 stacklevel=2,
             )

@@ -1,0 +1,224 @@
+"""Options and helpers shared by the commands: the scenario options and ``build_problem``,
+``--json`` and the text/JSON emitter, deprecated old spellings, and small text formatters.
+
+Imports only :mod:`.types` from this package; the command modules import from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+import numpy as np
+
+from ..errors import InputError
+from ..model.presets import PRESETS, preset
+from ..model.problem import BatchingProblem, batch_size_set
+from .types import Grid, Number, option
+
+ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
+NOTICES: list[str] = []  # deprecation lines of this invocation (printed by main)
+
+DEFAULTS = {
+    "rho": 0.5, "bmin": 1, "bmax": 32, "latency": None,  # None: the law's own l(b), else the paper's
+    "energy": "affine:19.899,19.603", "service": "det", "w1": 1.0, "w2": 1.0,
+}
+
+UNITS = {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput": "1/ms"}
+
+json_option = option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (keys: docs/json.md).")
+
+
+def scenario_options(f):
+    """Options describing the batching problem (shared by solve, evaluate, simulate, compare, pareto, tables).
+
+    Their defaults are shown in --help but are not click defaults: an option left out takes its value
+    from --preset or a policy file first, then from :data:`DEFAULTS`.
+    """
+    opts = [
+        option("--lam", type=Number(), help="Arrival rate λ in requests/ms (exclusive with --rho)."),
+        option("--rho", type=Number(), show_default="0.5", help="Load ρ = λ·l(Bmax)/Bmax in (0, 1)."),
+        option("--bmin", type=Number(integer=True), show_default="1", help="Smallest batch size."),
+        option("--bmax", type=Number(integer=True), show_default="32", help="Largest batch size."),
+        option("--batch-sizes", metavar="B,B,…", help="Explicit allowed batch sizes, e.g. 1,2,4,8,16,32."),
+        option("--preset", metavar="NAME", help=f"A paper 004 scenario: {', '.join(PRESETS)} (other options override it)."),
+        option("--latency", metavar="SPEC", show_default="the law's own l(b), else the paper's GoogLeNet/P4",
+                     help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:interp|affine|power]."),
+        option("--energy", metavar="SPEC", show_default=DEFAULTS["energy"],
+                     help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj or power_w)."),
+        option("--service", metavar="LAW", show_default="det",
+                     help="Batch-time law: det | exp | erlang:K | gamma:A | hyperexp:P/C,… | uniform:A,B | shiftexp:F | "
+                          "lognormal:S | mix:W*LAW@C;… | max:LAW[@MEAN] | empirical:FILE."),
+        option("--w1", type=Number(), show_default="1", help="Weight of mean latency (per ms)."),
+        option("--w2", type=Number(), show_default="1", help="Weight of mean power (per W)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+SCENARIO_KEYS = ("lam", "rho", "bmin", "bmax", "batch_sizes", "latency", "energy", "service", "w1", "w2")
+
+
+def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
+    """BatchingProblem from CLI options; ``base`` supplies values not given (a policy file's inputs)."""
+    v = dict(DEFAULTS)
+    if base:
+        v.update(base)
+    if opts.get("preset") is not None:
+        v.update(preset(opts["preset"]))
+    given = {k: opts.get(k) for k in SCENARIO_KEYS}
+    if given["lam"] is not None and given["rho"] is not None:
+        raise InputError("give either --lam or --rho, not both")
+    if given["lam"] is not None or given["rho"] is not None:
+        v.pop("lam", None)
+        v.pop("rho", None)
+    v.update({k: x for k, x in given.items() if x is not None})
+    if (given["bmin"] is not None or given["bmax"] is not None) and given["batch_sizes"] is None:
+        v.pop("batch_sizes", None)  # --bmin/--bmax override a stored batch-size set
+    if v.get("batch_sizes") is not None:
+        sizes = batch_size_set(sizes=v["batch_sizes"])
+    else:
+        integer = Number(integer=True)
+        sizes = batch_size_set(*(integer.parse_one(str(v[k]), f"--{k}") for k in ("bmin", "bmax")))
+    number = Number()
+    kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
+              w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"))
+    if v.get("lam") is not None:
+        return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
+    return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
+
+
+def file_inputs(pf) -> dict:
+    """The scenario a policy file was solved for, as build_problem's base values."""
+    base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
+    base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
+    return base
+
+
+def problems_over(opts: dict, rho_grid, lam_grid) -> tuple[list[BatchingProblem], list[str]]:
+    """Problems for every preset (``--preset a,b``) × load (``--rho``/``--lam`` or a grid), with labels."""
+    if rho_grid is not None and lam_grid is not None:
+        raise InputError("give either --rho-grid or --lam-grid, not both")
+    grid_name, grid = ("rho", rho_grid) if rho_grid is not None else ("lam", lam_grid)
+    if grid is not None and (opts.get("lam") is not None or opts.get("rho") is not None):
+        raise InputError("--lam/--rho and a grid exclude each other")
+    loads = [None] if grid is None else grid
+    presets = [None] if opts.get("preset") is None else [x.strip() for x in opts["preset"].split(",") if x.strip()]
+    problems, labels = [], []
+    for name in presets:
+        for v in loads:
+            problems.append(build_problem({**opts, "preset": name, **({grid_name: v} if v is not None else {})}))
+            labels.append(name if len(presets) > 1 else "")
+    return problems, labels
+
+
+def load_grids(what: str = "one front each"):
+    """``--rho-grid`` and ``--lam-grid`` (comma lists)."""
+    def deco(f):
+        f = option("--lam-grid", type=Grid(), help="Several arrival rates λ (1/ms), comma-separated.")(f)
+        return option("--rho-grid", type=Grid(), help=f"Several loads ρ, e.g. 0.3,0.7 ({what}).")(f)
+    return deco
+
+
+# ------------------------------------------------------------------------------- deprecated spellings
+def note_deprecated(old: str, new: str) -> None:
+    """Record the one stderr line for an old spelling (printed once by main)."""
+    line = f"{old} is deprecated; use {new}"
+    if line not in NOTICES:
+        NOTICES.append(line)
+
+
+_RENAMED = "smdp_batch.renamed"
+
+
+def deprecated_option(old: str, new: str, dest: str, **kw):
+    """A hidden option spelled the old way; its value fills ``dest`` (the new option's parameter)
+    unless the new spelling was given too.  Use with :func:`apply_renames` on the command."""
+
+    def callback(ctx, param, value):
+        if value is not None:
+            note_deprecated(old, new)
+            ctx.meta.setdefault(_RENAMED, {})[dest] = value
+        return value
+
+    return option(old, f"deprecated_{dest}_{old.strip('-').replace('-', '_')}", hidden=True, expose_value=False,
+                        callback=callback, default=None, **kw)
+
+
+def apply_renames(f):
+    """Let a command's deprecated spellings (see :func:`deprecated_option`) fill its parameters."""
+
+    @functools.wraps(f)
+    def wrapper(**kwargs):
+        ctx = click.get_current_context()
+        for dest, value in ctx.meta.pop(_RENAMED, {}).items():
+            if ctx.get_parameter_source(dest) in (None, click.core.ParameterSource.DEFAULT):
+                kwargs[dest] = value
+        return f(**kwargs)
+
+    return wrapper
+
+
+# ------------------------------------------------------------------------------------------ output
+def emit(data: dict, as_json: bool, text: str) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=_json_default))
+    else:
+        click.echo(text)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def sizes_text(sizes) -> str:
+    sizes = list(sizes)
+    if len(sizes) > 3 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+        return f"{sizes[0]}..{sizes[-1]}"
+    return ",".join(map(str, sizes))
+
+
+def scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:
+    """Two lines describing the scenario; ``w2`` replaces the weight's value (e.g. "swept")."""
+    rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g})"
+    return (
+        f"  scenario    {rate}, batch sizes {sizes_text(p.batch_sizes)}\n"
+        f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
+        f"w1 = {p.w1:g}, w2 = {w2 or format(p.w2, 'g')}"
+    )
+
+
+def metrics_line(d: dict) -> str:
+    return (
+        f"  metrics     W̄ = {d['mean_latency_ms']:.6g} ms, P̄ = {d['mean_power_w']:.6g} W, "
+        f"throughput = {d['throughput'] * 1e3:.6g} req/s, mean batch = {d['mean_batch_size']:.4g}"
+    )
+
+
+def cost_line(value: float, where: str) -> str:
+    """The objective, named and worded the same by solve, evaluate and show."""
+    return f"  cost        ĝ = {value:.6g} per ms (w1·W̄ + w2·P̄, {where})"
+
+
+def progress_line(enabled: bool, what: str):
+    """A counter on stderr (the number of jobs of an adaptive sweep is not known in advance)."""
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        click.echo(f"\r  {what}: {done[0]} done", nl=False, err=True)
+
+    return tick if enabled else None, (lambda: click.echo("", err=True) if enabled and done[0] else None)
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    from ..files import atomic_output
+
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)

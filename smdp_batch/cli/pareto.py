@@ -1,0 +1,252 @@
+"""The ``pareto`` command: the latency–power trade-off over w2 (paper 004 §VII-B), baselines placed
+against it, the least-power policy meeting an SLO, and its CSV, figure and text report."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+
+import click
+import numpy as np
+
+from ..errors import InputError
+from ..export.hdf5 import write_policy
+from .options import (
+    emit, json_option, load_grids, note_deprecated, problems_over, progress_line, scenario_line, scenario_options,
+    write_text_atomically,
+)
+from .types import FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
+
+PLOT_KINDS = ("tradeoff", "percentiles", "scenarios")
+_DEFAULT_REQUESTS = 200_000
+
+
+def _deprecated(new: str):
+    def callback(ctx, param, value):
+        if value is not None:
+            note_deprecated(param.opts[0], new)
+        return value
+    return callback
+
+
+@click.command("pareto", short_help="Trace the latency–power trade-off over w2 and pick the least power meeting an SLO.")
+@scenario_options
+@load_grids("one front each")
+@option("--w2-min", type=Number(), default="0.01", show_default=True,
+              help="Smallest positive w2 of the log grid (w2 = 0 is always swept).")
+@option("--w2-max", type=Number(), default="10", show_default=True,
+              help="Largest w2 of the log grid (then doubled until the least-power policy).")
+@option("--points", type=Number(integer=True), default="25", show_default=True, help="Points of the log grid before refinement.")
+@option("--rtol", type=Number(), default="0.02", show_default=True, help="w2 ranges resolved to this relative precision.")
+@option("--extend", type=Number(integer=True), default="6", show_default=True,
+              help="Doublings of w2 beyond --w2-max to reach the least-power end.")
+@option("--baselines/--no-baselines", default=True, show_default=True, help="Greedy and static b (exact).")
+@option("--timeouts/--no-timeouts", default=True, show_default=True,
+              help="Triton, TF-Serving, Ray, TorchServe over their delay (simulated).")
+@option("--statics", type=Grid(integer=True, keep_order=True), default=None, show_default="powers of 2 and Bmax",
+              help="Static batch sizes to show, e.g. 8,16,32.")
+@option("--requests", type=Number(integer=True, min=1000), default=str(_DEFAULT_REQUESTS), show_default=True,
+              help="Requests simulated per policy: every timeout setting, and every front point when percentiles are simulated.")
+@option("--percentiles", is_flag=True, default=False,
+              help="Simulate p50/p95/p99 of every front point (on anyway when an SLO, --within-ms or the percentiles figure needs them).")
+@option("--simulate", "sim_requests", type=Number(integer=True, min=1000, zero_ok=True), default=None, hidden=True,
+              callback=_deprecated("--requests N --percentiles"))
+@option("--baseline-requests", "base_requests", type=Number(integer=True, min=1000), default=None, hidden=True,
+              callback=_deprecated("--requests"))
+@option("--within-ms", type=Number(min=0, min_open=True), default=None,
+              help="Latency bound (ms) whose satisfaction share is simulated (Fig. 6(c)).")
+@option("--seed", type=Number(integer=True), default="0", show_default=True,
+              help="Random seed (the same arrivals for every policy).")
+@option("--slo-mean-ms", type=Number(min=0, min_open=True), default=None,
+              help="Choose the least power with mean latency ≤ X ms (exact).")
+@option("--slo-p95-ms", type=Number(min=0, min_open=True), default=None,
+              help="Choose the least power with simulated p95 ≤ X ms.")
+@option("--slo-p99-ms", type=Number(min=0, min_open=True), default=None,
+              help="Choose the least power with simulated p99 ≤ X ms.")
+@option("--slo-within", type=SloWithin(), default=None,
+              help="Choose the least power with ≥ PERCENT of requests within BOUND_MS.")
+@option("-o", "--output", type=OutputPath(), default=None, help="Write the chosen policy's table to FILE.h5 (one front).")
+@option("--csv", "csv_path", type=OutputPath(), default=None, help="Write every front and baseline point to FILE.csv.")
+@option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the figure to FILE.png|.svg|.pdf.")
+@option("--plot-kind", type=OneOf(PLOT_KINDS, "--plot-kind"), default="tradeoff", show_default=True,
+              help="tradeoff (Figs. 5, 7–9) | percentiles (Fig. 6) | scenarios (adds panel (a) of Figs. 7–9).")
+@option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Run the sweep on Dask: 'local' (a LocalCluster) or a scheduler address.")
+@option("--workers", type=Number(integer=True), default=None, show_default="CPU count", help="LocalCluster workers.")
+@option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress counter on stderr.")
+@json_option
+def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselines, timeouts, statics, requests,
+               percentiles, sim_requests, base_requests, within_ms, seed, slo_mean_ms, slo_p95_ms, slo_p99_ms, slo_within,
+               output, csv_path, plot_path, plot_kind, dask_address, workers, progress, as_json, **opts):
+    """Latency–power trade-off over w2, baselines on it, and the least-power policy meeting an SLO."""
+    from ..analysis.parallel import dask_mapper
+    from ..analysis.pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
+
+    problems, labels = problems_over(opts, rho_grid, lam_grid)
+    slos = {k: v for k, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms), ("within", slo_within))
+            if v is not None}
+    if len(slos) > 1:
+        raise InputError("give at most one SLO: --slo-mean-ms, --slo-p95-ms, --slo-p99-ms or --slo-within")
+    slo = next(iter(slos.items()), None)
+    slo_value = None if slo is None else slo[1]
+    within = within_ms
+    if slo is not None and slo[0] == "within":
+        within = slo_value[0]
+    needed = (slo is not None and slo[0] != "mean") or within is not None or plot_kind == "percentiles"
+    if sim_requests is not None:  # the deprecated --simulate N: N requests per front point, 0 = only when needed
+        n_sim = sim_requests or (_DEFAULT_REQUESTS if needed else 0)
+    else:
+        n_sim = requests if (percentiles or needed) else 0
+    n_base = requests if base_requests is None else base_requests
+    if output and (slo is None or len(problems) != 1):
+        raise InputError("-o writes the SLO's chosen policy: give one SLO and one scenario/load")
+    sd = seed
+    static_sizes = statics
+    show = sys.stderr.isatty() if progress is None else progress
+    tick, finish = progress_line(show, "solves and simulations")
+    runner = dask_mapper(dask_address, workers) if dask_address else contextlib.nullcontext(None)
+    with runner as mapper:
+        fronts = sweep_fronts(problems, w2_min, w2_max, points, rtol, n_sim,
+                              () if within is None else (within,), sd, labels=labels,
+                              extend=extend, progress=tick, mapper=mapper)
+        base, skipped = {}, {}
+        if baselines or timeouts:
+            for i, f in enumerate(fronts):
+                base[i], skipped[i] = baseline_points(
+                    f.problem, static_sizes if baselines else [], timeouts, n_base, sd,
+                    simulate_tables=bool(n_sim), within_ms=() if within is None else (within,), mapper=mapper)
+                if not baselines:
+                    base[i] = [b for b in base[i] if b.family != "greedy"]
+                if tick:
+                    tick(len(base[i]))
+    finish()
+    chosen = None
+    if slo is not None:
+        kw = {"mean": "slo_mean_ms", "p95": "slo_p95_ms", "p99": "slo_p99_ms", "within": "slo_within"}[slo[0]]
+        chosen = [f.choose(**{kw: slo_value}) for f in fronts]
+    if output and chosen[0] is not None:
+        pt = chosen[0]
+        if math.isfinite(pt.w2_lo):
+            write_policy(fronts[0].solution(pt), output)
+        else:
+            raise InputError("the chosen policy is the front's w2 = ∞ end (static batching); use --policy static:B instead of a table")
+    rows = []
+    d_fronts = []
+    for i, f in enumerate(fronts):
+        bl = []
+        for b in base.get(i, []):
+            F = f.power_at(b.mean_latency_ms)
+            bl.append({**b.as_dict(), "front_power_w": F, "margin_w": b.mean_power_w - F,
+                       "dominated": dominated_by_front(f, b.mean_latency_ms, b.mean_power_w, b.latency_ci, b.power_ci)})
+        d_fronts.append({**f.problem.describe(), "label": f.label, "points": [p.as_dict() for p in f.points],
+                         "baselines": bl, "skipped": [{"setting": s_, "reason": r} for s_, r in skipped.get(i, [])],
+                         **({"chosen": chosen[i].as_dict() if chosen[i] else None} if chosen else {})})
+        for p in f.points:
+            rows.append(_csv_row(f, "smdp", "smdp", f"w2 in [{p.w2_lo:.6g}, {p.w2_hi:.6g}]", p, p.w2_lo, p.w2_hi,
+                                 p.control_limit, within))
+        for b, extra in zip(base.get(i, []), bl):
+            rows.append({**_csv_row(f, "baseline", b.family, b.setting, b, None, None, None, within),
+                         "mean_latency_ci_ms": b.latency_ci, "mean_power_ci_w": b.power_ci,
+                         "dominated": extra["dominated"], "margin_w": extra["margin_w"]})
+    if csv_path:
+        _write_csv(csv_path, rows)
+    if plot_path:
+        _pareto_figure(fronts, base, plot_kind, plot_path, chosen, within, n_sim, sd, latency_cdfs)
+    data = {"fronts": d_fronts, "slo": None if slo is None else {"kind": slo[0], "value": slo_value},
+            "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
+            **({"output": output} if output and chosen[0] is not None else {}), **({"csv": csv_path} if csv_path else {}),
+            **({"plot": plot_path} if plot_path else {})}
+    emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
+
+
+def _csv_row(front, kind, family, setting, p, w2_lo, w2_hi, control_limit, within) -> dict:
+    row = {"scenario": front.label or front.problem.describe().get("service", ""), "rho": front.problem.rho,
+           "lam": front.problem.lam, "kind": kind, "family": family, "setting": setting,
+           "w2_lo": w2_lo, "w2_hi": w2_hi, "mean_latency_ms": p.mean_latency_ms, "mean_power_w": p.mean_power_w,
+           "efficiency_req_per_j": p.efficiency, "control_limit": control_limit,
+           "mean_latency_ci_ms": 0.0, "mean_power_ci_w": 0.0,
+           "p50_ms": p.percentiles.get("p50_ms"), "p95_ms": p.percentiles.get("p95_ms"), "p99_ms": p.percentiles.get("p99_ms"),
+           "dominated": None, "margin_w": None}
+    if within is not None:
+        row[f"within_{within:g}ms"] = p.within.get(within)
+    return row
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    write_text_atomically(path, buf.getvalue())
+
+
+def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latency_cdfs) -> None:
+    from ..baselines import parse_policy
+    from ..analysis.plots import plot_percentiles, plot_tradeoff, save
+
+    if kind in ("tradeoff", "scenarios"):
+        fig = plot_tradeoff(fronts, base, model_panel=kind == "scenarios")
+    else:
+        f = fronts[0]
+        pick = chosen[0] if chosen and chosen[0] is not None else f.points[len(f.points) // 2]
+        k = f.points.index(pick)
+        rules = {"greedy": parse_policy("greedy", f.problem.batch_sizes, f.problem.bmax)}
+        for b in base.get(0, []):
+            if b.family == "static":
+                rules[b.setting] = parse_policy(b.setting, f.problem.batch_sizes, f.problem.bmax)
+        for p in f.points[max(k - 1, 0): k + 2]:
+            tag = " (chosen)" if p is pick and chosen else ""
+            rules[f"SMDP w2 ∈ [{p.w2_lo:.3g}, {p.w2_hi:.3g}]{tag}"] = np.asarray(p.policy, dtype=np.int64)
+        cdfs = latency_cdfs(f.problem, rules, requests=n_sim, seed=seed)
+        fig = plot_percentiles(f, base.get(0, []), cdfs, within)
+    save(fig, path)
+
+
+def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path) -> str:
+    from ..analysis.plots import finite_w2
+
+    lines = ["smdp-batch — latency–power trade-off over w2 (paper 004 §VII-B)"]
+    for i, (f, d) in enumerate(zip(fronts, d_fronts)):
+        lines += ["", scenario_line(f.problem, w2="swept"), f"  {f.label}" if f.label else ""]
+        lines.append(f"  {'w2 range':>21s}  {'W̄ ms':>9s}  {'P̄ W':>9s}  {'req/J':>7s}  {'Q':>4s}" +
+                     ("  p95 ms  p99 ms" if f.points and f.points[0].percentiles else ""))
+        for p in f.points:
+            q = "-" if p.control_limit is None else str(p.control_limit)
+            pct = (f"  {p.percentiles['p95_ms']:6.4g}  {p.percentiles['p99_ms']:6.4g}" if p.percentiles else "")
+            lines.append(f"  [{finite_w2(p.w2_lo):>8s}, {finite_w2(p.w2_hi):>8s}]  {p.mean_latency_ms:9.6g}  "
+                         f"{p.mean_power_w:9.6g}  {p.efficiency:7.4g}  {q:>4s}{pct}")
+        bl = d["baselines"]
+        if bl:
+            bad = [b for b in bl if not b["dominated"]]
+            lines.append(f"  baselines   {len(bl)} points; the front dominates {len(bl) - len(bad)} "
+                         f"(F(W_b + h_W) ≤ P_b + h_P)")
+            for b in bl:
+                if b["family"] in ("greedy", "static") or not b["dominated"]:
+                    lines.append(f"    {b['setting']:34s} W̄ {b['mean_latency_ms']:8.4g} ms, P̄ {b['mean_power_w']:8.4g} W, "
+                                 f"front {b['front_power_w']:8.4g} W ({b['margin_w']:+.3g} W)"
+                                 f"{'' if b['dominated'] else '  NOT dominated'}")
+        for s_ in d["skipped"]:
+            lines.append(f"    {s_['setting']:34s} skipped: {s_['reason']}")
+        if chosen:
+            c = chosen[i]
+            if slo[0] == "within":
+                what = f"≥ {100 * slo_value[1]:g} % within {slo_value[0]:g} ms"
+            else:
+                what = f"{'W̄' if slo[0] == 'mean' else slo[0]} ≤ {slo_value:g} ms"
+            if c is None:
+                lines.append(f"  SLO         {what}: no swept policy meets it")
+            else:
+                lines.append(f"  SLO         {what}: least power {c.mean_power_w:.5g} W at W̄ = {c.mean_latency_ms:.5g} ms, "
+                             f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges to the sweep's rtol)")
+    if output and chosen[0] is None:
+        lines.append(f"  not written {output}: no swept policy meets the SLO")
+        output = None
+    for label, path in (("written", output), ("csv", csv_path), ("figure", plot_path)):
+        if path:
+            lines.append(f"  {label:11s} {path}")
+    return "\n".join(x for x in lines if x != "")

@@ -1,0 +1,293 @@
+"""Commands that solve and read policy tables: ``solve`` (one table or a λ-bank), ``evaluate``
+(exact metrics of any policy), ``show`` (what a table file holds) and ``tables`` (a grid of tables
+with an index and a Fig. 3-style chart)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import click
+
+from .. import __version__
+from ..analysis.report import describe_policy
+from ..baselines import parse_policy
+from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
+from ..export.hdf5 import write_policy
+from ..runtime.schema import read_policy
+from ..solvers import BACKENDS, SOLVERS, solve
+from ..solvers.evaluation import control_limit_of, evaluate_deployed
+from ..solvers.solution import check_backend
+from .options import (
+    ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
+    load_grids, metrics_line, problems_over, scenario_line, scenario_options, sizes_text, write_text_atomically,
+)
+from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputPath, SMax, option
+
+
+@click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
+@scenario_options
+@option("--s-max", "s_max", type=SMax(), default="auto", show_default=True,
+              help="Truncation s_max ≥ Bmax, or auto (the smallest with Δ < δ).")
+@deprecated_option("--smax", "--s-max", "s_max", type=SMax())
+@option("--abstract-cost", type=Number(), default="100", show_default=True, help="Overflow cost c_o (eq. 19).")
+@option("--tol-delta", type=Number(), default="1e-3", show_default=True, help="δ: accept a truncation when Δ < δ (eq. 22).")
+@option("--solver", type=OneOf(SOLVERS, "solver"), default="pi", show_default=True,
+              help="pi (exact policy iteration) or rvi (the paper's Alg. 1).")
+@option("--eps", type=Number(), default="0.01", show_default=True, help="RVI span tolerance ε.")
+@option("--max-iter", type=Number(integer=True), default=None, show_default="RVI 100000, PI 1000",
+              help="Iteration cap.")
+@option("--backend", type=OneOf(BACKENDS, "backend"), default="numba", show_default=True,
+              help="numba (CPU) or jax (CPU/GPU; pip install 'smdp-batch[jax]'); an auto s_max scans on numba.")
+@load_grids("a λ-bank; -o writes one bank file")
+@option("-o", "--output", type=OutputPath(), default=None, help="Write the policy table (or bank) to FILE.h5.")
+@json_option
+@apply_renames
+def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, output, as_json,
+              **opts):
+    """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
+    check_backend(backend)
+    settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
+                    max_iter=max_iter, backend=backend)
+    if lam_grid is not None or rho_grid is not None:
+        return _solve_bank(opts, lam_grid, rho_grid, settings, output, as_json)
+    problem = build_problem(opts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NotConvergedWarning)
+        warnings.simplefilter("always", DegenerateTruncationWarning)
+        sol = solve(problem, **settings)
+    for w in caught:
+        if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning)):
+            click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
+    if sol.degenerate:
+        raise InputError(
+            f"the truncation s_max={sol.s_max} is degenerate (its policy waits on long queues, Δ = "
+            f"{sol.evaluation.delta:.3g}); use --s-max auto, a larger --s-max or a larger --abstract-cost"
+        )
+    d = sol.to_dict()
+    if output:
+        write_policy(sol, output)
+        d["output"] = output
+    r = sol.result
+    conv = "converged" if r.converged else "NOT CONVERGED (iteration cap)"
+    text = "\n".join(
+        [
+            "smdp-batch — optimal batching policy (paper 004 SMDP)",
+            scenario_line(problem),
+            f"  truncation  s_max = {sol.s_max}{' (auto)' if sol.s_max_auto else ''}, c_o = {sol.model.abstract_cost:g}, "
+            f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
+            f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
+            f"  policy      {describe_policy(sol.policy, problem.batch_sizes)}",
+            cost_line(d["avg_cost"], "truncated model, eq. 21"),
+            metrics_line(d),
+        ]
+        + ([f"  written     {output}"] if output else [])
+    )
+    emit(d, as_json, text)
+
+
+def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:
+    """Solve one scenario over a grid of λ (or ρ) and write a policy bank (runtime.PolicyBank)."""
+    from ..export.hdf5 import write_bank
+
+    if opts.get("preset") and "," in opts["preset"]:
+        raise InputError("a policy bank takes one --preset")
+    problems, _ = problems_over(opts, rho_grid, lam_grid)
+    sols = []
+    for problem in problems:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", NotConvergedWarning)
+            sol = solve(problem, **settings)
+        for w in caught:
+            click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
+        if sol.degenerate:
+            raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --s-max auto")
+        sols.append(sol)
+    if output:
+        write_bank(sols, output)
+    rows = [sol.to_dict() for sol in sols]
+    lines = [f"smdp-batch — policy bank over {len(sols)} arrival rates (paper 004 SMDP per λ)",
+             scenario_line(sols[0].problem, rate="λ on a grid (below)")]
+    for sol, d in zip(sols, rows):
+        lines.append(f"  λ = {d['lam']:<9.5g} ρ = {d['rho']:<6.3g} s_max = {d['s_max']:<5} "
+                     f"{describe_policy(sol.policy, sol.problem.batch_sizes)[:60]:<60} W̄ = {d['mean_latency_ms']:.4g} ms, "
+                     f"P̄ = {d['mean_power_w']:.4g} W")
+    if output:
+        lines.append(f"  written     {output}")
+    emit({"bank": rows, **({"output": output} if output else {})}, as_json, "\n".join(lines))
+
+
+@click.command("evaluate", short_help="Exact long-run metrics of any policy on the infinite queue.")
+@scenario_options
+@option("--policy", "policy_spec", required=True, metavar="SPEC", help="static:B | greedy | control:Q | FILE.h5")
+@json_option
+def evaluate_cmd(policy_spec, as_json, **opts):
+    """Exact long-run metrics of a policy on the infinite queue (eq. 30 extension, truncation error < 1e-10)."""
+    t0 = time.perf_counter()
+    if policy_spec.lower().endswith((".h5", ".hdf5")):
+        pf = read_policy(policy_spec)
+        problem = build_problem(opts, file_inputs(pf))
+        if tuple(problem.batch_sizes) != pf.batch_sizes:
+            raise InputError(
+                f"{policy_spec} was solved for batch sizes {list(pf.batch_sizes)}, not {list(problem.batch_sizes)}"
+            )
+        policy = pf.policy
+    else:
+        problem = build_problem(opts)
+        policy = parse_policy(policy_spec, problem.batch_sizes, max(problem.bmax, 1))
+    ev = evaluate_deployed(problem, policy)
+    objective = problem.w1 * ev.mean_latency_ms + problem.w2 * ev.mean_power_w
+    d = {
+        **problem.describe(),
+        "policy_spec": policy_spec,
+        "s_max": ev.s_max,
+        "abstract_cost": 0.0,
+        "iterations": None,
+        "converged": None,
+        **ev.as_dict(),
+        "avg_cost": objective,
+        "objective": objective,
+        "policy": [int(a) for a in policy],
+        "control_limit": control_limit_of(policy, problem.batch_sizes),
+        "solve_seconds": time.perf_counter() - t0,
+        "units": dict(UNITS),
+    }
+    text = "\n".join(
+        [
+            f"smdp-batch — exact evaluation of {policy_spec}",
+            scenario_line(problem),
+            f"  policy      {describe_policy(policy, problem.batch_sizes)}",
+            cost_line(d["avg_cost"], "exact, infinite queue"),
+            metrics_line(d),
+            f"  exactness   evaluated on s_max = {ev.s_max} (tail share Δ = {ev.delta:.2g})",
+        ]
+    )
+    emit(d, as_json, text)
+
+
+@click.command("show", short_help="Print what a policy table (or a λ-bank) holds.")
+@click.argument("path", type=InputFile())
+@json_option
+def show_cmd(path, as_json):
+    """Print what a policy table (or a λ-bank) holds."""
+    from ..errors import PolicyFileError
+    from ..runtime.schema import read_bank
+
+    try:
+        pf = read_policy(path)
+    except PolicyFileError as e:
+        if "it is a policy bank" not in str(e):
+            raise
+        bank = read_bank(path)
+        rows = [{"lam": t.inputs["lam"], "rho": t.inputs["rho"], "s_max": t.truncation["s_max"],
+                 "control_limit": control_limit_of(t.policy, t.batch_sizes), "mean_latency_ms": t.solution["mean_latency_ms"],
+                 "mean_power_w": t.solution["mean_power_w"], "policy": [int(a) for a in t.policy]} for t in bank]
+        lines = [f"{path}: {bank[0].meta.get('format')} v{bank[0].meta.get('schema_version')}, {len(bank)} tables"]
+        lines += [f"  λ = {r['lam']:<9.5g} ρ = {r['rho']:<6.3g} s_max = {r['s_max']:<5} control limit {r['control_limit']}, "
+                  f"W̄ = {r['mean_latency_ms']:.4g} ms, P̄ = {r['mean_power_w']:.4g} W" for r in rows]
+        emit({"path": path, **bank[0].meta, "tables": rows}, as_json, "\n".join(lines))
+        return
+
+    sizes = pf.batch_sizes
+    solution = {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}
+    if "throughput" in solution:  # the same throughput keys as solve and evaluate
+        solution["throughput_per_s"] = solution["throughput"] * 1e3
+    d = {
+        "path": path,
+        **pf.meta,
+        "inputs": pf.inputs,
+        "truncation": pf.truncation,
+        "solution": solution,
+        "policy": [int(a) for a in pf.policy],
+        "control_limit": control_limit_of(pf.policy, sizes),
+    }
+    i, t, s = pf.inputs, pf.truncation, pf.solution
+    text = "\n".join(
+        [
+            f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",
+            f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)}), "
+            f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
+            f"  truncation  s_max = {t['s_max']}, c_o = {t['abstract_cost']:g}, Δ = {t['delta']:.3g}",
+            f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
+            f"  policy      {describe_policy(pf.policy, sizes)}",
+            f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
+            cost_line(s["avg_cost"], "truncated model, eq. 21"),
+        ]
+    )
+    emit(d, as_json, text)
+
+
+@click.command("tables", short_help="Solve a grid of loads × weights into policy tables with an index and a chart.")
+@scenario_options
+@load_grids("one table per load and weight")
+@option("--w2-grid", type=Grid(min=0), required=True, help="Weights w2, e.g. 0,0.5,1,1.6,2.2,5.")
+@option("-o", "--output", "outdir", type=OutputPath(), default=None,
+              help="Write one FILE.h5 per (load, w2) and a README.md index into this folder.")
+@option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the policies (Fig. 3 style) to this figure.")
+@option("--max-queue", type=Number(integer=True), default=None, show_default="control limits + 4",
+              help="Largest queue length drawn.")
+@json_option
+def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_json, **opts):
+    """Solve a grid of loads × weights: one policy table each, an index, and a Fig. 3-style chart."""
+    from ..analysis.plots import plot_policies, save
+
+    if opts.get("preset") and "," in opts["preset"]:
+        raise InputError("tables takes one --preset")
+    problems, _ = problems_over(opts, rho_grid, lam_grid)
+    w2s = w2_grid
+    sols = []
+    for p in problems:
+        for w2 in w2s:
+            sol = solve(p.replace(w2=w2))
+            if sol.degenerate:
+                raise InputError(f"ρ = {p.rho:.4g}, w2 = {w2:g}: the truncation is degenerate")
+            sols.append(sol)
+    prefix = (opts.get("preset") or "custom").replace(",", "_")
+    names = [f"{prefix}_rho{s.problem.rho:.2f}_w2-{s.problem.w2:g}.h5" if rho_grid is not None or lam_grid is None
+             else f"{prefix}_lam{s.problem.lam:.4g}_w2-{s.problem.w2:g}.h5" for s in sols]
+    if outdir:
+        os.makedirs(outdir, exist_ok=True)
+        for s, name in zip(sols, names):
+            write_policy(s, os.path.join(outdir, name))
+        write_text_atomically(os.path.join(outdir, "README.md"), _tables_readme(sols, names))
+    if plot_path:
+        grid = {(round(s.problem.rho, 6), s.problem.w2): (s.policy[: s.s_max + 1], s.control_limit) for s in sols}
+        save(plot_policies(grid, problems[0].batch_sizes, max_queue), plot_path)
+    rows = [{"file": n, **{k: v for k, v in s.to_dict().items() if k != "policy"}} for s, n in zip(sols, names)]
+    lines = [f"smdp-batch — {len(sols)} policy tables ({len(problems)} loads × {len(w2s)} weights)",
+             scenario_line(problems[0], rate="loads on a grid (below)", w2="on a grid (below)")]
+    for s, n in zip(sols, names):
+        lines.append(f"  {n:32s} ρ = {s.problem.rho:<5.3g} w2 = {s.problem.w2:<5g} "
+                     f"{describe_policy(s.policy, s.problem.batch_sizes)[:44]:44s} W̄ {s.deployed.mean_latency_ms:7.4g} ms, "
+                     f"P̄ {s.deployed.mean_power_w:7.4g} W")
+    for label, path in (("written", outdir), ("figure", plot_path)):
+        if path:
+            lines.append(f"  {label:11s} {path}")
+    emit({"tables": rows, **({"output": outdir} if outdir else {})}, as_json, "\n".join(lines))
+
+
+def _tables_readme(sols, names) -> str:
+    import shlex
+
+    p = sols[0].problem
+    cmd = "smdp-batch " + " ".join(shlex.quote(a) for a in ARGV)
+    out = [
+        "# Policy tables",
+        "",
+        f"Written by `{cmd}` (smdp-batch {__version__}); run it again to regenerate them.",
+        "",
+        f"Scenario: batch sizes {sizes_text(p.batch_sizes)}, l(b) = `{p.latency.spec()}` ms, "
+        f"ζ(b) = `{p.energy.spec()}` mJ, service `{p.service.spec()}`, w1 = {p.w1:g}. Each file is an HDF5 policy "
+        "table (DESIGN.md §4): load it with `smdp_batch.runtime.PolicyTable.load(path)` or inspect it with "
+        "`smdp-batch show FILE`.",
+        "",
+        "| file | ρ | λ (1/ms) | w2 | policy | W̄ (ms) | P̄ (W) | s_max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s, n in zip(sols, names):
+        ev = s.deployed
+        out.append(f"| `{n}` | {s.problem.rho:.4g} | {s.problem.lam:.6g} | {s.problem.w2:g} | "
+                   f"{describe_policy(s.policy, s.problem.batch_sizes)} | {ev.mean_latency_ms:.5g} | "
+                   f"{ev.mean_power_w:.5g} | {s.s_max} |")
+    return "\n".join(out) + "\n"

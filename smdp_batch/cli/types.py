@@ -1,0 +1,224 @@
+"""Click parameter types shared by every command: numbers with ranges, comma grids, choices, paths.
+
+Each type turns a bad value into :class:`OneLineError`, whose message names the option, the value
+and what is valid (``--requests must be ≥ 100, got '10'``); ``main`` prints it as the one line
+``smdp-batch: error: …``.  Domain checks that need the whole problem (ρ < 1, Bmin ≤ Bmax, s_max ≥
+Bmax) stay with the model and the solvers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import click
+
+from ..errors import InputError
+
+__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "OutputPath", "FigurePath", "InputFile"]
+
+
+class OneLineError(click.BadParameter):
+    """A bad option value whose message already says everything (no "Invalid value for" prefix)."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _flag(param) -> str:
+    """The option as the user knows it: its long spelling (or its metavar for an argument)."""
+    if param is None:
+        return "value"
+    longs = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+    if longs:
+        return longs[0]
+    if getattr(param, "param_type_name", "") == "argument":
+        return param.human_readable_name
+    return param.opts[0] if param.opts else param.name
+
+
+def _fmt(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+class _Type(click.ParamType):
+    """Base: ``parse(text, flag)`` raises InputError; ``convert`` turns it into a OneLineError."""
+
+    def parse(self, text: str, flag: str):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # a default that is already converted
+        try:
+            return self.parse(value, _flag(param))
+        except InputError as e:
+            raise OneLineError(str(e), ctx=ctx, param=param) from None
+
+
+class Number(_Type):
+    """A finite float (or an int) with optional bounds: ``Number(min=0, min_open=True)``."""
+
+    def __init__(self, *, integer: bool = False, min=None, max=None, min_open: bool = False, zero_ok: bool = False):
+        self.integer, self.min, self.max, self.min_open, self.zero_ok = integer, min, max, min_open, zero_ok
+        self.name = "integer" if integer else "number"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "INT" if self.integer else "X"
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        label = f"{flag}{what}"
+        try:
+            v = int(text) if self.integer else float(text)
+        except (TypeError, ValueError):
+            raise InputError(f"{label} must be {'an integer' if self.integer else 'a number'}, got {text!r}") from None
+        if not self.integer and not math.isfinite(v):
+            raise InputError(f"{label} must be finite, got {text!r}")
+        if self.zero_ok and v == 0:
+            return v
+        low_bad = self.min is not None and (v <= self.min if self.min_open else v < self.min)
+        if low_bad or (self.max is not None and v > self.max):
+            raise InputError(f"{label} must be {self._range()}, got {text!r}")
+        return v
+
+    def _range(self) -> str:
+        parts = []
+        if self.zero_ok:
+            parts.append("0 or")
+        if self.min is not None:
+            parts.append(f"{'>' if self.min_open else '≥'} {_fmt(self.min)}")
+        if self.max is not None:
+            parts.append(f"{'and ' if self.min is not None else ''}≤ {_fmt(self.max)}")
+        return " ".join(parts)
+
+    def parse(self, text: str, flag: str):
+        return self.parse_one(text, flag)
+
+
+class Grid(_Type):
+    """Comma-separated numbers, e.g. ``0.1,0.3`` → sorted distinct values (``allow_empty``: '' → [])."""
+
+    name = "grid"
+
+    def __init__(self, *, integer: bool = False, min=None, allow_empty: bool = False, keep_order: bool = False):
+        self.item = Number(integer=integer)
+        self.min, self.allow_empty, self.keep_order = min, allow_empty, keep_order
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "X,Y,…"
+
+    def parse(self, text: str, flag: str):
+        items = [x for x in text.split(",") if x.strip()]
+        values = [self.item.parse_one(x.strip(), flag, " values") for x in items]
+        if not values:
+            if self.allow_empty and not text.strip():
+                return []
+            raise InputError(f"{flag} needs comma-separated numbers, e.g. 0.3,0.7")
+        if self.min is not None and any(v < self.min for v in values):
+            raise InputError(f"{flag} values must be ≥ {_fmt(self.min)}, got {text!r}")
+        return list(dict.fromkeys(values)) if self.keep_order else sorted(set(values))
+
+
+class OneOf(_Type):
+    """One word of a fixed list: ``unknown solver 'magic'; valid: pi, rvi``."""
+
+    name = "choice"
+
+    def __init__(self, choices, what: str):
+        self.choices, self.what = tuple(choices), what
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "|".join(self.choices)
+
+    def parse(self, text: str, flag: str):
+        if text not in self.choices:
+            raise InputError(f"unknown {self.what} {text!r}; valid: {', '.join(self.choices)}")
+        return text
+
+
+class SMax(_Type):
+    """``auto`` or an integer truncation level (the solver checks s_max ≥ Bmax)."""
+
+    name = "s_max"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "N|auto"
+
+    def parse(self, text: str, flag: str):
+        if text.strip().lower() == "auto":
+            return "auto"
+        try:
+            return int(text)
+        except ValueError:
+            raise InputError(f"{flag} must be an integer ≥ Bmax or auto, got {text!r}") from None
+
+
+class SloWithin(_Type):
+    """``BOUND_MS:PERCENT`` → (bound in ms, share in (0, 1])."""
+
+    name = "bound:percent"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "BOUND_MS:PERCENT"
+
+    def parse(self, text: str, flag: str):
+        bound, sep, pct = text.partition(":")
+        if not sep:
+            raise InputError(f"{flag} must be BOUND_MS:PERCENT, e.g. 10:95, got {text!r}")
+        b = Number().parse_one(bound, flag, " bound")
+        p = Number().parse_one(pct, flag, " percent")
+        if b <= 0 or not (0 < p <= 100):
+            raise InputError(f"{flag} needs a bound > 0 ms and a percentage in (0, 100], got {text!r}")
+        return b, p / 100.0
+
+
+class OutputPath(_Type):
+    """A file (or folder) to write: its parent folder must exist; nothing is created while parsing."""
+
+    name = "output"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "PATH"
+
+    def parse(self, text: str, flag: str):
+        folder = os.path.dirname(os.path.abspath(text))
+        if not os.path.isdir(folder):
+            raise InputError(f"output folder {folder!r} does not exist")
+        return text
+
+
+class FigurePath(OutputPath):
+    """A figure to write: FILE.png, .svg or .pdf in an existing folder."""
+
+    name = "figure"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "FILE.png|svg|pdf"
+
+    def parse(self, text: str, flag: str):
+        from ..analysis.plots import check_path
+
+        check_path(text)
+        return text
+
+
+def InputFile() -> click.Path:  # noqa: N802 - reads like a type
+    """An existing file to read (click's own check: "File 'x' does not exist.")."""
+    return click.Path(exists=True, dir_okay=False)
+
+
+class Option(click.Option):
+    """A click option whose described default (``show_default="…"``) reads like a value:
+    ``[default: 0.5]``, as for real defaults, not click's ``[default: (0.5)]``."""
+
+    def get_help_extra(self, ctx):
+        extra = super().get_help_extra(ctx)
+        if isinstance(self.show_default, str) and "default" in extra:
+            extra["default"] = self.show_default
+        return extra
+
+
+def option(*names, **kw):
+    """``click.option`` with :class:`Option` (every option of this CLI is declared through it)."""
+    kw.setdefault("cls", Option)
+    return click.option(*names, **kw)
