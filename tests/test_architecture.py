@@ -135,3 +135,20 @@ def test_every_submodule_attribute_is_the_module(pkg):
             continue  # running it is the CLI, not an import
         module = importlib.import_module(f"{pkg}.{info.name}")
         assert getattr(package, info.name) is module, f"{pkg}.{info.name} is shadowed by {getattr(package, info.name)!r}"
+
+
+def test_layout_docs_name_every_module():
+    """README's layout block and docs/architecture.md name every package and module of the tree."""
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout"):]
+    arch = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for mod, path in _modules().items():
+        if path.name in ("__init__.py", "__main__.py"):
+            folder = path.parent.name + "/"
+            if path.parent != ROOT:
+                assert folder in layout and folder in arch, f"{folder} missing from the layout docs"
+            continue
+        name = path.name
+        assert name in layout, f"README's layout does not name {mod} ({name})"
+        if path.parent.name in ("model", "solvers", "runtime", "export", "analysis"):
+            assert name in arch, f"docs/architecture.md does not name {mod} ({name})"
