@@ -240,32 +240,37 @@ class OutputPlan:
         if suffix is None:
             suffix = os.path.splitext(target.target)[1] or ".tmp"
         folder, name = os.path.split(target.target)
-        try:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=suffix)
-        except OSError as e:
-            raise InputError(f"cannot write {target.label}: {e.strerror}") from None
-        os.close(fd)
-        entry = self.entries[key] = _Entry(target, tmp)
+        with _signals_held():  # a signal cannot fall between creating the file and recording it
+            try:
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=suffix)
+            except OSError as e:
+                raise InputError(f"cannot write {target.label}: {e.strerror}") from None
+            os.close(fd)
+            entry = self.entries[key] = _Entry(target, tmp)
         return entry
 
     def lookup(self, path: str | os.PathLike) -> _Entry | None:
         return self.entries.get(os.path.abspath(os.fspath(path)))
 
     def commit(self) -> None:
-        """Rename every written temporary file onto its target; remove the unused ones."""
+        """Rename every written temporary file onto its target; remove the unused ones.  SIGINT and
+        SIGTERM wait until the renames are done (then act), so a signal never splits the commit."""
         entries = list(self.entries.values())
-        try:
-            for e in entries:
-                if e.written:
-                    os.chmod(e.tmp, e.target.mode)
-                    os.replace(e.tmp, e.target.target)
-                else:
-                    _unlink(e.tmp)
-        except OSError as err:
-            self.rollback()
-            raise InputError(f"cannot write {e.target.label}: {err.strerror or err}") from None
-        self.entries.clear()
-        self.made_dirs.clear()
+        with _signals_held():
+            try:
+                for e in entries:
+                    if e.written:
+                        os.chmod(e.tmp, e.target.mode)
+                        os.replace(e.tmp, e.target.target)
+                    else:
+                        _unlink(e.tmp)
+            except BaseException as err:
+                self.rollback()
+                if isinstance(err, OSError):
+                    raise InputError(f"cannot write {e.target.label}: {err.strerror or err}") from None
+                raise
+            self.entries.clear()
+            self.made_dirs.clear()
 
     def rollback(self) -> None:
         """Remove every temporary file, then every folder this plan created (when left empty)."""
@@ -276,6 +281,23 @@ class OutputPlan:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         self.made_dirs.clear()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread for the block (where the platform allows)."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _unlink(path: str) -> None:

@@ -208,6 +208,30 @@ def test_two_outputs_on_one_path_are_refused(files, capsys, no_work, args, names
     assert (files / "x.png").read_text() == "old" and leftovers(".") == []
 
 
+@pytest.mark.parametrize("make,needle", [
+    (lambda: os.symlink("loop.h5", "loop.h5") or "loop.h5", "cannot be followed"),
+    (lambda: open("plain", "w").close() or "plain/t.h5", "not a folder"),
+    (lambda: "newdir/", "names a folder"),
+    (lambda: "", "needs a file name"),
+])
+def test_odd_output_paths_are_refused(files, capsys, no_work, make, needle):
+    path = make()
+    rc, _, err = run(["solve", *FAST, "-o", path], capsys)
+    one_error(rc, err, needle)
+    assert not os.path.exists("newdir")
+
+
+def test_tables_folder_that_is_a_file_or_holds_a_fifo_is_refused(files, capsys, no_work):
+    (files / "notdir").write_text("x")
+    rc, _, err = run(["tables", *FAST, "--w2-grid", "1", "-o", "notdir"], capsys)
+    one_error(rc, err, "-o notdir", "not a folder")
+    os.mkdir("out")
+    os.mkfifo("out/custom_rho0.50_w2-1.h5")
+    rc, _, err = run(["tables", *FAST, "--w2-grid", "1", "-o", "out"], capsys)
+    one_error(rc, err, "custom_rho0.50_w2-1.h5", "FIFO")
+    assert os.listdir("out") == ["custom_rho0.50_w2-1.h5"]
+
+
 # ---------------------------------------------------------------- several outputs: all or none
 def _pareto_args():
     return ["pareto", *FAST, "--points", "3", "--no-baselines", "--no-timeouts", "--slo-mean-ms", "9",
@@ -236,6 +260,15 @@ def test_all_outputs_appear_together_on_success(files, capsys):
     rc, out, err = run(_pareto_args(), capsys)
     assert rc == 0, err
     assert {"p.h5", "p.csv", "p.png"} <= set(os.listdir(".")) and leftovers(".") == []
+
+
+def test_an_output_the_command_decides_not_to_write_is_not_touched(files, capsys):
+    (files / "p.h5").write_text("old")
+    args = ["pareto", *FAST, "--points", "3", "--no-baselines", "--no-timeouts", "--slo-mean-ms", "0.001",
+            "-o", "p.h5"]
+    rc, out, err = run(args, capsys)
+    assert rc == 0, err
+    assert "not written p.h5" in out and (files / "p.h5").read_text() == "old" and leftovers(".") == []
 
 
 def test_tables_failure_removes_the_folder_it_created(files, capsys, monkeypatch):
@@ -298,6 +331,27 @@ def test_sigterm_removes_temporary_files(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     lines = [x for x in err.splitlines() if not x.startswith("smdp-batch: compiling")]
     assert lines == ["smdp-batch: terminated"], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigint_removes_temporary_files_too(tmp_path):
+    grid = ",".join(f"{0.3 + i * 0.0015:.4f}" for i in range(400))
+    proc = subprocess.Popen([sys.executable, "-m", "smdp_batch", "solve", "--bmax", "64", "--rho-grid", grid,
+                             "-o", "bank.h5"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(n.startswith(".bank.h5.") for n in os.listdir(tmp_path)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no temporary file appeared"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "Traceback" not in err, err
     assert os.listdir(tmp_path) == []
 
 
