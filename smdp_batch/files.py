@@ -148,10 +148,11 @@ def check_output_dir(path: str | os.PathLike, flag: str = "-o") -> bool:
         return True
     if os.path.lexists(path):
         try:
-            what = _kind(os.stat(path).st_mode)
+            mode = os.stat(path).st_mode
+            what = "a regular file" if stat.S_ISREG(mode) else _kind(mode)
         except OSError:
             what = "a dangling symlink"
-        raise InputError(f"{label} is {'a regular file' if what == 'not a regular file' else what}, not a folder")
+        raise InputError(f"{label} is {what}, not a folder")
     _writable_folder(os.path.dirname(os.path.abspath(path)), label)
     return False
 
