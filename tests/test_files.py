@@ -141,6 +141,18 @@ def test_missing_folder_is_refused(files, capsys, no_work):
     one_error(rc, err, "--csv nodir/p.csv", "does not exist")
 
 
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into any folder")
+def test_read_only_folder_is_refused_before_any_work(files, capsys, no_work):
+    os.mkdir("ro")
+    os.chmod("ro", 0o500)
+    try:
+        rc, _, err = run(["pareto", *FAST, "--csv", "ok.csv", "--plot", "ro/p.png"], capsys)
+        one_error(rc, err, "--plot ro/p.png", "not writable")
+    finally:
+        os.chmod("ro", 0o700)
+    assert not os.path.exists("ok.csv") and leftovers(".") == []
+
+
 # ------------------------------------------------------------------------ item 6: output == input
 def _same_input_cases():
     return [
