@@ -30,18 +30,20 @@ def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6)
     return Figure(figsize=(width * ncols, height * nrows), layout="constrained")
 
 
-def check_path(path: str) -> None:
-    """Validate a figure path before any work: a known extension and an existing folder."""
+def check_path(path: str, flag: str = "") -> None:
+    """Validate a figure path before any work: a known extension, and an output path that
+    :func:`smdp_batch.files.check_output` accepts (a regular file or a new name in a writable folder)."""
+    from ..files import check_output
+
     ext = os.path.splitext(str(path))[1].lower()
     if ext not in FORMATS:
-        raise InputError(f"figure file {path!r} must end in one of {', '.join(FORMATS)}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"output folder {folder!r} does not exist")
+        raise InputError(f"figure file {flag + ' ' if flag else ''}{path} must end in one of {', '.join(FORMATS)}")
+    check_output(path, flag)
 
 
 def save(fig, path: str) -> str:
-    """Write ``fig`` to ``path`` (png at 150 dpi, svg or pdf), atomically."""
+    """Write ``fig`` to ``path`` (png at 150 dpi, svg or pdf) through :func:`smdp_batch.files.atomic_output`:
+    renamed into place at once (or, inside the CLI, together with the command's other outputs)."""
     from ..files import atomic_output
 
     check_path(path)

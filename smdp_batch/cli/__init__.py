@@ -7,18 +7,22 @@ its family's module (solve, simulate, pareto, export, profile, llm), options sha
 
 Every command takes ``--json`` (keys: docs/json.md).  Bad input prints one line
 ``smdp-batch: error: …`` on stderr and exits with code 2 — never a traceback, never a half-written
-file.  An old option spelling still works and prints one line ``smdp-batch: warning: … is deprecated``.
+file: each command validates its outputs before any work and they are renamed into place together at
+its end (:mod:`smdp_batch.files`).  SIGTERM removes the temporary files as Ctrl-C does and exits 143.
+An old option spelling still works and prints one line ``smdp-batch: warning: … is deprecated``.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import click
 
 from .. import __version__
 from ..errors import InputError
+from ..files import Terminated, atomic_outputs
 from .export import export_cmd
 from .llm import llm_cmd, multibin_cmd
 from .options import ARGV, DEFAULTS, NOTICES, build_problem, scenario_options
@@ -67,6 +71,20 @@ def _error(message: str) -> int:
     return 2
 
 
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
+    raise Terminated()
+
+
+def _on_sigterm_raise():
+    """Make SIGTERM raise :class:`Terminated` (temporary files are removed as on Ctrl-C); the old handler,
+    or None where no handler can be installed (not the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (errors: one line on stderr, code 2)."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -76,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0
+    previous = _on_sigterm_raise()
     try:
-        rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
+        with atomic_outputs():  # a command's outputs are renamed into place together, or none is
+            rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
+    except Terminated:
+        click.echo("smdp-batch: terminated", err=True)
+        return 128 + int(signal.SIGTERM)
     except InputError as e:
         return _error(str(e))
     except click.ClickException as e:  # BadParameter, UsageError, NoSuchOption…: one line, not click's block
@@ -88,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         return _error(f"{e.strerror or e}{where}")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for line in NOTICES:
         click.echo(f"smdp-batch: warning: {line}", err=True)
     return rc if isinstance(rc, int) else 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
-from .options import apply_renames, deprecated_option, emit, json_option
+from .options import apply_renames, deprecated_option, emit, json_option, prepare_outputs, spec_files
 from .types import FigurePath, Grid, Number, option
 
 _MB_COLS = [("scheme", "scheme", ""), ("lam", "λ", "g"), ("throughput", "throughput", ".4g"),
@@ -53,6 +53,7 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
     from ..llm import binsim, multibin
     from ..llm.sweep import format_rows, multibin_sweep, plot_rows
 
+    prepare_outputs([("--plot", plot_path)], spec_files(law, "--law"))
     lams, n = lam_grid, requests
     if servers == 0 and smdp:
         raise InputError("--servers 0 (infinitely many) has no per-bin SMDP: add --no-smdp, or give --servers ≥ 1")
@@ -104,6 +105,7 @@ def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_
     from ..llm.engine import LLMModel
     from ..llm.sweep import format_rows, llm_sweep, plot_rows
 
+    prepare_outputs([("--plot", plot_path)])
     mem = mem_gib
     model = LLMModel(mem_cap=mem * 2**30)
     names = [s.strip() for s in schemes.split(",") if s.strip()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 import click
 import numpy as np
@@ -218,7 +219,58 @@ def progress_line(enabled: bool, what: str):
 
 
 def write_text_atomically(path: str, text: str) -> None:
+    """Write text through :func:`smdp_batch.files.atomic_output` (committed with the command's other outputs)."""
     from ..files import atomic_output
 
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+# ------------------------------------------------------------------------------ files read and written
+def spec_files(spec, role: str) -> list[tuple[str, str]]:
+    """The files a law or curve spelling reads, as ``(role, path)``: ``csv:FILE[:fit]``, ``empirical:FILE``,
+    ``trace:FILE[:COLUMN]`` (also inside ``mix:…`` and ``max:…``)."""
+    from ..model.profile import FITS
+
+    if not isinstance(spec, str) or ":" not in spec:
+        return []
+    kind, _, arg = spec.strip().partition(":")
+    kind, label = kind.lower(), f"{role} {spec}"
+    if kind == "csv":
+        path, sep, fit = arg.rpartition(":")
+        return [(label, path if sep and fit in FITS else arg)]
+    if kind == "empirical":
+        return [(label, arg)]
+    if kind == "trace":  # simulate reads trace:FILE, multibin trace:FILE[:COLUMN]
+        return [(label, arg)] + ([(label, arg.partition(":")[0])] if ":" in arg else [])
+    if kind in ("mix", "mixture"):
+        found = []
+        for part in arg.split(";"):
+            law = part.partition("*")[2]
+            found += spec_files(law.rpartition("@")[0] if "@" in law else law, role)
+        return [(label, p) for _, p in found]
+    if kind == "max":
+        return [(label, p) for _, p in spec_files(arg.rpartition("@")[0] if "@" in arg else arg, role)]
+    return []
+
+
+def scenario_files(opts: dict, base: dict | None = None, where: str = "") -> list[tuple[str, str]]:
+    """Files the scenario options (or a policy file's stored scenario, ``base``) read."""
+    found = []
+    for key in ("latency", "energy", "service"):
+        for src, prefix in ((opts, f"--{key}"), (base or {}, f"{where}'s {key}")):
+            found += spec_files(src.get(key), prefix)
+    return found
+
+
+def prepare_outputs(outputs, inputs=(), folder=None) -> None:
+    """Validate a command's outputs before any work (see :mod:`smdp_batch.files`): each one a regular file
+    or a new path in a writable folder, none an input, no two the same; their temporary files are made
+    now and renamed when the command succeeds (``main`` runs each command inside ``atomic_outputs``)."""
+    from ..files import current_plan, validate_outputs
+
+    plan = current_plan()
+    if plan is None:  # a command called outside main: validate only, each writer renames on its own
+        validate_outputs(outputs, inputs, folder)
+    else:
+        plan.prepare(outputs, inputs, folder)

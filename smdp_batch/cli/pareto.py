@@ -13,8 +13,8 @@ import numpy as np
 from ..errors import InputError
 from ..export.hdf5 import write_policy
 from .options import (
-    emit, json_option, load_grids, note_deprecated, problems_over, progress_line, scenario_line, scenario_options,
-    write_text_atomically,
+    emit, json_option, load_grids, note_deprecated, prepare_outputs, problems_over, progress_line, scenario_files,
+    scenario_line, scenario_options, write_text_atomically,
 )
 from .types import FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
 
@@ -83,6 +83,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
     from ..analysis.parallel import dask_mapper
     from ..analysis.pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
 
+    prepare_outputs([("-o", output), ("--csv", csv_path), ("--plot", plot_path)], scenario_files(opts))
     problems, labels = problems_over(opts, rho_grid, lam_grid)
     slos = {k: v for k, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms), ("within", slo_within))
             if v is not None}

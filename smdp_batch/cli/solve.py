@@ -21,9 +21,10 @@ from ..solvers.evaluation import control_limit_of, evaluate_deployed
 from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
-    load_grids, metrics_line, problems_over, scenario_line, scenario_options, sizes_text, write_text_atomically,
+    load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
+    write_text_atomically,
 )
-from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputPath, SMax, option
+from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 
 @click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
@@ -47,6 +48,7 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputPath, SMax,
 def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, output, as_json,
               **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
+    prepare_outputs([("-o", output)], scenario_files(opts))
     check_backend(backend)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
                     max_iter=max_iter, backend=backend)
@@ -222,7 +224,7 @@ def show_cmd(path, as_json):
 @scenario_options
 @load_grids("one table per load and weight")
 @option("--w2-grid", type=Grid(min=0), required=True, help="Weights w2, e.g. 0,0.5,1,1.6,2.2,5.")
-@option("-o", "--output", "outdir", type=OutputPath(), default=None,
+@option("-o", "--output", "outdir", type=OutputDir(), default=None,
               help="Write one FILE.h5 per (load, w2) and a README.md index into this folder.")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the policies (Fig. 3 style) to this figure.")
 @option("--max-queue", type=Number(integer=True), default=None, show_default="control limits + 4",
@@ -236,18 +238,21 @@ def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_jso
         raise InputError("tables takes one --preset")
     problems, _ = problems_over(opts, rho_grid, lam_grid)
     w2s = w2_grid
-    sols = []
-    for p in problems:
-        for w2 in w2s:
-            sol = solve(p.replace(w2=w2))
-            if sol.degenerate:
-                raise InputError(f"ρ = {p.rho:.4g}, w2 = {w2:g}: the truncation is degenerate")
-            sols.append(sol)
+    cases = [p.replace(w2=w2) for p in problems for w2 in w2s]
     prefix = (opts.get("preset") or "custom").replace(",", "_")
-    names = [f"{prefix}_rho{s.problem.rho:.2f}_w2-{s.problem.w2:g}.h5" if rho_grid is not None or lam_grid is None
-             else f"{prefix}_lam{s.problem.lam:.4g}_w2-{s.problem.w2:g}.h5" for s in sols]
+    names = [f"{prefix}_rho{q.rho:.2f}_w2-{q.w2:g}.h5" if rho_grid is not None or lam_grid is None
+             else f"{prefix}_lam{q.lam:.4g}_w2-{q.w2:g}.h5" for q in cases]
+    # every file this run writes, checked (and its temporary file made) before the first solve
+    prepare_outputs([("--plot", plot_path)], scenario_files(opts),
+                    folder=("-o", outdir, [*names, "README.md"]) if outdir else None)
+    sols = []
+    for q in cases:
+        sol = solve(q)
+        if sol.degenerate:
+            raise InputError(f"ρ = {q.rho:.4g}, w2 = {q.w2:g}: the truncation is degenerate")
+        sols.append(sol)
     if outdir:
-        os.makedirs(outdir, exist_ok=True)
+        os.makedirs(outdir, exist_ok=True)  # made by prepare_outputs inside main; here for a direct call
         for s, name in zip(sols, names):
             write_policy(s, os.path.join(outdir, name))
         write_text_atomically(os.path.join(outdir, "README.md"), _tables_readme(sols, names))

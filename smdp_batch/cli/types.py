@@ -15,7 +15,8 @@ import click
 
 from ..errors import InputError
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "OutputPath", "FigurePath", "InputFile"]
+__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "OutputPath", "OutputDir", "FigurePath",
+           "InputFile"]
 
 
 class OneLineError(click.BadParameter):
@@ -172,33 +173,63 @@ class SloWithin(_Type):
         return b, p / 100.0
 
 
+def _out_flag(param) -> str:
+    """``-o`` for the output option (as the issue and the help spell it), else the long spelling."""
+    return "-o" if "-o" in getattr(param, "opts", []) else _flag(param)
+
+
 class OutputPath(_Type):
-    """A file (or folder) to write: its parent folder must exist; nothing is created while parsing."""
+    """A file to write: a regular file, a symlink to one, or a new name in a writable folder
+    (:func:`smdp_batch.files.check_output`); nothing is opened or created while parsing.  Each command
+    checks its outputs against its inputs and each other before any work (``options.prepare_outputs``)."""
 
     name = "output"
 
     def get_metavar(self, param, ctx=None) -> str:
         return "PATH"
 
-    def parse(self, text: str, flag: str):
-        folder = os.path.dirname(os.path.abspath(text))
-        if not os.path.isdir(folder):
-            raise InputError(f"output folder {folder!r} does not exist")
+    def check(self, text: str, flag: str):
+        from ..files import check_output
+
+        check_output(text, flag)
+        return text
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.check(value, _out_flag(param))
+        except InputError as e:
+            raise OneLineError(str(e), ctx=ctx, param=param) from None
+
+
+class OutputDir(OutputPath):
+    """A folder to write files into: an existing writable folder, or a new name in a writable folder."""
+
+    name = "folder"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "DIR"
+
+    def check(self, text: str, flag: str):
+        from ..files import check_output_dir
+
+        check_output_dir(text, flag)
         return text
 
 
 class FigurePath(OutputPath):
-    """A figure to write: FILE.png, .svg or .pdf in an existing folder."""
+    """A figure to write: FILE.png, .svg or .pdf, checked as an :class:`OutputPath`."""
 
     name = "figure"
 
     def get_metavar(self, param, ctx=None) -> str:
         return "FILE.png|svg|pdf"
 
-    def parse(self, text: str, flag: str):
+    def check(self, text: str, flag: str):
         from ..analysis.plots import check_path
 
-        check_path(text)
+        check_path(text, flag)
         return text
 
 
