@@ -25,7 +25,7 @@ def export_cmd(path, target, requests, seed, output, as_json):
     from ..export.configs import export_policy
 
     pf = read_policy(path)
-    problem = build_problem({}, file_inputs(pf))
+    problem = build_problem({}, file_inputs(pf, how="export cannot rebuild it (evaluate or simulate the file with --service LAW)"))
     ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
     if output:
         write_text_atomically(output, ex.text)
