@@ -111,6 +111,24 @@ def test_declared_huge_sparse_policy_is_refused_fast_in_bounded_memory(good, tmp
     assert "MemoryError" not in err and "Traceback" not in err
 
 
+def test_the_largest_table_a_file_may_declare_loads_in_bounded_memory(good, tmp_path):
+    """s_max = 10⁷ (the limit), sparse chunks filled with 1: a valid table read within 1 GiB, in seconds."""
+    n = 10_000_000 + 2
+
+    def edit(f):
+        f["truncation"].attrs["s_max"] = n - 2
+        replace(f, "policy", shape=(n,), dtype=np.int32, chunks=(2**18,), compression="gzip", fillvalue=1)[0] = 0
+        replace(f["solution"], "relative_values", shape=(n,), dtype=np.float64, chunks=(2**17,), compression="gzip")
+        del f.attrs["content_sha256"]
+
+    path = crafted(good, tmp_path, edit)
+    assert os.path.getsize(path) < 200_000
+    rc, out, err, secs = run_limited(f"from smdp_batch.runtime import PolicyTable\nprint(PolicyTable.load({path!r}).s_max)",
+                                     timeout=60)
+    assert rc == 0 and out.strip() == str(n - 2), (out, err)
+    assert secs < 30
+
+
 def test_declared_huge_chunk_is_refused(good, tmp_path):
     def edit(f):
         n = f["policy"].shape[0]
