@@ -431,11 +431,17 @@ def test_a_fifo_named_in_a_file_is_never_opened(good, tmp_path, command):
     assert rc == 0, (out, err)
     fifo2 = tmp_path / "fifo2.csv"
     os.mkfifo(fifo2)
-    path = _with_paths(good, tmp_path, "affine:0.3051,1.0524", "const:3", f"mix:1*empirical:{fifo2}@1", name="mix.h5")
+    path = _with_paths(good, tmp_path, "affine:0.3051,1.0524", "affine:19.899,19.603", f"mix:1*empirical:{fifo2}@1",
+                       name="mix.h5")
     args = [command, "--policy", path] + ([] if command == "evaluate" else ["--requests", "2000"])
     rc, out, err, _ = run_limited(f"import sys\nfrom smdp_batch.cli import main\nsys.exit(main({args!r}))",
                                   timeout=120)
     assert rc == 2 and "never opens a path" in err, (out, err)
+
+
+def test_a_closed_form_spec_must_match_the_stored_values(good, tmp_path, capsys):
+    path = _with_paths(good, tmp_path, "affine:0.5,1", "affine:19.899,19.603")
+    assert "disagrees with the values stored in /inputs/latency_ms" in cli_error(capsys, "evaluate", "--policy", path)
 
 
 # ----------------------------------------------------------------------------- strict JSON

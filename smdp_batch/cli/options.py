@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..model.presets import PRESETS, preset
 from ..model.curves import Table
+from ..model.spec import parse_curve
 from ..model.problem import BatchingProblem, batch_size_set
 from .types import Grid, Number, option
 
@@ -96,9 +97,15 @@ _NAMES_A_FILE = re.compile(r"(?i)(csv|empirical)\s*:")
 _CLOSED_CURVES = ("affine", "const", "constant", "log", "logarithmic", "table")
 
 
-def _stored_curve(spec: str, sizes, values):
-    """A file's l(b) or ζ(b): its closed-form spec, else a table of the values stored per batch size."""
+def _stored_curve(pf, what: str, values_name: str):
+    """A file's l(b) or ζ(b): its closed-form spec if that gives the values stored per batch size,
+    else a table of those values (a spec naming a file is provenance text only)."""
+    spec, sizes, values = pf.inputs[what], pf.inputs["batch_sizes"], np.asarray(pf.inputs[values_name])
     if spec.strip().partition(":")[0].lower() in _CLOSED_CURVES and not _NAMES_A_FILE.search(spec):
+        curve = parse_curve(spec, what)
+        if not np.allclose(np.asarray(curve(np.asarray(sizes)), dtype=np.float64), values, rtol=1e-9, atol=0):
+            raise InputError(f"{pf.path}: /inputs@{what} = {spec[:80]!r} disagrees with the values stored in "
+                             f"/inputs/{values_name}: a damaged policy file")
         return spec
     return Table(tuple(int(b) for b in sizes), tuple(float(v) for v in values))
 
@@ -114,8 +121,8 @@ def file_inputs(pf, opts: dict | None = None, how: str = "give it again with --s
     sizes = [int(b) for b in i["batch_sizes"]]
     base = {k: i[k] for k in ("lam", "w1", "w2", "service")}
     base["batch_sizes"] = sizes
-    base["latency"] = _stored_curve(i["latency"], sizes, i["latency_ms"])
-    base["energy"] = _stored_curve(i["energy"], sizes, i["energy_mj"])
+    base["latency"] = _stored_curve(pf, "latency", "latency_ms")
+    base["energy"] = _stored_curve(pf, "energy", "energy_mj")
     if _NAMES_A_FILE.search(i["service"]):
         if (opts or {}).get("service") is None:
             raise InputError(
