@@ -176,7 +176,6 @@ def _same_input_cases():
         (["multibin", "--law", "trace:trace.png", "--plot", "trace.png"], "trace.png", "--law trace:trace.png"),
         (["multibin", "--law", "trace:trace.png:t", "--plot", "trace.png"], "trace.png", "--plot trace.png"),
         (["export", "pol.h5", "--to", "triton", "-o", "pol.h5"], "pol.h5", "policy table"),
-        (["export", "pol.h5", "--to", "triton", "-o", "prof.csv"], "prof.csv", "pol.h5's latency"),
     ]
 
 

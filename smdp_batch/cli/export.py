@@ -8,7 +8,7 @@ import click
 from ..export.configs import TARGETS
 from ..runtime.schema import read_policy
 from .options import (
-    build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_files, scenario_line, write_text_atomically,
+    build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
 from .types import InputFile, Number, OneOf, OutputPath, option
 
@@ -25,14 +25,10 @@ from .types import InputFile, Number, OneOf, OutputPath, option
 def export_cmd(path, target, requests, seed, output, as_json):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost."""
     from ..export.configs import export_policy
-    from ..files import check_collisions, check_output
-
     prepare_outputs([("-o", output)], [("FILE (the policy table)", path)])
     pf = read_policy(path)
-    base = file_inputs(pf)
-    if output:  # the profiles the table was solved from are read again: -o must not be one of them
-        check_collisions([check_output(output, "-o")], scenario_files({}, base, path))
-    problem = build_problem({}, base)
+    # the scenario comes from the values stored in the file: no path recorded in it is read
+    problem = build_problem({}, file_inputs(pf, how="export cannot rebuild it (evaluate or simulate the file with --service LAW)"))
     ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
     if output:
         write_text_atomically(output, ex.text)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
+import re
 
 import click
 import numpy as np
 
 from ..errors import InputError
 from ..model.presets import PRESETS, preset
+from ..model.curves import Table
+from ..model.spec import parse_curve
 from ..model.problem import BatchingProblem, batch_size_set
 from .types import Grid, Number, option
 
@@ -91,10 +93,43 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
 
 
-def file_inputs(pf) -> dict:
-    """The scenario a policy file was solved for, as build_problem's base values."""
-    base = {k: pf.inputs[k] for k in ("lam", "latency", "energy", "service", "w1", "w2")}
-    base["batch_sizes"] = [int(b) for b in pf.inputs["batch_sizes"]]
+_NAMES_A_FILE = re.compile(r"(?i)(csv|empirical)\s*:")
+_CLOSED_CURVES = ("affine", "const", "constant", "log", "logarithmic", "table")
+
+
+def _stored_curve(pf, what: str, values_name: str):
+    """A file's l(b) or ζ(b): its closed-form spec if that gives the values stored per batch size,
+    else a table of those values (a spec naming a file is provenance text only)."""
+    spec, sizes, values = pf.inputs[what], pf.inputs["batch_sizes"], np.asarray(pf.inputs[values_name])
+    if spec.strip().partition(":")[0].lower() in _CLOSED_CURVES and not _NAMES_A_FILE.search(spec):
+        curve = parse_curve(spec, what)
+        if not np.allclose(np.asarray(curve(np.asarray(sizes)), dtype=np.float64), values, rtol=1e-9, atol=0):
+            raise InputError(f"{pf.path}: /inputs@{what} = {spec[:80]!r} disagrees with the values stored in "
+                             f"/inputs/{values_name}: a damaged policy file")
+        return spec
+    return Table(tuple(int(b) for b in sizes), tuple(float(v) for v in values))
+
+
+def file_inputs(pf, opts: dict | None = None, how: str = "give it again with --service LAW") -> dict:
+    """The scenario a policy file was solved for, as build_problem's base values.
+
+    Never opens a path named inside the file: the model specs it records (``csv:PATH``,
+    ``empirical:PATH``) are provenance text only.  l(b) and ζ(b) come from the values stored per
+    batch size (a ``table:`` curve) unless the spec is a closed form; a service law measured from a
+    file (``empirical:PATH``) cannot be rebuilt from the file, so it must be given again (``how``)."""
+    i = pf.inputs
+    sizes = [int(b) for b in i["batch_sizes"]]
+    base = {k: i[k] for k in ("lam", "w1", "w2", "service")}
+    base["batch_sizes"] = sizes
+    base["latency"] = _stored_curve(pf, "latency", "latency_ms")
+    base["energy"] = _stored_curve(pf, "energy", "energy_mj")
+    if _NAMES_A_FILE.search(i["service"]):
+        if (opts or {}).get("service") is None:
+            raise InputError(
+                f"{pf.path}: its service law {i['service'][:80]!r} was measured from a file on the machine that "
+                f"solved it, and smdp-batch never opens a path named inside a policy file; {how}"
+            )
+        base["service"] = "det"  # replaced by the law given on the command line
     return base
 
 
@@ -163,9 +198,10 @@ def apply_renames(f):
 
 
 # ------------------------------------------------------------------------------------------ output
-def emit(data: dict, as_json: bool, text: str) -> None:
+def emit(data: dict, as_json: bool, text: str, strict: bool = False) -> None:
+    """Print ``text``, or ``data`` as JSON; ``strict``: refuse NaN/inf (the caller has made them null)."""
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=_json_default))
+        click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=not strict))
     else:
         click.echo(text)
 
@@ -254,13 +290,9 @@ def spec_files(spec, role: str) -> list[tuple[str, str]]:
     return []
 
 
-def scenario_files(opts: dict, base: dict | None = None, where: str = "") -> list[tuple[str, str]]:
-    """Files the scenario options (or a policy file's stored scenario, ``base``) read."""
-    found = []
-    for key in ("latency", "energy", "service"):
-        for src, prefix in ((opts, f"--{key}"), (base or {}, f"{where}'s {key}")):
-            found += spec_files(src.get(key), prefix)
-    return found
+def scenario_files(opts: dict) -> list[tuple[str, str]]:
+    """Files the scenario options read (a policy file's recorded specs are never read: :func:`file_inputs`)."""
+    return [f for key in ("latency", "energy", "service") for f in spec_files(opts.get(key), f"--{key}")]
 
 
 def prepare_outputs(outputs, inputs=(), folder=None) -> None:

@@ -56,7 +56,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, within_
 
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
-    problem = build_problem(opts, file_inputs(read_policy(policy_spec)) if is_file else None)
+    problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
     rule = parse_rule(policy_spec, problem)
     arr = _arrivals(arrivals, n, sd)
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,

@@ -4,11 +4,13 @@ with an index and a Fig. 3-style chart)."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
 
 import click
+import numpy as np
 
 from .. import __version__
 from ..analysis.report import describe_policy
@@ -129,7 +131,7 @@ def evaluate_cmd(policy_spec, as_json, **opts):
     t0 = time.perf_counter()
     if policy_spec.lower().endswith((".h5", ".hdf5")):
         pf = read_policy(policy_spec)
-        problem = build_problem(opts, file_inputs(pf))
+        problem = build_problem(opts, file_inputs(pf, opts))
         if tuple(problem.batch_sizes) != pf.batch_sizes:
             raise InputError(
                 f"{policy_spec} was solved for batch sizes {list(pf.batch_sizes)}, not {list(problem.batch_sizes)}"
@@ -188,7 +190,9 @@ def show_cmd(path, as_json):
         lines = [f"{path}: {bank[0].meta.get('format')} v{bank[0].meta.get('schema_version')}, {len(bank)} tables"]
         lines += [f"  λ = {r['lam']:<9.5g} ρ = {r['rho']:<6.3g} s_max = {r['s_max']:<5} control limit {r['control_limit']}, "
                   f"W̄ = {r['mean_latency_ms']:.4g} ms, P̄ = {r['mean_power_w']:.4g} W" for r in rows]
-        emit({"path": path, **bank[0].meta, "tables": rows}, as_json, "\n".join(lines))
+        integrity = bank[0].integrity if all(t.integrity == bank[0].integrity for t in bank) else "none"
+        lines.append(f"  integrity   {_integrity_text(integrity)}")
+        emit(_strict({"path": path, **bank[0].meta, "integrity": integrity, "tables": rows}), as_json, "\n".join(lines), strict=True)
         return
 
     sizes = pf.batch_sizes
@@ -203,6 +207,7 @@ def show_cmd(path, as_json):
         "solution": solution,
         "policy": [int(a) for a in pf.policy],
         "control_limit": control_limit_of(pf.policy, sizes),
+        "integrity": pf.integrity,
     }
     i, t, s = pf.inputs, pf.truncation, pf.solution
     text = "\n".join(
@@ -215,9 +220,31 @@ def show_cmd(path, as_json):
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
             cost_line(s["avg_cost"], "truncated model, eq. 21"),
+            f"  integrity   {_integrity_text(pf.integrity)}",
         ]
     )
-    emit(d, as_json, text)
+    emit(_strict(d), as_json, text, strict=True)
+
+
+def _integrity_text(integrity: str) -> str:
+    if integrity == "none":
+        return "none (written before checksums: damage cannot be detected)"
+    return f"{integrity} checksums verified"
+
+
+def _strict(o):
+    """``o`` with NaN and ±inf as None and numpy values as Python ones: strict JSON (RFC 8259) for --json."""
+    if isinstance(o, dict):
+        return {k: _strict(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_strict(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return _strict(o.tolist())
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
 
 
 @click.command("tables", short_help="Solve a grid of loads × weights into policy tables with an index and a chart.")

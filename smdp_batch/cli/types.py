@@ -9,7 +9,6 @@ Bmax) stay with the model and the solvers.
 from __future__ import annotations
 
 import math
-import os
 
 import click
 

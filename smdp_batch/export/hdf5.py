@@ -1,7 +1,9 @@
 """Writing HDF5 policy tables and λ-banks (schema and reader: :mod:`smdp_batch.runtime.schema`).
 
 Files are written to a temporary file in the target folder and renamed into place, so a reader
-never sees a half-written table.
+never sees a half-written table.  Every dataset carries HDF5 fletcher32 checksums and every table
+its ``content_sha256`` (:func:`~smdp_batch.runtime.schema.table_digest`), so the reader refuses a
+damaged file instead of serving from it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import atomic_output
-from ..runtime.schema import BANK_FORMAT, FORMAT, SCHEMA_VERSION
+from ..runtime.schema import BANK_FORMAT, FORMAT, SCHEMA_VERSION, table_digest
 
 __all__ = ["write_policy", "write_bank"]
 
@@ -47,19 +49,27 @@ def _write_atomically(path: str | os.PathLike, fmt: str, fill) -> Path:
     return Path(path)
 
 
+def _dataset(group, name: str, data) -> None:
+    """A dataset with HDF5 fletcher32 checksums (h5py chunks it): a damaged chunk fails to read."""
+    group.create_dataset(name, data=data, fletcher32=True)
+
+
 def _fill_table(f, solution) -> None:
     """Write one solution's policy, inputs, truncation and solution into the HDF5 group ``f``."""
     p, r, m = solution.problem, solution.result, solution.model
     d = solution.to_dict()
-    f.create_dataset("policy", data=np.asarray(r.policy, dtype=np.int32))
+    policy = np.asarray(r.policy, dtype=np.int32)
+    sizes = np.asarray(p.batch_sizes, dtype=np.int32)
+    latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
+    values = np.asarray(r.relative_values, dtype=np.float64)
+    inputs = {"lam": float(p.lam), "rho": float(p.rho), "w1": float(p.w1), "w2": float(p.w2),
+              "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
+    _dataset(f, "policy", policy)
     g = f.create_group("inputs")
-    g.attrs.update(
-        {"lam": p.lam, "rho": p.rho, "w1": p.w1, "w2": p.w2, "service": p.service.spec(),
-         "latency": p.latency.spec(), "energy": p.energy.spec()}
-    )
-    g.create_dataset("batch_sizes", data=np.asarray(p.batch_sizes, dtype=np.int32))
-    g.create_dataset("latency_ms", data=p.latency_ms())
-    g.create_dataset("energy_mj", data=p.energy_mj())
+    g.attrs.update(inputs)
+    _dataset(g, "batch_sizes", sizes)
+    _dataset(g, "latency_ms", latency)
+    _dataset(g, "energy_mj", energy)
     t = f.create_group("truncation")
     t.attrs.update(
         {"s_max": m.s_max, "s_max_auto": solution.s_max_auto, "abstract_cost": m.abstract_cost,
@@ -80,7 +90,8 @@ def _fill_table(f, solution) -> None:
                 {k: v for k, v in d.items() if k != "policy"}),
         }
     )
-    s.create_dataset("relative_values", data=np.asarray(r.relative_values, dtype=np.float64))
+    _dataset(s, "relative_values", values)
+    f.attrs["content_sha256"] = table_digest(policy, sizes, latency, energy, values, inputs, m.s_max)
 
 
 def write_policy(solution, path: str | os.PathLike) -> Path:
@@ -104,7 +115,7 @@ def write_bank(solutions, path: str | os.PathLike) -> Path:
             raise InputError(f"the tables of a bank must differ only in λ; they also differ in {diff[0]}")
 
     def fill(f):
-        f.create_dataset("lams", data=np.asarray(lams, dtype=np.float64))
+        _dataset(f, "lams", np.asarray(lams, dtype=np.float64))
         for i, s in enumerate(sols):
             _fill_table(f.create_group(f"tables/{i:03d}"), s)
 

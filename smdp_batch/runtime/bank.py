@@ -41,7 +41,7 @@ class PolicyBank:
     def load(cls, path: str | os.PathLike) -> "PolicyBank":
         tables = []
         for pf in read_bank(path):
-            meta = {**pf.meta, "inputs": pf.inputs, "truncation": pf.truncation,
+            meta = {**pf.meta, "integrity": pf.integrity, "inputs": pf.inputs, "truncation": pf.truncation,
                     "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}
             tables.append(PolicyTable(pf.policy[:-1], pf.batch_sizes, meta, str(path)))
         return cls(tables)

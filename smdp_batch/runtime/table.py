@@ -62,7 +62,7 @@ class PolicyTable:
     def load(cls, path: str | os.PathLike) -> "PolicyTable":
         """Read a smdp-batch HDF5 policy table (format and schema version checked)."""
         pf = read_policy(path)
-        meta = {**pf.meta, "inputs": pf.inputs, "truncation": pf.truncation,
+        meta = {**pf.meta, "integrity": pf.integrity, "inputs": pf.inputs, "truncation": pf.truncation,
                 "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}
         return cls(pf.policy[:-1], pf.batch_sizes, meta, str(path))
 
