@@ -26,7 +26,7 @@ from .errors import InputError
 
 __all__ = [
     "MEMORY_BUDGET", "STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
-    "RATE_MIN", "RATE_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT",
+    "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
     "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
 ]
@@ -62,6 +62,8 @@ RATE_MIN, RATE_MAX = 1e-12, 1e12
 #: Input files (traces, profiles): bytes per file and per line.
 FILE_BYTES_LIMIT = 256 << 20
 LINE_BYTES_LIMIT = 64 << 10
+#: Largest random seed.
+SEED_MAX = 2**63 - 1
 #: Hard cap on iterations of loops whose count is not bounded by arithmetic alone.
 ITER_LIMIT = 10_000_000
 

@@ -88,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         return _error(f"{e.strerror or e}{where}")
+    except MemoryError:
+        return _error("out of memory: the input asks for more memory than this machine has; use smaller sizes")
+    except KeyboardInterrupt:
+        click.echo("smdp-batch: interrupted", err=True)
+        return 130
+    except Exception as e:  # last line of defence: a bug, reported on one line (exit 70, EX_SOFTWARE)
+        text = " ".join(str(e).split())[:500]
+        click.echo(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)", err=True)
+        return 70
     for line in NOTICES:
         click.echo(f"smdp-batch: warning: {line}", err=True)
     return rc if isinstance(rc, int) else 0

@@ -23,6 +23,7 @@ from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, problems_over, scenario_line, scenario_options, sizes_text, write_text_atomically,
 )
+from ..limits import ITER_LIMIT, STATE_LIMIT
 from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputPath, SMax, option
 
 
@@ -36,7 +37,7 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputPath, SMax,
 @option("--solver", type=OneOf(SOLVERS, "solver"), default="pi", show_default=True,
               help="pi (exact policy iteration) or rvi (the paper's Alg. 1).")
 @option("--eps", type=Number(), default="0.01", show_default=True, help="RVI span tolerance ε.")
-@option("--max-iter", type=Number(integer=True), default=None, show_default="RVI 100000, PI 1000",
+@option("--max-iter", type=Number(integer=True, min=1, max=ITER_LIMIT), default=None, show_default="RVI 100000, PI 1000",
               help="Iteration cap.")
 @option("--backend", type=OneOf(BACKENDS, "backend"), default="numba", show_default=True,
               help="numba (CPU) or jax (CPU/GPU; pip install 'smdp-batch[jax]'); an auto s_max scans on numba.")
@@ -225,7 +226,7 @@ def show_cmd(path, as_json):
 @option("-o", "--output", "outdir", type=OutputPath(), default=None,
               help="Write one FILE.h5 per (load, w2) and a README.md index into this folder.")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the policies (Fig. 3 style) to this figure.")
-@option("--max-queue", type=Number(integer=True), default=None, show_default="control limits + 4",
+@option("--max-queue", type=Number(integer=True, min=1, max=STATE_LIMIT), default=None, show_default="control limits + 4",
               help="Largest queue length drawn.")
 @json_option
 def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_json, **opts):
