@@ -189,3 +189,39 @@ def _q_for_work(problem) -> float:
     l = float(problem.latency_ms()[-1])
     f = tail_factor(float(problem.second_moments()[-1]) / l ** 2 - 1.0)
     return max(0.0, (math.sqrt(4 * WORK_LIMIT / n_actions) - problem.bmax) / f)
+
+
+def read_csv_rows(path: str, what: str) -> list[list[str]]:
+    """Rows of a small CSV input (trace, profile): a regular file of at most FILE_BYTES_LIMIT bytes,
+    lines of at most LINE_BYTES_LIMIT bytes, UTF-8 text (``/dev/zero``, a binary file or a huge field
+    is refused on one line, before reading it whole)."""
+    import csv
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} {path} is not a regular file (a CSV file is expected)")
+    if st.st_size > FILE_BYTES_LIMIT:
+        raise InputError(f"{what} {path} has {gib(st.st_size)}; at most {gib(FILE_BYTES_LIMIT)} are read")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(FILE_BYTES_LIMIT + 1)
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror}") from None
+    if b"\0" in data:
+        raise InputError(f"{what} {path} is binary (NUL bytes); a CSV text file is expected")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {e.start}); a CSV text file is expected") from None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if len(line) > LINE_BYTES_LIMIT:
+            raise InputError(f"{what} {path} line {i + 1} has {len(line)} characters; at most {LINE_BYTES_LIMIT} are allowed")
+    try:
+        return list(csv.reader(lines))
+    except csv.Error as e:
+        raise InputError(f"{what} {path} is not valid CSV: {e}") from None

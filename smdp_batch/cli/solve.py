@@ -119,6 +119,20 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
     emit({"bank": rows, **({"output": output} if output else {})}, as_json, "\n".join(lines))
 
 
+def _policy_smax(spec: str, bmax: int) -> int:
+    """States a simple policy needs: Bmax, or Q for control:Q above Bmax (wait below Q, paper 004 eq. 31)."""
+    kind, _, arg = spec.strip().partition(":")
+    if kind.lower() in ("control", "q"):
+        try:
+            q = int(arg)
+        except ValueError:
+            return bmax
+        if q > STATE_LIMIT:
+            raise InputError(f"control limit Q must be ≤ {STATE_LIMIT} (the state limit), got {q}")
+        return max(bmax, q)
+    return max(bmax, 1)
+
+
 @click.command("evaluate", short_help="Exact long-run metrics of any policy on the infinite queue.")
 @scenario_options
 @option("--policy", "policy_spec", required=True, metavar="SPEC", help="static:B | greedy | control:Q | FILE.h5")
@@ -136,7 +150,7 @@ def evaluate_cmd(policy_spec, as_json, **opts):
         policy = pf.policy
     else:
         problem = build_problem(opts)
-        policy = parse_policy(policy_spec, problem.batch_sizes, max(problem.bmax, 1))
+        policy = parse_policy(policy_spec, problem.batch_sizes, _policy_smax(policy_spec, problem.bmax))
     ev = evaluate_deployed(problem, policy)
     objective = problem.w1 * ev.mean_latency_ms + problem.w2 * ev.mean_power_w
     d = {

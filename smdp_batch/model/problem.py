@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import InputError
-from ..limits import BMAX_LIMIT, check_int
+from ..limits import BMAX_LIMIT, check_int, check_rate
 from .curves import Affine, Curve
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
@@ -111,6 +111,7 @@ class BatchingProblem:
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
         lam = _finite_number("λ (lam)", self.lam, positive=True)
+        check_rate("λ (lam)", lam)
         object.__setattr__(self, "lam", lam)
 
         b = np.asarray(sizes, dtype=np.float64)
