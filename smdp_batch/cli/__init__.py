@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0
     try:
-        rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
+        import numpy as np
+
+        with np.errstate(all="ignore"):  # an overflow in a user's curve is reported by validation, not as a warning block
+            rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
     except InputError as e:
         return _error(str(e))
     except click.ClickException as e:  # BadParameter, UsageError, NoSuchOption…: one line, not click's block
