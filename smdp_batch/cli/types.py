@@ -89,8 +89,11 @@ class Number(_Type):
         if self.zero_ok and v == 0:
             return v
         low_bad = self.min is not None and (v <= self.min if self.min_open else v < self.min)
-        if low_bad or (self.max is not None and v > self.max):
-            raise InputError(f"{label} must be {self._range()}, got {_short(text)}")
+        if low_bad:  # name the bound that was crossed (the lower one alone, as before upper bounds existed)
+            bound = f"{'>' if self.min_open else '≥'} {_fmt(self.min)}"
+            raise InputError(f"{label} must be {'0 or ' if self.zero_ok else ''}{bound}, got {_short(text)}")
+        if self.max is not None and v > self.max:
+            raise InputError(f"{label} must be ≤ {_fmt(self.max)} (the limit for this option), got {_short(text)}")
         return v
 
     def _range(self) -> str:
