@@ -21,7 +21,6 @@ the group's arrivals.  Percentiles are taken over all measured requests.
 
 from __future__ import annotations
 
-import csv
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import InputError
+from ..limits import ITER_LIMIT, check_rate, check_requests, read_csv_rows
 from ..model.laws import Deterministic
 from ..model.problem import BatchingProblem
 
@@ -216,6 +216,8 @@ def poisson_arrivals(lam: float, n: int, rng: np.random.Generator) -> np.ndarray
     """n Poisson arrival times (ms) at rate λ (1/ms), starting after 0."""
     if not (math.isfinite(lam) and lam > 0):
         raise InputError(f"arrival rate λ must be finite and > 0 /ms, got {lam!r}")
+    check_rate("arrival rate λ", lam)
+    n = check_requests(n, "requests")
     x = rng.exponential(1.0 / lam, int(n))
     return np.cumsum(x, out=x)
 
@@ -228,8 +230,22 @@ def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: in
         raise InputError(f"MMPP rates must be finite, ≥ 0 and not both 0, got {tuple(rates)}")
     if not all(math.isfinite(x) and x > 0 for x in q):
         raise InputError(f"MMPP switching rates must be finite and > 0, got {tuple(switch)}")
-    out, t, phase, count = [], 0.0, 0, 0
+    r = [check_rate("MMPP rate", x, zero_ok=True) for x in r]
+    q = [check_rate("MMPP switching rate", x) for x in q]
+    n = check_requests(n, "requests")
+    # each loop turn covers one phase visit; the expected arrivals per visit pair bound the turns
+    per_cycle = r[0] / q[0] + r[1] / q[1]
+    if n / per_cycle > ITER_LIMIT:
+        raise InputError(
+            f"MMPP rates {tuple(rates)} with switching rates {tuple(switch)} give {per_cycle:.3g} arrivals per phase "
+            f"cycle: {n} requests would take {n / per_cycle:.3g} phase changes (limit {ITER_LIMIT}); raise the rates "
+            "or lower the switching rates"
+        )
+    out, t, phase, count, turns = [], 0.0, 0, 0, 0
     while count < n:
+        turns += 1
+        if turns > 4 * ITER_LIMIT:  # pragma: no cover - the estimate above bounds the turns
+            raise InputError("MMPP arrival generation did not finish; check the rates")
         stay = rng.exponential(1.0 / q[phase])
         if r[phase] > 0:
             k = rng.poisson(r[phase] * stay)
@@ -244,11 +260,7 @@ def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: in
 
 def read_trace(path: str) -> np.ndarray:
     """Arrival timestamps (ms) from a CSV: one column, or a column named arrival_ms; sorted, ≥ 0."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = [r for r in csv.reader(fh) if r and any(c.strip() for c in r)]
-    except OSError as e:
-        raise InputError(f"cannot read trace {path}: {e.strerror}") from None
+    rows = [r for r in read_csv_rows(path, "trace") if r and any(c.strip() for c in r)]
     col, start = 0, 0
     if rows and not _is_number(rows[0][0]):
         header = [c.strip().lower() for c in rows[0]]
@@ -397,6 +409,7 @@ def simulate(
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
     n_req = arr.size
+    check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
     resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
@@ -412,6 +425,7 @@ def simulate(
         bounds[-1] = last  # unserved requests carried no energy: only the last group's end moves
     r = resp[w:last]
     a = arr[w:last]
+    _check_stable(rule, r, a)
     gap = (a[-1] - a[0]) / max(a.size - 1, 1)
     rel = bounds - w
     slices = [slice(int(rel[g]), int(rel[g + 1])) for g in range(int(batches))]
@@ -439,6 +453,56 @@ def simulate(
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
+    )
+
+
+def rule_capacity(problem: BatchingProblem, rule) -> tuple[float, int]:
+    """The most requests/ms a rule can serve: max over the batch sizes it executes of b/l(b) (and the b)."""
+    sizes = list(problem.batch_sizes)
+    lat = dict(zip(sizes, problem.latency_ms()))
+    best, at = 0.0, 0
+    for s in rule.executed_sizes():
+        if s in lat and s / lat[s] > best:
+            best, at = s / float(lat[s]), s
+    return best, at
+
+
+def check_capacity(problem: BatchingProblem, rule, arr: np.ndarray | None = None) -> None:
+    """Refuse a rule that cannot carry the offered load (item 12a): steady-state figures would be meaningless."""
+    rate = problem.lam
+    if arr is not None and arr.size > 1 and arr[-1] > arr[0]:
+        rate = (arr.size - 1) / float(arr[-1] - arr[0])
+    cap, at = rule_capacity(problem, rule)
+    if not rate < cap:
+        raise InputError(
+            f"{rule.spec} serves at most {cap:.6g} req/ms (batches of {at} every l({at}) ms) < λ = {rate:.6g} req/ms: "
+            "the queue grows without bound; use a lower load or a rule with larger batches"
+        )
+
+
+def _check_stable(rule, r: np.ndarray, a: np.ndarray) -> None:
+    """Refuse to summarise a run whose queue kept growing (item 12b): the response times trend up
+    (last third ≥ 2× the first and a clear regression slope), and departures lag arrivals."""
+    n = r.size
+    if n < 300:
+        return
+    third = n // 3
+    first, last = float(r[:third].mean()), float(r[-third:].mean())
+    if not last > 2.0 * first + 1e-9:
+        return
+    g = np.array([x.mean() for x in np.array_split(r, 30)])
+    x = np.arange(g.size, dtype=np.float64)
+    slope, icpt = np.polyfit(x, g, 1)
+    resid = g - (slope * x + icpt)
+    se = math.sqrt(float(resid @ resid) / (g.size - 2) / float(((x - x.mean()) ** 2).sum())) or 1e-300
+    if slope / se < 6.0:
+        return
+    span_in = float(a[-1] - a[0])
+    span_out = float((a + r).max() - a[0])
+    growth = (n / span_in - n / span_out) if span_in > 0 and span_out > 0 else 0.0
+    raise InputError(
+        f"unstable: under {rule.spec} the queue grows at {max(growth, 0.0):.4g} req/ms (response times rise from "
+        f"{first:.4g} ms to {last:.4g} ms over the run); no steady-state figures exist — use a lower load or another rule"
     )
 
 

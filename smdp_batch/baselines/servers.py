@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 
 __all__ = ["ServerRule", "table_rule", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
@@ -101,7 +102,9 @@ class ServerRule:
 def _int(name: str, v, lo: int = 1) -> int:
     try:
         x = int(v)
-    except (TypeError, ValueError):
+        if x > BMAX_LIMIT * 1000:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}") from None
     if x != float(v) or x < lo:
         raise InputError(f"{name} must be an integer ≥ {lo}, got {v!r}")
@@ -212,5 +215,7 @@ def parse_rule(spec: str, problem) -> ServerRule:
         s_max = problem.bmax
         if kind in ("control", "q"):
             s_max = max(s_max, _int("control limit Q", arg or "x"))
+            if s_max > STATE_LIMIT:
+                raise InputError(f"control limit Q must be ≤ {STATE_LIMIT} (the state limit), got {arg}")
         return table_rule(parse_policy(text, sizes, s_max)[:-1], sizes, spec=text)
     raise InputError(f"unknown policy or rule {spec!r}; valid: {RULE_FORMS}")

@@ -28,7 +28,9 @@ def greedy_policy(batch_sizes, s_max: int) -> np.ndarray:
 def static_policy(batch_sizes, s_max: int, b: int) -> np.ndarray:
     """Wait until s ≥ b, then serve exactly b (eq. 15)."""
     if int(b) not in set(int(x) for x in batch_sizes):
-        raise InputError(f"static batch size {b} is not an allowed batch size {list(batch_sizes)}")
+        sizes = [int(x) for x in batch_sizes]
+        shown = f"{sizes[0]}..{sizes[-1]}" if sizes == list(range(sizes[0], sizes[-1] + 1)) else ",".join(map(str, sizes))
+        raise InputError(f"static batch size {b} is not an allowed batch size (allowed: {shown})")
     s = _levels(s_max)
     return np.where(s >= b, int(b), 0).astype(np.int64)
 
@@ -52,6 +54,8 @@ def parse_policy(spec: str, batch_sizes, s_max: int) -> np.ndarray:
             return static_policy(batch_sizes, s_max, int(arg))
         if kind in ("control", "q"):
             return control_limit_policy(batch_sizes, s_max, int(arg))
-    except ValueError:
+    except InputError:
+        raise  # the real reason (e.g. 33 is not an allowed batch size), not "unknown policy"
+    except (ValueError, OverflowError):
         pass
     raise InputError(f"unknown policy {spec!r}; valid: static:B, greedy, control:Q, or a policy FILE.h5")

@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     previous = _on_sigterm_raise()
     try:
-        with atomic_outputs():  # a command's outputs are renamed into place together, or none is
+        import numpy as np
+
+        # outputs are renamed into place together, or none is; an overflow in a user's curve is
+        # reported by validation, not as a numpy warning block
+        with atomic_outputs(), np.errstate(all="ignore"):
             rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
     except Terminated:
         click.echo("smdp-batch: terminated", err=True)
@@ -111,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
         return _error(f"{e.strerror or e}{where}")
+    except MemoryError:
+        return _error("out of memory: the input asks for more memory than this machine has; use smaller sizes")
+    except KeyboardInterrupt:
+        click.echo("smdp-batch: interrupted", err=True)
+        return 130
+    except Exception as e:  # last line of defence: a bug, reported on one line (exit 70, EX_SOFTWARE)
+        text = " ".join(str(e).split())[:500]
+        click.echo(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)", err=True)
+        return 70
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

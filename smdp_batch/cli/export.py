@@ -7,6 +7,7 @@ import click
 
 from ..export.configs import TARGETS
 from ..runtime.schema import read_policy
+from ..limits import REQUESTS_LIMIT, SEED_MAX
 from .options import (
     build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
@@ -16,9 +17,9 @@ from .types import InputFile, Number, OneOf, OutputPath, option
 @click.command("export", short_help="Export a policy table as a serving system's batching settings.")
 @click.argument("path", type=InputFile())
 @option("--to", "target", type=OneOf(TARGETS, "export target"), required=True, help="The serving system.")
-@option("--requests", type=Number(integer=True, min=1000), default="200000", show_default=True,
+@option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000", show_default=True,
               help="Requests simulated per candidate setting.")
-@option("--seed", type=Number(integer=True), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same arrivals for table and export).")
 @option("-o", "--output", type=OutputPath(), default=None, help="Write the config text to this file.")
 @json_option

@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
+from ..limits import BMAX_LIMIT, REQUESTS_LIMIT, SEED_MAX
 from .options import apply_renames, deprecated_option, emit, json_option, prepare_outputs, spec_files
 from .types import FigurePath, Grid, Number, option
 
@@ -25,12 +26,12 @@ _LLM_SCHEMES = ("static", "continuous", "multibin", "perbin-smdp", "bucketserve"
               help="Arrival rates λ (requests per time unit of --law).")
 @option("--law", default="uniform:1,20", show_default=True, metavar="LAW",
               help="Request time law: uniform:LO,HI | exp:MU | trace:FILE[:COLUMN].")
-@option("--bins", "k", type=Number(integer=True, min=1), default="2", show_default=True,
+@option("--bins", "k", type=Number(integer=True, min=1, max=64), default="2", show_default=True,
               help="Number of bins k (equal-mass edges, Lemma 4.1).")
-@option("--batch", "B", type=Number(integer=True, min=1), default="128", show_default=True, help="Batch size B.")
-@option("--servers", type=Number(integer=True, min=0), default="1", show_default=True,
+@option("--batch", "B", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="128", show_default=True, help="Batch size B.")
+@option("--servers", type=Number(integer=True, min=0, max=1024), default="1", show_default=True,
               help="Servers (0: infinitely many; no per-bin SMDP then).")
-@option("--requests", type=Number(integer=True, min=1), default="100000", show_default=True,
+@option("--requests", type=Number(integer=True, min=1, max=REQUESTS_LIMIT), default="100000", show_default=True,
               help="Requests simulated per load.")
 @option("--max-waits", type=Grid(allow_empty=True), default="5,10,20,40,80,160", show_default=True,
               help="Max-wait grid for the tuned fixed-B rule ('' for none).")
@@ -38,7 +39,7 @@ _LLM_SCHEMES = ("static", "continuous", "multibin", "perbin-smdp", "bucketserve"
 @option("--slo-within-time", "slo", type=Number(min=0, min_open=True), default=None,
               help="Latency bound, in the time units of --law, for the SLO share column (share of requests within it).")
 @deprecated_option("--slo", "--slo-within-time", "slo", type=Number(min=0, min_open=True))
-@option("--seed", type=Number(integer=True), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same stream for every scheme).")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw throughput and latency to FILE.png|.svg|.pdf.")
 @json_option
@@ -76,24 +77,24 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
 
 @click.command("llm", short_help="Run LLM serving schemes on one engine and one request stream per load.")
 @option("--lam-grid", type=Grid(), default="0.5,1,2,3", show_default=True, help="Arrival rates (requests/s).")
-@option("--requests", type=Number(integer=True, min=1), default="2000", show_default=True, help="Requests per load.")
+@option("--requests", type=Number(integer=True, min=1, max=REQUESTS_LIMIT), default="2000", show_default=True, help="Requests per load.")
 @option("--prompt", default="lognormal:200,0.8", show_default=True, metavar="LAW",
               help="Prompt tokens: const:N | uniform:A,B | exp:MEAN | lognormal:MEDIAN,SIGMA.")
 @option("--output-tokens", default="lognormal:150,0.7", show_default=True, metavar="LAW",
               help="Output tokens (same laws).")
 @option("--schemes", default=",".join(_LLM_SCHEMES), show_default=True, metavar="NAME,…", help="Schemes to run.")
-@option("--mem-gib", type=Number(min=0, min_open=True), default="10", show_default=True, help="KV-cache memory cap (GiB).")
+@option("--mem-gib", type=Number(min=0, min_open=True, max=1e6), default="10", show_default=True, help="KV-cache memory cap (GiB).")
 @option("--slo-within-s", "slo", type=Number(min=0, min_open=True), default="20", show_default=True,
               help="End-to-end latency bound in seconds; the SLO share column is the share of requests within it.")
 @deprecated_option("--slo", "--slo-within-s", "slo", type=Number(min=0, min_open=True))
 @option("--d-sla", type=Number(), default="0.024", show_default=True, help="Paper 002 Alg. 2's decode-step SLA D_SLA (s).")
-@option("--static-batch", type=Number(integer=True, min=1), default="16", show_default=True,
+@option("--static-batch", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="16", show_default=True,
               help="Batch size of static and multi-bin batching.")
-@option("--max-batch", type=Number(integer=True, min=1), default="64", show_default=True,
+@option("--max-batch", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="64", show_default=True,
               help="Continuous batching's and BucketServe's largest batch.")
-@option("--bins", "k", type=Number(integer=True, min=1), default="4", show_default=True,
+@option("--bins", "k", type=Number(integer=True, min=1, max=64), default="4", show_default=True,
               help="Multi-bin: bins by output length (equal mass).")
-@option("--seed", type=Number(integer=True), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same stream for every scheme).")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the sweep to FILE.png|.svg|.pdf.")
 @json_option

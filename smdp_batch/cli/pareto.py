@@ -16,6 +16,7 @@ from .options import (
     emit, json_option, load_grids, note_deprecated, prepare_outputs, problems_over, progress_line, scenario_files,
     scenario_line, scenario_options, write_text_atomically,
 )
+from ..limits import SEED_MAX, REQUESTS_LIMIT, GRID_LIMIT
 from .types import FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
 
 PLOT_KINDS = ("tradeoff", "percentiles", "scenarios")
@@ -37,26 +38,26 @@ def _deprecated(new: str):
               help="Smallest positive w2 of the log grid (w2 = 0 is always swept).")
 @option("--w2-max", type=Number(), default="10", show_default=True,
               help="Largest w2 of the log grid (then doubled until the least-power policy).")
-@option("--points", type=Number(integer=True), default="25", show_default=True, help="Points of the log grid before refinement.")
+@option("--points", type=Number(integer=True, min=2, max=GRID_LIMIT), default="25", show_default=True, help="Points of the log grid before refinement.")
 @option("--rtol", type=Number(), default="0.02", show_default=True, help="w2 ranges resolved to this relative precision.")
-@option("--extend", type=Number(integer=True), default="6", show_default=True,
+@option("--extend", type=Number(integer=True, min=0, max=64), default="6", show_default=True,
               help="Doublings of w2 beyond --w2-max to reach the least-power end.")
 @option("--baselines/--no-baselines", default=True, show_default=True, help="Greedy and static b (exact).")
 @option("--timeouts/--no-timeouts", default=True, show_default=True,
               help="Triton, TF-Serving, Ray, TorchServe over their delay (simulated).")
 @option("--statics", type=Grid(integer=True, keep_order=True), default=None, show_default="powers of 2 and Bmax",
               help="Static batch sizes to show, e.g. 8,16,32.")
-@option("--requests", type=Number(integer=True, min=1000), default=str(_DEFAULT_REQUESTS), show_default=True,
+@option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default=str(_DEFAULT_REQUESTS), show_default=True,
               help="Requests simulated per policy: every timeout setting, and every front point when percentiles are simulated.")
 @option("--percentiles", is_flag=True, default=False,
               help="Simulate p50/p95/p99 of every front point (on anyway when an SLO, --within-ms or the percentiles figure needs them).")
-@option("--simulate", "sim_requests", type=Number(integer=True, min=1000, zero_ok=True), default=None, hidden=True,
+@option("--simulate", "sim_requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT, zero_ok=True), default=None, hidden=True,
               callback=_deprecated("--requests N --percentiles"))
-@option("--baseline-requests", "base_requests", type=Number(integer=True, min=1000), default=None, hidden=True,
+@option("--baseline-requests", "base_requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default=None, hidden=True,
               callback=_deprecated("--requests"))
 @option("--within-ms", type=Number(min=0, min_open=True), default=None,
               help="Latency bound (ms) whose satisfaction share is simulated (Fig. 6(c)).")
-@option("--seed", type=Number(integer=True), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same arrivals for every policy).")
 @option("--slo-mean-ms", type=Number(min=0, min_open=True), default=None,
               help="Choose the least power with mean latency ≤ X ms (exact).")

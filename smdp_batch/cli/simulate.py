@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import InputError
 from ..runtime.schema import read_policy
 from .options import UNITS, build_problem, emit, file_inputs, json_option, scenario_line, scenario_options
+from ..limits import SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Number, option
 
 
@@ -36,14 +37,14 @@ def _arrivals(spec: str, requests: int, seed: int):
 @scenario_options
 @option("--policy", "policy_spec", required=True, metavar="SPEC",
               help="static:B | greedy | control:Q | FILE.h5 | triton:… | tfserving:… | ray:… | torchserve:…")
-@option("--requests", type=Number(integer=True, min=100), default="1000000", show_default=True,
+@option("--requests", type=Number(integer=True, min=100, max=REQUESTS_LIMIT), default="1000000", show_default=True,
               help="Number of requests to simulate.")
-@option("--seed", type=Number(integer=True, min=0), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (runs are reproducible).")
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
               help="poisson | trace:FILE.csv | mmpp:L1,L2,R12,R21")
 @option("--warmup", type=Number(), default="0.05", show_default=True, help="Share of the first requests left out.")
-@option("--batches", type=Number(integer=True), default="20", show_default=True,
+@option("--batches", type=Number(integer=True, min=2, max=10_000), default="20", show_default=True,
               help="Batch-means groups for the 95% intervals.")
 @option("--within-ms", type=Grid(), default=None,
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
@@ -85,9 +86,9 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, within_
 @option("--slo-mean-ms", type=Number(min=0, min_open=True), default=None, help="SLO: mean latency ≤ X ms.")
 @option("--slo-p95-ms", type=Number(min=0, min_open=True), default=None, help="SLO: 95th-percentile latency ≤ X ms.")
 @option("--slo-p99-ms", type=Number(min=0, min_open=True), default=None, help="SLO: 99th-percentile latency ≤ X ms.")
-@option("--requests", type=Number(integer=True, min=1000), default="200000", show_default=True,
+@option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000", show_default=True,
               help="Requests simulated per candidate.")
-@option("--seed", type=Number(integer=True), default="0", show_default=True,
+@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same arrivals for every candidate).")
 @json_option
 def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **opts):

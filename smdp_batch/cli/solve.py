@@ -26,6 +26,7 @@ from .options import (
     load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
     write_text_atomically,
 )
+from ..limits import ITER_LIMIT, STATE_LIMIT
 from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 
@@ -39,7 +40,7 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @option("--solver", type=OneOf(SOLVERS, "solver"), default="pi", show_default=True,
               help="pi (exact policy iteration) or rvi (the paper's Alg. 1).")
 @option("--eps", type=Number(), default="0.01", show_default=True, help="RVI span tolerance ε.")
-@option("--max-iter", type=Number(integer=True), default=None, show_default="RVI 100000, PI 1000",
+@option("--max-iter", type=Number(integer=True, min=1, max=ITER_LIMIT), default=None, show_default="RVI 100000, PI 1000",
               help="Iteration cap.")
 @option("--backend", type=OneOf(BACKENDS, "backend"), default="numba", show_default=True,
               help="numba (CPU) or jax (CPU/GPU; pip install 'smdp-batch[jax]'); an auto s_max scans on numba.")
@@ -122,6 +123,20 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
     emit({"bank": rows, **({"output": output} if output else {})}, as_json, "\n".join(lines))
 
 
+def _policy_smax(spec: str, bmax: int) -> int:
+    """States a simple policy needs: Bmax, or Q for control:Q above Bmax (wait below Q, paper 004 eq. 31)."""
+    kind, _, arg = spec.strip().partition(":")
+    if kind.lower() in ("control", "q"):
+        try:
+            q = int(arg)
+        except ValueError:
+            return bmax
+        if q > STATE_LIMIT:
+            raise InputError(f"control limit Q must be ≤ {STATE_LIMIT} (the state limit), got {q}")
+        return max(bmax, q)
+    return max(bmax, 1)
+
+
 @click.command("evaluate", short_help="Exact long-run metrics of any policy on the infinite queue.")
 @scenario_options
 @option("--policy", "policy_spec", required=True, metavar="SPEC", help="static:B | greedy | control:Q | FILE.h5")
@@ -139,7 +154,7 @@ def evaluate_cmd(policy_spec, as_json, **opts):
         policy = pf.policy
     else:
         problem = build_problem(opts)
-        policy = parse_policy(policy_spec, problem.batch_sizes, max(problem.bmax, 1))
+        policy = parse_policy(policy_spec, problem.batch_sizes, _policy_smax(policy_spec, problem.bmax))
     ev = evaluate_deployed(problem, policy)
     objective = problem.w1 * ev.mean_latency_ms + problem.w2 * ev.mean_power_w
     d = {
@@ -254,7 +269,7 @@ def _strict(o):
 @option("-o", "--output", "outdir", type=OutputDir(), default=None,
               help="Write one FILE.h5 per (load, w2) and a README.md index into this folder.")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the policies (Fig. 3 style) to this figure.")
-@option("--max-queue", type=Number(integer=True), default=None, show_default="control limits + 4",
+@option("--max-queue", type=Number(integer=True, min=1, max=STATE_LIMIT), default=None, show_default="control limits + 4",
               help="Largest queue length drawn.")
 @json_option
 def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_json, **opts):

@@ -13,6 +13,7 @@ import math
 import click
 
 from ..errors import InputError
+from ..limits import GRID_LIMIT, STATE_LIMIT
 
 __all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "OutputPath", "OutputDir", "FigurePath",
            "InputFile"]
@@ -35,6 +36,15 @@ def _flag(param) -> str:
     if getattr(param, "param_type_name", "") == "argument":
         return param.human_readable_name
     return param.opts[0] if param.opts else param.name
+
+
+INT_MAX = 2**63 - 1
+
+
+def _short(text: str) -> str:
+    """A value for an error line: repr, cut to 60 characters."""
+    r = repr(text)
+    return r if len(r) <= 60 else r[:50] + f"…' ({len(text)} characters)"
 
 
 def _fmt(x) -> str:
@@ -71,14 +81,19 @@ class Number(_Type):
         try:
             v = int(text) if self.integer else float(text)
         except (TypeError, ValueError):
-            raise InputError(f"{label} must be {'an integer' if self.integer else 'a number'}, got {text!r}") from None
+            raise InputError(f"{label} must be {'an integer' if self.integer else 'a number'}, got {_short(text)}") from None
         if not self.integer and not math.isfinite(v):
-            raise InputError(f"{label} must be finite, got {text!r}")
+            raise InputError(f"{label} must be finite, got {_short(text)}")
+        if self.integer and abs(v) > INT_MAX and self.max is None:
+            raise InputError(f"{label} must be an integer of magnitude ≤ 2^63 − 1, got {_short(text)}")
         if self.zero_ok and v == 0:
             return v
         low_bad = self.min is not None and (v <= self.min if self.min_open else v < self.min)
-        if low_bad or (self.max is not None and v > self.max):
-            raise InputError(f"{label} must be {self._range()}, got {text!r}")
+        if low_bad:  # name the bound that was crossed (the lower one alone, as before upper bounds existed)
+            bound = f"{'>' if self.min_open else '≥'} {_fmt(self.min)}"
+            raise InputError(f"{label} must be {'0 or ' if self.zero_ok else ''}{bound}, got {_short(text)}")
+        if self.max is not None and v > self.max:
+            raise InputError(f"{label} must be ≤ {_fmt(self.max)} (the limit for this option), got {_short(text)}")
         return v
 
     def _range(self) -> str:
@@ -109,13 +124,15 @@ class Grid(_Type):
 
     def parse(self, text: str, flag: str):
         items = [x for x in text.split(",") if x.strip()]
+        if len(items) > GRID_LIMIT:
+            raise InputError(f"{flag} has {len(items)} values; at most {GRID_LIMIT} are allowed")
         values = [self.item.parse_one(x.strip(), flag, " values") for x in items]
         if not values:
             if self.allow_empty and not text.strip():
                 return []
             raise InputError(f"{flag} needs comma-separated numbers, e.g. 0.3,0.7")
         if self.min is not None and any(v < self.min for v in values):
-            raise InputError(f"{flag} values must be ≥ {_fmt(self.min)}, got {text!r}")
+            raise InputError(f"{flag} values must be ≥ {_fmt(self.min)}, got {_short(text)}")
         return list(dict.fromkeys(values)) if self.keep_order else sorted(set(values))
 
 
@@ -132,7 +149,7 @@ class OneOf(_Type):
 
     def parse(self, text: str, flag: str):
         if text not in self.choices:
-            raise InputError(f"unknown {self.what} {text!r}; valid: {', '.join(self.choices)}")
+            raise InputError(f"unknown {self.what} {_short(text)}; valid: {', '.join(self.choices)}")
         return text
 
 
@@ -148,9 +165,12 @@ class SMax(_Type):
         if text.strip().lower() == "auto":
             return "auto"
         try:
-            return int(text)
+            v = int(text)
         except ValueError:
-            raise InputError(f"{flag} must be an integer ≥ Bmax or auto, got {text!r}") from None
+            raise InputError(f"{flag} must be an integer ≥ Bmax or auto, got {_short(text)}") from None
+        if not 1 <= v <= STATE_LIMIT:
+            raise InputError(f"{flag} must be an integer in Bmax..{STATE_LIMIT} or auto, got {_short(text)}")
+        return v
 
 
 class SloWithin(_Type):
@@ -164,11 +184,11 @@ class SloWithin(_Type):
     def parse(self, text: str, flag: str):
         bound, sep, pct = text.partition(":")
         if not sep:
-            raise InputError(f"{flag} must be BOUND_MS:PERCENT, e.g. 10:95, got {text!r}")
+            raise InputError(f"{flag} must be BOUND_MS:PERCENT, e.g. 10:95, got {_short(text)}")
         b = Number().parse_one(bound, flag, " bound")
         p = Number().parse_one(pct, flag, " percent")
         if b <= 0 or not (0 < p <= 100):
-            raise InputError(f"{flag} needs a bound > 0 ms and a percentage in (0, 100], got {text!r}")
+            raise InputError(f"{flag} needs a bound > 0 ms and a percentage in (0, 100], got {_short(text)}")
         return b, p / 100.0
 
 

@@ -14,6 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import InputError
+from ..limits import BMAX_LIMIT, check_int, check_rate
 from .curves import Affine, Curve
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
@@ -50,18 +51,21 @@ def batch_size_set(bmin: int = 1, bmax: int = 32, sizes: Iterable[int] | str | N
                 raise InputError(
                     f"batch sizes must be comma-separated positive integers such as '1,2,4,8', got {sizes!r}"
                 ) from None
-        out = sorted(set(int(b) for b in sizes))
-        if not out or out[0] < 1:
-            raise InputError(f"batch sizes must be positive integers, got {list(sizes)!r}")
+        sizes = list(sizes)
+        out = sorted(set(check_int("a batch size", b, 1, BMAX_LIMIT) for b in sizes))
+        if not out:
+            raise InputError(f"batch sizes must be positive integers, got {sizes!r}")
         return tuple(out)
     try:
         bmin_i, bmax_i = int(bmin), int(bmax)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"Bmin and Bmax must be integers, got {bmin!r}, {bmax!r}") from None
     if bmin_i != bmin or bmax_i != bmax:
         raise InputError(f"Bmin and Bmax must be integers, got {bmin!r}, {bmax!r}")
     if bmin_i < 1:
         raise InputError(f"Bmin must be ≥ 1, got {bmin_i}")
+    if bmax_i > BMAX_LIMIT:
+        raise InputError(f"Bmax must be ≤ {BMAX_LIMIT} (the model has one action per batch size), got {bmax_i}")
     if bmin_i > bmax_i:
         raise InputError(f"Bmin ({bmin_i}) must be ≤ Bmax ({bmax_i})")
     return tuple(range(bmin_i, bmax_i + 1))
@@ -107,6 +111,7 @@ class BatchingProblem:
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
         lam = _finite_number("λ (lam)", self.lam, positive=True)
+        check_rate("λ (lam)", lam)
         object.__setattr__(self, "lam", lam)
 
         b = np.asarray(sizes, dtype=np.float64)

@@ -23,7 +23,6 @@ Every malformed file gets one :class:`InputError` naming the file, line and valu
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
+from ..limits import read_csv_rows
 from .curves import Curve
 from .families import Empirical, NaturalLatency
 from .laws import ServiceLaw
@@ -124,8 +124,7 @@ def read_profile(path: str) -> Profile:
 
 def _parse(path: str) -> Profile:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh))
+        rows = read_csv_rows(path, "profile")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read profile {path}: {getattr(e, 'strerror', None) or e}") from None
     start = next((i for i, r in enumerate(rows) if any(c.strip() for c in r) and not r[0].lstrip().startswith("#")), None)

@@ -12,7 +12,10 @@ here alone so that the law and curve modules import only each other's classes (n
 
 from __future__ import annotations
 
+import re
+
 from ..errors import InputError
+from ..limits import NESTING_LIMIT
 from .curves import Affine, Constant, Curve, Logarithmic, Table
 from .families import LogNormal, MaxOf, Mixture, ShiftedExponential, Uniform
 from .laws import Deterministic, Erlang, Exponential, Gamma, HyperExponential, ServiceLaw
@@ -36,6 +39,13 @@ def parse_service(spec: str | ServiceLaw) -> ServiceLaw:
     if not isinstance(spec, str):
         raise InputError(f"service law must be a string such as 'det', got {spec!r}")
     text = spec.strip()
+    if len(text) > 4096:
+        raise InputError(f"service law spec has {len(text)} characters; at most 4096 are allowed")
+    depth = len(re.findall(r"(?i)\b(?:mix|max):", text))
+    if depth > NESTING_LIMIT:
+        raise InputError(
+            f"service law {text[:40]!r}… nests {depth} mix:/max: laws; at most {NESTING_LIMIT} are allowed"
+        )
     kind, _, arg = text.partition(":")
     kind = kind.lower()
     if kind in ("det", "deterministic") and not arg:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..limits import arrival_table_bytes, check_memory, check_model
 from .problem import BatchingProblem
 
 __all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "truncate"]
@@ -50,6 +51,9 @@ class ArrivalTable:
 def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     """Arrival-count laws during a batch of each allowed size (eqs. 4–6), k = 0..kmax."""
     law = problem.service
+    check_memory(arrival_table_bytes(len(problem.batch_sizes), kmax),
+                 f"the arrival table for {len(problem.batch_sizes)} batch sizes and k ≤ {kmax}",
+                 "use fewer batch sizes or a smaller s_max")
     pmf = np.empty((len(problem.batch_sizes), kmax + 1))
     sf = np.empty_like(pmf)
     for i, (b, l) in enumerate(zip(problem.batch_sizes, problem.latency_ms())):
@@ -175,10 +179,11 @@ def truncate(
     """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19)."""
     try:
         s_max_i = int(s_max)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
     if s_max_i != s_max or s_max_i < problem.bmax:
         raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} (paper 004 §V-A), got {s_max!r}")
+    check_model(len(problem.batch_sizes) + 1, s_max_i)
     c_o = float(abstract_cost)
     if not (np.isfinite(c_o) and c_o >= 0):
         raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")

@@ -25,6 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
+from ..limits import STATE_LIMIT, WORK_LIMIT, check_tail
 from ..runtime.schema import eq30
 from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
 from ..baselines.simple import greedy_policy
@@ -39,7 +40,7 @@ __all__ = ["BACKENDS", "SOLVERS", "Solution", "check_backend", "solve", "solve_t
 SOLVERS = ("pi", "rvi")
 BACKENDS = ("numba", "jax")
 #: Give up the automatic scan beyond this s_max.
-SMAX_LIMIT = 200_000
+SMAX_LIMIT = STATE_LIMIT  # the auto scan stops at the state limit (smdp_batch.limits)
 #: PI budget per scan candidate: warm starts settle in a few iterations; a candidate that needs
 #: more sits in the degenerate zone and is passed over (the result is still certified: the
 #: accepted candidate's PI converged).
@@ -232,8 +233,8 @@ def solve(
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)
     tol = float(tol_delta)
-    if not (np.isfinite(tol) and tol > 0):
-        raise InputError(f"tol_delta (δ) must be > 0, got {tol_delta!r}")
+    if not (np.isfinite(tol) and tol >= 1e-12):
+        raise InputError(f"tol_delta (δ) must be ≥ 1e-12 (Δ is computed in float64), got {tol_delta!r}")
     warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the scan always runs PI)
     if solver == "rvi":
         warm_up_rvi()
@@ -260,6 +261,7 @@ def solve(
         return sol
 
     # ---- automatic truncation: smallest s_max with Δ < δ and a stabilising tail action
+    check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before scanning
     arrivals: ArrivalTable = arrival_table(problem, max(4 * problem.bmax, 256))
     cache: dict[int, tuple] = {}
     warm = [None]
@@ -270,6 +272,13 @@ def solve(
             if arrivals.kmax < s:
                 arrivals = arrival_table(problem, 2 * s)
             model = truncate(problem, s, abstract_cost, arrivals)
+            width = float(np.mean(model.khi[1:] - model.klo[1:] + 1))
+            if len(model.actions) * (s + 2) * width > WORK_LIMIT:
+                raise InputError(
+                    f"the auto s_max scan reached s_max = {s} with arrival supports of {width:.0f} states: one more "
+                    f"candidate would exceed the work limit; use a larger --tol-delta (now {tol:g}), a lower load "
+                    "or a lighter-tailed service law"
+                )
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", NotConvergedWarning)  # checked below
@@ -295,6 +304,7 @@ def solve(
 
     s = problem.bmax
     last_bad = s - 1
+    rejected = 0
     while s <= SMAX_LIMIT:
         if accepted(s):
             # after a geometric jump, bisect back to the smallest accepted s_max above last_bad
@@ -310,6 +320,13 @@ def solve(
                 res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
                 ev2 = evaluate_policy(model, res2.policy)
                 if not (ev2.delta < tol and tail_stable(problem, res2.policy)):
+                    rejected += 1
+                    if rejected >= 4:  # a coarse ε gives a policy that overflows at every s_max
+                        raise InputError(
+                            f"{solver} with eps = {eps:g} returns a policy that overflows the truncation (Δ = "
+                            f"{ev2.delta:.3g} ≥ δ = {tol:g}) at every s_max tried; use a smaller --eps (e.g. 0.01) "
+                            "or --solver pi"
+                        )
                     last_bad, s = hi, _next_smax(hi)
                     continue  # the ε-optimal policy overflows more: keep scanning
                 res, ev = res2, ev2
