@@ -429,8 +429,12 @@ def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: fl
         _note(ax, f"{chosen.mean_power_w:.4g} W, {name} {chosen.percentiles[percentile]:.3g} ms",
                   (chosen.percentiles[percentile], chosen.mean_power_w), "#ffbf00")
     smdp_h = Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])
-    ax.legend(handles=[smdp_h, *fam_handles.values(), *extra], fontsize=FONT["legend"], loc="upper right",
-              title="rule", title_fontsize=FONT["legend"])
+    if bound_ms is None:  # no panel (c): the families go here
+        ax.legend(handles=[smdp_h, *fam_handles.values(), *extra], fontsize=FONT["legend"], loc="upper right",
+                  title="rule", title_fontsize=FONT["legend"])
+    else:  # the families' legend is panel (c)'s, where the upper left is empty; here what is marked
+        ax.legend(handles=[smdp_h, *extra], fontsize=FONT["legend"], loc="upper right",
+                  title="marks (rule colours as in the next panel)", title_fontsize=FONT["legend"] - 0.5)
     ax.set_xlabel(f"{name} latency [ms] (simulated)")
     ax.set_ylabel("mean power P̄ [W]")
     ax.set_title(f"({'b' if cdfs else 'a'}) {name}–power trade-off", fontsize=FONT["title"])
