@@ -133,11 +133,16 @@ def plot_policies(grid: dict, batch_sizes, max_queue: int | None = None, *, ncol
             img[i] = np.where(row > 0, row, np.nan)
             if q is not None and q < n:
                 ax.add_patch(Rectangle((q - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#e377c2", linewidth=2, zorder=3))
-            for k in range(n):
-                if row[k] > 0 and (annotate or (q is not None and k == q)):
-                    dark = row[k] > 0.5 * bmax
-                    ax.text(k, i, str(int(row[k])), ha="center", va="center", fontsize=fs,
-                            color="white" if dark else "black", zorder=4)
+            if annotate:
+                for k in range(n):
+                    if row[k] > 0:
+                        ax.text(k, i, str(int(row[k])), ha="center", va="center", fontsize=fs,
+                                color="white" if row[k] > 0.5 * bmax else "black", zorder=4)
+            elif q is not None and q < n:  # cells too narrow for numbers: name the control limit beside its box
+                left = q * cell_pt > 62  # wait cells (blank) to the left of the box have room
+                ax.text(q - 0.9 if left else q + 0.9, i, f"Q={q}, b={int(row[q])}", ha="right" if left else "left",
+                        va="center", fontsize=FONT["note"], zorder=4,
+                        bbox=None if left else dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.85))
         im = ax.imshow(img, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
         ax.set_yticks(range(len(rhos)), [f"{r:.2g}" for r in rhos])
         if n <= 24:
@@ -151,12 +156,13 @@ def plot_policies(grid: dict, batch_sizes, max_queue: int | None = None, *, ncol
     used = [ax for ax in axes[: len(w2s)]]
     cb = fig.colorbar(im, ax=used, shrink=0.9, pad=0.01, aspect=30)
     cb.set_label("batch size served b [requests]", fontsize=FONT["label"])
-    cb.set_ticks(sorted({int(round(v)) for v in np.linspace(1, bmax, min(bmax, 9))}))
+    step = max(1, int(round(bmax / 8)))
+    cb.set_ticks(sorted({1, bmax, *range(step, bmax + 1, step)}))
     cb.ax.tick_params(labelsize=FONT["tick"])
     handles = [Patch(facecolor="white", edgecolor="0.6", label="blank: wait (serve nothing)"),
                Patch(facecolor="none", edgecolor="#e377c2", linewidth=2, label="box: control limit (Prop. 3–4)")]
     if not annotate:
-        handles.append(Line2D([], [], linestyle="none", label="numbers: shown in boxed cells only"))
+        handles.append(Line2D([], [], linestyle="none", label="Q=…, b=…: control limit and the batch served there"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=FONT["legend"], frameon=False)
     fig.suptitle("SMDP policies: batch size served at queue length n", fontsize=FONT["title"])
     return fig
