@@ -274,8 +274,8 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
         if pt is None:
             continue
         what = f"SLO {slo}: " if slo else "SLO pick: "
-        pick_handle = ax_p.plot([pt.mean_latency_ms], [pt.mean_power_w], label=f"{what}least power", **PICK_STYLE)[0]
-        ax_e.plot([pt.mean_latency_ms], [pt.efficiency], **PICK_STYLE)
+        pick_handle = ax_p.plot([pt.mean_latency_ms], [pt.mean_power_w], label=f"{what}least power", gid="slo-pick", **PICK_STYLE)[0]
+        ax_e.plot([pt.mean_latency_ms], [pt.efficiency], gid="slo-pick", **PICK_STYLE)
         picked.append((f"{pt.mean_power_w:.4g} W, w2 ∈ [{pt.w2_lo:.3g}, {finite_w2(pt.w2_hi) if not math.isfinite(pt.w2_hi) else f'{pt.w2_hi:.3g}'}]",
                        (pt.mean_latency_ms, pt.mean_power_w)))
     bound_handle = None
@@ -287,10 +287,10 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     cur_handle = None
     if cur is not None:
         w, p, label = cur
-        cur_handle = ax_p.plot([w], [p], label=label, **CURRENT_STYLE)[0]
+        cur_handle = ax_p.plot([w], [p], label=label, gid="current-setting", **CURRENT_STYLE)[0]
         lams = {f.problem.lam for f in fronts}
         if len(lams) == 1:  # efficiency λ/P̄ needs the load; drawn when the fronts share one
-            ax_e.plot([w], [1e3 * lams.pop() / p], **CURRENT_STYLE)
+            ax_e.plot([w], [1e3 * lams.pop() / p], gid="current-setting", **CURRENT_STYLE)
     for ax in (ax_p, ax_e):
         ax.set_xlabel("mean latency W̄ [ms]")
         ax.grid(True, alpha=0.3)
@@ -431,7 +431,7 @@ def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: fl
         extra.append(ax.axvline(bound_ms, color="0.35", linestyle=(0, (4, 2)), linewidth=1.0,
                                 label=f"bound {bound_ms:g} ms"))
     if chosen is not None and percentile in chosen.percentiles:
-        extra += ax.plot([chosen.percentiles[percentile]], [chosen.mean_power_w], label=pick_label, **PICK_STYLE)
+        extra += ax.plot([chosen.percentiles[percentile]], [chosen.mean_power_w], label=pick_label, gid="slo-pick", **PICK_STYLE)
         _note(ax, f"{chosen.mean_power_w:.4g} W, {name} {chosen.percentiles[percentile]:.3g} ms",
                   (chosen.percentiles[percentile], chosen.mean_power_w), "#ffbf00")
     smdp_h = Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])
@@ -456,7 +456,7 @@ def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: fl
                               fam_handles)
         extra = []
         if chosen is not None and bound_ms in chosen.within:
-            extra += ax.plot([100 * chosen.within[bound_ms]], [chosen.mean_power_w], label=pick_label, **PICK_STYLE)
+            extra += ax.plot([100 * chosen.within[bound_ms]], [chosen.mean_power_w], label=pick_label, gid="slo-pick", **PICK_STYLE)
         ax.legend(handles=[smdp_h, *fam_handles.values(), *extra], fontsize=FONT["legend"], loc="upper left",
                   title="rule", title_fontsize=FONT["legend"])
         ax.set_xlabel(f"requests within {bound_ms:g} ms [%] (simulated)")
