@@ -300,8 +300,14 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     for text, xy in picked:  # labels last, placed once the data fix the axes' limits
         _note(ax_p, text, xy, "#ffbf00")
     marks = [h for h in (pick_handle, bound_handle, cur_handle) if h is not None]
-    ax_p.legend(handles=front_handles + marks, fontsize=FONT["legend"], title="SMDP front (line style) and marks",
-                title_fontsize=FONT["legend"], loc="center right" if len(scen) == 1 else "best", handlelength=3)
+    if len(scen) == 1:  # a few fronts of one scenario: the legend fits between them
+        ax_p.legend(handles=front_handles + marks, fontsize=FONT["legend"], title="SMDP front (line style) and marks",
+                    title_fontsize=FONT["legend"], loc="center right", handlelength=3)
+    else:  # several scenarios: short fronts anywhere in the panel, so the fronts' legend goes under the figure
+        fig.legend(handles=front_handles + marks, fontsize=FONT["legend"], loc="outside lower center",
+                   ncols=min(len(front_handles) + len(marks), 4), handlelength=3,
+                   title="SMDP front: line style = scenario, marker fill = load (filled ρ low, hollow ρ high)",
+                   title_fontsize=FONT["legend"])
     fam_list = [Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])]
     ax_e.legend(handles=fam_list + list(fam_handles.values()), fontsize=FONT["legend"],
                 title="rule (colour and marker)", title_fontsize=FONT["legend"], loc="lower right", handlelength=3)
