@@ -188,15 +188,25 @@ def _current(current) -> tuple[float, float, str] | None:
     return float(w), float(p), str(label)
 
 
-def _note(ax, text: str, xy, edge: str, color: str = "black", far: bool = False) -> None:
-    """A boxed label for a marked point, offset towards the middle of the axes so it stays inside them
-    (``far``: twice as far, for a second label near the first)."""
+def _note(ax, text: str, xy, edge: str, color: str = "black", avoid=()) -> None:
+    """A boxed label for a marked point, offset towards the middle of the axes so it stays inside them,
+    and moved further out when its box would hide one of the ``avoid`` points (e.g. the current setting)."""
     ax.autoscale_view()
     fx, fy = (ax.transData + ax.transAxes.inverted()).transform(xy)
-    dx, ha = (-16, "right") if fx > 0.55 else (16, "left")
-    dy, va = (-6, "top") if fy > 0.6 else (12, "bottom")
-    if far:
-        dx, dy = 2 * dx, dy * 3.5
+    sx, ha = (-1, "right") if fx > 0.55 else (1, "left")
+    sy, va = (-1, "top") if fy > 0.6 else (1, "bottom")
+    lines = text.split("\n")
+    w_pt = 0.58 * FONT["note"] * max(len(t) for t in lines) + 8  # the box's rough size in points
+    h_pt = 1.35 * FONT["note"] * len(lines) + 6
+    to_pt = 72.0 / ax.figure.dpi
+    x0, y0 = ax.transData.transform(xy)
+    others = [((x - x0) * to_pt, (y - y0) * to_pt) for x, y in (ax.transData.transform(a) for a in avoid)]
+    dx, dy = 16 * sx, 12 * sy
+    for dx, dy in ((16 * sx, 12 * sy), (16 * sx, 12 * sy + 26 * sy), (16 * sx, -14 * sy), (16 * sx, 12 * sy + 52 * sy)):
+        xl, xr = sorted((dx, dx + sx * w_pt))
+        yb, yt = sorted((dy, dy + (h_pt if va == "bottom" else -h_pt)))
+        if not any(xl - 8 <= ox <= xr + 8 and yb - 8 <= oy <= yt + 8 for ox, oy in others):
+            break
     ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=FONT["note"], color=color,
                 bbox=dict(boxstyle="round,pad=0.25", fc="white", ec=edge, alpha=0.92),
                 arrowprops=dict(arrowstyle="-", color="0.3", lw=0.6), zorder=7)
@@ -299,7 +309,7 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     ax_p.set_ylabel("mean power P̄ [W]")
     ax_e.set_ylabel("energy efficiency λ/P̄ [requests/J]")
     for text, xy in picked:  # labels last, placed once the data fix the axes' limits
-        _note(ax_p, text, xy, "#ffbf00")
+        _note(ax_p, text, xy, "#ffbf00", avoid=[cur[:2]] if cur is not None else ())
     marks = [h for h in (pick_handle, bound_handle, cur_handle) if h is not None]
     if len(scen) == 1:  # a few fronts of one scenario: the legend fits between them
         ax_p.legend(handles=front_handles + marks, fontsize=FONT["legend"], title="SMDP front (line style) and marks",
