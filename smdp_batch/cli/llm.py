@@ -66,8 +66,11 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
         theory = {"throughput_thm_4_2": multibin.uniform_throughput(k, B, lo, hi), "c_max": multibin.capacity(B, lo, hi),
                   "lemma_5_1_latency": {str(l): multibin.uniform_latency(l, k, B, lo, hi) for l in lams}}
     if plot_path:
-        save(plot_rows(rows, [("throughput", "throughput"), ("mean_latency", "mean latency")],
-                       f"{rl.spec()}, k = {k}, B = {B}, servers = {servers or '∞'}"), plot_path)
+        unit = "time unit"
+        save(plot_rows(rows, [("throughput", f"throughput [requests / {unit}]"),
+                              ("mean_latency", f"mean latency [{unit}s]"), ("p95_latency", f"p95 latency [{unit}s]")],
+                       f"multi-bin batching, {rl.spec()} (times in its unit), k = {k}, B = {B}, servers = {servers or '∞'}",
+                       xlabel=f"arrival rate λ [requests / {unit}]"), plot_path)
     head = f"multi-bin batching: {rl.spec()}, k = {k}, B = {B}, servers = {servers or '∞'}, {n} requests per load"
     if theory:
         head += (f"\n  Thm 4.2 saturation throughput {theory['throughput_thm_4_2']:.4g}, c_max {theory['c_max']:.4g}; "
@@ -113,8 +116,9 @@ def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_
     rows = llm_sweep(lam_grid, n=requests, prompt=prompt, output=output_tokens, model=model, slo=slo, schemes=names,
                      static_batch=static_batch, max_batch=max_batch, k=k, d_sla=d_sla, seed=seed)
     if plot_path:
-        save(plot_rows(rows, [("throughput_tok_s", "tokens/s"), ("mean_latency_s", "mean latency (s)"),
-                              ("slo_attainment", "SLO share")], f"KV cap {mem:g} GiB"), plot_path)
+        save(plot_rows(rows, [("throughput_tok_s", "throughput [tokens/s]"), ("mean_latency_s", "mean latency [s]"),
+                              ("slo_attainment", f"requests within {slo:g} s [%]", 100.0)],
+                       f"LLM serving schemes, KV cap {mem:g} GiB", xlabel="arrival rate λ [requests/s]"), plot_path)
     head = (f"LLM serving: {requests} requests per load, prompts {prompt}, outputs {output_tokens}, "
             f"KV cap {mem:g} GiB = {model.cap_tokens} tokens, SLO {slo:g} s")
     notes = [f"  {r['scheme']} at λ = {r['lam']:g}: {r['note']}" for r in rows if "note" in r]

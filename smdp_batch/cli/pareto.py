@@ -154,7 +154,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
     if csv_path:
         _write_csv(csv_path, rows)
     if plot_path:
-        _pareto_figure(fronts, base, plot_kind, plot_path, chosen, within, n_sim, sd, latency_cdfs)
+        _pareto_figure(fronts, base, plot_kind, plot_path, chosen, within, n_sim, sd, latency_cdfs, slo, slo_value)
     data = {"fronts": d_fronts, "slo": None if slo is None else {"kind": slo[0], "value": slo_value},
             "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
             **({"output": output} if output and chosen[0] is not None else {}), **({"csv": csv_path} if csv_path else {}),
@@ -187,12 +187,22 @@ def _write_csv(path: str, rows: list[dict]) -> None:
     write_text_atomically(path, buf.getvalue())
 
 
-def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latency_cdfs) -> None:
+def _slo_text(slo, slo_value) -> str | None:
+    if slo is None:
+        return None
+    if slo[0] == "within":
+        return f"≥ {100 * slo_value[1]:g} % within {slo_value[0]:g} ms"
+    return f"{'W̄' if slo[0] == 'mean' else slo[0]} ≤ {slo_value:g} ms"
+
+
+def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latency_cdfs, slo=None, slo_value=None) -> None:
     from ..baselines import parse_policy
     from ..analysis.plots import plot_percentiles, plot_tradeoff, save
 
+    text = _slo_text(slo, slo_value)
     if kind in ("tradeoff", "scenarios"):
-        fig = plot_tradeoff(fronts, base, model_panel=kind == "scenarios")
+        fig = plot_tradeoff(fronts, base, model_panel=kind == "scenarios", chosen=chosen, slo=text,
+                            slo_mean_ms=slo_value if slo is not None and slo[0] == "mean" else None)
     else:
         f = fronts[0]
         pick = chosen[0] if chosen and chosen[0] is not None else f.points[len(f.points) // 2]
@@ -205,7 +215,10 @@ def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latenc
             tag = " (chosen)" if p is pick and chosen else ""
             rules[f"SMDP w2 ∈ [{p.w2_lo:.3g}, {p.w2_hi:.3g}]{tag}"] = np.asarray(p.policy, dtype=np.int64)
         cdfs = latency_cdfs(f.problem, rules, requests=n_sim, seed=seed)
-        fig = plot_percentiles(f, base.get(0, []), cdfs, within)
+        pct = slo[0] if slo is not None and slo[0] in ("p95", "p99") else "p95"
+        fig = plot_percentiles(f, base.get(0, []), cdfs, within, percentile=f"{pct}_ms",
+                               chosen=chosen[0] if chosen else None, slo=text,
+                               slo_ms=slo_value if slo is not None and slo[0] in ("p95", "p99") else None)
     save(fig, path)
 
 
@@ -236,10 +249,7 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
             lines.append(f"    {s_['setting']:34s} skipped: {s_['reason']}")
         if chosen:
             c = chosen[i]
-            if slo[0] == "within":
-                what = f"≥ {100 * slo_value[1]:g} % within {slo_value[0]:g} ms"
-            else:
-                what = f"{'W̄' if slo[0] == 'mean' else slo[0]} ≤ {slo_value:g} ms"
+            what = _slo_text(slo, slo_value)
             if c is None:
                 lines.append(f"  SLO         {what}: no swept policy meets it")
             else:

@@ -147,23 +147,94 @@ def format_rows(rows: list[dict], cols: Sequence[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def plot_rows(rows: list[dict], panels: Sequence[tuple[str, str]], title: str = ""):
-    """One panel per (key, label) against the arrival rate, a line per scheme."""
-    from ..analysis.plots import _figure
+# Scheme name prefix (lower case) -> colour, marker, line style.  Per-bin SMDP tables take the SMDP
+# family's colour and marker and static / fixed-B batching the static family's (analysis.plots.FAMILY_STYLE),
+# so a rule looks the same in every figure; the LLM-only schemes take colours no rule family uses.
+_SCHEME_STYLE = (
+    ("per-bin smdp", "smdp", None, None, "-"),
+    ("fixed b, best", None, "#525252", "D", "--"),
+    ("fixed b", "static", None, None, ":"),
+    ("static", "static", None, None, ":"),
+    ("continuous", None, "#8c564b", "v", "-."),
+    ("multi-bin", None, "#17becf", "h", "--"),
+    ("bucketserve online", None, "#bcbd22", "p", "-"),
+    ("bucketserve sjf", None, "#393b79", "*", ":"),
+    ("mem-aware", None, "#e7969c", "d", "-."),
+    ("sla", None, "#637939", ">", "--"),
+)
 
-    fig = _figure(len(panels))
+
+def scheme_style(name: str, index: int = 0) -> dict:
+    """Colour, marker and line style of a scheme's line, fixed by its name (index: fallback cycle)."""
+    from ..analysis.plots import FRONT_LINESTYLES, family_style
+
+    low = name.lower()
+    for prefix, fam, color, marker, ls in _SCHEME_STYLE:
+        if low.startswith(prefix):
+            if fam is not None:
+                st = family_style(fam)
+                color, marker = st["color"], st["marker"]
+            return dict(color=color, marker=marker, linestyle=ls)
+    return dict(color=f"C{index % 10}", marker="os^vD<>ph*"[index % 10],
+                linestyle=FRONT_LINESTYLES[index % len(FRONT_LINESTYLES)])
+
+
+def _spans_decades(values) -> bool:
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return bool(v) and min(v) > 0 and max(v) / min(v) >= 10
+
+
+def _log_axis(axis, set_scale) -> None:
+    """A log axis labelled in plain numbers (1, 2, 5, 10, 20, …), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    set_scale("log")
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "25" else ""))
+
+
+def plot_rows(rows: list[dict], panels: Sequence[tuple], title: str = "", *,
+              xlabel: str = "arrival rate λ [requests / time unit]", logx: bool | None = None,
+              logy: bool | None = None):
+    """One panel per (key, label[, scale]) against the arrival rate, a line per scheme.
+
+    Labels should carry their unit ("mean latency [s]"); ``scale`` multiplies the values (100 for a
+    share in %).  Each scheme keeps one colour, marker and line style (:func:`scheme_style`); markers
+    shrink from the first scheme to the last so that coinciding lines stay visible.  An axis is
+    logarithmic when its values span a factor of 10 or more (``logx``/``logy`` force it).  The
+    schemes' legend sits under the panels, shared by all of them.
+    """
+    from ..analysis.plots import FONT, WIDTH_IN, _figure, _style_axes
+
+    fig = _figure(len(panels), height=3.6, total_width=max(WIDTH_IN * min(len(panels), 3) / 3, 6.0) if len(panels) < 3
+                  else WIDTH_IN + 0.5)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
-    for ax, (key, label) in zip(axes, panels):
-        for s in schemes:
-            pts = [(r["lam"], r[key]) for r in rows if r["scheme"] == s and r.get(key) is not None]
+    lams = [r["lam"] for r in rows]
+    handles = {}
+    for ax, panel in zip(axes, panels):
+        key, label = panel[0], panel[1]
+        scale = panel[2] if len(panel) > 2 else 1.0
+        values = []
+        for j, s in enumerate(schemes):
+            pts = [(r["lam"], scale * r[key]) for r in rows if r["scheme"] == s and r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", label=s)
-        ax.set_xlabel("arrival rate λ")
+                values += ys
+                st = scheme_style(s, j)
+                (line,) = ax.plot(xs, ys, label=s, linewidth=1.4, alpha=0.9, ms=max(9 - 0.7 * j, 3.5),
+                                  markerfacecolor="none" if j % 2 else st["color"], markeredgewidth=1.2, **st)
+                handles.setdefault(s, line)
+        if logx if logx is not None else _spans_decades(lams):
+            _log_axis(ax.xaxis, ax.set_xscale)
+        if logy if logy is not None else _spans_decades(values):
+            _log_axis(ax.yaxis, ax.set_yscale)
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        _style_axes(ax)
+    fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=min(len(handles), 4),
+               fontsize=FONT["legend"] + 0.5, title="scheme", title_fontsize=FONT["legend"] + 0.5)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=FONT["title"])
     return fig
