@@ -3,7 +3,7 @@
     smdp-batch measure examples.onnx_mlp:infer --make-batch examples.onnx_mlp:make_batch \\
         --sizes 1,2,4,8,16,32 --repeats 20 -o mlp.csv          # from the repository root
 
-* :func:`build_model` — the ONNX graph: x[N, 256] → Gemm 1024 → Relu → Gemm 1024 → Relu → Gemm 10,
+* :func:`build_model` — the ONNX graph: x[N, 256] → Gemm 2048 → Relu → Gemm 2048 → Relu → Gemm 10,
   float32, weights from ``numpy.random.default_rng(seed)``; writes it to ``path`` when given.
 * :func:`infer` — one batch through an ``onnxruntime.InferenceSession`` on the CPU (built on first
   use, one intra-op thread so that timings on a shared machine stay steady).  Takes an array
@@ -20,7 +20,7 @@ import asyncio
 
 import numpy as np
 
-DIM, HIDDEN, CLASSES = 256, (1024, 1024), 10
+DIM, HIDDEN, CLASSES = 256, (2048, 2048), 10
 _SESSION = None
 
 

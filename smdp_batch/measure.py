@@ -243,6 +243,11 @@ class Measurement:
                        lines=np.arange(2, self.batch.size + 2))
 
 
+def _name(obj) -> str:
+    """``module:qualname`` of a callable given from Python (for the sidecar)."""
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
 def _check_sizes(sizes) -> list[int]:
     try:
         items = list(sizes)
@@ -277,9 +282,8 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
     or ``none``; ``power_w`` instead gives ζ = power_w·latency.  ``progress``: a tqdm bar (None: on a
     terminal only).
     """
-    fn_name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
-    mb_name = make_batch if isinstance(make_batch, str) else (
-        "smdp_batch.measure:default_make_batch" if make_batch is None else getattr(make_batch, "__qualname__", "?"))
+    fn_name = fn if isinstance(fn, str) else _name(fn)
+    mb_name = make_batch if isinstance(make_batch, str) else _name(make_batch or default_make_batch)
     sizes = _check_sizes(sizes)
     for name, v, lo in (("warmup", warmup, 0), ("repeats", repeats, 1)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
