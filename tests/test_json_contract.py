@@ -119,6 +119,7 @@ def _commands(f):
         *[("export", ["export", f["table"], "--to", target, "--requests", "2000", "-o", str(t / f"{target}.txt")])
           for target in ("triton", "tfserving", "ray", "torchserve")],
         ("profile", ["profile", f["profile"]]),
+        ("measure", ["measure", "math:fsum", "--sizes", "1,2", "--repeats", "2", "--power-w", "50", "-o", str(t / "m.csv")]),
         ("multibin", ["multibin", "--lam-grid", "2", "--requests", "3000", "--max-waits", "20",
                       "--slo-within-time", "60"]),
         ("llm", ["llm", "--lam-grid", "1", "--requests", "40", "--schemes", "static,continuous,perbin-smdp",

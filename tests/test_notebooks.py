@@ -10,9 +10,9 @@ NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
 nbformat = pytest.importorskip("nbformat")
 
 
-def test_the_four_notebooks_exist():
+def test_the_notebooks_exist():
     assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_pareto_fig5.ipynb", "03_slo_fig6.ipynb",
-                                           "04_scenarios_fig7_9.ipynb"]
+                                           "04_scenarios_fig7_9.ipynb", "05_your_model.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -99,9 +99,8 @@ BAD = [
     ("fractional size", "batch_size,latency_ms\n1.5,1.3\n", "batch_size '1.5' must be an integer ≥ 1"),
     ("empty", "", "is empty"),
     ("header only", "batch_size,latency_ms\n", "no measurements"),
-    ("decreasing", "batch_size,latency_ms\n1,1.3\n2,1.7\n2,1.8\n4,1.5\n4,1.6\n",
-     r"decreases from b=2 \(1.75 ms, lines 3,4\) to b=4 \(1.55 ms, lines 5,6\)"),
 ]
+DECREASING = "batch_size,latency_ms\n1,1.3\n2,1.7\n2,1.8\n4,1.5\n4,1.6\n"
 
 
 @pytest.mark.parametrize("name, text, msg", BAD, ids=[b[0] for b in BAD])
@@ -113,6 +112,21 @@ def test_malformed_profiles_get_one_line_errors(tmp_path, capsys, name, text, ms
     rc = main(["solve", "--latency", f"csv:{path}", "--bmax", "4"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("smdp-batch: error:") and "Traceback" not in err
+
+
+def test_interp_refuses_decreasing_means_the_default_monotone_fit_pools_them(tmp_path, capsys):
+    path = tmp_path / "dec.csv"
+    path.write_text(DECREASING)
+    msg = r"decreases from b=2 \(1.75 ms, lines 3,4\) to b=4 \(1.55 ms, lines 5,6\)"
+    with pytest.raises(InputError, match=msg):
+        parse_curve(f"csv:{path}:interp", "latency model")
+    rc = main(["solve", "--latency", f"csv:{path}:interp", "--bmax", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("smdp-batch: error:") and "Traceback" not in err
+    lat = parse_curve(f"csv:{path}", "latency model")  # default: isotonic means 1.3, 1.65, 1.65 (weights 1, 2, 2)
+    assert lat.fit == "monotone" and lat(np.array([1, 2, 3, 4])) == pytest.approx([1.3, 1.65, 1.65, 1.65])
+    assert main(["solve", "--latency", f"csv:{path}", "--bmax", "4", "--json"]) == 0
+    capsys.readouterr()
 
 
 def test_profile_gaps_and_missing_energy_are_explained(tmp_path, capsys):

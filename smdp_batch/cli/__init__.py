@@ -1,8 +1,8 @@
 """Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile |
-multibin | llm`` (DESIGN.md §4).
+measure | multibin | llm`` (DESIGN.md §4).
 
 This module holds the click group and :func:`main`, the console entry point; each command lives in
-its family's module (solve, simulate, pareto, export, profile, llm), options shared between them in
+its family's module (solve, simulate, pareto, export, profile, measure, llm), options shared between them in
 :mod:`.options` and parameter types in :mod:`.types`.
 
 Every command takes ``--json`` (keys: docs/json.md).  Bad input prints one line
@@ -25,6 +25,7 @@ from ..errors import InputError
 from ..files import Terminated, atomic_outputs
 from .export import export_cmd
 from .llm import llm_cmd, multibin_cmd
+from .measure import measure_cmd
 from .options import ARGV, DEFAULTS, NOTICES, build_problem, scenario_options
 from .pareto import pareto_cmd
 from .profile import profile_cmd
@@ -44,7 +45,7 @@ def cli():
 
 
 for _cmd in (solve_cmd, evaluate_cmd, simulate_cmd, compare_cmd, pareto_cmd, tables_cmd, export_cmd, show_cmd,
-             profile_cmd, multibin_cmd, llm_cmd):
+             profile_cmd, measure_cmd, multibin_cmd, llm_cmd):
     cli.add_command(_cmd)
 
 

@@ -47,7 +47,7 @@ def scenario_options(f):
         option("--batch-sizes", metavar="B,B,…", help="Explicit allowed batch sizes, e.g. 1,2,4,8,16,32."),
         option("--preset", metavar="NAME", help=f"A paper 004 scenario: {', '.join(PRESETS)} (other options override it)."),
         option("--latency", metavar="SPEC", show_default="the law's own l(b), else the paper's GoogLeNet/P4",
-                     help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:interp|affine|power]."),
+                     help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:monotone|interp|affine|power]."),
         option("--energy", metavar="SPEC", show_default=DEFAULTS["energy"],
                      help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj or power_w)."),
         option("--service", metavar="LAW", show_default="det",

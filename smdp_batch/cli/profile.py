@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..model.profile import read_profile
+from ..model.profile import FITS, read_profile
 from .options import emit, json_option, sizes_text
 from .types import InputFile
 
@@ -16,7 +16,9 @@ def profile_cmd(path, as_json):
     """Report what a profile CSV measured and how well l(b), ζ(b) models fit it.
 
     Columns: batch_size, latency_ms and optionally energy_mj or power_w; one row per measurement.
-    Use it as --latency csv:FILE[:interp|affine|power], --energy csv:FILE[:fit], --service empirical:FILE.
+    Use it as --latency csv:FILE[:monotone|interp|affine|power], --energy csv:FILE[:fit], --service empirical:FILE.
+    It names every batch size whose mean latency or energy is below the previous size's, by how much
+    and how many standard errors, and which fit csv:FILE uses (l(b): monotone; ζ(b): interp).
     """
     prof = read_profile(path)
     rep = prof.report()
@@ -29,12 +31,25 @@ def profile_cmd(path, as_json):
         if q not in rep:
             lines.append(f"  {q:8s} not measured (add energy_mj or power_w)")
             continue
-        for fit in ("affine", "power"):
-            r = rep[q][fit]
-            form = "A·b + C" if fit == "affine" else "A·b^p"
-            params = ", ".join(f"{x:.6g}" for x in r["params"])
+        for d in rep[q]["non_monotone"]:
+            se = d["standard_errors"]
+            spread = f"{se:.2g} standard errors of the difference" if se is not None else "one measurement each"
             lines.append(
-                f"  {q:8s} {fit:6s} {form:7s} = ({params}): R² = {r['r2']:.5f}, worst mean residual "
+                f"  {q:8s} mean decreases from b = {d['from_batch_size']} to b = {d['to_batch_size']} by "
+                f"{d['drop']:.4g} {unit} ({100 * d['relative_drop']:.2g} %, {spread})"
+            )
+        for fit in (f for f in FITS if f in rep[q]):
+            r = rep[q][fit]
+            form = {"monotone": "isotonic+PCHIP", "interp": "PCHIP", "affine": "A·b + C", "power": "A·b^p"}[fit]
+            params = f" = ({', '.join(f'{x:.6g}' for x in r['params'])})" if r["params"] else ""
+            lines.append(
+                f"  {q:8s} {fit:8s} {form}{params}: R² = {r['r2']:.5f}, worst mean residual "
                 f"{r['worst_residual']:+.4g} {unit} at b = {r['worst_at_batch_size']}"
             )
+        default = rep[q]["default_fit"]
+        why = ("means non-decreasing: it interpolates them exactly" if not rep[q]["non_monotone"] else
+               "pools the decreasing means into their weighted average")
+        if q == "energy":
+            why = "PCHIP through the means; ζ(b) need not be monotone"
+        lines.append(f"  {q:8s} csv:{path} uses the {default} fit ({why})")
     emit(rep, as_json, "\n".join(lines))

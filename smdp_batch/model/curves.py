@@ -8,7 +8,7 @@ string that round-trips through :func:`smdp_batch.model.spec.parse_curve` (the C
 * ``const:C``      C                (§VII-A/C, e.g. l = const:6.0859)
 * ``log:A,C``      A·ln(b) + C      (§VII-C, ζ = log:105,60)
 * ``table:1=V1,2=V2,…``  one value per batch size (every allowed size must be listed)
-* ``csv:FILE[:interp|affine|power]``  from a measured profile (:mod:`smdp_batch.model.profile`)
+* ``csv:FILE[:monotone|interp|affine|power]``  from a measured profile (:mod:`smdp_batch.model.profile`)
 * ``max:…`` / ``empirical:FILE``  l(b) defined by that service law (the mean of the max of b request
                                   times; the measured per-b means)
 

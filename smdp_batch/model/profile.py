@@ -10,9 +10,19 @@ loop with NVML energy counters::
 
 From it:
 
-* :class:`ProfileCurve` — l(b) or ζ(b) as a monotone interpolation of the per-b means (``interp``,
-  PCHIP: exact at measured sizes, no overshoot, no extrapolation) or a least-squares fit over all rows
-  (``affine``: A·b + C; ``power``: A·b^p), spelled ``csv:FILE[:interp|affine|power]``;
+* :class:`ProfileCurve` — l(b) or ζ(b) spelled ``csv:FILE[:monotone|interp|affine|power]``:
+
+  - ``monotone`` (the default for l(b)): isotonic regression of the per-b means (pool adjacent
+    violators, weighted by the number of measurements per size), then PCHIP through the fitted
+    values.  Noisy flat-then-rising data (a GPU's l(b) is flat while the batch fills idle lanes) is
+    accepted; the fit is non-decreasing, as paper 004 §III requires of l(b); equal to ``interp``
+    whenever the means are already non-decreasing;
+  - ``interp`` (the default for ζ(b), which the model does not require to be monotone): PCHIP
+    through the per-b means themselves — exact at measured sizes, no overshoot; for l(b) it refuses
+    decreasing means with the rows that decrease;
+  - ``affine`` (A·b + C) or ``power`` (A·b^p): least squares over all rows.
+
+  ``monotone`` and ``interp`` never extrapolate beyond the measured sizes;
 * :class:`EmpiricalProfile` — the service law ``empirical:FILE``: at each measured b the empirical law
   of its measured times, so the measured spread enters E[G²] (eq. 11) and p_k (eq. 4); an unmeasured
   allowed b takes the shape of the nearest measured size (the smaller on ties);
@@ -36,10 +46,12 @@ from .curves import Curve
 from .families import Empirical, NaturalLatency
 from .laws import ServiceLaw
 
-__all__ = ["Profile", "read_profile", "ProfileCurve", "EmpiricalProfile", "FITS"]
+__all__ = ["Profile", "read_profile", "ProfileCurve", "EmpiricalProfile", "FITS", "DEFAULT_FIT", "isotonic"]
 
-FITS = ("interp", "affine", "power")
+FITS = ("monotone", "interp", "affine", "power")
 _QUANTITIES = {"latency": "latency_ms", "energy": "energy_mj"}
+#: the fit ``csv:FILE`` means: l(b) must be non-decreasing (problem.py), ζ(b) only ≥ 0
+DEFAULT_FIT = {"latency": "monotone", "energy": "interp"}
 
 
 @dataclass(frozen=True)
@@ -84,21 +96,61 @@ class Profile:
             raise InputError(
                 f"profile {self.path}: mean latency decreases from b={b0} ({means[i]:.6g} ms, lines {rows0}) to "
                 f"b={b1} ({means[i + 1]:.6g} ms, lines {rows1}); l(b) must be non-decreasing — re-measure, or use "
-                "a fitted model (csv:FILE:affine)"
+                "the default monotone fit (csv:FILE or csv:FILE:monotone) or a fitted model (csv:FILE:affine)"
             )
 
+    def counts(self) -> np.ndarray:
+        """Per measured batch size, the number of measurements."""
+        return np.array([int((self.batch == b).sum()) for b in self.sizes])
+
+    def non_monotone(self, quantity: str) -> list[dict]:
+        """Each adjacent pair of measured sizes whose mean decreases: by how much, and how many standard
+        errors of the difference of the two means that is (``None`` when a size has one measurement)."""
+        v, sizes, means = self.values(quantity), self.sizes, self.means(quantity)
+        out = []
+        for i in np.nonzero(np.diff(means) < 0)[0]:
+            x0, x1 = v[self.batch == sizes[i]], v[self.batch == sizes[i + 1]]
+            drop = float(means[i] - means[i + 1])
+            se = math.sqrt(x0.var(ddof=1) / x0.size + x1.var(ddof=1) / x1.size) if min(x0.size, x1.size) > 1 else None
+            out.append({
+                "from_batch_size": int(sizes[i]), "to_batch_size": int(sizes[i + 1]), "drop": drop,
+                "relative_drop": drop / float(means[i]),
+                "standard_errors": (drop / se if se else (math.inf if se == 0 else None)),
+            })
+        return out
+
     def report(self) -> dict:
-        """Measured sizes and the quality of every model for each measured quantity."""
+        """Measured sizes, decreasing means, and the quality of every model for each measured quantity."""
         out = {
             "path": self.path, "rows": int(self.batch.size), "batch_sizes": self.sizes.tolist(),
-            "samples_per_size": [int((self.batch == b).sum()) for b in self.sizes],
+            "samples_per_size": self.counts().tolist(),
         }
         for q in ("latency", "energy"):
             if q == "energy" and self.energy is None:
                 continue
-            out[q] = {fit: ProfileCurve(self.path, q, fit, profile=self).fit_report() for fit in ("affine", "power")}
+            fits = dict.fromkeys((DEFAULT_FIT[q], "monotone", "affine", "power") if self.sizes.size >= 2 else ("monotone",))
+            out[q] = {fit: ProfileCurve(self.path, q, fit, profile=self).fit_report() for fit in fits}
             out[q]["means"] = self.means(q).tolist()
+            out[q]["non_monotone"] = self.non_monotone(q)
+            out[q]["default_fit"] = DEFAULT_FIT[q]
         return out
+
+
+def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to ``y`` in weighted least squares (pool adjacent violators)."""
+    y, w = np.asarray(y, dtype=np.float64), np.asarray(w, dtype=np.float64)
+    try:
+        from scipy.optimize import isotonic_regression  # scipy ≥ 1.12
+    except ImportError:  # pragma: no cover - older scipy: the same algorithm by hand
+        blocks: list[list[float]] = []  # [weighted mean, weight, length]
+        for yi, wi in zip(y, w):
+            blocks.append([yi, wi, 1])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                m1, w1, n1 = blocks.pop()
+                m0, w0, n0 = blocks[-1]
+                blocks[-1] = [(m0 * w0 + m1 * w1) / (w0 + w1), w0 + w1, n0 + n1]
+        return np.concatenate([np.full(n, m) for m, _, n in blocks])
+    return np.asarray(isotonic_regression(y, weights=w, increasing=True).x, dtype=np.float64)
 
 
 def _line_list(lines: np.ndarray) -> str:
@@ -177,9 +229,11 @@ def _parse(path: str) -> Profile:
 class ProfileCurve(Curve):
     """l(b) (``quantity='latency'``, ms) or ζ(b) (``'energy'``, mJ) from a profile CSV; see the module doc."""
 
-    def __init__(self, path: str, quantity: str = "latency", fit: str = "interp", profile: Profile | None = None):
+    def __init__(self, path: str, quantity: str = "latency", fit: str | None = None, profile: Profile | None = None):
+        """``fit=None``: the quantity's default (:data:`DEFAULT_FIT`)."""
         if quantity not in _QUANTITIES:
             raise InputError(f"profile quantity must be latency or energy, got {quantity!r}")
+        fit = DEFAULT_FIT[quantity] if fit is None else fit
         if fit not in FITS:
             raise InputError(f"profile fit {fit!r} is unknown; valid: {', '.join(FITS)}")
         self.path, self.quantity, self.fit = str(path), quantity, fit
@@ -187,13 +241,14 @@ class ProfileCurve(Curve):
         prof = self.profile
         y = prof.values(quantity)
         sizes, means = prof.sizes, prof.means(quantity)
-        if fit == "interp":
-            if quantity == "latency":
+        if fit in ("interp", "monotone"):
+            if fit == "interp" and quantity == "latency":
                 prof.check_monotone_latency()
+            self._knots = isotonic(means, prof.counts()) if fit == "monotone" else means
             if sizes.size >= 2:
                 from scipy.interpolate import PchipInterpolator
 
-                self._interp = PchipInterpolator(sizes.astype(float), means, extrapolate=False)
+                self._interp = PchipInterpolator(sizes.astype(float), self._knots, extrapolate=False)
             self.params: tuple[float, ...] = ()
         elif fit == "affine":
             if sizes.size < 2:
@@ -225,11 +280,15 @@ class ProfileCurve(Curve):
                 f"fitted model (csv:{self.path}:affine or :power)"
             )
         if sizes.size == 1:
-            return np.full(b.shape, self.profile.means(self.quantity)[0])
-        return np.asarray(self._interp(b), dtype=np.float64)
+            return np.full(b.shape, self._knots[0])
+        out = np.asarray(self._interp(b), dtype=np.float64)
+        if self.fit == "monotone":  # between its knots, exactly: round-off never makes l(b+1) < l(b)
+            i = np.clip(np.searchsorted(sizes, b, side="right") - 1, 0, sizes.size - 2)
+            out = np.clip(out, self._knots[i], self._knots[i + 1])
+        return out
 
     def spec(self):
-        return f"csv:{self.path}" + ("" if self.fit == "interp" else f":{self.fit}")
+        return f"csv:{self.path}" + ("" if self.fit == DEFAULT_FIT[self.quantity] else f":{self.fit}")
 
     def fit_report(self) -> dict:
         """R² over all rows, the worst per-size residual of the mean, and the parameters."""
@@ -270,7 +329,7 @@ class EmpiricalProfile(ServiceLaw):
         return self._laws[int(sizes[i])]
 
     def natural_latency(self) -> Curve:
-        curve = ProfileCurve(self.path, "latency", "interp", profile=self.profile)
+        curve = ProfileCurve(self.path, "latency", profile=self.profile)
         return NaturalLatency(self, lambda b: float(curve(b)))
 
     def lst(self, s, l, b=None):
@@ -293,7 +352,7 @@ def parse_profile_curve(arg: str, quantity: str) -> ProfileCurve:
     """``FILE`` or ``FILE:fit`` (the part after ``csv:``)."""
     path, sep, fit = arg.rpartition(":")
     if not sep or fit not in FITS:
-        path, fit = arg, "interp"
+        path, fit = arg, None
     if not path:
         raise InputError("csv:FILE needs a file name, e.g. csv:profile.csv or csv:profile.csv:affine")
     return ProfileCurve(path, quantity, fit)

@@ -139,7 +139,7 @@ def _family(kind: str, arg: str, spec: str) -> ServiceLaw | None:
 
 
 CURVE_FORMS = (
-    "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…, csv:FILE[:interp|affine|power], "
+    "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…, csv:FILE[:monotone|interp|affine|power], "
     "max:LAW (mean of the max of b request times), empirical:FILE (measured per-b means)"
 )
 

@@ -1,0 +1,66 @@
+"""The ``measure`` command: time your own batch function at each batch size and write the profile CSV."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..errors import InputError
+from ..measure import DEFAULT_SIZES, measure
+from .options import emit, json_option, sizes_text
+from .types import Grid, Number, OneOf, OutputPath, option
+
+
+@click.command("measure", short_help="Measure l(b) (and ζ(b)) of your batch function; write a profile CSV.")
+@click.argument("function", metavar="MODULE:FUNCTION")
+@option("--make-batch", metavar="MODULE:FUNCTION", show_default="a list of b zeros",
+        help="Builds the batch of size b that FUNCTION takes (called once per size, not timed).")
+@option("--sizes", type=Grid(integer=True, min=1), show_default=",".join(map(str, DEFAULT_SIZES)),
+        help="Batch sizes to measure.")
+@option("--warmup", type=Number(integer=True, min=0), default=3, show_default=True,
+        help="Untimed calls per size before the timed ones.")
+@option("--repeats", type=Number(integer=True, min=1), default=10, show_default=True, help="Timed calls per size.")
+@option("--budget-s", type=Number(min=0, min_open=True), show_default="none",
+        help="Time budget in seconds for the whole run; when it runs out, what was measured is written.")
+@option("--energy", "energy_source", type=OneOf(("auto", "nvml", "zeus", "none"), "energy source"), default="auto",
+        show_default=True, help="Energy counter: NVML total energy, zeus, or none (auto: the first available).")
+@option("--power-w", type=Number(min=0, min_open=True),
+        help="A constant power in W instead of a counter: ζ(b) = P·l(b) per call.")
+@option("--device-index", type=Number(integer=True, min=0), default=0, show_default=True,
+        help="GPU whose energy counter is read.")
+@option("-o", "--output", type=OutputPath(), required=True,
+        help="Profile CSV to write (batch_size,latency_ms[,energy_mj]); the sidecar is OUTPUT.json.")
+@option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
+@json_option
+def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_source, power_w, device_index, output,
+                quiet, as_json):
+    """Time FUNCTION(make_batch(b)) at each batch size and write the profile CSV the solver reads.
+
+    FUNCTION is your code named as module:function (imported from the current folder or sys.path,
+    as uvicorn names apps), e.g. examples.onnx_mlp:infer.  Each size gets --warmup untimed calls,
+    then --repeats timed ones (wall time, CUDA synchronised when your code uses torch).  Energy
+    comes from NVML or zeus when there is a GPU; otherwise the profile has latency only unless
+    --power-w is given.  Then: smdp-batch profile OUTPUT; smdp-batch solve --latency csv:OUTPUT.
+    """
+    if os.path.isdir(output):
+        raise InputError(f"output {output!r} is a folder; give a file name such as profile.csv")
+    m = measure(function, make_batch, sizes=sizes or DEFAULT_SIZES, warmup=warmup, repeats=repeats,
+                budget_s=budget_s, energy=energy_source, power_w=power_w, device_index=device_index,
+                progress=False if quiet else None)
+    path, sidecar = m.write(output)
+    summary = m.summary()
+    data = {"path": path, "sidecar": sidecar, "rows": int(m.batch.size), "complete": m.complete, "note": m.note,
+            "energy_source": m.meta["energy_source"], "device": m.meta["device"], "sizes": summary}
+    lines = [f"{path}: {m.batch.size} measurements of {len(summary)} batch sizes "
+             f"({sizes_text([r['batch_size'] for r in summary])}) on {m.meta['device']}, energy: "
+             f"{m.meta['energy_method']}"]
+    for r in summary:
+        e = f", ζ = {r['mean_energy_mj']:.5g} mJ" if "mean_energy_mj" in r else ""
+        lines.append(f"  b = {r['batch_size']:4d}  l = {r['mean_latency_ms']:.5g} ± {r['std_latency_ms']:.2g} ms "
+                     f"({r['samples']} calls){e}")
+    if m.note:
+        lines.append(f"  incomplete  {m.note}")
+    lines.append(f"  sidecar     {sidecar}")
+    lines.append(f"  next        smdp-batch profile {path}; smdp-batch solve --latency csv:{path}")
+    emit(data, as_json, "\n".join(lines))
