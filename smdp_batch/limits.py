@@ -165,11 +165,24 @@ def tail_factor(cov2: float) -> float:
     return min(6.0 + 2.0 * max(cov2, 0.0), 30.0)
 
 
+#: Batch-time CoV² above which :func:`check_tail` predicts the truncation before scanning.
+HEAVY_TAIL_COV2 = 4.0
+
+
 def check_tail(problem, tol: float = 1e-3) -> None:
-    """Refuse a problem whose queue tail needs a truncation beyond the state limit (the law's CoV and λ·l)."""
-    q = predicted_queue(problem)
+    """Refuse a problem whose queue tail needs a truncation beyond the state limit (the law's CoV and λ·l).
+
+    Applied to heavy-tailed batch times only (CoV² > :data:`HEAVY_TAIL_COV2`: ``gamma:1e-3``,
+    ``lognormal:3``, extreme hyperexponentials), where the single-server estimate λ²E[G²]/(2·Bmax·(1−ρ))
+    is dominated by the variance and is the right order.  For light tails it overestimates bulk
+    service badly (Bmax = 256, det, ρ = 0.9: predicted 6 500 states, needed 256), so those scans
+    rely on the per-candidate state and work limits instead.
+    """
     l = float(problem.latency_ms()[-1])
     cov2 = float(problem.second_moments()[-1]) / l ** 2 - 1.0
+    if not cov2 > HEAVY_TAIL_COV2:
+        return
+    q = predicted_queue(problem)
     f = tail_factor(cov2)
     need = problem.bmax + f * q
     n_actions = len(problem.batch_sizes) + 1

@@ -255,7 +255,7 @@ REPRODUCERS = [
     (["profile", "/dev/zero"], "not a regular file"),
     (["solve", "--lam", "1e-320"], "1e-12"),
     (["simulate", "--policy", "greedy", "--arrivals", "mmpp:1e-320,1e-320,1,1", "--requests", "1000"], "MMPP"),
-    (["solve", "--bmax", "99999999999999999999"], "Bmax"),
+    (["solve", "--bmax", "99999999999999999999"], "4096"),
     (["simulate", "--policy", "greedy", "--seed", "-1"], "--seed"),
     (["compare", "--slo-mean-ms", "5", "--seed", "-1"], "--seed"),
     (["solve", "--batch-sizes", "1e30"], "batch sizes"),

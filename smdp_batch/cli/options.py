@@ -18,6 +18,7 @@ from ..model.presets import PRESETS, preset
 from ..model.curves import Table
 from ..model.spec import parse_curve
 from ..model.problem import BatchingProblem, batch_size_set
+from ..limits import BMAX_LIMIT
 from .types import Grid, Number, option
 
 ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
@@ -42,8 +43,8 @@ def scenario_options(f):
     opts = [
         option("--lam", type=Number(), help="Arrival rate λ in requests/ms (exclusive with --rho)."),
         option("--rho", type=Number(), show_default="0.5", help="Load ρ = λ·l(Bmax)/Bmax in (0, 1)."),
-        option("--bmin", type=Number(integer=True), show_default="1", help="Smallest batch size."),
-        option("--bmax", type=Number(integer=True), show_default="32", help="Largest batch size."),
+        option("--bmin", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="1", help="Smallest batch size."),
+        option("--bmax", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="32", help="Largest batch size."),
         option("--batch-sizes", metavar="B,B,…", help="Explicit allowed batch sizes, e.g. 1,2,4,8,16,32."),
         option("--preset", metavar="NAME", help=f"A paper 004 scenario: {', '.join(PRESETS)} (other options override it)."),
         option("--latency", metavar="SPEC", show_default="the law's own l(b), else the paper's GoogLeNet/P4",

@@ -52,7 +52,7 @@ def batch_size_set(bmin: int = 1, bmax: int = 32, sizes: Iterable[int] | str | N
                     f"batch sizes must be comma-separated positive integers such as '1,2,4,8', got {sizes!r}"
                 ) from None
         sizes = list(sizes)
-        out = sorted(set(check_int("a batch size", b, 1, BMAX_LIMIT) for b in sizes))
+        out = sorted(set(check_int("a batch size (a positive integer)", b, 1, BMAX_LIMIT) for b in sizes))
         if not out:
             raise InputError(f"batch sizes must be positive integers, got {sizes!r}")
         return tuple(out)
