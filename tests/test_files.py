@@ -322,30 +322,8 @@ def test_new_files_follow_the_umask_and_replaced_files_keep_their_mode(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ SIGTERM
-def test_sigterm_removes_temporary_files(tmp_path):
-    grid = ",".join(f"{0.3 + i * 0.0015:.4f}" for i in range(400))  # ~20 s of solves
-    proc = subprocess.Popen([sys.executable, "-m", "smdp_batch", "solve", "--bmax", "64", "--rho-grid", grid,
-                             "-o", "bank.h5"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not any(n.startswith(".bank.h5.") for n in os.listdir(tmp_path)):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no temporary file appeared"
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    lines = [x for x in err.splitlines() if not x.startswith("smdp-batch: compiling")]
-    assert lines == ["smdp-batch: terminated"], err
-    assert os.listdir(tmp_path) == []
-
-
-def test_sigint_removes_temporary_files_too(tmp_path):
+def _interrupt_a_long_solve(tmp_path, sig):
+    """Start a ~20 s bank solve writing -o, send ``sig`` once its temporary file exists; (rc, stderr)."""
     grid = ",".join(f"{0.3 + i * 0.0015:.4f}" for i in range(400))
     proc = subprocess.Popen([sys.executable, "-m", "smdp_batch", "solve", "--bmax", "64", "--rho-grid", grid,
                              "-o", "bank.h5"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -356,13 +334,26 @@ def test_sigint_removes_temporary_files_too(tmp_path):
             assert time.monotonic() < deadline, "no temporary file appeared"
             time.sleep(0.05)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode != 0 and "Traceback" not in err, err
+    return proc.returncode, err
+
+
+def test_sigterm_removes_temporary_files(tmp_path):
+    rc, err = _interrupt_a_long_solve(tmp_path, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, err
+    lines = [x for x in err.splitlines() if not x.startswith("smdp-batch: compiling")]
+    assert lines == ["smdp-batch: terminated"], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigint_removes_temporary_files_too(tmp_path):
+    rc, err = _interrupt_a_long_solve(tmp_path, signal.SIGINT)
+    assert rc != 0 and "Traceback" not in err, err
     assert os.listdir(tmp_path) == []
 
 

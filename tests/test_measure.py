@@ -3,7 +3,6 @@ end to end (measured on this CPU, solved, exported, served by the runtime)."""
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
