@@ -26,7 +26,8 @@ from .errors import InputError
 
 __all__ = [
     "MEMORY_BUDGET", "STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
-    "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT",
+    "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT", "WEIGHT_LIMIT",
+    "HEAVY_TAIL_COV2",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
     "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
 ]
@@ -164,6 +165,10 @@ def tail_factor(cov2: float) -> float:
     needs 6.5×, gamma:0.1 (CoV² 10) at ρ = 0.5 17×): heavier tails need more multiples."""
     return min(6.0 + 2.0 * max(cov2, 0.0), 30.0)
 
+
+#: Largest weight w1 or w2: beyond it w2·ζ(b) and the sums over states overflow float64, and only
+#: the ratio w2/w1 shapes the policy anyway.
+WEIGHT_LIMIT = 1e12
 
 #: Batch-time CoV² above which :func:`check_tail` predicts the truncation before scanning.
 HEAVY_TAIL_COV2 = 4.0

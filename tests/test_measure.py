@@ -152,7 +152,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, msg):
     assert main(["measure", "math:fsum", "-o", str(tmp_path / "no" / "p.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["measure", "math:fsum", "-o", str(tmp_path)]) == 2
-    assert "is a folder" in capsys.readouterr().err
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_no_energy_counter_gives_one_notice_and_latency_only(tmp_path, capsys):

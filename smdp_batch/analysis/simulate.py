@@ -409,6 +409,8 @@ def simulate(
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
     n_req = arr.size
+    if n_req < 100:  # the warm-up cut and the batch means need a stream, not a handful of requests
+        raise InputError(f"the arrival stream holds {n_req} request(s); at least 100 are needed for the statistics")
     check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
-from ..errors import InputError
 from ..measure import DEFAULT_SIZES, measure
-from .options import emit, json_option, sizes_text
+from .options import emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, option
 
 
@@ -43,8 +40,7 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     comes from NVML or zeus when there is a GPU; otherwise the profile has latency only unless
     --power-w is given.  Then: smdp-batch profile OUTPUT; smdp-batch solve --latency csv:OUTPUT.
     """
-    if os.path.isdir(output):
-        raise InputError(f"output {output!r} is a folder; give a file name such as profile.csv")
+    prepare_outputs([("-o", output), ("-o's sidecar", f"{output}.json")])  # both checked before measuring
     m = measure(function, make_batch, sizes=sizes or DEFAULT_SIZES, warmup=warmup, repeats=repeats,
                 budget_s=budget_s, energy=energy_source, power_w=power_w, device_index=device_index,
                 progress=False if quiet else None)

@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import InputError
-from ..limits import BMAX_LIMIT, check_int, check_rate
+from ..limits import BMAX_LIMIT, WEIGHT_LIMIT, check_int, check_rate
 from .curves import Affine, Curve
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
@@ -38,6 +38,10 @@ def _finite_number(name: str, value, *, positive: bool = False, nonneg: bool = F
         raise InputError(f"{name} must be > 0, got {value!r}")
     if nonneg and not v >= 0:
         raise InputError(f"{name} must be ≥ 0, got {value!r}")
+    if name in ("w1", "w2") and v > WEIGHT_LIMIT:
+        raise InputError(
+            f"{name} must be ≤ {WEIGHT_LIMIT:g}, got {value!r} (only the ratio w2/w1 shapes the policy: scale both down)"
+        )
     return v
 
 

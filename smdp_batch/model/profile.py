@@ -41,7 +41,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from ..limits import read_csv_rows
+from ..limits import BMAX_LIMIT, read_csv_rows
 from .curves import Curve
 from .families import Empirical, NaturalLatency
 from .laws import ServiceLaw
@@ -205,8 +205,8 @@ def _parse(path: str) -> Profile:
                 raise InputError(f"profile {path} line {line}: column {name!r} holds {cell!r}, not a number") from None
             if not math.isfinite(v):
                 raise InputError(f"profile {path} line {line}: column {name!r} holds {cell!r}, not a finite number")
-            if name == "batch_size" and (v != int(v) or v < 1):
-                raise InputError(f"profile {path} line {line}: batch_size {cell!r} must be an integer ≥ 1")
+            if name == "batch_size" and (v != int(v) or not 1 <= v <= BMAX_LIMIT):
+                raise InputError(f"profile {path} line {line}: batch_size {cell!r} must be an integer in 1..{BMAX_LIMIT}")
             if name == "latency_ms" and not v > 0:
                 raise InputError(f"profile {path} line {line}: latency_ms = {cell} must be > 0")
             if name in ("energy_mj", "power_w") and v < 0:
