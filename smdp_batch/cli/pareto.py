@@ -39,7 +39,8 @@ def _deprecated(new: str):
 @option("--w2-max", type=Number(), default="10", show_default=True,
               help="Largest w2 of the log grid (then doubled until the least-power policy).")
 @option("--points", type=Number(integer=True, min=2, max=GRID_LIMIT), default="25", show_default=True, help="Points of the log grid before refinement.")
-@option("--rtol", type=Number(), default="0.02", show_default=True, help="w2 ranges resolved to this relative precision.")
+@option("--rtol", type=Number(min=1e-4), default="0.02", show_default=True,
+        help="w2 ranges resolved to this relative precision (≥ 1e-4: each halving costs a solve per policy change).")
 @option("--extend", type=Number(integer=True, min=0, max=64), default="6", show_default=True,
               help="Doublings of w2 beyond --w2-max to reach the least-power end.")
 @option("--baselines/--no-baselines", default=True, show_default=True, help="Greedy and static b (exact).")
