@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 
 import click
@@ -200,19 +201,31 @@ def apply_renames(f):
 
 # ------------------------------------------------------------------------------------------ output
 def emit(data: dict, as_json: bool, text: str, strict: bool = False) -> None:
-    """Print ``text``, or ``data`` as JSON; ``strict``: refuse NaN/inf (the caller has made them null)."""
+    """Print ``text``, or ``data`` as JSON (docs/json.md).
+
+    NaN never reaches the JSON: it becomes null everywhere (no command reports a NaN figure as a
+    result).  ``strict``: ±inf become null too (RFC 8259 JSON, ``show``); otherwise ±Infinity is
+    kept where docs/json.md documents it (a front's w2 range ends at the least-power policy).
+    """
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=_json_default, allow_nan=not strict))
+        click.echo(json.dumps(json_safe(data, strict), indent=2, allow_nan=not strict))
     else:
         click.echo(text)
 
 
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
+def json_safe(o, strict: bool = True):
+    """``o`` with numpy values as Python ones, NaN as None, and (``strict``) ±inf as None."""
+    if isinstance(o, dict):
+        return {k: json_safe(v, strict) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v, strict) for v in o]
     if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
+        return json_safe(o.tolist(), strict)
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and (o != o or (strict and not math.isfinite(o))):
+        return None
+    return o
 
 
 def sizes_text(sizes) -> str:

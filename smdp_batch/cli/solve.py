@@ -4,13 +4,11 @@ with an index and a Fig. 3-style chart)."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
 
 import click
-import numpy as np
 
 from .. import __version__
 from ..analysis.report import describe_policy
@@ -207,7 +205,7 @@ def show_cmd(path, as_json):
                   f"W̄ = {r['mean_latency_ms']:.4g} ms, P̄ = {r['mean_power_w']:.4g} W" for r in rows]
         integrity = bank[0].integrity if all(t.integrity == bank[0].integrity for t in bank) else "none"
         lines.append(f"  integrity   {_integrity_text(integrity)}")
-        emit(_strict({"path": path, **bank[0].meta, "integrity": integrity, "tables": rows}), as_json, "\n".join(lines), strict=True)
+        emit({"path": path, **bank[0].meta, "integrity": integrity, "tables": rows}, as_json, "\n".join(lines), strict=True)
         return
 
     sizes = pf.batch_sizes
@@ -238,7 +236,7 @@ def show_cmd(path, as_json):
             f"  integrity   {_integrity_text(pf.integrity)}",
         ]
     )
-    emit(_strict(d), as_json, text, strict=True)
+    emit(d, as_json, text, strict=True)
 
 
 def _integrity_text(integrity: str) -> str:
@@ -247,19 +245,6 @@ def _integrity_text(integrity: str) -> str:
     return f"{integrity} checksums verified"
 
 
-def _strict(o):
-    """``o`` with NaN and ±inf as None and numpy values as Python ones: strict JSON (RFC 8259) for --json."""
-    if isinstance(o, dict):
-        return {k: _strict(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_strict(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return _strict(o.tolist())
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return o
 
 
 @click.command("tables", short_help="Solve a grid of loads × weights into policy tables with an index and a chart.")
