@@ -27,7 +27,7 @@ from .errors import InputError
 __all__ = [
     "MEMORY_BUDGET", "STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
     "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT", "WEIGHT_LIMIT",
-    "HEAVY_TAIL_COV2",
+    "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
     "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
 ]
@@ -52,6 +52,12 @@ WORK_LIMIT = 2e8
 BMAX_LIMIT = 4096
 #: Most simulated requests.
 REQUESTS_LIMIT = 50_000_000
+#: Requests per load of the LLM engine (a Python event loop, ~10³–10⁴ requests/s per scheme).
+LLM_REQUESTS_LIMIT = 50_000
+#: Requests × schemes the LLM engine simulates per second, measured on the 2-core development machine
+#: (2 000 requests × 8 schemes in 21 s); and the longest sweep accepted before work, in seconds.
+LLM_REQUESTS_PER_S = 750.0
+LLM_SECONDS_LIMIT = 300.0
 #: Bytes per simulated request (arrival, response, service draw, bookkeeping).
 BYTES_PER_REQUEST = 48
 #: Most points of a grid (loads, weights, Pareto points).
@@ -243,3 +249,15 @@ def read_csv_rows(path: str, what: str) -> list[list[str]]:
         return list(csv.reader(lines))
     except csv.Error as e:
         raise InputError(f"{what} {path} is not valid CSV: {e}") from None
+
+
+def check_llm_work(requests: int, loads: int, schemes: int) -> None:
+    """Refuse an LLM sweep whose estimated run time exceeds :data:`LLM_SECONDS_LIMIT` (before any work)."""
+    seconds = float(requests) * loads * max(schemes, 1) / LLM_REQUESTS_PER_S
+    if seconds > LLM_SECONDS_LIMIT:
+        fit = int(LLM_SECONDS_LIMIT * LLM_REQUESTS_PER_S / (loads * max(schemes, 1)))
+        raise InputError(
+            f"{requests} requests × {loads} load(s) × {schemes} scheme(s) would take about {seconds / 60:.0f} min "
+            f"(≈ {LLM_REQUESTS_PER_S:.0f} requests/s); at most {LLM_SECONDS_LIMIT / 60:.0f} min is run: use "
+            f"--requests ≤ {fit}, or fewer loads or schemes"
+        )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
-from ..limits import BMAX_LIMIT, REQUESTS_LIMIT, SEED_MAX
+from ..limits import BMAX_LIMIT, LLM_REQUESTS_LIMIT, REQUESTS_LIMIT, SEED_MAX, check_llm_work
 from .options import apply_renames, deprecated_option, emit, json_option, prepare_outputs, spec_files
 from .types import FigurePath, Grid, Number, option
 
@@ -80,7 +80,8 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
 
 @click.command("llm", short_help="Run LLM serving schemes on one engine and one request stream per load.")
 @option("--lam-grid", type=Grid(), default="0.5,1,2,3", show_default=True, help="Arrival rates (requests/s).")
-@option("--requests", type=Number(integer=True, min=1, max=REQUESTS_LIMIT), default="2000", show_default=True, help="Requests per load.")
+@option("--requests", type=Number(integer=True, min=1, max=LLM_REQUESTS_LIMIT), default="2000", show_default=True,
+        help="Requests per load (the engine is an event loop in Python: ~10³–10⁴ requests/s per scheme).")
 @option("--prompt", default="lognormal:200,0.8", show_default=True, metavar="LAW",
               help="Prompt tokens: const:N | uniform:A,B | exp:MEAN | lognormal:MEDIAN,SIGMA.")
 @option("--output-tokens", default="lognormal:150,0.7", show_default=True, metavar="LAW",
@@ -113,6 +114,7 @@ def llm_cmd(lam_grid, requests, prompt, output_tokens, schemes, mem_gib, slo, d_
     mem = mem_gib
     model = LLMModel(mem_cap=mem * 2**30)
     names = [s.strip() for s in schemes.split(",") if s.strip()]
+    check_llm_work(requests, len(lam_grid), len(names))
     rows = llm_sweep(lam_grid, n=requests, prompt=prompt, output=output_tokens, model=model, slo=slo, schemes=names,
                      static_batch=static_batch, max_batch=max_batch, k=k, d_sla=d_sla, seed=seed)
     if plot_path:
