@@ -409,10 +409,13 @@ def simulate(
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
     n_req = arr.size
-    if n_req < 100:  # the warm-up cut and the batch means need a stream, not a handful of requests
-        raise InputError(f"the arrival stream holds {n_req} request(s); at least 100 are needed for the statistics")
     check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
+    if n_req - w < 2 * int(batches):  # every batch-means group needs requests (a one-line trace had none)
+        raise InputError(
+            f"the arrival stream holds {n_req} request(s), {n_req - w} after the warm-up; {int(batches)} batch-means "
+            f"groups need at least {2 * int(batches)}: use a longer stream or fewer --batches"
+        )
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
     resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
     last = int(state[0])  # requests 0..last−1 were served (FIFO)

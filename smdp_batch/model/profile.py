@@ -206,7 +206,7 @@ def _parse(path: str) -> Profile:
             if not math.isfinite(v):
                 raise InputError(f"profile {path} line {line}: column {name!r} holds {cell!r}, not a finite number")
             if name == "batch_size" and (v != int(v) or not 1 <= v <= BMAX_LIMIT):
-                raise InputError(f"profile {path} line {line}: batch_size {cell!r} must be an integer in 1..{BMAX_LIMIT}")
+                raise InputError(f"profile {path} line {line}: batch_size {cell!r} must be an integer ≥ 1 (at most {BMAX_LIMIT})")
             if name == "latency_ms" and not v > 0:
                 raise InputError(f"profile {path} line {line}: latency_ms = {cell} must be > 0")
             if name in ("energy_mj", "power_w") and v < 0:
