@@ -20,3 +20,8 @@ class NotConvergedWarning(RuntimeWarning):
 
 class DegenerateTruncationWarning(RuntimeWarning):
     """The truncated model's optimal policy never serves the overflow state (eq. 22 Δ large)."""
+
+
+class TableNotConvergedWarning(RuntimeWarning):
+    """The converged-table search hit its state or work limit: the table's decisions are not verified
+    against a larger truncation (``Solution.converged_upto`` is None)."""

@@ -30,7 +30,7 @@ def basic09():
 @pytest.mark.parametrize("c_o", [1e4, 1e3, 100.0])
 def test_table2_auto_smax_delta_gain(basic09, c_o):
     smax, _, delta, g = TABLE2[c_o]
-    sol = solve(basic09, s_max="auto", abstract_cost=c_o, tol_delta=1e-3)
+    sol = solve(basic09, s_max="minimal", abstract_cost=c_o, tol_delta=1e-3)
     assert abs(sol.s_max - smax) <= 1
     assert sol.evaluation.delta < 1e-3
     assert sol.evaluation.delta == pytest.approx(delta, rel=0.01)
@@ -64,7 +64,7 @@ def test_table2_capped_rows(basic09, c_o):
     assert ev.delta == pytest.approx(delta, rel=0.01) if c_o == 10.0 else ev.delta < 1e-13
     np.testing.assert_array_equal(res.policy, solve(basic09, s_max=smax, abstract_cost=c_o).policy)  # = exact PI
     # exact convergence (policy iteration) needs a smaller truncation than the capped RVI did
-    sol = solve(basic09, abstract_cost=c_o)
+    sol = solve(basic09, s_max="minimal", abstract_cost=c_o)
     assert sol.s_max == {10.0: 150, 0.0: 177}[c_o]
     assert sol.evaluation.delta < 1e-3 and sol.evaluation.avg_cost == pytest.approx(g, rel=2e-4)
 

@@ -31,7 +31,8 @@ def test_shipped_table_equals_a_fresh_solve(path):
     rho, w2 = float(pf.inputs["rho"]), float(pf.inputs["w2"])
     assert f"basic_rho{rho:.2f}_w2-{w2:g}.h5" == path.name
     sol = solve(BatchingProblem.basic(rho=rho, w2=w2))
-    assert np.array_equal(pf.policy, sol.result.policy)
+    assert np.array_equal(pf.policy, sol.policy)
+    assert pf.converged_upto == sol.converged_upto is not None
     assert pf.solution["avg_cost"] == pytest.approx(sol.to_dict()["avg_cost"], rel=1e-9)
     table = PolicyTable.load(path)  # the runtime's loader accepts it
     assert [table.decide(n) for n in range(3 * sol.s_max)] == [pf.decide(n) for n in range(3 * sol.s_max)]

@@ -25,13 +25,16 @@ def table_file(tmp_path_factory):
 def test_policy_table_loads_and_decides_for_every_n(table_file):
     path, sol = table_file
     t = PolicyTable.load(path)
-    assert t.s_max == sol.s_max and t.control_limit == 10 and t.lam == pytest.approx(sol.problem.lam)
+    assert t.s_max == sol.s_max and t.lam == pytest.approx(sol.problem.lam)
+    # the converged table (paper 004 Table I's w2 = 1.6 case) waits below 10, serves n up to 27, then
+    # slightly less than n until 32 from n = 40: not a control-limit table
+    assert t.control_limit is None and sol.converged_upto == 40
+    assert [t.decide(n) for n in (9, 10, 27, 28, 39, 40, 10_000)] == [0, 10, 27, 27, 31, 32, 32]
     n = np.arange(0, 10 * t.s_max)
     many = t.decide_many(n)
     assert [t.decide(int(k)) for k in n[:200]] == many[:200].tolist()
     assert np.all(many[t.s_max:] == sol.decide(t.s_max))  # eq. 30 beyond s_max
     assert all(t.decide(int(k)) == sol.decide(int(k)) for k in n)
-    assert "wait below 10, then serve min(n, 32)" in repr(t)
     with pytest.raises(InputError, match="≥ 0"):
         t.decide(-1)
     with pytest.raises(InputError, match="integers ≥ 0"):

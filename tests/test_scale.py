@@ -105,13 +105,17 @@ def test_solve_batch_numba_equals_individual_solves_and_shares_arrival_tables():
 
 def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
-    s = solve(p)
+    s = solve(p, s_max="minimal")
     assert s.s_max_auto and s.evaluation.delta < 1e-3 and not s.degenerate
     assert s.s_max == 256 and s.to_dict()["s_max"] == 256
+    # the converged table reaches well beyond: the action keeps changing up to n = 887
+    c = solve(p)
+    assert c.converged_upto == 887 and c.decide(887) == 256 and c.decide(886) < 256
+    assert np.array_equal(c.policy[:257], solve(p, s_max=2 * c.s_max, abstract_cost=c.model.abstract_cost).policy[:257])
 
 
 def test_heavy_tailed_scan_grows_geometrically_past_256():
-    s = solve(BatchingProblem.preset("fig9-hyperexp", 0.7, 1.0))
+    s = solve(BatchingProblem.preset("fig9-hyperexp", 0.7, 1.0), s_max="minimal")
     assert s.evaluation.delta < 1e-3 and not s.degenerate
     assert 600 < s.s_max < 900
     assert s.candidates < 260  # one per state up to 256, then O(log) — not one per percent

@@ -157,16 +157,19 @@ class BaselinePoint:
 
 
 # ------------------------------------------------------------------------------------------- jobs
-def _solve_job(problem: BatchingProblem, w2: float) -> dict:
+def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) -> dict:
     """One solve, reduced to what the front keeps (small to ship back from a worker); a truncation
-    that fails comes back as {"error": message}."""
+    that fails comes back as {"error": message}.  ``hint``: a neighbouring w2's truncation (its s_max,
+    c_o and policy) where the converged search starts."""
     try:
-        sol = solve(problem.replace(w2=float(w2)))
+        sol = solve(problem.replace(w2=float(w2)), hint=hint)
     except InputError as e:
         return {"error": str(e)}
     ev = sol.deployed
     return {"sig": (ev.mean_latency_ms, ev.mean_power_w), "throughput": ev.throughput,
-            "policy": [int(a) for a in sol.policy[: sol.s_max + 1]], "control_limit": sol.control_limit}
+            "policy": [int(a) for a in sol.policy[: sol.stored_range + 1]], "control_limit": sol.control_limit,
+            "hint": {"s_max": sol.s_max, "abstract_cost": sol.model.abstract_cost,
+                     "policy": [int(a) for a in sol.policy]}}
 
 
 def _simulate_job(problem: BatchingProblem, rule, requests: int, seed: int, within_ms: tuple) -> dict:
@@ -233,9 +236,17 @@ def sweep_fronts(problems: list[BatchingProblem], w2_min: float = 0.01, w2_max: 
     grid = [0.0] + [float(x) for x in np.geomspace(w2_min, w2_max, int(points))]
     caches: list[dict[float, dict]] = [{} for _ in problems]
 
+    def hint(i: int, w: float) -> dict | None:
+        """The nearest w2 (log scale) solved in an earlier round: its truncation starts this solve."""
+        done = [v for v, r in caches[i].items() if "hint" in r]
+        if not done:
+            return None
+        near = min(done, key=lambda v: abs(math.log((v + 1e-3) / (w + 1e-3))))
+        return caches[i][near]["hint"]
+
     def run(jobs: list[tuple[int, float]]) -> None:
         jobs = [(i, w) for i, w in dict.fromkeys(jobs) if w not in caches[i]]
-        out = mapper(_solve_job, [problems[i] for i, _ in jobs], [w for _, w in jobs])
+        out = mapper(_solve_job, [problems[i] for i, _ in jobs], [w for _, w in jobs], [hint(i, w) for i, w in jobs])
         for (i, w), r in zip(jobs, out):
             caches[i][w] = r
         if progress is not None and jobs:

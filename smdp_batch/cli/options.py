@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import re
+import time
 
 import click
 import numpy as np
@@ -257,15 +258,40 @@ def cost_line(value: float, where: str) -> str:
     return f"  cost        ĝ = {value:.6g} per ms (w1·W̄ + w2·P̄, {where})"
 
 
-def progress_line(enabled: bool, what: str):
-    """A counter on stderr (the number of jobs of an adaptive sweep is not known in advance)."""
+#: Work shorter than this shows no progress line (seconds).
+PROGRESS_AFTER_S = 2.0
+
+
+def progress_line(enabled: bool, what: str, total: int | None = None):
+    """A counter on stderr, shown once the work has run ~2 s (``total`` when it is known in advance)."""
     done = [0]
+    shown = [False]
+    t0 = time.perf_counter()
 
     def tick(n: int) -> None:
         done[0] += n
-        click.echo(f"\r  {what}: {done[0]} done", nl=False, err=True)
+        if shown[0] or time.perf_counter() - t0 >= PROGRESS_AFTER_S:
+            shown[0] = True
+            of = f"/{total}" if total else ""
+            click.echo(f"\r  {what}: {done[0]}{of} done", nl=False, err=True)
 
-    return tick if enabled else None, (lambda: click.echo("", err=True) if enabled and done[0] else None)
+    return tick if enabled else None, (lambda: click.echo("", err=True) if shown[0] else None)
+
+
+def solve_progress(enabled: bool, what: str = "solving"):
+    """A solve's progress on stderr after ~2 s: stage, s_max of the candidate, candidates solved.
+
+    Returns (callback for ``solve(progress=…)``, finish); the callback is None when disabled."""
+    shown = [False]
+    t0 = time.perf_counter()
+
+    def report(stage: str, s_max: int, done: int) -> None:
+        if shown[0] or time.perf_counter() - t0 >= PROGRESS_AFTER_S:
+            shown[0] = True
+            click.echo(f"\r  {what}: {stage}, s_max = {s_max}, {done} truncations solved, "
+                       f"{time.perf_counter() - t0:.0f} s   ", nl=False, err=True)
+
+    return report if enabled else None, (lambda: click.echo("", err=True) if shown[0] else None)
 
 
 def write_text_atomically(path: str, text: str) -> None:

@@ -5,6 +5,7 @@ with an index and a Fig. 3-style chart)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 
@@ -13,7 +14,7 @@ import click
 from .. import __version__
 from ..analysis.report import describe_policy
 from ..baselines import parse_policy
-from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
+from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning, TableNotConvergedWarning
 from ..export.hdf5 import write_policy
 from ..runtime.schema import read_policy
 from ..solvers import BACKENDS, SOLVERS, solve
@@ -22,6 +23,7 @@ from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
+    solve_progress,
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
@@ -31,9 +33,11 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
 @scenario_options
 @option("--s-max", "s_max", type=SMax(), default="auto", show_default=True,
-              help="Truncation s_max ≥ Bmax, or auto (the smallest with Δ < δ).")
+              help="auto: a converged table (every stored decision verified against a truncation ≥ 2× longer); "
+                   "minimal: paper 004's smallest s_max with Δ < δ; or a truncation s_max ≥ Bmax.")
 @deprecated_option("--smax", "--s-max", "s_max", type=SMax())
-@option("--abstract-cost", type=Number(), default="100", show_default=True, help="Overflow cost c_o (eq. 19).")
+@option("--abstract-cost", type=Number(), default="100", show_default=True,
+        help="Overflow cost c_o (eq. 19); with --s-max auto a floor, raised to 1.5·ĝ where ĝ exceeds it.")
 @option("--tol-delta", type=Number(), default="1e-3", show_default=True, help="δ: accept a truncation when Δ < δ (eq. 22).")
 @option("--solver", type=OneOf(SOLVERS, "solver"), default="pi", show_default=True,
               help="pi (exact policy iteration) or rvi (the paper's Alg. 1).")
@@ -56,12 +60,17 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
     if lam_grid is not None or rho_grid is not None:
         return _solve_bank(opts, lam_grid, rho_grid, settings, output, as_json)
     problem = build_problem(opts)
+    report, finish = solve_progress(sys.stderr.isatty())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
         warnings.simplefilter("always", DegenerateTruncationWarning)
-        sol = solve(problem, **settings)
+        warnings.simplefilter("always", TableNotConvergedWarning)
+        try:
+            sol = solve(problem, progress=report, **settings)
+        finally:
+            finish()
     for w in caught:
-        if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning)):
+        if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning, TableNotConvergedWarning)):
             click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
     if sol.degenerate:
         raise InputError(
@@ -78,8 +87,9 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         [
             "smdp-batch — optimal batching policy (paper 004 SMDP)",
             scenario_line(problem),
-            f"  truncation  s_max = {sol.s_max}{' (auto)' if sol.s_max_auto else ''}, c_o = {sol.model.abstract_cost:g}, "
+            f"  truncation  s_max = {sol.s_max} ({sol.rule}), c_o = {sol.model.abstract_cost:.6g}, "
             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
+            f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule)}",
             f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
             f"  policy      {describe_policy(sol.policy, problem.batch_sizes)}",
             cost_line(d["avg_cost"], "truncated model, eq. 21"),
@@ -228,7 +238,9 @@ def show_cmd(path, as_json):
             f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",
             f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)}), "
             f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
-            f"  truncation  s_max = {t['s_max']}, c_o = {t['abstract_cost']:g}, Δ = {t['delta']:.3g}",
+            f"  truncation  s_max = {t['s_max']}{' (' + t['s_max_rule'] + ')' if 's_max_rule' in t else ''}, "
+            f"c_o = {t['abstract_cost']:.6g}, Δ = {t['delta']:.3g}",
+            f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
@@ -237,6 +249,16 @@ def show_cmd(path, as_json):
         ]
     )
     emit(d, as_json, text, strict=True)
+
+
+def converged_text(R: int | None, policy, rule: str | None) -> str:
+    """One line on what the table's stored range means (the converged rule of solvers.search)."""
+    if R is not None:
+        return (f"converged up to n = {R}: decisions for n ≤ {R} verified against a truncation ≥ {2 * R}, "
+                f"serve {int(policy[R])} for every n > {R}")
+    if rule == "auto":
+        return "NOT verified as converged (the search reached its state or work limit)"
+    return f"not checked for convergence (s_max rule: {rule or 'unknown, written before 0.3'}; use --s-max auto)"
 
 
 def _integrity_text(integrity: str) -> str:
@@ -314,12 +336,15 @@ def _tables_readme(sols, names) -> str:
         "table (DESIGN.md §4): load it with `smdp_batch.runtime.PolicyTable.load(path)` or inspect it with "
         "`smdp-batch show FILE`.",
         "",
-        "| file | ρ | λ (1/ms) | w2 | policy | W̄ (ms) | P̄ (W) | s_max |",
-        "|---|---|---|---|---|---|---|---|",
+        "Every table is converged (`--s-max auto`): its decision for each queue length up to *R* equals that of "
+        "a truncation at least twice as long, and it serves π(*R*) beyond — the infinite queue's action.",
+        "",
+        "| file | ρ | λ (1/ms) | w2 | policy | W̄ (ms) | P̄ (W) | R (converged up to) | s_max |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s, n in zip(sols, names):
         ev = s.deployed
         out.append(f"| `{n}` | {s.problem.rho:.4g} | {s.problem.lam:.6g} | {s.problem.w2:g} | "
                    f"{describe_policy(s.policy, s.problem.batch_sizes)} | {ev.mean_latency_ms:.5g} | "
-                   f"{ev.mean_power_w:.5g} | {s.s_max} |")
+                   f"{ev.mean_power_w:.5g} | {'not verified' if s.converged_upto is None else s.converged_upto} | {s.s_max} |")
     return "\n".join(out) + "\n"

@@ -154,22 +154,22 @@ class OneOf(_Type):
 
 
 class SMax(_Type):
-    """``auto`` or an integer truncation level (the solver checks s_max ≥ Bmax)."""
+    """``auto``, ``minimal`` or an integer truncation level (the solver checks s_max ≥ Bmax)."""
 
     name = "s_max"
 
     def get_metavar(self, param, ctx=None) -> str:
-        return "N|auto"
+        return "auto|minimal|N"
 
     def parse(self, text: str, flag: str):
-        if text.strip().lower() == "auto":
-            return "auto"
+        if text.strip().lower() in ("auto", "minimal"):
+            return text.strip().lower()
         try:
             v = int(text)
         except ValueError:
-            raise InputError(f"{flag} must be an integer ≥ Bmax or auto, got {_short(text)}") from None
+            raise InputError(f"{flag} must be auto, minimal or an integer ≥ Bmax, got {_short(text)}") from None
         if not 1 <= v <= STATE_LIMIT:
-            raise InputError(f"{flag} must be an integer in Bmax..{STATE_LIMIT} or auto, got {_short(text)}")
+            raise InputError(f"{flag} must be auto, minimal or an integer in Bmax..{STATE_LIMIT}, got {_short(text)}")
         return v
 
 

@@ -58,7 +58,7 @@ def _fill_table(f, solution) -> None:
     """Write one solution's policy, inputs, truncation and solution into the HDF5 group ``f``."""
     p, r, m = solution.problem, solution.result, solution.model
     d = solution.to_dict()
-    policy = np.asarray(r.policy, dtype=np.int32)
+    policy = np.asarray(solution.policy, dtype=np.int32)
     sizes = np.asarray(p.batch_sizes, dtype=np.int32)
     latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
     values = np.asarray(r.relative_values, dtype=np.float64)
@@ -73,7 +73,8 @@ def _fill_table(f, solution) -> None:
     t = f.create_group("truncation")
     t.attrs.update(
         {"s_max": m.s_max, "s_max_auto": solution.s_max_auto, "abstract_cost": m.abstract_cost,
-         "delta": solution.evaluation.delta, "tol_delta": solution.tol_delta}
+         "delta": solution.evaluation.delta, "tol_delta": solution.tol_delta, "s_max_rule": solution.rule,
+         "converged_upto": -1 if solution.converged_upto is None else solution.converged_upto}
     )
     s = f.create_group("solution")
     cl = solution.control_limit

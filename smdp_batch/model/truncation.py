@@ -38,18 +38,55 @@ SUPPORT_EPS = 1e-18
 
 @dataclass(frozen=True)
 class ArrivalTable:
-    """p_k^[b] and P(K > k) for every allowed b and k = 0..kmax (rows follow ``problem.batch_sizes``)."""
+    """p_k^[b] and P(K > k) for every allowed b and k = 0..kmax (rows follow ``problem.batch_sizes``).
+
+    ``klo``/``khi`` are each row's support bounds on the whole table (:func:`_with_supports`); a truncation
+    at s_max clips them to s_max (the prefix sums that define them do not depend on the table's end).
+    """
 
     pmf: np.ndarray
     sf: np.ndarray
+    klo: np.ndarray | None = None
+    khi: np.ndarray | None = None
 
     @property
     def kmax(self) -> int:
         return self.pmf.shape[1] - 1
 
+    def head(self, kmax: int) -> "ArrivalTable":
+        """The table cut to k = 0..kmax (views)."""
+        if kmax >= self.kmax:
+            return self
+        return ArrivalTable(self.pmf[:, : kmax + 1], self.sf[:, : kmax + 1], self.klo, self.khi)
+
+
+#: Recently built arrival tables: (law object, λ, batch sizes, latencies) → the largest table built.
+#: Keyed by the law *object* (kept alive in the entry), so an edited data file read into a new law
+#: never meets an old table.  A front or a bank reuses one table across w2.
+_TABLES: dict = {}
+_TABLES_MAX = 8
+
+
+def _table_key(problem: BatchingProblem) -> tuple:
+    return (id(problem.service), float(problem.lam), tuple(int(b) for b in problem.batch_sizes),
+            problem.latency_ms().tobytes())
+
 
 def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
-    """Arrival-count laws during a batch of each allowed size (eqs. 4–6), k = 0..kmax."""
+    """Arrival-count laws during a batch of each allowed size (eqs. 4–6), k = 0..kmax (cached per law)."""
+    key = _table_key(problem)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[1].kmax >= kmax:
+        return hit[1].head(int(kmax))
+    table = _with_supports(_build_arrival_table(problem, kmax))
+    _TABLES.pop(key, None)
+    while len(_TABLES) >= _TABLES_MAX:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[key] = (problem.service, table)
+    return table
+
+
+def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     law = problem.service
     check_memory(arrival_table_bytes(len(problem.batch_sizes), kmax),
                  f"the arrival table for {len(problem.batch_sizes)} batch sizes and k ≤ {kmax}",
@@ -162,12 +199,17 @@ def _fmt_sizes(sizes) -> str:
     return ",".join(str(b) for b in sizes)
 
 
-def _support(pmf: np.ndarray, sf: np.ndarray) -> tuple[int, int]:
-    left = np.cumsum(pmf)
-    klo = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
-    above = np.nonzero(sf >= SUPPORT_EPS)[0]
-    khi = int(above[-1]) + 1 if above.size else 0
-    return min(klo, pmf.size - 1), min(khi, pmf.size - 1)
+def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
+    """The table with each row's support bounds on its whole length (unclipped: khi may be kmax + 1)."""
+    n = arrivals.pmf.shape[0]
+    klo = np.empty(n, dtype=np.int64)
+    khi = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        left = np.cumsum(arrivals.pmf[i])
+        klo[i] = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
+        above = np.nonzero(arrivals.sf[i] >= SUPPORT_EPS)[0]
+        khi[i] = int(above[-1]) + 1 if above.size else 0
+    return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi)
 
 
 def truncate(
@@ -189,6 +231,8 @@ def truncate(
         raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
     if arrivals is None or arrivals.kmax < s_max_i:
         arrivals = arrival_table(problem, s_max_i)
+    if arrivals.klo is None:
+        arrivals = _with_supports(arrivals)
     A = len(problem.batch_sizes) + 1
     K = s_max_i + 1
     P = np.zeros((A, K))
@@ -197,8 +241,8 @@ def truncate(
     SF[1:] = arrivals.sf[:, :K]
     klo = np.zeros(A, dtype=np.int64)
     khi = np.zeros(A, dtype=np.int64)
-    for i in range(1, A):
-        klo[i], khi[i] = _support(P[i], SF[i])
+    klo[1:] = np.minimum(arrivals.klo, K - 1)
+    khi[1:] = np.minimum(arrivals.khi, K - 1)
     lam, w1, w2 = problem.lam, problem.w1, problem.w2
     l = problem.latency_ms()
     y = np.concatenate([[1.0 / lam], l])

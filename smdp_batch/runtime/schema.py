@@ -15,7 +15,10 @@ Layout (DESIGN.md §4)::
     /inputs          attrs: lam, rho, w1, w2, service, latency, energy (model specs: provenance text)
     /inputs/batch_sizes   int32;  /inputs/latency_ms, /inputs/energy_mj  float64 per batch size
     /truncation      attrs: s_max, s_max_auto, abstract_cost, delta, tol_delta
-                     (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto)
+                     (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto);
+                     from 0.3: s_max_rule ("auto" converged, "minimal" paper 004, "fixed") and
+                     converged_upto R (−1: not verified) — policy[n] for n ≤ R equals the decision
+                     of a truncation ≥ 2R, and policy[n] = policy[R] above R (a version-1 addition)
     /solution        attrs: avg_cost, solver, iterations, converged, eps, eta (NaN = none), span, gain_lo,
                             gain_hi, mean_latency_ms, mean_power_w, throughput, mean_batch_size, objective,
                             control_limit (-1 = none), solve_seconds, summary_json
@@ -107,6 +110,11 @@ class PolicyFile:
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(int(b) for b in self.inputs["batch_sizes"])
+
+    @property
+    def converged_upto(self) -> int | None:
+        """R of a converged table (decisions up to R verified against a larger truncation), else None."""
+        return self.truncation.get("converged_upto")
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (n > s_max uses the s_max action, eq. 30)."""
@@ -343,7 +351,13 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
         "abstract_cost": _attr(w, gt, "abstract_cost", "float", low=0),
         "delta": _attr(w, gt, "delta", "float", low=0),
         "tol_delta": _attr(w, gt, "tol_delta", "float", None, low=0),
+        "s_max_rule": _attr(w, gt, "s_max_rule", "str", None),
+        "converged_upto": _attr(w, gt, "converged_upto", "int", None, low=-1, high=s_max),
     }
+    if truncation["s_max_rule"] is not None and truncation["s_max_rule"] not in ("auto", "minimal", "fixed"):
+        w.fail(f"{gt.name}@s_max_rule", f"= {truncation['s_max_rule'][:40]!r}; expected auto, minimal or fixed")
+    if truncation["converged_upto"] == -1:
+        truncation["converged_upto"] = None  # written, but not verified
     truncation = {k: v for k, v in truncation.items() if v is not None}
 
     policy, c4 = _dataset(w, g, "policy", "int", n, f"s_max + 2 = {n} batch sizes, s_max from {gt.name}")

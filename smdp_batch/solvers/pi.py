@@ -30,6 +30,7 @@ from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, st
 from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters
 from .jit import warm_up
 from .result import SolveResult
+from .threads import single_blas
 
 #: pi_loop status codes
 CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
@@ -150,13 +151,14 @@ def policy_iteration(
     t0 = time.perf_counter()
     starts = _starts(model) if policy0 is None else model.action_index(policy0)[None, :]
     costs = model.costs()
-    status, pol, g, h, it = pi_loop(
-        starts, costs, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max, int(max_iter)
-    )
-    converged = status == CONVERGED
-    if status == EVAL_FAILED:
-        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, int(max_iter) - it)
-        it += it2
+    with single_blas():
+        status, pol, g, h, it = pi_loop(
+            starts, costs, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max, int(max_iter)
+        )
+        converged = status == CONVERGED
+        if status == EVAL_FAILED:
+            pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, int(max_iter) - it)
+            it += it2
     secs = time.perf_counter() - t0
     if not converged:
         warnings.warn(

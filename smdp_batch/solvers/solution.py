@@ -1,50 +1,44 @@
-"""One entry point: truncate, solve, evaluate — with automatic choice of s_max (paper 004 §V-A).
+"""One entry point: truncate, solve, evaluate — with an automatic choice of s_max (paper 004 §V-A).
 
-``s_max="auto"`` scans s_max upward from Bmax and returns the first truncation whose solution has
-Δ < δ (eq. 22; defaults δ = 1e-3, c_o = 100 as in paper 004 Table II) and whose policy is usable
-on the infinite queue (eq. 30's tail action π(s_max) serves faster than λ).  Each candidate is
-solved exactly by policy iteration warm-started from the previous one.  Steps are 1 up to
-s_max = 256 (so the paper's minimal s_max of Table II is found exactly); beyond, s_max grows by
-×1.25 and the scan bisects back between the last rejected and the first accepted candidate to
-1 % of s_max — O(log s_max) candidates instead of one per percent.
+``s_max`` is one of three rules (:mod:`.search` has the details):
 
-*Degenerate* truncations are those whose optimal policy waits at the top (the c_o ≈ 0 regime of
-Fig. 10 where all mass ends in S_o, or a large w2 that makes "wait and let S_o absorb the queue"
-look cheap): the scan grows s_max geometrically (×1.25) across them and then bisects back to the
-smallest accepted s_max (to within the step size).  A fixed s_max that is degenerate raises a
-:class:`DegenerateTruncationWarning`.
+* ``"auto"`` (default) — a **converged** table: every stored decision equals that of a truncation at
+  least twice as long as the verified range, and the stored range reaches the queue length R where
+  the action stops changing, so eq. 30's "serve π(R) beyond" is the infinite queue's action.  c_o is
+  raised to 1.5·ĝ where it is below ĝ, and s_max is found from the queue tail's geometric rate.
+* ``"minimal"`` — paper 004's rule (Table II): the smallest s_max with Δ < δ (eq. 22; δ = 1e-3,
+  c_o = 100 by default) and a tail action that drains long queues, c_o exactly as given.
+* an integer — that truncation; a degenerate one (the policy waits at s_max) raises a
+  :class:`DegenerateTruncationWarning`.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
-from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning
-from ..limits import STATE_LIMIT, WORK_LIMIT, check_tail
+from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning, TableNotConvergedWarning
+from ..limits import check_tail
 from ..runtime.schema import eq30
-from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
-from ..baselines.simple import greedy_policy
+from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, tail_stable
 from ..model.problem import BatchingProblem
-from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
+from ..model.truncation import TruncatedSMDP, truncate
 from .pi import policy_iteration, warm_up_pi
 from .result import SolveResult
+from .threads import single_blas
 from .rvi import ETA_FRACTION, relative_value_iteration, warm_up_rvi
+from .search import Candidates, Progress, search_converged, search_minimal
 
-__all__ = ["BACKENDS", "SOLVERS", "Solution", "check_backend", "solve", "solve_truncated"]
+__all__ = ["BACKENDS", "SOLVERS", "SMAX_RULES", "Solution", "TableNotConvergedWarning", "check_backend", "solve",
+           "solve_truncated"]
 
 SOLVERS = ("pi", "rvi")
 BACKENDS = ("numba", "jax")
-#: Give up the automatic scan beyond this s_max.
-SMAX_LIMIT = STATE_LIMIT  # the auto scan stops at the state limit (smdp_batch.limits)
-#: PI budget per scan candidate: warm starts settle in a few iterations; a candidate that needs
-#: more sits in the degenerate zone and is passed over (the result is still certified: the
-#: accepted candidate's PI converged).
-SCAN_PI_ITER = 50
+SMAX_RULES = ("auto", "minimal")
 
 
 @dataclass(frozen=True)
@@ -58,16 +52,35 @@ class Solution:
     tol_delta: float
     s_max_auto: bool
     seconds: float
-    candidates: int = 1  # truncations solved by the automatic scan
+    candidates: int = 1  # truncations solved by the automatic search
+    rule: str = "fixed"  # how s_max was chosen: "auto" (converged), "minimal" (paper 004) or "fixed"
+    converged_upto: int | None = None  # R: decisions for n ≤ R verified against a truncation ≥ 2R, π(R) beyond
+    table: np.ndarray | None = None  # the stored policy when it differs from result.policy (auto: π(R) above R)
 
     @cached_property
     def deployed(self) -> Evaluation:
-        """Metrics of the policy extended by eq. 30 on the infinite queue (truncation error < 1e-10)."""
-        return evaluate_deployed(self.problem, self.result.policy)
+        """Metrics of the policy extended by eq. 30 on the infinite queue (truncation error < 1e-10).
+
+        When this truncation already meets :func:`evaluate_deployed`'s test (S_o's probability and its
+        share of the cost below 1e-10, and the policy already constant from s_max on), its evaluation is
+        reused with c_o's part taken out of ĝ — the same numbers evaluate_deployed computes."""
+        ev, m, pol = self.evaluation, self.model, self.policy
+        if ev.overflow_probability < 1e-10 and ev.delta < 1e-10 * max(1.0, ev.avg_cost) and pol[-1] == pol[-2]:
+            idx = m.action_index(pol)
+            T = float(ev.stationary @ m.y[idx])
+            c_o_part = m.abstract_cost * m.y[idx[-1]] * float(ev.stationary[-1]) / T
+            return replace(ev, avg_cost=ev.avg_cost - c_o_part, delta=max(ev.delta - c_o_part, 0.0))
+        return evaluate_deployed(self.problem, self.policy)
 
     @property
     def policy(self) -> np.ndarray:
-        return self.result.policy
+        """The table: batch size for queue lengths 0..s_max, then S_o (``result.policy`` above R set to π(R))."""
+        return self.result.policy if self.table is None else self.table
+
+    @property
+    def stored_range(self) -> int:
+        """Queue lengths the table answers individually: R when converged, else s_max (eq. 30 beyond)."""
+        return self.s_max if self.converged_upto is None else self.converged_upto
 
     @property
     def s_max(self) -> int:
@@ -81,16 +94,16 @@ class Solution:
 
     @property
     def control_limit(self) -> int | None:
-        return control_limit_of(self.result.policy, self.problem.batch_sizes)
+        return control_limit_of(self.policy, self.problem.batch_sizes)
 
     @property
     def degenerate(self) -> bool:
         """True when eq. 30's tail action (π(s_max)) cannot drain a long queue: a truncation artifact."""
-        return not tail_stable(self.problem, self.result.policy)
+        return not tail_stable(self.problem, self.policy)
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (eq. 30: n > s_max uses the s_max action)."""
-        return eq30(self.result.policy, self.s_max, n)
+        return eq30(self.policy, self.s_max, n)
 
     def to_dict(self) -> dict:
         """The JSON contract of DESIGN.md §4.
@@ -111,6 +124,8 @@ class Solution:
             "service": p.service.spec(),
             "s_max": self.s_max,
             "s_max_auto": self.s_max_auto,
+            "s_max_rule": self.rule,
+            "converged_upto": self.converged_upto,
             "s_max_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
             "tol_delta": self.tol_delta,
@@ -127,7 +142,7 @@ class Solution:
             **{k: v for k, v in dep.as_dict().items() if k not in ("avg_cost", "delta")},
             "objective": p.w1 * dep.mean_latency_ms + p.w2 * dep.mean_power_w,
             "truncated": e.as_dict(),
-            "policy": [int(a) for a in r.policy],
+            "policy": [int(a) for a in self.policy],
             "control_limit": self.control_limit,
             "degenerate": self.degenerate,
             "solve_seconds": self.seconds,
@@ -176,21 +191,6 @@ def check_backend(backend: str) -> None:
         _require()
 
 
-def _warm_start(problem: BatchingProblem, policy: np.ndarray | None, s_max: int) -> np.ndarray | None:
-    """Previous candidate's policy resized to s_max; a waiting tail is replaced by greedy service."""
-    if policy is None:
-        return None
-    out = resize_policy(policy, s_max)
-    if not tail_stable(problem, policy):
-        # drop the trailing block of waiting states (the truncation artifact): serve greedily there
-        top = min(policy.size - 2, s_max)
-        serving = np.nonzero(out[: top + 1] > 0)[0]
-        start = int(serving[-1]) + 1 if serving.size and serving[-1] < top else top
-        start = start if serving.size else 0
-        out[start:] = greedy_policy(problem.batch_sizes, s_max)[start:]
-    return out
-
-
 def _renamed_s_max(s_max, deprecated: dict, func: str):
     """``s_max``, or the value of the deprecated keyword ``smax=`` (with a DeprecationWarning)."""
     if not deprecated:
@@ -200,10 +200,6 @@ def _renamed_s_max(s_max, deprecated: dict, func: str):
         raise TypeError(f"{func}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     warnings.warn(f"{func}(smax=...) is deprecated; use s_max=...", DeprecationWarning, stacklevel=3)
     return deprecated["smax"]
-
-
-def _next_smax(s: int) -> int:
-    return s + 1 if s < 256 else int(s * 1.25)
 
 
 def solve(
@@ -216,17 +212,23 @@ def solve(
     max_iter: int | None = None,
     eta_fraction: float = ETA_FRACTION,
     backend: str = "numba",
+    progress: Progress | None = None,
+    hint: Solution | dict | None = None,
     **deprecated,
 ) -> Solution:
     """Optimal batching policy for ``problem`` (paper 004 §V).
 
-    s_max : an integer ≥ Bmax, or "auto" (smallest s_max, scanned upward, with Δ < tol_delta).
-        The old keyword ``smax=`` still works and warns (DeprecationWarning).
-    abstract_cost : c_o of eq. 19 (≥ 0).
+    s_max : "auto" (a converged table, see the module doc), "minimal" (paper 004's smallest s_max with
+        Δ < tol_delta) or an integer ≥ Bmax.  The old keyword ``smax=`` still works and warns.
+    abstract_cost : c_o of eq. 19 (≥ 0); with "auto" a floor (raised to 1.5·ĝ where below ĝ).
     solver : "pi" (exact policy iteration, default) or "rvi" (Algorithm 1 with span tolerance eps).
-    backend : "numba" (CPU, default) or "jax" (CPU/GPU, optional extra).  With s_max="auto" the
-        scan runs on numba (every candidate has a new shape, which JAX would recompile) and the
+    backend : "numba" (CPU, default) or "jax" (CPU/GPU, optional extra).  With "auto"/"minimal" the
+        search runs on numba (every candidate has a new shape, which JAX would recompile) and the
         chosen truncation is solved by ``backend``.
+    progress : called as progress(stage, s_max, candidates solved) after each candidate truncation.
+    hint : a solution of a neighbouring problem (e.g. the next w2 of a front), or its
+        {"s_max", "abstract_cost", "policy"}: "auto" starts its search there (c_o at least the hint's,
+        PI warm-started from its policy).  The table is verified as without a hint.
     """
     smax = _renamed_s_max(s_max, deprecated, "solve")
     if solver not in SOLVERS:
@@ -235,18 +237,25 @@ def solve(
     tol = float(tol_delta)
     if not (np.isfinite(tol) and tol >= 1e-12):
         raise InputError(f"tol_delta (δ) must be ≥ 1e-12 (Δ is computed in float64), got {tol_delta!r}")
-    warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the scan always runs PI)
+    c_o = float(abstract_cost)
+    if not (np.isfinite(c_o) and c_o >= 0):
+        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the search always runs PI)
     if solver == "rvi":
         warm_up_rvi()
     t0 = time.perf_counter()
     if isinstance(smax, str):
-        if smax.strip().lower() != "auto":
+        key = smax.strip().lower()
+        if key in SMAX_RULES:
+            smax = key
+        else:
             try:
                 smax = int(smax)
             except ValueError:
-                raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} or 'auto', got {smax!r}") from None
+                raise InputError(
+                    f"s_max must be an integer ≥ Bmax = {problem.bmax}, 'auto' or 'minimal', got {smax!r}") from None
     if not isinstance(smax, str):
-        model = truncate(problem, smax, abstract_cost)
+        model = truncate(problem, smax, c_o)
         res = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
         ev = evaluate_policy(model, res.policy)
         sol = Solution(problem, model, res, ev, tol, False, time.perf_counter() - t0)
@@ -260,82 +269,52 @@ def solve(
             )
         return sol
 
-    # ---- automatic truncation: smallest s_max with Δ < δ and a stabilising tail action
-    check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before scanning
-    arrivals: ArrivalTable = arrival_table(problem, max(4 * problem.bmax, 256))
-    cache: dict[int, tuple] = {}
-    warm = [None]
+    check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before searching
+    with single_blas():
+        return _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0)
 
-    def candidate(s: int):
-        nonlocal arrivals
-        if s not in cache:
-            if arrivals.kmax < s:
-                arrivals = arrival_table(problem, 2 * s)
-            model = truncate(problem, s, abstract_cost, arrivals)
-            width = float(np.mean(model.khi[1:] - model.klo[1:] + 1))
-            if len(model.actions) * (s + 2) * width > WORK_LIMIT:
-                raise InputError(
-                    f"the auto s_max scan reached s_max = {s} with arrival supports of {width:.0f} states: one more "
-                    f"candidate would exceed the work limit; use a larger --tol-delta (now {tol:g}), a lower load "
-                    "or a lighter-tailed service law"
-                )
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", NotConvergedWarning)  # checked below
-                    try:
-                        res = policy_iteration(model, policy0=_warm_start(problem, warm[0], s), max_iter=SCAN_PI_ITER)
-                    except InputError:  # a warm start from a degenerate candidate can be multichain
-                        res = policy_iteration(model, max_iter=SCAN_PI_ITER)
-                if not res.converged:
-                    raise InputError("policy iteration did not settle on this truncation")
-            except InputError:
-                # PI reached a numerically multichain policy: the top states wait and S_o's class
-                # is cut off from the rest — a degenerate truncation, skipped like the others
-                cache[s] = (model, None, None, False)
-                return cache[s]
-            ev = evaluate_policy(model, res.policy)
-            warm[0] = res.policy
-            cache[s] = (model, res, ev, tail_stable(problem, res.policy))
-        return cache[s]
 
-    def accepted(s: int) -> bool:
-        _, _, ev, stable = candidate(s)
-        return stable and ev.delta < tol
-
-    s = problem.bmax
-    last_bad = s - 1
-    rejected = 0
-    while s <= SMAX_LIMIT:
-        if accepted(s):
-            # after a geometric jump, bisect back to the smallest accepted s_max above last_bad
-            lo, hi = last_bad, s
-            while hi - lo > 1 and hi - lo > (0 if hi <= 256 else hi // 100):
-                mid = (lo + hi) // 2
-                if accepted(mid):
-                    hi = mid
-                else:
-                    lo = mid
-            model, res, ev, _ = candidate(hi)
-            if solver != "pi" or backend != "numba":
-                res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
-                ev2 = evaluate_policy(model, res2.policy)
-                if not (ev2.delta < tol and tail_stable(problem, res2.policy)):
-                    rejected += 1
-                    if rejected >= 4:  # a coarse ε gives a policy that overflows at every s_max
-                        raise InputError(
-                            f"{solver} with eps = {eps:g} returns a policy that overflows the truncation (Δ = "
-                            f"{ev2.delta:.3g} ≥ δ = {tol:g}) at every s_max tried; use a smaller --eps (e.g. 0.01) "
-                            "or --solver pi"
-                        )
-                    last_bad, s = hi, _next_smax(hi)
-                    continue  # the ε-optimal policy overflows more: keep scanning
-                res, ev = res2, ev2
-            return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, len(cache))
-        last_bad = s
-        stable = candidate(s)[3]
-        # a truncation whose top state waits (degenerate, Fig. 10's c_o ≈ 0 regime or large w2)
-        # needs a much larger s_max: grow geometrically, then bisect back
-        s = _next_smax(s) if stable else max(_next_smax(s), int(s * 1.25))
-    raise InputError(
-        f"no s_max ≤ {SMAX_LIMIT} reaches Δ < {tol:g}; the load ρ = {problem.rho:.6g} may be too close to 1"
-    )
+def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0) -> Solution:
+    """The "auto" and "minimal" rules of :func:`solve` (arguments checked there)."""
+    cands = Candidates(problem, tol, progress)
+    table = converged_upto = None
+    if smax == "minimal":
+        cand = search_minimal(cands, c_o)
+        model, res, ev = cand.model, cand.res, cand.ev
+    else:
+        start = None
+        if isinstance(hint, Solution):
+            hint = {"s_max": hint.s_max, "abstract_cost": hint.model.abstract_cost, "policy": hint.policy}
+        if hint is not None:
+            c_o = max(c_o, float(hint["abstract_cost"]))
+            start = int(hint["s_max"])
+            cands.warm = np.asarray(hint["policy"], dtype=np.int64)
+        found = search_converged(cands, c_o, start=start)
+        model, res = found.candidate.model, found.candidate.res
+        table, ev, converged_upto = found.policy, found.evaluation, found.converged_upto
+        if converged_upto is None:
+            warnings.warn(
+                f"the table is not verified against a larger truncation (the search stopped at s_max = {model.s_max}, "
+                "its state or work limit); its decisions near s_max may be shaped by the truncation",
+                TableNotConvergedWarning, stacklevel=2)
+    if solver != "pi" or backend != "numba":
+        res2 = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
+        ev2 = evaluate_policy(model, res2.policy)
+        if not (ev2.delta < tol and tail_stable(problem, res2.policy)):
+            raise InputError(
+                f"{solver} with eps = {eps:g} returns a policy that overflows the truncation s_max = {model.s_max} "
+                f"(Δ = {ev2.delta:.3g} ≥ δ = {tol:g}); use a smaller --eps (e.g. 0.01) or --solver pi")
+        if table is not None:
+            R = converged_upto if converged_upto is not None else model.s_max
+            same = np.array_equal(res2.policy[: R + 1], table[: R + 1])
+            if not same:  # an ε-optimal policy: its table is its own, verified nowhere
+                warnings.warn(
+                    f"{solver} (eps = {eps:g}) chose a different action than exact policy iteration at queue length "
+                    f"{int(np.nonzero(res2.policy[: R + 1] != table[: R + 1])[0][0])}; the table is {solver}'s, not "
+                    "verified as converged (use --solver pi for a converged table)", TableNotConvergedWarning, stacklevel=2)
+                table, converged_upto = None, None
+            else:
+                table = table.copy()
+        res, ev = res2, (ev if table is not None else ev2)
+    return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, len(cands.cache),
+                    rule=smax, converged_upto=converged_upto, table=table)

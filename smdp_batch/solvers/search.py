@@ -1,0 +1,351 @@
+"""Choosing the truncation s_max (paper 004 §V-A): the paper's minimal rule and the converged rule.
+
+Both rules solve candidate truncations exactly (policy iteration, warm-started from the previous
+candidate) through one :class:`Candidates` cache that shares the arrival table.
+
+**Minimal** (``s_max="minimal"``, the paper's Table II rule): the smallest s_max whose solution has
+Δ < δ (eq. 22) and a tail action that drains long queues, for the given c_o.  Steps of 1 up to 256,
+then ×1.25 with bisection back to 1 % (see :func:`search_minimal`).
+
+**Converged** (``s_max="auto"``, the default): a table whose every stored decision is that of the
+infinite queue, in three stages (:func:`search_converged`):
+
+1. *Overflow cost.*  The abstract cost makes the overflow state S_o cost at least c_o per ms
+   (ĉ(S_o, a) = c(s_max, a) + c_o·y(a), eq. 19).  When c_o is below the truncation's average cost
+   ĝ, parking in S_o is *cheaper* than running the queue — S_o caps the holding cost at s_max and,
+   waiting there, spends no energy — so small truncations are solved by policies that wait at the
+   top (paper 004 Fig. 10, c_o = 10 and 0: "the computed policy is to always wait").  At w2 = 100
+   (ĝ ≈ 5 500 against c_o = 100) this drove the paper's rule to s_max = 14 423.  The converged rule
+   raises c_o to 1.5·ĝ until c_o ≥ ĝ (the paper's own choice c_o = 100 at ĝ = 66, Table II, is this
+   ratio and is kept as is).  Time in S_o then costs at least the average, so no policy gains by
+   reaching it; c_o only weights the rare overflow and cannot move the decisions the next stages
+   verify against larger truncations.
+2. *Tail.*  Under a policy serving b at long queues, the queue-length tail decays geometrically,
+   P(N > n) ∝ z₀⁻ⁿ, with z₀ > 1 the root of zᵇ = K(z), K(z) = Σ p_k^[b] zᵏ = g̃_b(λ(1 − z)) (bulk
+   service, Chaudhry & Templeton §3); Δ(s_max) falls at that rate.  From one solved truncation with
+   Δ₀ ≥ δ the rule jumps to s_max + ln(Δ₀/(δ/4))/ln z₀ (:func:`tail_rate`); after two points it uses
+   their measured rate (heavy tails, where z₀ → 1, are caught this way).
+3. *Convergence.*  Solve truncations S/2 and S (S ≥ 4·Bmax).  Let A be the last queue length up to
+   which both choose the same action for every n, and R the start of the run of equal actions of
+   the S-solution that ends at A.  The table is converged when that action is a limiting action —
+   one of greatest throughput b/l(b) (:func:`limiting_actions`) — and the run is long: A ≥ 2R and
+   A − R ≥ Bmax.  Otherwise S doubles.  The stored policy
+   is the S-solution on 0..R and π(R) beyond (eq. 30), so "serve π(last)" is the limiting action;
+   ``converged_upto`` = R is stored with the table.  Every stored decision is thus that of a
+   truncation at least 2A ≥ 4R states long.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError, NotConvergedWarning
+from ..limits import STATE_LIMIT, WORK_LIMIT
+from ..model.problem import BatchingProblem
+from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
+from ..baselines.simple import greedy_policy
+from .evaluation import Evaluation, evaluate_policy, resize_policy, tail_stable
+from .pi import policy_iteration
+from .result import SolveResult
+
+__all__ = ["Candidates", "Candidate", "Converged", "search_minimal", "search_converged", "tail_rate",
+           "converged_range", "SMAX_LIMIT"]
+
+#: Give up a search beyond this s_max (the state limit of :mod:`smdp_batch.limits`).
+SMAX_LIMIT = STATE_LIMIT
+#: PI budget per candidate: warm starts settle in a few iterations; a candidate that needs more sits in
+#: the degenerate zone and is passed over (an accepted candidate's PI always converged).
+SCAN_PI_ITER = 50
+#: c_o is raised to this multiple of ĝ when it is below ĝ (paper 004 Table II: c_o = 100 at ĝ = 66).
+CO_RATIO = 1.5
+
+Progress = Callable[[str, int, int], None]  # (stage, s_max, candidates solved)
+
+
+@dataclass
+class Candidate:
+    model: TruncatedSMDP
+    res: SolveResult | None  # None: PI did not settle (a degenerate truncation)
+    ev: Evaluation | None
+    stable: bool  # the tail action π(s_max) drains long queues
+
+    def accepted(self, tol: float) -> bool:
+        return self.res is not None and self.stable and self.ev.delta < tol
+
+
+class Candidates:
+    """Solved truncations of one problem, keyed by (s_max, c_o), sharing one arrival table."""
+
+    def __init__(self, problem: BatchingProblem, tol: float, progress: Progress | None = None,
+                 max_iter: int = SCAN_PI_ITER):
+        self.problem = problem
+        self.tol = tol
+        self.arrivals: ArrivalTable = arrival_table(problem, max(4 * problem.bmax, 256))
+        self.cache: dict[tuple[int, float], Candidate] = {}
+        self.warm: np.ndarray | None = None
+        self.progress = progress
+        self.max_iter = max_iter
+        self.stage = "truncation"
+
+    def check_work(self, s: int) -> None:
+        """Refuse a candidate that would exceed the state or work limit, before building it."""
+        if s > SMAX_LIMIT:
+            raise InputError(
+                f"the truncation search needs s_max > {SMAX_LIMIT} (the state limit) to reach Δ < {self.tol:g}; "
+                f"the load ρ = {self.problem.rho:.6g} may be too close to 1, or the service law's tail too heavy "
+                f"for this tolerance (use a larger --tol-delta)")
+        width = float(np.mean(np.count_nonzero(self.arrivals.pmf[:, : s + 1] > 1e-18, axis=1))) + 1.0
+        if (len(self.problem.batch_sizes) + 1) * (s + 2) * width > WORK_LIMIT:
+            raise InputError(
+                f"the truncation search reached s_max = {s} with arrival supports of {width:.0f} states: that "
+                f"candidate would exceed the work limit; use a larger --tol-delta (now {self.tol:g}), a lower load "
+                "or a lighter-tailed service law")
+
+    def warm_start(self, s: int) -> np.ndarray | None:
+        """The previous candidate's policy carried to s_max = s; a waiting tail becomes greedy service."""
+        pol = self.warm
+        if pol is None:
+            return None
+        out = resize_policy(pol, s)
+        if not tail_stable(self.problem, pol):
+            top = min(pol.size - 2, s)
+            serving = np.nonzero(out[: top + 1] > 0)[0]
+            start = int(serving[-1]) + 1 if serving.size and serving[-1] < top else top
+            start = start if serving.size else 0
+            out[start:] = greedy_policy(self.problem.batch_sizes, s)[start:]
+        return out
+
+    def get(self, s: int, c_o: float) -> Candidate:
+        key = (int(s), float(c_o))
+        if key in self.cache:
+            return self.cache[key]
+        self.check_work(s)
+        if self.arrivals.kmax < s:
+            self.arrivals = arrival_table(self.problem, 2 * s)
+        model = truncate(self.problem, s, c_o, self.arrivals)
+        res = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NotConvergedWarning)  # checked below
+                try:
+                    res = policy_iteration(model, policy0=self.warm_start(s), max_iter=self.max_iter)
+                except InputError:  # a warm start from a degenerate candidate can be multichain
+                    res = policy_iteration(model, max_iter=self.max_iter)
+            if not res.converged:
+                res = None
+        except InputError:
+            # a numerically multichain policy: the top states wait and S_o's class is cut off from the
+            # rest — a degenerate truncation, passed over like the others
+            res = None
+        if res is None:
+            cand = Candidate(model, None, None, False)
+        else:
+            self.warm = res.policy
+            cand = Candidate(model, res, evaluate_policy(model, res.policy), tail_stable(self.problem, res.policy))
+        self.cache[key] = cand
+        if self.progress is not None:
+            self.progress(self.stage, int(s), len(self.cache))
+        return cand
+
+
+def _next_smax(s: int) -> int:
+    return s + 1 if s < 256 else int(s * 1.25)
+
+
+def search_minimal(cands: Candidates, c_o: float) -> Candidate:
+    """The paper's rule: the smallest s_max with Δ < δ and a stabilising tail action (to 1 % above 256).
+
+    Steps are 1 up to s_max = 256 (so Table II's minimal s_max is found exactly); beyond, s_max grows
+    by ×1.25 and the search bisects back between the last rejected and the first accepted candidate.
+    Degenerate candidates (the top waits) make s_max grow geometrically.
+    """
+    tol = cands.tol
+    cands.stage = "minimal s_max"
+    s = cands.problem.bmax
+    last_bad = s - 1
+    while s <= SMAX_LIMIT:
+        if cands.get(s, c_o).accepted(tol):
+            lo, hi = last_bad, s
+            while hi - lo > 1 and hi - lo > (0 if hi <= 256 else hi // 100):
+                mid = (lo + hi) // 2
+                if cands.get(mid, c_o).accepted(tol):
+                    hi = mid
+                else:
+                    lo = mid
+            return cands.get(hi, c_o)
+        last_bad = s
+        stable = cands.get(s, c_o).stable
+        s = _next_smax(s) if stable else max(_next_smax(s), int(s * 1.25))
+    raise InputError(f"no s_max ≤ {SMAX_LIMIT} reaches Δ < {tol:g}; the load ρ = {cands.problem.rho:.6g} may be too close to 1")
+
+
+def tail_rate(problem: BatchingProblem, arrivals: ArrivalTable, b: int) -> float:
+    """ln z₀, the geometric decay rate per state of the queue tail under "serve b" (0 if none).
+
+    z₀ > 1 solves zᵇ = K(z) with K(z) = Σ_k p_k^[b] zᵏ (the arrival pgf during a batch of b, i.e.
+    g̃_b(λ(1 − z))).  K is taken from the arrival table; a tail too heavy for any z > 1 (or a b that
+    does not drain the queue, λ·l(b) ≥ b) gives 0.
+    """
+    i = list(problem.batch_sizes).index(int(b))
+    p = arrivals.pmf[i]
+    k = np.arange(p.size, dtype=np.float64)
+    nz = p > 0
+    lp, kk = np.log(p[nz]), k[nz]
+    mean = float(p @ k)
+    if not mean < b:
+        return 0.0
+
+    def f(t: float) -> float:  # b·ln z − ln K(z) with t = ln z
+        x = lp + kk * t
+        m = float(x.max())
+        return b * t - (m + math.log(float(np.exp(x - m).sum())))
+
+    # f(0) = 0, f'(0) = b − E[K] > 0 and f is concave: bracket the second zero
+    hi = 1e-3
+    while f(hi) > 0:
+        hi *= 2
+        if hi > 50:
+            return 0.0
+    lo = hi / 2 if hi > 1e-3 else 0.0
+    if lo == 0.0:
+        lo = 1e-9
+        if f(lo) <= 0:
+            return 0.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if f(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    # beyond the table, K is unknown: a rate that puts the table's last term above the others is not real
+    return lo if p[-1] * math.exp(lo * (p.size - 1)) < 1e-3 else 0.0
+
+
+def converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> tuple[int | None, int]:
+    """(R, A) of the module doc for the policies of two truncations; R is None when not converged."""
+    n = s_small + 1
+    diff = np.nonzero(small[:n] != big[:n])[0]
+    A = int(diff[0]) - 1 if diff.size else s_small
+    if A < 0:
+        return None, A
+    a = int(big[A])
+    R = A
+    while R > 0 and int(big[R - 1]) == a:
+        R -= 1
+    ok = a > 0 and a in limiting_actions(problem) and A >= 2 * R and A - R >= problem.bmax
+    return (R if ok else None), A
+
+
+def limiting_actions(problem: BatchingProblem) -> set[int]:
+    """Batch sizes of greatest throughput b/l(b) (to 1e-9 relative): the action of the infinite queue at
+    long queue lengths.  There the holding cost of draining n requests grows as n² against the rate
+    b/l(b) − λ, the energy only as n, so every other action loses (a fluid argument; the search also
+    checks it by comparing truncations)."""
+    sizes = np.asarray(problem.batch_sizes, dtype=np.int64)
+    rate = sizes / problem.latency_ms()
+    return {int(b) for b in sizes[rate >= rate.max() * (1 - 1e-9)]}
+
+
+@dataclass
+class Converged:
+    """Outcome of :func:`search_converged`."""
+
+    candidate: Candidate  # the larger truncation S (its PI result and model)
+    abstract_cost: float  # c_o used (≥ the requested one)
+    converged_upto: int | None  # R, or None when the search hit its limits
+    policy: np.ndarray  # the stored policy: S-solution on 0..R, π(R) beyond (length S+2)
+    evaluation: Evaluation  # of ``policy`` on the truncation S
+    seconds: float
+
+
+def _raise_c_o(cands: Candidates, s: int, c_o: float) -> tuple[float, Candidate]:
+    """Stage 1: the smallest c_o ≥ the requested one with c_o ≥ ĝ at truncation s (×1.5 steps)."""
+    cands.stage = "overflow cost"
+    for _ in range(60):
+        cand = cands.get(s, c_o)
+        if cand.res is None:  # PI did not settle: the top waits; c_o is far too small
+            c_o = max(2.0 * c_o, 1.0)
+            continue
+        if c_o >= cand.ev.avg_cost:
+            return c_o, cand
+        c_o = CO_RATIO * cand.ev.avg_cost
+    raise InputError(f"the overflow cost c_o did not settle at s_max = {s} (ĝ = {cand.ev.avg_cost if cand.res else float('nan'):.6g})")
+
+
+def _delta_search(cands: Candidates, s: int, c_o: float) -> tuple[float, Candidate, int]:
+    """Stage 2: a truncation ≥ s with Δ < δ and a stabilising tail, by the tail-rate prediction."""
+    tol = cands.tol
+    prev: tuple[int, float] | None = None
+    cands.stage = "Δ < δ"
+    while True:
+        cand = cands.get(s, c_o)
+        if cand.res is not None and cand.ev.avg_cost > c_o:  # ĝ grew past c_o: raise it and redo
+            c_o, cand = _raise_c_o(cands, s, c_o)
+            prev = None
+            cands.stage = "Δ < δ"
+        if cand.accepted(tol):
+            return c_o, cand, s
+        target = tol / 4
+        step = 0
+        if cand.res is not None and cand.stable and cand.ev.delta > 0:
+            d = cand.ev.delta
+            rate = 0.0
+            if prev is not None and prev[1] > d:
+                rate = math.log(prev[1] / d) / (s - prev[0])
+            if rate <= 0:
+                b = int(cand.res.policy[min(s, max(cands.problem.bmax, (3 * s) // 4))])
+                b = b if b > 0 else cands.problem.bmax
+                rate = tail_rate(cands.problem, cands.arrivals, b)
+            if rate > 0:
+                step = math.ceil(math.log(d / target) / rate)
+            prev = (s, d)
+        nxt = s + step if step > 0 else 2 * s
+        nxt = int(min(max(nxt, math.ceil(1.25 * s)), 8 * s))
+        if nxt > SMAX_LIMIT and s < SMAX_LIMIT:
+            nxt = SMAX_LIMIT
+        s = nxt
+
+
+def search_converged(cands: Candidates, c_o: float, start: int | None = None, max_smax: int = SMAX_LIMIT) -> Converged:
+    """The converged rule of the module doc; ``start`` (e.g. a neighbouring w2's s_max) is a first guess."""
+    t0 = time.perf_counter()
+    problem = cands.problem
+    s0 = max(4 * problem.bmax, int(start or 0))
+    c_o, _ = _raise_c_o(cands, s0, float(c_o))
+    c_o, big, S = _delta_search(cands, s0, c_o)
+    S = max(S, 4 * problem.bmax)
+    cands.stage = "convergence"
+    R = None
+    while True:
+        big = cands.get(S, c_o)
+        small = cands.get(S // 2, c_o)
+        if big.res is not None and small.res is not None:
+            if big.ev.avg_cost > c_o:  # rare: raise c_o and start the check again at this size
+                c_o, big = _raise_c_o(cands, S, c_o)
+                cands.stage = "convergence"
+                continue
+            R, _ = converged_range(small.res.policy, big.res.policy, S // 2, problem)
+            if R is not None and big.accepted(cands.tol):
+                break
+        if 2 * S > max_smax:
+            break
+        try:
+            cands.check_work(2 * S)
+        except InputError:
+            break  # the table so far is returned with converged_upto = None (and a warning by solve())
+        S *= 2
+    if big.res is None:
+        raise InputError(f"no converged truncation up to s_max = {S}: policy iteration did not settle")
+    pol = np.array(big.res.policy, dtype=np.int64)
+    if R is not None:
+        pol[R + 1:] = pol[R]
+        ev = evaluate_policy(big.model, pol)
+    else:
+        ev = big.ev
+    return Converged(big, c_o, R, pol, ev, time.perf_counter() - t0)
