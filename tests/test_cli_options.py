@@ -26,7 +26,7 @@ def run(args, capsys):
 BAD = [
     (["solve", "--rho", "abc"], "--rho must be a number, got 'abc'"),
     (["solve", "--bmax", "3.5"], "--bmax must be an integer, got '3.5'"),
-    (["solve", "--s-max", "many"], "--s-max must be an integer ≥ Bmax or auto, got 'many'"),
+    (["solve", "--s-max", "many"], "--s-max must be auto, minimal or an integer ≥ Bmax, got 'many'"),
     (["solve", "--eps", "inf"], "--eps must be finite"),
     (["solve", "--rho-grid", "0.1,x"], "--rho-grid values must be a number, got 'x'"),
     (["solve", "--rho-grid", ","], "--rho-grid needs comma-separated numbers"),

@@ -27,6 +27,8 @@ from smdp_batch.runtime import PolicyBank, PolicyTable, read_bank, read_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = sorted((ROOT / "policies").glob("*.h5"))
+#: Tables shipped by 0.1 (no checksums, no s_max_rule): kept to show old files still load.
+LEGACY = sorted((ROOT / "tests" / "data").glob("legacy_0.1_*.h5"))
 
 
 @pytest.fixture(scope="module")
@@ -362,9 +364,13 @@ def test_a_rewritten_valid_policy_fails_the_content_digest(good, tmp_path):
 def test_new_files_are_checksummed_and_old_ones_still_load(good):
     assert read_policy(good["table"]).integrity == "fletcher32+sha256"
     assert {t.integrity for t in read_bank(good["bank"])} == {"fletcher32+sha256"}
-    for path in POLICIES[:: max(1, len(POLICIES) // 6)]:  # 0.1's shipped tables: no checksums, still load
+    for path in LEGACY:  # 0.1's shipped tables: no checksums, still load
         pf = read_policy(path)
         assert pf.integrity == "none" and PolicyTable.load(path).s_max == pf.s_max
+        assert pf.converged_upto is None and "s_max_rule" not in pf.truncation
+    for path in POLICIES[:: max(1, len(POLICIES) // 6)]:  # today's shipped tables: checksummed and converged
+        pf = read_policy(path)
+        assert pf.integrity == "fletcher32+sha256" and pf.converged_upto is not None
 
 
 # ----------------------------------------------------------------------------- paths inside files
@@ -454,7 +460,7 @@ def test_show_json_is_strict(good, tmp_path, capsys):
         f["solution"].attrs["eps"] = np.nan
         f["solution"].attrs["eta"] = np.nan
 
-    for path in (crafted(good, tmp_path, edit), good["bank"], str(POLICIES[0])):
+    for path in (crafted(good, tmp_path, edit), good["bank"], str(LEGACY[0])):
         capsys.readouterr()
         assert main(["show", path, "--json"]) == 0
         d = json.loads(capsys.readouterr().out, parse_constant=_no_nan)

@@ -96,7 +96,8 @@ def test_percentile_and_satisfaction_choice_reproduce_table_i():
     by_share = f.choose(slo_within=(10.0, 0.95))
     assert by_p95 is by_share
     paper = solve(BatchingProblem.basic(rho=0.7, w2=1.6)).deployed  # the paper's weight gives this very policy
-    assert (paper.mean_latency_ms, paper.mean_power_w) == pytest.approx(by_p95.signature, rel=1e-9)
+    # "the same policy in service" (module doc): W̄, P̄ equal to 1e-6 (the tables may differ in rare states)
+    assert (paper.mean_latency_ms, paper.mean_power_w) == pytest.approx(by_p95.signature, rel=1e-6)
     assert by_p95.w2_lo <= 1.6 <= by_p95.w2_hi * 1.02  # range edges are resolved to the sweep's rtol (2 %)
     assert by_p95.mean_power_w == pytest.approx(44.96, abs=0.02)  # Table I's P̄
     assert by_p95.percentiles["p95_ms"] == pytest.approx(9.96, abs=0.1)

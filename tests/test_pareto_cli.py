@@ -38,7 +38,7 @@ def test_pareto_writes_choice_csv_and_figure(tmp_path, capsys):
         next(b["mean_power_w"] for b in front["baselines"] if b["setting"] == "static:32"))
     pf = read_policy(table)  # the chosen policy, as a loadable table equal to a solve at its w2
     ref = solve(BatchingProblem.basic(rho=0.3, w2=chosen["w2_lo"]))
-    assert np.array_equal(pf.policy, ref.result.policy)
+    assert np.array_equal(pf.policy, ref.policy)
     rows = list(csv.DictReader(open(out)))
     assert len(rows) == len(front["points"]) + len(front["baselines"])
     assert {r["kind"] for r in rows} == {"smdp", "baseline"}
@@ -114,7 +114,7 @@ def test_tables_grid_index_and_policy_chart(tmp_path, capsys):
     assert all(f"`{n}`" in readme for n in names) and "smdp-batch tables --bmax 8" in readme
     pf = read_policy(out / "custom_rho0.70_w2-1.h5")
     ref = solve(BatchingProblem.basic(rho=0.7, w2=1.0, batch_sizes=range(1, 9)))
-    assert np.array_equal(pf.policy, ref.result.policy)
+    assert np.array_equal(pf.policy, ref.policy)
     assert _png(fig)
 
 

@@ -276,7 +276,8 @@ def _integrity_text(integrity: str) -> str:
 @option("-o", "--output", "outdir", type=OutputDir(), default=None,
               help="Write one FILE.h5 per (load, w2) and a README.md index into this folder.")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the policies (Fig. 3 style) to this figure.")
-@option("--max-queue", type=Number(integer=True, min=1, max=STATE_LIMIT), default=None, show_default="control limits + 4",
+@option("--max-queue", type=Number(integer=True, min=1, max=STATE_LIMIT), default=None,
+        show_default="the converged ranges, up to 4·Bmax",
               help="Largest queue length drawn.")
 @json_option
 def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_json, **opts):
@@ -307,6 +308,10 @@ def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_jso
         write_text_atomically(os.path.join(outdir, "README.md"), _tables_readme(sols, names))
     if plot_path:
         grid = {(round(s.problem.rho, 6), s.problem.w2): (s.policy[: s.s_max + 1], s.control_limit) for s in sols}
+        if max_queue is None:  # every converged range in view (up to 4·Bmax), so every departure shows
+            reach = [s.stored_range + 1 for s in sols] + [max(q for _, q in grid.values() if q) + 4 if any(
+                q for _, q in grid.values()) else 0]
+            max_queue = min(max(reach), 4 * problems[0].bmax)
         save(plot_policies(grid, problems[0].batch_sizes, max_queue), plot_path)
     rows = [{"file": n, **{k: v for k, v in s.to_dict().items() if k != "policy"}} for s, n in zip(sols, names)]
     lines = [f"smdp-batch — {len(sols)} policy tables ({len(problems)} loads × {len(w2s)} weights)",

@@ -86,7 +86,7 @@ class Candidates:
                  max_iter: int = SCAN_PI_ITER):
         self.problem = problem
         self.tol = tol
-        self.arrivals: ArrivalTable = arrival_table(problem, max(4 * problem.bmax, 256))
+        self.arrivals: ArrivalTable | None = None  # built at the first candidate (after the work checks)
         self.cache: dict[tuple[int, float], Candidate] = {}
         self.warm: np.ndarray | None = None
         self.progress = progress
@@ -100,7 +100,10 @@ class Candidates:
                 f"the truncation search needs s_max > {SMAX_LIMIT} (the state limit) to reach Δ < {self.tol:g}; "
                 f"the load ρ = {self.problem.rho:.6g} may be too close to 1, or the service law's tail too heavy "
                 f"for this tolerance (use a larger --tol-delta)")
-        width = float(np.mean(np.count_nonzero(self.arrivals.pmf[:, : s + 1] > 1e-18, axis=1))) + 1.0
+        if self.arrivals is None or self.arrivals.kmax < s:
+            width = estimated_width(self.problem, s)
+        else:
+            width = float(np.mean(np.count_nonzero(self.arrivals.pmf[:, : s + 1] > 1e-18, axis=1))) + 1.0
         if (len(self.problem.batch_sizes) + 1) * (s + 2) * width > WORK_LIMIT:
             raise InputError(
                 f"the truncation search reached s_max = {s} with arrival supports of {width:.0f} states: that "
@@ -126,8 +129,8 @@ class Candidates:
         if key in self.cache:
             return self.cache[key]
         self.check_work(s)
-        if self.arrivals.kmax < s:
-            self.arrivals = arrival_table(self.problem, 2 * s)
+        if self.arrivals is None or self.arrivals.kmax < s:
+            self.arrivals = arrival_table(self.problem, max(2 * s, 256))
         model = truncate(self.problem, s, c_o, self.arrivals)
         res = None
         try:
@@ -152,6 +155,14 @@ class Candidates:
         if self.progress is not None:
             self.progress(self.stage, int(s), len(self.cache))
         return cand
+
+
+def estimated_width(problem: BatchingProblem, s: int) -> float:
+    """Mean support width of the arrival-count laws before any is built: 18 standard deviations of
+    K (Var K = λl + λ²Var G, eqs. 4–6) + 20, at most s + 1 — an upper estimate for light tails."""
+    l = problem.latency_ms()
+    var = problem.lam * l + problem.lam ** 2 * np.maximum(problem.second_moments() - l * l, 0.0)
+    return float(np.mean(np.minimum(18.0 * np.sqrt(var) + 20.0, s + 1.0))) + 1.0
 
 
 def _next_smax(s: int) -> int:
@@ -317,6 +328,13 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
     t0 = time.perf_counter()
     problem = cands.problem
     s0 = max(4 * problem.bmax, int(start or 0))
+    try:
+        cands.check_work(s0)
+    except InputError:
+        raise InputError(
+            f"a converged table for Bmax = {problem.bmax} starts at s_max = {s0} (4·Bmax), beyond the work limit for "
+            f"{len(problem.batch_sizes)} batch sizes; use --s-max minimal (paper 004's smallest truncation with "
+            "Δ < δ, not verified as converged) or fewer batch sizes (--batch-sizes)") from None
     c_o, _ = _raise_c_o(cands, s0, float(c_o))
     c_o, big, S = _delta_search(cands, s0, c_o)
     S = max(S, 4 * problem.bmax)

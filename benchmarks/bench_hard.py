@@ -1,0 +1,88 @@
+"""Hard inputs for the automatic truncation: seconds, s_max, Δ and the converged range per case.
+
+Not a timed test: run it and read the table (the README quotes its output)::
+
+    python benchmarks/bench_hard.py            # every case, converged tables (s_max "auto")
+    python benchmarks/bench_hard.py --quick    # the solve cases only, no fronts
+
+Each case is solved once after the kernels are loaded (numba's compile is kept out, as in
+``Solution.seconds``).  Columns: wall seconds of ``solve()``, the truncation s_max, Δ (eq. 22), R =
+``converged_upto`` and the number of truncations solved.  Fronts are ``sweep_w2`` with the default
+grid (no simulated baselines).  A case that cannot be solved prints the one-line refusal the CLI
+would print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+from smdp_batch import BatchingProblem, InputError, solve
+from smdp_batch.analysis.pareto import sweep_w2
+from smdp_batch.solvers.pi import warm_up_pi
+
+AFF, LIN = "affine:0.3051,1.0524", "affine:19.899,19.603"
+
+
+def basic(rho: float, w2: float = 1.0, **kw) -> BatchingProblem:
+    kw.setdefault("batch_sizes", range(1, 33))
+    return BatchingProblem.from_rho(rho, latency=kw.pop("latency", AFF), energy=LIN, w2=w2, **kw)
+
+
+SOLVES = [
+    ("basic ρ=0.5, w2=1 (smdp-batch solve)", lambda: basic(0.5)),
+    ("--service gamma:0.5 --rho 0.9", lambda: basic(0.9, service="gamma:0.5")),
+    ("--service hyperexp --rho 0.9 --w2 2", lambda: basic(0.9, 2.0, service="hyperexp")),
+    ("--rho 0.9 --w2 100", lambda: basic(0.9, 100.0)),
+    ("--service lognormal:1 --rho 0.7", lambda: basic(0.7, service="lognormal:1")),
+    ("--bmax 1024 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 1025), service="exp")),
+    ("--bmax 4096 --rho 0.9", lambda: basic(0.9, batch_sizes=range(1, 4097))),
+    ("--bmax 4096 --rho 0.9 --batch-sizes 1,2,4,…,4096",
+     lambda: basic(0.9, batch_sizes=[2 ** i for i in range(13)])),
+] + [
+    (f"Prop. 4 l={l} ρ={rho} w2=100", (lambda l=l, rho=rho: basic(rho, 100.0, batch_sizes=range(1, 9),
+                                                                   latency=f"const:{l}", service="exp")))
+    for l in (2.4252, 1.7465) for rho in (0.3, 0.5, 0.7, 0.9)
+]
+
+FRONTS = [
+    ("front: basic ρ=0.3", lambda: basic(0.3)),
+    ("front: basic ρ=0.7", lambda: basic(0.7)),
+    ("front: Fig. 9 hyperexp ρ=0.7", lambda: basic(0.7, service="hyperexp")),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="solve cases only")
+    ap.add_argument("--s-max", default="auto", help="auto (default) or minimal")
+    args = ap.parse_args()
+    warm_up_pi()
+    print("| case | seconds | s_max | Δ | converged up to R | truncations |")
+    print("|---|---|---|---|---|---|")
+    for name, make in SOLVES:
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                s = solve(make(), s_max=args.s_max)
+        except InputError as e:
+            print(f"| {name} | {time.perf_counter() - t0:.2f} | refused: {str(e)[:110]}… | | | |", flush=True)
+            continue
+        dt = time.perf_counter() - t0
+        R = "not verified" if s.converged_upto is None else s.converged_upto
+        print(f"| {name} | {dt:.2f} | {s.s_max} | {s.evaluation.delta:.1e} | {R} | {s.candidates} |", flush=True)
+    if args.quick:
+        return
+    print()
+    print("| front | seconds | distinct policies |")
+    print("|---|---|---|")
+    for name, make in FRONTS:
+        t0 = time.perf_counter()
+        f = sweep_w2(make())
+        print(f"| {name} | {time.perf_counter() - t0:.2f} | {len(f.points)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
