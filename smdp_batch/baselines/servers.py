@@ -48,8 +48,8 @@ from ..runtime.table import PolicyTable
 __all__ = ["ServerRule", "table_rule", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
-    "static:B, greedy, control:Q, FILE.h5, triton:max=B[,delay_us=D][,preferred=P1/P2], "
-    "tfserving:max=B,timeout_us=T[,allowed=S1/S2/…], ray:max=B,timeout_s=T, torchserve:batch=B,delay_ms=D"
+    "static:B, greedy, control:Q, FILE.h5, triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
+    "tfserving:max=B,timeout_us=T[,allowed=S1/S2/…], ray:max=B,timeout_s=T[,pad=…], torchserve:batch=B,delay_ms=D[,pad=…]"
 )
 
 
@@ -137,14 +137,29 @@ def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
 
 
-def triton(max_batch_size: int, max_queue_delay_us: float = 0.0, preferred=()) -> ServerRule:
+def _pad(name: str, b: int, pad) -> tuple[int, ...]:
+    """Sizes the model pads a batch up to (TensorRT profiles); the last must be max_batch_size."""
+    al = tuple(sorted({_int(f"{name} pad size", x) for x in pad}))
+    if al and al[-1] != b:
+        raise InputError(f"{name}: the largest pad size must equal the max batch size {b}, got {list(al)}")
+    return al
+
+
+def _pad_spec(al) -> str:
+    return f",pad={'/'.join(map(str, al))}" if al else ""
+
+
+def triton(max_batch_size: int, max_queue_delay_us: float = 0.0, preferred=(), pad=()) -> ServerRule:
+    """Triton's dynamic batcher; ``pad``: the model pads each batch to the next of these sizes (Triton itself
+    forms any size ≤ max_batch_size, so a model with TensorRT profiles 1,2,4,… must pad)."""
     b = _int("Triton max_batch_size", max_batch_size)
     pref = sorted({_int("Triton preferred_batch_size", x) for x in preferred})
     if pref and pref[-1] > b:
         raise InputError(f"Triton preferred_batch_size {pref[-1]} exceeds max_batch_size {b}")
     d = _time("Triton max_queue_delay_microseconds", max_queue_delay_us)
-    spec = f"triton:max={b},delay_us={d:g}" + (f",preferred={'/'.join(map(str, pref))}" if pref else "")
-    return ServerRule("triton", spec, _dummy(), 0, b, np.asarray(pref, dtype=np.int64), d / 1000.0)
+    al = _pad("Triton", b, pad)
+    spec = f"triton:max={b},delay_us={d:g}" + (f",preferred={'/'.join(map(str, pref))}" if pref else "") + _pad_spec(al)
+    return ServerRule("triton", spec, _dummy(), 0, b, np.asarray(pref, dtype=np.int64), d / 1000.0, al)
 
 
 def tf_serving(max_batch_size: int, batch_timeout_us: float, allowed=()) -> ServerRule:
@@ -157,16 +172,19 @@ def tf_serving(max_batch_size: int, batch_timeout_us: float, allowed=()) -> Serv
     return ServerRule("triton", spec, _dummy(), 0, b, _dummy()[:0], d / 1000.0, al)
 
 
-def ray_serve(max_batch_size: int, batch_wait_timeout_s: float) -> ServerRule:
+def ray_serve(max_batch_size: int, batch_wait_timeout_s: float, pad=()) -> ServerRule:
     b = _int("Ray Serve max_batch_size", max_batch_size)
     d = _time("Ray Serve batch_wait_timeout_s", batch_wait_timeout_s)
-    return ServerRule("ray", f"ray:max={b},timeout_s={d:g}", _dummy(), 0, b, _dummy()[:0], d * 1000.0)
+    al = _pad("Ray Serve", b, pad)
+    return ServerRule("ray", f"ray:max={b},timeout_s={d:g}" + _pad_spec(al), _dummy(), 0, b, _dummy()[:0], d * 1000.0, al)
 
 
-def torchserve(batch_size: int, max_batch_delay_ms: float) -> ServerRule:
+def torchserve(batch_size: int, max_batch_delay_ms: float, pad=()) -> ServerRule:
     b = _int("TorchServe batch_size", batch_size)
     d = _time("TorchServe max_batch_delay", max_batch_delay_ms)
-    return ServerRule("torchserve", f"torchserve:batch={b},delay_ms={d:g}", _dummy(), 0, b, _dummy()[:0], d)
+    al = _pad("TorchServe", b, pad)
+    return ServerRule("torchserve", f"torchserve:batch={b},delay_ms={d:g}" + _pad_spec(al), _dummy(), 0, b,
+                      _dummy()[:0], d, al)
 
 
 def _kv(spec: str, arg: str, keys: dict) -> dict:
@@ -190,10 +208,11 @@ def parse_rule(spec: str, problem) -> ServerRule:
     sizes = problem.batch_sizes
     if kind == "triton":
         kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "delay_us": "d", "max_queue_delay_microseconds": "d",
-                             "preferred": "p", "preferred_batch_size": "p"})
+                             "preferred": "p", "preferred_batch_size": "p", "pad": "a"})
         if "b" not in kw:
             raise InputError(f"rule {spec!r} needs max=B (max_batch_size)")
-        return triton(kw["b"], kw.get("d", 0), [x for x in kw.get("p", "").split("/") if x])
+        return triton(kw["b"], kw.get("d", 0), [x for x in kw.get("p", "").split("/") if x],
+                      [x for x in kw.get("a", "").split("/") if x])
     if kind in ("tfserving", "tf-serving", "tf"):
         kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "timeout_us": "d", "batch_timeout_micros": "d",
                              "allowed": "a", "allowed_batch_sizes": "a"})
@@ -201,15 +220,15 @@ def parse_rule(spec: str, problem) -> ServerRule:
             raise InputError(f"rule {spec!r} needs max=B and timeout_us=T")
         return tf_serving(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
     if kind in ("ray", "rayserve"):
-        kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "timeout_s": "d", "batch_wait_timeout_s": "d"})
+        kw = _kv(spec, arg, {"max": "b", "max_batch_size": "b", "timeout_s": "d", "batch_wait_timeout_s": "d", "pad": "a"})
         if "b" not in kw or "d" not in kw:
             raise InputError(f"rule {spec!r} needs max=B and timeout_s=T")
-        return ray_serve(kw["b"], kw["d"])
+        return ray_serve(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
     if kind == "torchserve":
-        kw = _kv(spec, arg, {"batch": "b", "batch_size": "b", "delay_ms": "d", "max_batch_delay": "d"})
+        kw = _kv(spec, arg, {"batch": "b", "batch_size": "b", "delay_ms": "d", "max_batch_delay": "d", "pad": "a"})
         if "b" not in kw or "d" not in kw:
             raise InputError(f"rule {spec!r} needs batch=B and delay_ms=D")
-        return torchserve(kw["b"], kw["d"])
+        return torchserve(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
     if text.lower().endswith((".h5", ".hdf5")):
         from ..runtime.schema import read_policy
 
