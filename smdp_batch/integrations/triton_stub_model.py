@@ -1,6 +1,6 @@
 """The stub model that Triton's Python backend runs (copied into the model repository as ``1/model.py``).
 
-Loaded by Triton's own ``triton_python_backend_stub`` process, never imported by smdp-batch itself.  A batch
+Loaded by Triton's own ``triton_python_backend_stub`` process; smdp-batch never uses it in-process.  A batch
 of b requests (the list Triton's dynamic batcher hands to ``execute``) sleeps l(pad(b))·scale ms and books
 ζ(pad(b)); each request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One
 line ``b,start,end`` per batch is appended to the log file named in the config's parameters.
@@ -14,7 +14,10 @@ import json
 import time
 
 import numpy as np
-import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
+try:
+    import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
+except ImportError:  # imported outside Triton (docs, architecture checks): nothing to serve
+    pb_utils = None
 
 
 class TritonPythonModel:
