@@ -116,8 +116,7 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
         rule = triton(b, us, pref, pad)
         if pad:
             limits.append(pad_note)
-        settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us,
-                    "model_pads_to": list(pad)}
+        settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us}
         text = ((f"# the model pads each batch up to the next of {list(pad)}\n" if pad else "")
                 + f"max_batch_size: {b}\ndynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n"
                 f"  max_queue_delay_microseconds: {us}\n}}\n")
@@ -144,7 +143,7 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
                       "batch_wait_timeout_s later (or at max_batch_size), whether or not the model is free")
         if pad:
             limits.append(pad_note)
-        settings = {"max_batch_size": b, "batch_wait_timeout_s": secs, "model_pads_to": list(pad)}
+        settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
         text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
     else:  # torchserve
         d, rule, res = tune(lambda d: torchserve(b, d, pad), sorted({float(round(x)) for x in delays_ms}))
@@ -154,8 +153,10 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
                       "request")
         if pad:
             limits.append(pad_note)
-        settings = {"batch_size": b, "max_batch_delay": ms, "model_pads_to": list(pad)}
+        settings = {"batch_size": b, "max_batch_delay": ms}
         text = json.dumps({"models": {"model": {"1.0": {"batchSize": b, "maxBatchDelay": ms}}}}, indent=2) + "\n"
+    if pad:
+        settings["model_pads_to"] = list(pad)
     rule.check(sizes)
     res = run(rule)
     obj = _objective(problem, res)
