@@ -97,3 +97,19 @@ def test_export_cli(tmp_path, capsys, table):
     assert "unknown export target 'nginx'" in capsys.readouterr().err
     assert main(["export", str(pol), "--to", "ray", "-o", str(tmp_path / "missing" / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_exports_of_a_table_with_a_set_of_sizes_pad_instead_of_sending_disallowed_sizes():
+    """Triton, Ray Serve and TorchServe form any size ≤ their maximum: with sizes 1,2,4,…,32 the exported rule
+    pads to the next allowed size (the model's job, stated), so every executed size is allowed (it used to fail)."""
+    from smdp_batch import BatchingProblem, solve
+    from smdp_batch.export.configs import export_policy
+
+    p = BatchingProblem.from_rho(0.7, batch_sizes=[1, 2, 4, 8, 16, 32], w2=1.6)
+    sol = solve(p)
+    for target in ("triton", "ray", "torchserve"):
+        ex = export_policy(p, sol, target, requests=20_000)
+        assert ex.settings["model_pads_to"] == [1, 2, 4, 8, 16, 32]
+        assert set(ex.rule.executed_sizes()) <= {1, 2, 4, 8, 16, 32}
+        assert any("must pad" in s for s in ex.limitations)
+    assert ex.rule.spec.endswith(",pad=1/2/4/8/16/32")

@@ -55,13 +55,18 @@ def test_front_dominates_every_baseline(rho):
     pts, skipped = baseline_points(p, requests=100_000, seed=1)
     fams = {b.family for b in pts}
     assert fams == {"greedy", "static", "triton", "tfserving", "ray", "torchserve"}
-    assert len(pts) >= 50
+    assert len(pts) >= 45  # 54 / 52 before the Ray rule was measured; now 53 / 47 (short Ray timeouts skipped)
     for b in pts:
         assert dominated_by_front(f, b.mean_latency_ms, b.mean_power_w, b.latency_ci, b.power_ci), b.setting
     exact = [b for b in pts if b.exact]
     assert all(b.mean_power_w >= f.power_at(b.mean_latency_ms) * (1 - 1e-6) for b in exact)
-    # rules that cannot serve the load are reported, not dropped silently
-    assert [s for s, _ in skipped] == ([] if rho == 0.3 else ["static:2", "static:4"])
+    # rules that cannot serve the load are reported, not dropped silently: static b too small, and Ray Serve's
+    # shortest timeouts (its batches close by time whatever the model does: timeout 0 serves batches of 1)
+    assert [s for s, _ in skipped if not s.startswith("ray:")] == ([] if rho == 0.3 else ["static:2", "static:4"])
+    ray_skipped = [s for s, _ in skipped if s.startswith("ray:")]
+    ray_kept = sorted(float(b.setting.split("timeout_s=")[1]) for b in pts if b.family == "ray")
+    assert "ray:max=32,timeout_s=0" in ray_skipped and len(ray_kept) >= 6
+    assert all(float(s.split("timeout_s=")[1]) < ray_kept[0] for s in ray_skipped)  # only the shortest ones
 
 
 @pytest.mark.parametrize("rho", [0.3, 0.7])

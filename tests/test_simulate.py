@@ -64,15 +64,20 @@ def test_tf_serving_pads_to_allowed_sizes():
     assert res.mean_power_w == pytest.approx(10 * 4 / (9002 * 30 / 29), rel=1e-12)
 
 
-def test_ray_timer_starts_when_the_batcher_waits():
-    # the batcher starts waiting at t = 0; arrivals at 1, 2 → at 0 + 5 it takes both (done 15)
-    r, _ = _resp(ray_serve(4, 0.005), [1, 2])
-    assert np.allclose(r, [14, 13])
-    # queue empty at the deadline: the next arrival is served alone at once
-    # queue empty at the deadline: the next arrival (7) is served alone at once (done 17); after that batch the
-    # batcher again waits its full timeout although 8 is queued: sent at 17 + 5 (done 32)
-    r, _ = _resp(ray_serve(4, 0.005), [7, 8])
-    assert np.allclose(r, [10, 24])
+def test_ray_batches_close_by_time_or_size_whatever_the_executor_does():
+    """Ray Serve 2.60's ``_BatchQueue`` (measured on a real deployment, README "model vs real server"): a batch
+    opens at its first request, closes T later (or at max_batch_size), and queues for the one executor."""
+    r, _ = _resp(ray_serve(4, 0.005), [1, 2])  # opens at 1, closes at 6 with both (done 16)
+    assert np.allclose(r, [15, 14])
+    # 0 closes alone at 5 (runs 5–15); 6, 7, 8 form the next batch, closed at 11, started when the executor frees
+    r, _ = _resp(ray_serve(4, 0.005), [0, 6, 7, 8])
+    assert np.allclose(r, [15, 19, 18, 17])
+    # timeout 0: every request is its own batch, however long the executor's queue (the defaults' trap)
+    r, res = _resp(ray_serve(4, 0.0), [0, 1, 2])
+    assert np.allclose(r, [10, 19, 28]) and res.batch_size_counts == {1: 30}
+    # max_batch_size closes a batch at once: 1..4 close at 4 (runs 4–24), 5 opens the next one
+    r, _ = _resp(ray_serve(4, 0.005), [1, 2, 3, 4, 5])
+    assert np.allclose(r, [23, 22, 21, 20, 29])  # 5: closes at 10, runs when the executor frees at 24
 
 
 def test_torchserve_timer_starts_at_the_first_request():

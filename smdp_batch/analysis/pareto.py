@@ -176,7 +176,10 @@ def _simulate_job(problem: BatchingProblem, rule, requests: int, seed: int, with
     from .simulate import simulate
 
     rule = np.asarray(rule, dtype=np.int64) if isinstance(rule, list) else rule
-    res = simulate(problem, rule, requests=requests, seed=seed, within_ms=within_ms)
+    try:
+        res = simulate(problem, rule, requests=requests, seed=seed, within_ms=within_ms)
+    except InputError as e:  # a timeout rule that cannot carry this load (Ray Serve with a short timeout)
+        return {"error": str(e)}
     return {"mean_latency_ms": res.mean_latency_ms, "mean_latency_ci": res.mean_latency_ci,
             "mean_power_w": res.mean_power_w, "mean_power_ci": res.mean_power_ci, "throughput": res.throughput,
             "percentiles": {k: res.percentiles[k] for k in ("p50_ms", "p95_ms", "p99_ms")}, "within": res.within}
@@ -359,6 +362,9 @@ def baseline_points(problem: BatchingProblem, statics=None, timeouts: bool = Tru
         sims = mapper(_simulate_job, [problem] * len(rules), rules, [int(requests)] * len(rules),
                       [int(seed)] * len(rules), [within] * len(rules))
         for rule, s in zip(rules, sims):
+            if "error" in s:
+                skipped.append((rule.spec, s["error"]))
+                continue
             points.append(BaselinePoint(rule.spec.split(":")[0], rule.spec, s["mean_latency_ms"], s["mean_power_w"],
                                         s["throughput"], False, s["mean_latency_ci"], s["mean_power_ci"],
                                         s["percentiles"], s["within"]))

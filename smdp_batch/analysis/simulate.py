@@ -112,8 +112,19 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                 size = cap
                 start = tau
                 break
-        else:  # 2: Ray Serve (timer from when the batcher starts waiting); 3: TorchServe (from the first request)
-            if mode == 3 and n == 0:
+        elif mode == 2:  # Ray Serve: batches close by time or size whatever the executor does, then run FIFO
+            m = 1
+            deadline = arr[head] + delay
+            while head + m < n_req and m < maxb and arr[head + m] <= deadline:
+                m += 1
+            close = deadline if m < maxb else arr[head + m - 1]
+            size = m
+            start = max(close, tau)
+            tau = start
+            while nxt < n_req and arr[nxt] <= start:
+                nxt += 1
+        else:  # 3: TorchServe: when the worker is free, take the first request, then wait up to the delay for B
+            if n == 0:
                 if nxt >= n_req:
                     break
                 tau = arr[nxt]
@@ -131,14 +142,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                     if n == maxb:
                         start = arr[nxt - 1]
                         break
-                if n > 0:
-                    size = min(n, maxb)
-                else:  # Ray: queue empty at the deadline → serve the next arrival alone
-                    if nxt >= n_req:
-                        break
-                    start = arr[nxt]
-                    nxt += 1
-                    size = 1
+                size = min(n, maxb)
             tau = start
         if size == 0:
             state[0] = head

@@ -73,25 +73,35 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
     served = sorted({int(a) for a in p if a > 0})
     limits: list[str] = []
     contiguous = list(sizes) == list(range(sizes[0], sizes[-1] + 1))
+    # Triton, Ray Serve and TorchServe form any batch size ≤ their maximum; with a set of sizes (TensorRT
+    # profiles 1,2,4,…) the model must pad up to the next one, and the rule is simulated with that padding
+    pad = () if contiguous else tuple(s for s in sizes if s < b) + (b,)
+    pad_note = (f"the server forms any batch size ≤ {b}; your model must pad each batch up to the next of "
+                f"{list(pad)} (as a TensorRT profile set does): the padded size's time and energy are paid (simulated)")
 
     def tune(make, delays, accept=None):
         """The delay minimising the objective (or, with ``accept``, the smallest delay it accepts)."""
         best = None
         for d in delays:
             rule = make(d)
-            res = run(rule)
+            try:
+                res = run(rule)
+            except InputError:  # this setting cannot carry the load (e.g. Ray Serve with a short timeout)
+                continue
             obj = _objective(problem, res)
             if accept is not None and accept(obj):
                 return d, rule, res
             if best is None or obj < best[3]:
                 best = (d, rule, res, obj)
+        if best is None:
+            raise InputError(f"no {target} setting tried can carry this load (every candidate's queue grows)")
         return best[:3]
 
     delays_ms = [0.0] + list(np.geomspace(0.05, 8.0, 14) * lmax)
     if target == "triton":
         if q is not None:
             pref = [s for s in sizes if q <= s <= b]
-            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref), sorted(np.geomspace(1.0, 1000.0, 13) * lmax),
+            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref, pad), sorted(np.geomspace(1.0, 1000.0, 13) * lmax),
                                 accept=lambda obj: obj <= base_obj * 1.001)
             limits.append(
                 f"control-limit table (Q = {q}) expressed exactly by preferred_batch_size [{q}..{b}]; the only "
@@ -99,13 +109,16 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
             )
         else:
             pref = served
-            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref), delays_ms)
+            d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref, pad), delays_ms)
             limits.append("the table is not of control-limit form: Triton sends the largest preferred size it can form "
                           "and cannot wait at queue lengths where a preferred size is formable")
         us = int(round(d * 1000.0))
-        rule = triton(b, us, pref)
+        rule = triton(b, us, pref, pad)
+        if pad:
+            limits.append(pad_note)
         settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us}
-        text = (f"max_batch_size: {b}\ndynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n"
+        text = ((f"# the model pads each batch up to the next of {list(pad)}\n" if pad else "")
+                + f"max_batch_size: {b}\ndynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n"
                 f"  max_queue_delay_microseconds: {us}\n}}\n")
     elif target == "tfserving":
         allowed = [] if contiguous else [s for s in sizes if s <= b]
@@ -123,21 +136,27 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
                 f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: 1 }}\n"
                 + "".join(f"allowed_batch_sizes: {s}\n" for s in allowed))
     elif target == "ray":
-        d, rule, res = tune(lambda d: ray_serve(b, d / 1000.0), delays_ms)
+        d, rule, res = tune(lambda d: ray_serve(b, d / 1000.0, pad), delays_ms)
         secs = float(f"{d / 1000.0:.6g}")
-        rule = ray_serve(b, secs)
-        limits.append("Ray Serve cannot wait for a queue length: after each batch it waits batch_wait_timeout_s for "
-                      f"max_batch_size requests{'' if contiguous else '; it also cannot restrict batch sizes to a set'}")
+        rule = ray_serve(b, secs, pad)
+        limits.append("Ray Serve cannot wait for a queue length: a batch opens at its first request and closes "
+                      "batch_wait_timeout_s later (or at max_batch_size), whether or not the model is free")
+        if pad:
+            limits.append(pad_note)
         settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
         text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
     else:  # torchserve
-        d, rule, res = tune(lambda d: torchserve(b, d), sorted({float(round(x)) for x in delays_ms}))
+        d, rule, res = tune(lambda d: torchserve(b, d, pad), sorted({float(round(x)) for x in delays_ms}))
         ms = int(round(d))
-        rule = torchserve(b, ms)
+        rule = torchserve(b, ms, pad)
         limits.append("TorchServe cannot wait for a queue length: it waits max_batch_delay (whole ms) after the first "
-                      f"request{'' if contiguous else '; it also cannot restrict batch sizes to a set'}")
+                      "request")
+        if pad:
+            limits.append(pad_note)
         settings = {"batch_size": b, "max_batch_delay": ms}
         text = json.dumps({"models": {"model": {"1.0": {"batchSize": b, "maxBatchDelay": ms}}}}, indent=2) + "\n"
+    if pad:
+        settings["model_pads_to"] = list(pad)
     rule.check(sizes)
     res = run(rule)
     obj = _objective(problem, res)

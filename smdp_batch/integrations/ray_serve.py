@@ -1,0 +1,198 @@
+"""Ray Serve: a table-driven ``@serve.batch`` and a time-scaled stub deployment, run on a local 127.0.0.1 cluster.
+
+* :func:`table_batch` is a decorator with ``@serve.batch``'s calling convention: the decorated ``async def
+  f(self, items: list) -> list`` (or a plain function) is called as ``await f(item)``; the batches are formed
+  by a :class:`~smdp_batch.runtime.DynamicBatcher` following the policy table (decision epochs of paper 004:
+  an arrival to an idle batcher, a batch ending).  One batcher per instance and event loop.  It needs no Ray.
+* :func:`stub_deployment` builds a Ray Serve deployment whose batch of b sleeps l(b)·scale (asyncio) and
+  records (b, start, end); its batching is either the table (``table_batch``) or Ray's own ``serve.batch``
+  with the settings ``smdp-batch export --to ray`` writes.  ``max_ongoing_requests`` is raised to 10 000:
+  Ray's default (5 in Ray 2.60) caps how many requests reach a replica, and so the batch size.
+* :class:`RayServe` starts Ray (``ray.init`` on 127.0.0.1, ``num_cpus`` bounded, no dashboard) and Serve
+  with no HTTP proxy; requests go through a DeploymentHandle from the driver.  The replica records when
+  each request entered it, so the arrival stream compared with the simulator is the one the batcher saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import InputError
+from ..runtime import DynamicBatcher
+
+__all__ = ["table_batch", "stub_deployment", "RayServe", "run_load"]
+
+
+def table_batch(table, max_wait_ms="auto", *, lam: float | None = None, short_batch: str = "serve",
+                pad_item: Any = None):
+    """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a path, a callable).
+
+    Works on methods (``async def handle(self, items)``, called as ``await obj.handle(item)``) and on plain
+    functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.
+    """
+    from ..runtime import PolicyTable
+
+    if isinstance(table, str):
+        table = PolicyTable.load(table)
+    DynamicBatcher(lambda items: items, table, max_wait_ms, lam=lam, short_batch=short_batch,
+                   pad_item=pad_item)  # check the options now, not at the first request
+
+    def wrap(func: Callable):
+        batchers: dict = {}
+
+        def batcher_for(owner) -> DynamicBatcher:
+            loop = asyncio.get_running_loop()
+            key = (id(loop), id(owner))
+            hit = batchers.get(key)
+            if hit is None or hit[0] is not loop or hit[1] is not owner:
+                for k in [k for k, (lp, _, _) in batchers.items() if lp.is_closed()]:
+                    del batchers[k]
+                infer = func if owner is None else functools.partial(func, owner)
+                hit = batchers[key] = (loop, owner, DynamicBatcher(infer, table, max_wait_ms, lam=lam,
+                                                                   short_batch=short_batch, pad_item=pad_item))
+            return hit[2]
+
+        @functools.wraps(func)
+        async def single(*args):
+            if len(args) == 2:  # a method: (self, item)
+                return await batcher_for(args[0]).submit(args[1])
+            if len(args) == 1:
+                return await batcher_for(None).submit(args[0])
+            raise TypeError(f"{func.__name__} takes one request (and self), got {len(args)} arguments")
+
+        single.batcher_for = batcher_for
+        return single
+
+    return wrap
+
+
+def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, max_wait_ms: float | None = None,
+                    serve_batch: tuple[int, float] | None = None, pad_to: dict | None = None):
+    """A Ray Serve application: a stub model batched by ``table`` or by ``serve.batch(max, timeout_s)``.
+
+    ``latency_ms``: l(b) in model ms per executed size; ``pad_to[b]``: the size a batch of b executes as.
+    ``serve_batch`` is in model seconds (× scale here).  ``max_wait_ms`` (model ms) is the table's safety
+    bound (× scale).  Calls return (entered, b, executed size, start, end) in ``time.time()`` seconds.
+    """
+    from ray import serve
+
+    if (table is None) == (serve_batch is None):
+        raise InputError("stub_deployment needs exactly one of table= or serve_batch=")
+    lat = {int(k): float(v) for k, v in latency_ms.items()}
+    pad = {int(k): int(v) for k, v in (pad_to or {}).items()}
+    scale = float(scale)
+    policy = None if table is None else np.asarray(table.policy)
+    sizes = None if table is None else list(table.batch_sizes)
+    wait = None if max_wait_ms is None else float(max_wait_ms) * scale
+
+    @serve.deployment(name=name, num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
+    class Stub:
+        def __init__(self):
+            self.log: list = []
+
+            async def run_batch(items: list) -> list:
+                b = len(items)
+                t0 = time.time()
+                await asyncio.sleep(lat[pad.get(b, b)] * scale / 1000.0)
+                t1 = time.time()
+                self.log.append((b, pad.get(b, b), t0, t1))
+                return [(t, b, pad.get(b, b), t0, t1) for t in items]
+
+            if policy is not None:
+                from ..runtime import PolicyTable
+
+                self.batched = table_batch(PolicyTable(policy, sizes), max_wait_ms=wait)(run_batch)
+            else:
+                self.batched = serve.batch(max_batch_size=int(serve_batch[0]),
+                                           batch_wait_timeout_s=float(serve_batch[1]) * scale)(run_batch)
+
+        async def __call__(self, _x=None):
+            return await self.batched(time.time())
+
+        def batches(self) -> list:
+            return list(self.log)
+
+    return Stub.bind()
+
+
+class RayServe:
+    """``with RayServe(num_cpus=2) as rs:`` — Ray on 127.0.0.1 and Serve without HTTP; shut down on exit."""
+
+    def __init__(self, num_cpus: int = 2):
+        self.num_cpus = int(num_cpus)
+
+    def __enter__(self) -> "RayServe":
+        try:
+            import ray
+            from ray import serve
+        except ImportError:
+            raise InputError('Ray Serve needs the ray extra: pip install -e ".[ray]"') from None
+        ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+                 configure_logging=False)
+        serve.start(proxy_location="Disabled")
+        return self
+
+    def deploy(self, app, name: str):
+        from ray import serve
+
+        return serve.run(app, name=name, route_prefix=None)
+
+    def delete(self, name: str) -> None:
+        from ray import serve
+
+        serve.delete(name)
+
+    def __exit__(self, *exc) -> None:
+        import ray
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def run_load(handle, arrivals_ms, scale: float, max_seconds: float = 60.0):
+    """Replay ``arrivals_ms`` (model ms) through ``handle``; a :class:`~.loadgen.Run` on the replica's clock.
+
+    The arrival times are when requests entered the replica; latency is entry → batch end (model ms).
+    ``notes["overhead_ms"]``: mean (driver sent → replica entry) + (batch end → driver answered), model ms.
+    """
+    from .loadgen import Run, replay
+
+    async def main():
+        async def send(i: int):
+            return await handle.remote(i)
+
+        t0 = time.perf_counter()
+        out = await replay(send, arrivals_ms, scale, max_seconds)
+        return out + (time.perf_counter() - t0,)
+
+    sent, done, results, errors, wall = asyncio.run(main())
+    n = sent.size
+    entered = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    batch_of = np.full(n, -1, dtype=np.int64)
+    keys: dict = {}
+    batches, times = {}, {}
+    for i, r in enumerate(results):
+        if r is None:
+            continue
+        t, b, size, t0, t1 = r
+        entered[i], end[i] = t, t1
+        k = keys.setdefault(round(t0, 6), len(keys))
+        batch_of[i] = k
+        batches[k] = (b, size)
+        times[k] = (t0, t1)
+    order = np.argsort(np.where(np.isfinite(entered), entered, np.inf), kind="stable")
+    base = np.nanmin(entered)
+    to_ms = lambda t: (t - base) * 1000.0 / scale  # noqa: E731
+    run = Run(to_ms(entered[order]), (end - entered)[order] * 1000.0 / scale, batch_of[order], batches,
+              errors=errors, wall_s=wall, batch_times={k: (to_ms(a), to_ms(b)) for k, (a, b) in times.items()})
+    run.notes["overhead_ms"] = float(np.nanmean((entered - sent) + (done - end)) * 1000.0 / scale)
+    return run

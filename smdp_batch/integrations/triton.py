@@ -1,0 +1,297 @@
+"""A real Triton Inference Server (the binary that PyTriton ships) serving a time-scaled stub model.
+
+What runs: ``tritonserver`` from the ``nvidia-pytriton`` wheel (``pip install -e ".[triton]"``), with a
+model repository written here: one model per batching setting, each with Triton's own dynamic batcher
+configured by ``max_batch_size`` / ``dynamic_batching { preferred_batch_size, max_queue_delay_microseconds }``
+exactly as ``smdp-batch export --to triton`` writes them (the delay multiplied by the time scale), one
+CPU instance, and the Python-backend stub of :mod:`smdp_batch.integrations.triton_stub_model`: a batch of b
+sleeps l(b)·scale and reports its size and start/end times.
+
+Why not ``pytriton.Triton.bind``: PyTriton's proxy builds its outputs with ``pb_utils.Tensor(name, ndarray)``
+inside the Python-backend stub, which is compiled against numpy 1.x; under numpy 2 (which JAX ≥ 0.8 needs)
+every output arrives empty (measured with PyTriton 0.7.0 and 0.5.7: ``binary_data_size: 0``; 0.7.0 pins
+numpy < 2 for that reason, and pip then backtracks to 0.5.7, which does not pin it).  Our stub writes its
+outputs through DLPack, and talks to Triton directly (no second hop through PyTriton's proxy process).
+
+Two set-up steps the project does itself, so that nothing is done by hand on a fresh machine:
+
+* ``LD_LIBRARY_PATH`` for the Triton process starts with this interpreter's ``sysconfig`` LIBDIR.  The
+  backend stub loads the first ``libpython3.X.so`` on the loader path; a system libpython of the same minor
+  version but another build fails in the stub with ``'_thread.RLock' object has no attribute
+  '_recursion_count'`` (seen here: pyenv 3.11.7 against Debian's /usr/lib libpython3.11).
+* the backend directory is a temporary folder with PyTriton's ``libtriton_python.so`` and the stub built for
+  this Python version (PyTriton ships one per 3.8–3.13), linked, not copied.
+
+The server binds 127.0.0.1 only (HTTP and gRPC on free ports, metrics off) and is stopped with SIGINT, then
+killed after ``exit_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+
+__all__ = ["TritonDistribution", "find_distribution", "ModelSpec", "model_config", "TritonServer", "loader_path"]
+
+_STUB = Path(__file__).with_name("triton_stub_model.py")
+
+
+@dataclass(frozen=True)
+class TritonDistribution:
+    """Where the pieces of PyTriton's Triton build are."""
+
+    server: Path
+    libs: Path
+    python_backend: Path
+    stub: Path
+    version: str
+
+
+def find_distribution() -> TritonDistribution:
+    """The Triton binary, its libraries and the Python-backend stub for this interpreter, from PyTriton."""
+    try:
+        import pytriton
+    except ImportError:
+        raise InputError('Triton needs the triton extra: pip install -e ".[triton]" (nvidia-pytriton)') from None
+    root = Path(pytriton.__file__).parent
+    dist = root / "tritonserver"
+    libs = root.parent / "nvidia_pytriton.libs"
+    if not libs.is_dir():
+        libs = dist / "external_libs"
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    out = TritonDistribution(dist / "bin" / "tritonserver", libs, dist / "backends" / "python",
+                             dist / "python_backend_stubs" / ver / "triton_python_backend_stub", ver)
+    for p in (out.server, out.python_backend / "libtriton_python.so", out.stub):
+        if not p.exists():
+            raise InputError(f"PyTriton's Triton build has no {p} (Python {ver}); reinstall nvidia-pytriton")
+    return out
+
+
+def loader_path(dist: TritonDistribution, env: dict | None = None) -> str:
+    """LD_LIBRARY_PATH for the Triton process: this interpreter's LIBDIR first (its own libpython), then
+    PyTriton's libraries, then whatever was set."""
+    parts = [sysconfig.get_config_var("LIBDIR") or "", str(dist.libs), (env or os.environ).get("LD_LIBRARY_PATH", "")]
+    return ":".join(p for p in parts if p)
+
+
+@dataclass
+class ModelSpec:
+    """One stub model: its Triton batching settings (model units) and its l(b) (ms), in real time × scale.
+
+    ``pad_to[b]`` is the size the model executes for a batch of b requests (TensorRT-style profiles: a batch
+    of 3 runs as 4); by default every b runs as itself.
+    """
+
+    max_batch_size: int
+    max_queue_delay_us: float = 0.0
+    preferred: tuple[int, ...] = ()
+    latency_ms: dict = field(default_factory=dict)
+    pad_to: dict = field(default_factory=dict)
+
+
+def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> str:
+    """config.pbtxt: the export's batching block (delay × scale) plus the stub's inputs, outputs and parameters."""
+    pref = sorted(int(p) for p in spec.preferred)
+    us = int(round(float(spec.max_queue_delay_us) * scale))
+    block = (f"max_batch_size: {int(spec.max_batch_size)}\ndynamic_batching {{\n"
+             + (f"  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n" if pref else "")
+             + f"  max_queue_delay_microseconds: {us}\n}}\n")
+    params = {"latency_ms": json.dumps({str(k): float(v) for k, v in spec.latency_ms.items()}),
+              "pad_to": json.dumps({str(k): int(v) for k, v in spec.pad_to.items()}),
+              "scale": repr(float(scale)), "batch_log": batch_log}
+    return (
+        f'name: "{name}"\nbackend: "python"\n' + block
+        + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ 3 ] } ]\n'
+        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        + "".join(f'parameters: {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}\n' for k, v in params.items())
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TritonServer:
+    """``with TritonServer({"name": ModelSpec, …}, scale) as srv:`` — a running Triton on 127.0.0.1.
+
+    ``srv.grpc_url`` / ``srv.http_url``; ``srv.batches(name)`` reads the batches a model has run
+    (b, executed size, start s, end s).  Start-up waits for readiness (``start_timeout_s``).
+    """
+
+    def __init__(self, models: dict, scale: float, start_timeout_s: float = 60.0, exit_timeout_s: int = 3,
+                 log_file: str | None = None):
+        if not models:
+            raise InputError("TritonServer needs at least one model")
+        if not (scale > 0):
+            raise InputError(f"time scale must be > 0, got {scale!r}")
+        self.models, self.scale = dict(models), float(scale)
+        self.start_timeout_s, self.exit_timeout_s, self.log_file = start_timeout_s, int(exit_timeout_s), log_file
+        self.dist = find_distribution()
+        self.proc: subprocess.Popen | None = None
+        self.tmp: str | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _layout(self) -> list[str]:
+        tmp = Path(self.tmp)
+        backend = tmp / "backends" / "python"
+        backend.mkdir(parents=True)
+        for src in (self.dist.python_backend / "libtriton_python.so", self.dist.python_backend / "triton_python_backend_utils.py"):
+            os.symlink(src, backend / src.name)
+        os.symlink(self.dist.stub, backend / "triton_python_backend_stub")
+        repo = tmp / "models"
+        for name, spec in self.models.items():
+            (repo / name / "1").mkdir(parents=True)
+            shutil.copy(_STUB, repo / name / "1" / "model.py")
+            (repo / name / "config.pbtxt").write_text(model_config(name, spec, self.scale, self._log(name)))
+        self.http_port, self.grpc_port = _free_port(), _free_port()
+        return [str(self.dist.server), f"--model-repository={repo}", f"--backend-directory={tmp / 'backends'}",
+                "--http-address=127.0.0.1", f"--http-port={self.http_port}", "--grpc-address=127.0.0.1",
+                f"--grpc-port={self.grpc_port}", "--allow-metrics=false", "--allow-gpu-metrics=false",
+                f"--exit-timeout-secs={self.exit_timeout_s}", "--strict-readiness=true", "--log-verbose=0",
+                f"--cache-directory={tmp / 'caches'}"]
+
+    def _log(self, name: str) -> str:
+        return str(Path(self.tmp) / f"{name}.batches.csv")
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> "TritonServer":
+        self.tmp = tempfile.mkdtemp(prefix="smdp-triton-")
+        argv = self._layout()
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = loader_path(self.dist, env)
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the stub's interpreter prefix
+        out = open(self.log_file or os.path.join(self.tmp, "tritonserver.log"), "w")
+        self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"tritonserver was not ready after {self.start_timeout_s:g} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        path = self.log_file or (os.path.join(self.tmp, "tritonserver.log") if self.tmp else None)
+        try:
+            return Path(path).read_text(errors="replace")[-chars:]
+        except (OSError, TypeError):
+            return ""
+
+    def batches(self, name: str) -> list[tuple[int, int, float, float]]:
+        """(requests b, executed size, start, end) of every batch the model ran, start/end in time.time() s."""
+        try:
+            lines = Path(self._log(name)).read_text().split()
+        except FileNotFoundError:
+            return []
+        out = []
+        for ln in lines:
+            b, s, t0, t1 = ln.split(",")
+            out.append((int(b), int(s), float(t0), float(t1)))
+        return out
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=self.exit_timeout_s + 5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def cleanup(self) -> None:
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.cleanup()
+
+
+def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 60.0):
+    """Replay ``arrivals_ms`` (model ms) against model ``name`` over gRPC; a :class:`~.loadgen.Run` in model ms.
+
+    Latency is the client's (sent → answered), so it includes two gRPC legs on 127.0.0.1; the run's
+    ``notes["overhead_ms"]`` is the mean of (answered − batch end) in model ms, the return leg alone.
+    """
+    import asyncio
+
+    import numpy as np
+    import tritonclient.grpc.aio as grpcclient
+
+    from .loadgen import Run, replay
+
+    scale = server.scale
+
+    async def main():
+        async with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            x = np.zeros((1, 1), dtype=np.float32)
+
+            async def send(i: int):
+                inp = grpcclient.InferInput("x", [1, 1], "FP32")
+                inp.set_data_from_numpy(x)
+                r = await client.infer(name, [inp])
+                info = r.as_numpy("info")[0]
+                return int(info[0]), (float(info[1]), float(info[2]))
+
+            t0 = time.perf_counter()
+            out = await replay(send, arrivals_ms, scale, max_seconds)
+            return out + (time.perf_counter() - t0,)
+
+    sent, done, results, errors, wall = asyncio.run(main())
+    n = sent.size
+    t_first = sent[0]
+    to_ms = lambda t: (t - t_first) * 1000.0 / scale  # noqa: E731
+    batch_key = {}
+    batch_of = np.full(n, -1, dtype=np.int64)
+    back = []
+    for i, r in enumerate(results):
+        if r is None:
+            continue
+        b, (t0, t1) = r
+        k = batch_key.setdefault(round(t0, 6), len(batch_key))
+        batch_of[i] = k
+        back.append(done[i] - t1)
+    logged = {round(t0, 6): (b, s, t0, t1) for b, s, t0, t1 in server.batches(name)}
+    batches, times = {}, {}
+    for key, k in batch_key.items():
+        b, s, t0, t1 = logged[key]
+        batches[k] = (b, s)
+        times[k] = (to_ms(t0), to_ms(t1))
+    run = Run(to_ms(sent), (done - sent) * 1000.0 / scale, batch_of, batches, errors=errors, wall_s=wall,
+              batch_times=times)
+    run.notes["overhead_ms"] = float(np.mean(back) * 1000.0 / scale) if back else float("nan")
+    return run
