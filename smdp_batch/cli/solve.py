@@ -23,7 +23,7 @@ from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
-    solve_progress,
+    progress_line, solve_progress,
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
@@ -108,15 +108,20 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
         raise InputError("a policy bank takes one --preset")
     problems, _ = problems_over(opts, rho_grid, lam_grid)
     sols = []
+    tick, finish = progress_line(sys.stderr.isatty(), "rates solved", len(problems))
     for problem in problems:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", NotConvergedWarning)
+            warnings.simplefilter("always", TableNotConvergedWarning)
             sol = solve(problem, **settings)
+        if tick:
+            tick(1)
         for w in caught:
             click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
         if sol.degenerate:
             raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --s-max auto")
         sols.append(sol)
+    finish()
     if output:
         write_bank(sols, output)
     rows = [sol.to_dict() for sol in sols]
@@ -296,11 +301,17 @@ def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_jso
     prepare_outputs([("--plot", plot_path)], scenario_files(opts),
                     folder=("-o", outdir, [*names, "README.md"]) if outdir else None)
     sols = []
-    for q in cases:
-        sol = solve(q)
-        if sol.degenerate:
-            raise InputError(f"ρ = {q.rho:.4g}, w2 = {q.w2:g}: the truncation is degenerate")
-        sols.append(sol)
+    tick, finish = progress_line(sys.stderr.isatty(), "tables solved", len(cases))
+    try:
+        for q in cases:  # no hints: each file equals a fresh `solve` of its scenario, truncation included
+            sol = solve(q)
+            if sol.degenerate:
+                raise InputError(f"ρ = {q.rho:.4g}, w2 = {q.w2:g}: the truncation is degenerate")
+            sols.append(sol)
+            if tick:
+                tick(1)
+    finally:
+        finish()
     if outdir:
         os.makedirs(outdir, exist_ok=True)  # made by prepare_outputs inside main; here for a direct call
         for s, name in zip(sols, names):

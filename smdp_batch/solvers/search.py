@@ -235,7 +235,8 @@ def tail_rate(problem: BatchingProblem, arrivals: ArrivalTable, b: int) -> float
         else:
             hi = mid
     # beyond the table, K is unknown: a rate that puts the table's last term above the others is not real
-    return lo if p[-1] * math.exp(lo * (p.size - 1)) < 1e-3 else 0.0
+    last = float(p[-1])
+    return lo if last == 0.0 or math.log(last) + lo * (p.size - 1) < math.log(1e-3) else 0.0
 
 
 def converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> tuple[int | None, int]:
