@@ -194,7 +194,9 @@ def test_all_sizes_allowed_equals_default(capsys):
 
 # ------------------------------------------------------------------ presets
 def test_presets_are_the_papers_scenarios(capsys):
-    assert set(PRESETS) == {"basic", "fig7-const-latency", "fig8-log-energy", "fig9-erlang", "fig9-exp", "fig9-hyperexp"}
+    assert set(PRESETS) == {"basic", "fig7-const-latency", "fig8-log-energy", "fig9-erlang", "fig9-exp", "fig9-hyperexp",
+                            "fig3-case1", "fig3-case2", "fig3-case3", "fig11-case4", "fig11-case5", "fig11-case6",
+                            "fig11-case7"}
     p = BatchingProblem.preset("fig7-const-latency", rho=0.5)
     assert np.allclose(p.latency_ms(), 6.0859)
     p = BatchingProblem.preset("fig8-log-energy", rho=0.5)
