@@ -3,11 +3,13 @@
 For each setting the simulator runs the same rule on the same arrival times (what the client sent for
 Triton; what entered the replica for Ray), so the ratios measure the batcher's rule plus the server's own
 overhead, not sampling noise.  Then the users' comparison at one load: the table (Ray: our batcher inside
-Serve; Triton: the exported config) against hand-picked settings and `compare`'s best-tuned ones.
+Serve; Triton: the exported config) against hand-picked settings, Triton's documented tuning recipe
+(`triton_recipe`: raise the delay until the latency budget is exceeded) and `compare`'s best-tuned ones.
 
     python benchmarks/bench_servers.py [--scale 50] [--requests 400] [--only triton|ray]
 
-Needs `pip install -e ".[triton,ray]"`; 127.0.0.1 only; about 3 minutes on 2 cores.
+Needs `pip install -e ".[triton,ray]"`; 127.0.0.1 only; about 3–4 minutes on 2 cores
+(the Triton part alone, with the recipe, 160 s).
 """
 
 from __future__ import annotations
@@ -32,6 +34,51 @@ def _table(problem):
     return sol, np.asarray(sol.policy)[: sol.s_max + 1]
 
 
+RECIPE_RHO, RECIPE_BUDGET_P95_MS = 0.7, 10.0
+RECIPE_DELAYS_MS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # model ms, doubling
+
+
+def recipe_models(p, delays_ms=RECIPE_DELAYS_MS, max_batch_size: int = 32) -> dict:
+    """One Triton model per step of the recipe: max_batch_size, no preferred sizes, the step's delay."""
+    from smdp_batch.integrations.triton import ModelSpec
+
+    lat = dict(zip(p.batch_sizes, p.latency_ms()))
+    return {f"recipe{i}": ModelSpec(max_batch_size, d * 1000.0, (), lat) for i, d in enumerate(delays_ms)}
+
+
+def triton_recipe(srv, p, rho: float, names: list, n: int, seed: int, budget_p95_ms: float = RECIPE_BUDGET_P95_MS,
+                  delays_ms=RECIPE_DELAYS_MS, max_batch_size: int = 32) -> tuple[list[dict], dict]:
+    """Triton's documented tuning recipe (user guide, "Dynamic Batcher: Recommended Configuration Process"),
+    run on the real server: the default dynamic batcher (max batch size, no delay, no preferred sizes) first;
+    then delays on a doubling grid, each on the same seeded stream, stopping at the first whose measured p95
+    exceeds the budget.  The pick is the last delay within budget (delay 0 if even that is over budget, the
+    row then says so).  Open loop at a fixed load, throughput is the arrival rate whatever the delay, so the
+    budget is the only stopping rule.  Returns (steps, the pick's row with measured and modelled figures).
+    """
+    from smdp_batch.integrations.triton import run_load
+
+    steps, pick = [], None
+    for i, d in enumerate(delays_ms):
+        rule = triton(max_batch_size, d * 1000.0)
+        run = run_load(srv, names[i], poisson_arrivals(p.lam, n, np.random.default_rng(seed)))
+        c = compare(p, rule, run)
+        m, s = c["measured"], c["model"]
+        ok = run.errors == 0 and m["answered"] == m["requests"] and m["p95_ms"] <= budget_p95_ms
+        steps.append({"delay_ms": d, "within_budget": ok, "p95_meas": m["p95_ms"], "p95_model": s["p95_ms"],
+                      "w_meas": m["mean_latency_ms"], "w_model": s["mean_latency_ms"],
+                      "power_meas": m["mean_power_w"], "power_model": s["mean_power_w"],
+                      "batch_meas": m["mean_batch_size"], "batch_model": s["mean_batch_size"]})
+        if not ok:
+            break
+        pick = (d, rule, run, c)
+    over = pick is None  # the default batcher is already over budget: the recipe adds no delay
+    d, rule, run, c = (delays_ms[0], rule, run, c) if over else pick
+    label = f"hand-tuned (Triton recipe): delay {d:g} ms" + (", over budget" if over else "")
+    row = _row("triton", rho, label, rule.spec, run, c)
+    row["recipe_steps"] = steps
+    return steps, row
+
+
 def triton_rows(scale: float, n: int, seed: int) -> list[dict]:
     from smdp_batch.integrations.triton import ModelSpec, TritonServer, run_load
 
@@ -54,6 +101,9 @@ def triton_rows(scale: float, n: int, seed: int) -> list[dict]:
             models[name] = ModelSpec(rule.maxb, rule.delay * 1000.0, tuple(int(x) for x in rule.pref), lat)
             plan.append((rho, p, sol, label, rule, name))
         del s
+    p_recipe = BatchingProblem.basic(rho=RECIPE_RHO, w2=1.6)
+    recipe = recipe_models(p_recipe)
+    models.update(recipe)
     with TritonServer(models, scale) as srv:
         for rho, p, sol, label, rule, name in plan:
             run = run_load(srv, name, poisson_arrivals(p.lam, n, np.random.default_rng(seed)))
@@ -62,6 +112,7 @@ def triton_rows(scale: float, n: int, seed: int) -> list[dict]:
             if label.startswith("export"):  # the table itself on the same stream, as the export's target
                 t = compare(p, np.asarray(sol.policy)[: sol.s_max + 1], run)
                 rows[-1]["table_model"] = {k: t["model"][k] for k in ("mean_latency_ms", "p95_ms", "mean_batch_size", "mean_power_w")}
+        rows.append(triton_recipe(srv, p_recipe, RECIPE_RHO, list(recipe), n, seed)[1])
     return rows
 
 
@@ -130,6 +181,13 @@ def main() -> None:
             t = r["table_model"]
             print(f"|  |  | ↳ the table itself (model, same stream) | {t['mean_latency_ms']:.3f} | | {t['p95_ms']:.2f} | | "
                   f"{t['mean_batch_size']:.2f} | | {t['mean_power_w']:.2f} | | |")
+    for r in rows:
+        if "recipe_steps" in r:
+            print(f"Triton recipe at ρ = {r['rho']} (max_batch_size 32, no preferred sizes, budget p95 ≤ "
+                  f"{RECIPE_BUDGET_P95_MS:g} ms), delay → p95 meas / model [ms], W̄ meas, P̄ meas: " + "; ".join(
+                      f"{st['delay_ms']:g} ms → {st['p95_meas']:.2f} / {st['p95_model']:.2f}, {st['w_meas']:.3f}, "
+                      f"{st['power_meas']:.2f} W" + ("" if st["within_budget"] else " (over budget: stop)")
+                      for st in r["recipe_steps"]) + f"; pick: {r['setting']}")
     print("overheads outside the batcher (model ms): " + ", ".join(
         f"{r['server']} {r['setting']}: {r['overhead_ms']:.3f}" for r in rows if r["overhead_ms"] is not None))
     print(f"total {time.time() - t0:.0f} s")
