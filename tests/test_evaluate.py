@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from smdp_batch import BatchingProblem, InputError, evaluate_policy, truncate
+from smdp_batch import BatchingProblem, InputError, evaluate_policy, solve, truncate
 from smdp_batch.baselines import control_limit_policy, greedy_policy, parse_policy, static_policy
 from smdp_batch.solvers.evaluation import control_limit_of, evaluate_deployed
 
@@ -62,3 +62,23 @@ def test_baseline_specs_and_control_limit_detection():
         parse_policy("static:9", sizes, 10)
     with pytest.raises(InputError):
         parse_policy("lifo", sizes, 10)
+
+
+@pytest.mark.parametrize("service, rho, w2, s_max", [("det", 0.5, 1.0, 200), ("hyperexp", 0.9, 2.0, 1500),
+                                                     ("exp", 0.3, 0.0, 300), ("gamma:0.5", 0.9, 1.0, 1200)])
+def test_banded_stationary_law_equals_the_pivoting_lapack_solve(service, rho, w2, s_max):
+    """μ by the no-pivot LU of the band (Bᵀ solved on B's factors) against LAPACK's pivoted transposed band."""
+    from smdp_batch.solvers.banded import bordered_solve, reference_states, stationary_banded
+
+    p = BatchingProblem.from_rho(rho, batch_sizes=range(1, 33), service=service, w2=w2)
+    s = solve(p, s_max=s_max, abstract_cost=300.0)
+    m = s.model
+    idx = m.action_index(s.policy)
+    ok, mu = stationary_banded(idx, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
+    ref_state = reference_states(m, idx)[0]
+    rhs = np.zeros(m.n_states)
+    rhs[ref_state] = 1.0
+    lap = np.clip(bordered_solve(m, idx, np.ones(m.n_states), rhs, ref_state, transpose=True), 0.0, None)
+    lap /= lap.sum()
+    assert ok and np.abs(mu - lap).max() < 1e-14 and mu.sum() == pytest.approx(1.0, abs=1e-14)
+    assert np.allclose(mu @ m.dense()[np.arange(m.n_states), idx], mu, atol=1e-15) if s_max <= 300 else True

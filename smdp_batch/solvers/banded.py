@@ -18,8 +18,12 @@ LAPACK's band layout of Bᵀ.  Two solvers read it:
   and every state leaking into the border, so B is a non-singular M-matrix and Gaussian elimination
   *without pivoting* exists with positive pivots and keeps the row envelope: O(S·lw·uw) time.  The
   2×2 border closes by a Schur complement.  Certified by the residual of eq. 20.
+* :func:`stationary_banded` (numba): the transposed system for μ on the same no-pivot factors
+  (Bᵀ = Uᵀ·Lᵀ), O(S·(lw + uw)) per solve after the factorisation.
 * :func:`bordered_solve` (LAPACK ``dgbtrf``/``dgbtrs`` with partial pivoting): the fallback for
-  numerically multichain policies and the solver of the transposed system for μ.
+  numerically multichain policies, for either system.  Pivoting the transposed band costs
+  O(S·uw²) (its lower width is uw): 0.66 s against 0.16 s for the banded path at s_max = 4 000,
+  hyperexponential service at ρ = 0.9.
 
 Never O(S²) memory.
 """
@@ -36,7 +40,7 @@ from .kernels import policy_residual
 
 __all__ = [
     "assemble", "band_widths", "bordered_solve", "evaluate_policy_banded", "gain_bias", "reference_state",
-    "reference_states", "stationary",
+    "reference_states", "stationary", "stationary_banded",
 ]
 
 _SINGULAR = "the policy's embedded chain has more than one recurrent class (singular system)"
@@ -190,6 +194,105 @@ def _lu_solve(ab, lw, ext, X):
         inv = 1.0 / ab[i, lw]
         for j in range(c):
             X[i, j] *= inv
+
+
+@njit(cache=True)
+def _lu_solve_t(ab, lw, ext, X):
+    """Solve Bᵀ Z = X in place with B = L·U from :func:`_lu_rows`: Uᵀ W = X (forward), then Lᵀ Z = W
+    (backward), both by scattering a finished row into the rows its column touches: O(n·(lw + uw))."""
+    n, c = X.shape
+    for i in range(n):
+        inv = 1.0 / ab[i, lw]
+        for j in range(c):
+            X[i, j] *= inv
+        for t in range(i + 1, ext[i] + 1):
+            u = ab[i, lw + t - i]
+            if u != 0.0:
+                for j in range(c):
+                    X[t, j] -= u * X[i, j]
+    for i in range(n - 1, -1, -1):
+        k0 = i - lw if i - lw > 0 else 0
+        for k in range(k0, i):
+            l = ab[i, lw + k - i]
+            if l != 0.0:
+                for j in range(c):
+                    X[k, j] -= l * X[i, j]
+
+
+@njit(cache=True)
+def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
+    """(ok, μ): the stationary law under ``pol`` (action indices) by the no-pivot LU of the band.
+
+    μ solves Aᵀμ = e_ref with A = I − M_π whose column ``ref`` (the first serving state) is replaced
+    by ones (normalisation); with the bordering of :func:`assemble`, the band part is Bᵀ, solved by
+    :func:`_lu_solve_t` on B's own factors — O(S·lw·uw) instead of LAPACK's O(S·uw²) for the pivoted
+    transposed band.  ok is False when a pivot is not positive, the border is singular, or μ is not
+    finite or clearly negative; the caller then uses the LAPACK path.
+    """
+    S = s_max + 2
+    n = s_max + 1
+    mu = np.zeros(S)
+    ref = 0
+    for s in range(n):
+        if actions[pol[s]] > 0:
+            ref = s
+            break
+    ones = np.ones(S)
+    ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, ones, ref)
+    if not _lu_rows(ab, lw, ext):
+        return False, mu
+    # Aᵀ = [[Bᵀ, Vᵀ], [Uᵀ, Dᵀ]]; right-hand side e_ref lies in the border (r_b = (1, 0), r_in = 0)
+    X = np.zeros((n, 2))
+    for s in range(n):
+        X[s, 0] = V[0, s]
+        X[s, 1] = V[1, s]
+    X[ref, 0] = 0.0
+    X[ref, 1] = 0.0
+    _lu_solve_t(ab, lw, ext, X)
+    # (Dᵀ − Uᵀ Z) x_b = r_b with Z = Bᵀ⁻¹ Vᵀ
+    d00, d01, d10, d11 = D[0, 0], D[1, 0], D[0, 1], D[1, 1]
+    for j in range(n):
+        if j == ref:
+            continue
+        u0 = U[j, 0]
+        u1 = U[j, 1]
+        if u0 != 0.0:
+            d00 -= u0 * X[j, 0]
+            d01 -= u0 * X[j, 1]
+        if u1 != 0.0:
+            d10 -= u1 * X[j, 0]
+            d11 -= u1 * X[j, 1]
+    det = d00 * d11 - d01 * d10
+    scale = (abs(d00) + abs(d01)) * (abs(d10) + abs(d11))
+    if not abs(det) > 1e-14 * scale:
+        return False, mu
+    x0 = d11 / det
+    x1 = -d10 / det
+    big = 0.0
+    for s in range(n):
+        mu[s] = -(X[s, 0] * x0 + X[s, 1] * x1)
+    mu[ref] = x0
+    mu[S - 1] = x1
+    total = 0.0
+    for s in range(S):
+        if not np.isfinite(mu[s]):
+            return False, mu
+        if abs(mu[s]) > big:
+            big = abs(mu[s])
+        total += mu[s]
+    for s in range(S):
+        if mu[s] < -1e-9 * big:
+            return False, mu
+        if mu[s] <= 0.0:
+            mu[s] = 0.0  # also turns −0.0 into 0.0
+    if not total > 0.0:
+        return False, mu
+    s2 = 0.0
+    for s in range(S):
+        s2 += mu[s]
+    for s in range(S):
+        mu[s] /= s2
+    return True, mu
 
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
@@ -360,7 +463,12 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
 
 
 def stationary(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.ndarray:
-    """Stationary law μ of the embedded chain under π (μ M = μ, Σμ = 1)."""
+    """Stationary law μ of the embedded chain under π (μ M = μ, Σμ = 1): the no-pivot banded solve
+    (:func:`stationary_banded`), else LAPACK with pivoting (numerically multichain policies)."""
+    ok, mu = stationary_banded(np.ascontiguousarray(pol_idx, dtype=np.int64), model.P, model.SF, model.klo,
+                               model.khi, model.actions, model.s_max)
+    if ok:
+        return mu
     S = model.n_states
     refs = reference_states(model, pol_idx)
     for i, ref in enumerate(refs):

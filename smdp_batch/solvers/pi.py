@@ -26,7 +26,7 @@ from numba import njit
 from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
-from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary
+from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
 from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters
 from .jit import warm_up
 from .result import SolveResult
@@ -196,5 +196,5 @@ def _tiny_run() -> None:
 def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
     kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, improve_step, window_filters,
-               expected_next_table, policy_residual)
+               expected_next_table, policy_residual, stationary_banded)
     return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)
