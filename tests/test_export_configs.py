@@ -113,3 +113,11 @@ def test_exports_of_a_table_with_a_set_of_sizes_pad_instead_of_sending_disallowe
         assert set(ex.rule.executed_sizes()) <= {1, 2, 4, 8, 16, 32}
         assert any("must pad" in s for s in ex.limitations)
     assert ex.rule.spec.endswith(",pad=1/2/4/8/16/32")
+
+
+def test_triton_and_ray_exports_state_what_the_real_servers_did(table):
+    p, sol = table
+    for target, server in (("triton", "real Triton 2.51"), ("ray", "Ray Serve 2.60")):
+        ex = export_policy(p, sol, target, requests=20_000)
+        assert any(server in x and "bench_servers.py" in x for x in ex.limitations), ex.limitations
+    assert not any("measured" in x for x in export_policy(p, sol, "torchserve", requests=20_000).limitations)
