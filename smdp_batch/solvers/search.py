@@ -22,7 +22,7 @@ infinite queue, in three stages (:func:`search_converged`):
    verify against larger truncations.
 2. *Tail.*  Under a policy serving b at long queues, the queue-length tail decays geometrically,
    P(N > n) ∝ z₀⁻ⁿ, with z₀ > 1 the root of zᵇ = K(z), K(z) = Σ p_k^[b] zᵏ = g̃_b(λ(1 − z)) (bulk
-   service, Chaudhry & Templeton §3); Δ(s_max) falls at that rate.  From one solved truncation with
+   service theory, e.g. Chaudhry & Templeton, *A First Course in Bulk Queues*); Δ(s_max) falls at that rate.  From one solved truncation with
    Δ₀ ≥ δ the rule jumps to s_max + ln(Δ₀/(δ/4))/ln z₀ (:func:`tail_rate`); after two points it uses
    their measured rate (heavy tails, where z₀ → 1, are caught this way).
 3. *Convergence.*  Solve truncations S/2 and S (S ≥ 4·Bmax).  Let A be the last queue length up to
