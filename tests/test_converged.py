@@ -88,3 +88,19 @@ def test_fixed_and_minimal_tables_are_marked_unverified(tmp_path):
         pf = read_policy(path)
         assert pf.truncation["s_max_rule"] == rule == sol.to_dict()["s_max_rule"]
         assert pf.converged_upto == sol.converged_upto == (71 if rule == "auto" else None)
+
+
+def test_converged_range_by_hand():
+    """R = start of the big solution's last run of equal actions up to A (the end of agreement);
+    accepted only for a greatest-throughput action with A ≥ 2R and A − R ≥ Bmax."""
+    from smdp_batch.solvers.search import converged_range
+
+    p = _p(0.5, batch_sizes=range(1, 5))  # Bmax 4, affine l: greatest throughput at b = 4
+    big = np.array([0, 0, 2, 3, 4] + [4] * 20 + [3, 0])
+    small = np.array([0, 0, 2, 3, 4] + [4] * 7 + [2, 0])  # agrees up to n = 11, then its boundary
+    assert converged_range(small, big, 12, p) == (4, 11)  # run of 4 from n = 4 to A = 11: 11 ≥ 8, 7 ≥ 4
+    short = np.array([0, 0, 2, 3, 4, 4, 4, 1, 0])
+    assert converged_range(short, big, 7, p) == (None, 6)  # run 4..6: too short (A < 2R)
+    three = big.copy()
+    three[4:25] = 3  # a long run, but of an action that is not of greatest throughput
+    assert converged_range(three[:14], three, 12, p)[0] is None

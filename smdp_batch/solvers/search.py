@@ -340,8 +340,8 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
     c_o, big, S = _delta_search(cands, s0, c_o)
     S = max(S, 4 * problem.bmax)
     cands.stage = "convergence"
-    R = None
     while True:
+        R = None  # set only for the current pair, and only when it is accepted
         big = cands.get(S, c_o)
         small = cands.get(S // 2, c_o)
         if big.res is not None and small.res is not None:
@@ -352,6 +352,7 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
             R, _ = converged_range(small.res.policy, big.res.policy, S // 2, problem)
             if R is not None and big.accepted(cands.tol):
                 break
+            R = None
         if 2 * S > max_smax:
             break
         try:
