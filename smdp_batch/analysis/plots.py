@@ -319,7 +319,8 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     else:  # several scenarios: short fronts anywhere in the panel, so the fronts' legend goes under the figure
         fig.legend(handles=front_handles + marks, fontsize=FONT["legend"], loc="outside lower center",
                    ncols=min(len(front_handles) + len(marks), 4), handlelength=3,
-                   title="SMDP front: line style = scenario, marker fill = load (filled ρ low, hollow ρ high)",
+                   title="SMDP front: line style = scenario" + (
+                       ", marker fill = load (filled ρ low, hollow ρ high)" if len(loads) > 1 else ""),
                    title_fontsize=FONT["legend"])
     fam_list = [Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])]
     ax_e.legend(handles=fam_list + list(fam_handles.values()), fontsize=FONT["legend"],
