@@ -197,6 +197,39 @@ def _lu_solve(ab, lw, ext, X):
 
 
 @njit(cache=True)
+def _first_serving(pol, actions, n):
+    """The border state ``ref`` of the numba solvers: the first state that serves (0 if none does)."""
+    for s in range(n):
+        if actions[pol[s]] > 0:
+            return s
+    return 0
+
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _solve_border(M, w, X):
+    """The 2×2 border of a bordered banded solve: (M[:, :2] − w·Z[:, :2]) x_b = M[:, 2] − w·Z[:, 2].
+
+    ``w`` (2 × n) holds the border rows (V for A, Uᵀ for Aᵀ), ``X`` = Z the band solves (n × c; a
+    third column only when the band part has a right-hand side of its own).  M is reduced in place;
+    returns (ok, x0, x1), ok False when the 2×2 is singular to 1e-14 of its scale.
+    """
+    n, c = X.shape
+    for j in range(n):
+        for r in range(2):
+            v = w[r, j]
+            if v != 0.0:
+                for k in range(c):
+                    M[r, k] -= v * X[j, k]
+    d00, d01, d10, d11 = M[0, 0], M[0, 1], M[1, 0], M[1, 1]
+    det = d00 * d11 - d01 * d10
+    scale = (abs(d00) + abs(d01)) * (abs(d10) + abs(d11))
+    if not abs(det) > 1e-14 * scale:
+        return False, 0.0, 0.0
+    r0, r1 = M[0, 2], M[1, 2]
+    return True, (r0 * d11 - d01 * r1) / det, (d00 * r1 - d10 * r0) / det
+
+
+@njit(cache=True)
 def _lu_solve_t(ab, lw, ext, X):
     """Solve Bᵀ Z = X in place with B = L·U from :func:`_lu_rows`: Uᵀ W = X (forward), then Lᵀ Z = W
     (backward), both by scattering a finished row into the rows its column touches: O(n·(lw + uw))."""
@@ -232,11 +265,7 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     S = s_max + 2
     n = s_max + 1
     mu = np.zeros(S)
-    ref = 0
-    for s in range(n):
-        if actions[pol[s]] > 0:
-            ref = s
-            break
+    ref = _first_serving(pol, actions, n)
     ones = np.ones(S)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, ones, ref)
     if not _lu_rows(ab, lw, ext):
@@ -249,25 +278,13 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     X[ref, 0] = 0.0
     X[ref, 1] = 0.0
     _lu_solve_t(ab, lw, ext, X)
-    # (Dᵀ − Uᵀ Z) x_b = r_b with Z = Bᵀ⁻¹ Vᵀ
-    d00, d01, d10, d11 = D[0, 0], D[1, 0], D[0, 1], D[1, 1]
-    for j in range(n):
-        if j == ref:
-            continue
-        u0 = U[j, 0]
-        u1 = U[j, 1]
-        if u0 != 0.0:
-            d00 -= u0 * X[j, 0]
-            d01 -= u0 * X[j, 1]
-        if u1 != 0.0:
-            d10 -= u1 * X[j, 0]
-            d11 -= u1 * X[j, 1]
-    det = d00 * d11 - d01 * d10
-    scale = (abs(d00) + abs(d01)) * (abs(d10) + abs(d11))
-    if not abs(det) > 1e-14 * scale:
+    # (Dᵀ − Uᵀ Z) x_b = r_b with Z = Bᵀ⁻¹ Vᵀ (Z[ref] = 0: row ref of Bᵀ is e_ref)
+    M = np.zeros((2, 3))
+    M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[1, 0], 1.0
+    M[1, 0], M[1, 1] = D[0, 1], D[1, 1]
+    ok, x0, x1 = _solve_border(M, U.T, X)
+    if not ok:
         return False, mu
-    x0 = d11 / det
-    x1 = -d10 / det
     big = 0.0
     for s in range(n):
         mu[s] = -(X[s, 0] * x0 + X[s, 1] * x1)
@@ -307,11 +324,7 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
     n = s_max + 1
     last = S - 1
     h = np.zeros(S)
-    ref = 0
-    for s in range(n):
-        if actions[pol[s]] > 0:
-            ref = s
-            break
+    ref = _first_serving(pol, actions, n)
     col0 = np.empty(S)
     for s in range(S):
         col0[s] = y[pol[s]]
@@ -328,26 +341,12 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
     X[ref, 2] = 0.0
     _lu_solve(ab, lw, ext, X)
     # border: (D − V Z) x_b = r_b − V z_r, x_b = (g, h(S_o))
-    d00, d01, d10, d11 = D[0, 0], D[0, 1], D[1, 0], D[1, 1]
-    r0 = pc[ref]
-    r1 = pc[last]
-    for j in range(n):
-        v0 = V[0, j]
-        v1 = V[1, j]
-        if v0 != 0.0:
-            d00 -= v0 * X[j, 0]
-            d01 -= v0 * X[j, 1]
-            r0 -= v0 * X[j, 2]
-        if v1 != 0.0:
-            d10 -= v1 * X[j, 0]
-            d11 -= v1 * X[j, 1]
-            r1 -= v1 * X[j, 2]
-    det = d00 * d11 - d01 * d10
-    scale = (abs(d00) + abs(d01)) * (abs(d10) + abs(d11))
-    if not abs(det) > 1e-14 * scale:
+    M = np.empty((2, 3))
+    M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[0, 1], pc[ref]
+    M[1, 0], M[1, 1], M[1, 2] = D[1, 0], D[1, 1], pc[last]
+    ok, g, hso = _solve_border(M, V, X)
+    if not ok:
         return False, 0.0, h
-    g = (r0 * d11 - d01 * r1) / det
-    hso = (d00 * r1 - d10 * r0) / det
     for s in range(n):
         h[s] = X[s, 2] - X[s, 0] * g - X[s, 1] * hso
     h[ref] = 0.0

@@ -41,6 +41,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -72,8 +73,13 @@ Progress = Callable[[str, int, int], None]  # (stage, s_max, candidates solved)
 class Candidate:
     model: TruncatedSMDP
     res: SolveResult | None  # None: PI did not settle (a degenerate truncation)
-    ev: Evaluation | None
     stable: bool  # the tail action π(s_max) drains long queues
+
+    @cached_property
+    def ev(self) -> Evaluation | None:
+        """Exact metrics of the solved policy (eqs. 21–22), computed when first asked for: the smaller
+        truncation of a convergence pair only lends its policy."""
+        return None if self.res is None else evaluate_policy(self.model, self.res.policy)
 
     def accepted(self, tol: float) -> bool:
         return self.res is not None and self.stable and self.ev.delta < tol
@@ -147,10 +153,10 @@ class Candidates:
             # rest — a degenerate truncation, passed over like the others
             res = None
         if res is None:
-            cand = Candidate(model, None, None, False)
+            cand = Candidate(model, None, False)
         else:
             self.warm = res.policy
-            cand = Candidate(model, res, evaluate_policy(model, res.policy), tail_stable(self.problem, res.policy))
+            cand = Candidate(model, res, tail_stable(self.problem, res.policy))
         self.cache[key] = cand
         if self.progress is not None:
             self.progress(self.stage, int(s), len(self.cache))
