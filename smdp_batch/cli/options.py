@@ -262,36 +262,47 @@ def cost_line(value: float, where: str) -> str:
 PROGRESS_AFTER_S = 2.0
 
 
+class _StatusLine:
+    """One line on stderr, rewritten in place, that appears only once the work has run ~2 s."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.shown or self.elapsed() >= PROGRESS_AFTER_S:
+            self.shown = True
+            click.echo(f"\r  {text}", nl=False, err=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def finish(self) -> None:
+        if self.shown:
+            click.echo("", err=True)
+
+
 def progress_line(enabled: bool, what: str, total: int | None = None):
     """A counter on stderr, shown once the work has run ~2 s (``total`` when it is known in advance)."""
-    done = [0]
-    shown = [False]
-    t0 = time.perf_counter()
+    line, done = _StatusLine(), [0]
 
     def tick(n: int) -> None:
         done[0] += n
-        if shown[0] or time.perf_counter() - t0 >= PROGRESS_AFTER_S:
-            shown[0] = True
-            of = f"/{total}" if total else ""
-            click.echo(f"\r  {what}: {done[0]}{of} done", nl=False, err=True)
+        line.show(f"{what}: {done[0]}{f'/{total}' if total else ''} done")
 
-    return tick if enabled else None, (lambda: click.echo("", err=True) if shown[0] else None)
+    return tick if enabled else None, line.finish
 
 
 def solve_progress(enabled: bool, what: str = "solving"):
     """A solve's progress on stderr after ~2 s: stage, s_max of the candidate, candidates solved.
 
     Returns (callback for ``solve(progress=…)``, finish); the callback is None when disabled."""
-    shown = [False]
-    t0 = time.perf_counter()
+    line = _StatusLine()
 
     def report(stage: str, s_max: int, done: int) -> None:
-        if shown[0] or time.perf_counter() - t0 >= PROGRESS_AFTER_S:
-            shown[0] = True
-            click.echo(f"\r  {what}: {stage}, s_max = {s_max}, {done} truncations solved, "
-                       f"{time.perf_counter() - t0:.0f} s   ", nl=False, err=True)
+        line.show(f"{what}: {stage}, s_max = {s_max}, {done} truncations solved, {line.elapsed():.0f} s   ")
 
-    return report if enabled else None, (lambda: click.echo("", err=True) if shown[0] else None)
+    return report if enabled else None, line.finish
 
 
 def write_text_atomically(path: str, text: str) -> None:
