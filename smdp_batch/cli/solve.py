@@ -109,19 +109,21 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
     problems, _ = problems_over(opts, rho_grid, lam_grid)
     sols = []
     tick, finish = progress_line(sys.stderr.isatty(), "rates solved", len(problems))
-    for problem in problems:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", NotConvergedWarning)
-            warnings.simplefilter("always", TableNotConvergedWarning)
-            sol = solve(problem, **settings)
-        if tick:
-            tick(1)
-        for w in caught:
-            click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
-        if sol.degenerate:
-            raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --s-max auto")
-        sols.append(sol)
-    finish()
+    try:  # the progress line is ended before any error or the results are printed
+        for problem in problems:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", NotConvergedWarning)
+                warnings.simplefilter("always", TableNotConvergedWarning)
+                sol = solve(problem, **settings)
+            if tick:
+                tick(1)
+            for w in caught:
+                click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
+            if sol.degenerate:
+                raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --s-max auto")
+            sols.append(sol)
+    finally:
+        finish()
     if output:
         write_bank(sols, output)
     rows = [sol.to_dict() for sol in sols]
