@@ -313,8 +313,6 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
                     f"{int(np.nonzero(res2.policy[: R + 1] != table[: R + 1])[0][0])}; the table is {solver}'s, not "
                     "verified as converged (use --solver pi for a converged table)", TableNotConvergedWarning, stacklevel=2)
                 table, converged_upto = None, None
-            else:
-                table = table.copy()
         res, ev = res2, (ev if table is not None else ev2)
     return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, len(cands.cache),
                     rule=smax, converged_upto=converged_upto, table=table)
