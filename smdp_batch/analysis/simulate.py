@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numba as nb
 import numpy as np
 from scipy import stats
 
@@ -37,143 +36,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
-#: Rule kinds understood by the kernel.
-MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3}
-
-
-@nb.njit(cache=True)
-def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
-            bounds, genergy, sizes_hist, qhist, state, stop):
-    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau, group).
-
-    Fills resp per served request and adds each request's energy share ζ(b)/b to its statistics group
-    (groups start at ``bounds[g]``; requests before bounds[0] are warm-up).  Returns the number of
-    batches served, or −1 if the rule waits forever (no more arrivals): the run is then complete.
-    """
-    n_req = arr.size
-    head = int(state[0])
-    nxt = int(state[1])
-    tau = state[2]  # the server is free from tau on
-    grp = int(state[3])
-    n_groups = genergy.size
-    batches = 0
-    qcap = qhist.size - 1
-    while head < stop:
-        while nxt < n_req and arr[nxt] <= tau:
-            nxt += 1
-        n = nxt - head
-        size = 0
-        start = tau
-        if mode == 0:  # table at decision epochs
-            while True:
-                a = table[min(n, top)]
-                if a > 0:
-                    size = a
-                    start = tau
-                    break
-                if nxt >= n_req:
-                    break
-                tau = arr[nxt]
-                nxt += 1
-                n += 1
-        elif mode == 1:  # Triton dynamic batcher / TF-Serving scheduler
-            while True:
-                if n == 0:
-                    if nxt >= n_req:
-                        break
-                    tau = arr[nxt]
-                    nxt += 1
-                    n = 1
-                    continue
-                cap = min(n, maxb)
-                p = 0
-                for q in pref:
-                    if q <= cap and q > p:
-                        p = q
-                if p > 0:
-                    size = p
-                    start = tau
-                    break
-                if delay <= 0.0 or (pref.size == 0 and n >= maxb):
-                    size = cap
-                    start = tau
-                    break
-                deadline = arr[head] + delay
-                if deadline <= tau:
-                    size = cap
-                    start = tau
-                    break
-                if nxt < n_req and arr[nxt] < deadline:
-                    tau = arr[nxt]
-                    nxt += 1
-                    n += 1
-                    continue
-                tau = deadline
-                size = cap
-                start = tau
-                break
-        elif mode == 2:  # Ray Serve: batches close by time or size whatever the executor does, then run FIFO
-            m = 1
-            deadline = arr[head] + delay
-            while head + m < n_req and m < maxb and arr[head + m] <= deadline:
-                m += 1
-            close = deadline if m < maxb else arr[head + m - 1]
-            size = m
-            start = max(close, tau)
-            tau = start
-            while nxt < n_req and arr[nxt] <= start:
-                nxt += 1
-        else:  # 3: TorchServe: when the worker is free, take the first request, then wait up to the delay for B
-            if n == 0:
-                if nxt >= n_req:
-                    break
-                tau = arr[nxt]
-                nxt += 1
-                n = 1
-            if n >= maxb:
-                size = maxb
-                start = tau
-            else:
-                deadline = tau + delay
-                start = deadline
-                while nxt < n_req and arr[nxt] <= deadline:
-                    n += 1
-                    nxt += 1
-                    if n == maxb:
-                        start = arr[nxt - 1]
-                        break
-                size = min(n, maxb)
-            tau = start
-        if size == 0:
-            state[0] = head
-            state[1] = nxt
-            state[2] = tau
-            return -1
-        s_exec = pad[size]
-        if det:
-            dur = lat_of[s_exec]
-        else:
-            pool = pool_of[s_exec]
-            dur = lat_of[s_exec] * unit[pool, ptr[pool]]
-            ptr[pool] += 1
-        done = start + dur
-        share = en_of[s_exec] / size
-        for j in range(head, head + size):
-            resp[j] = done - arr[j]
-            while grp < n_groups and j >= bounds[grp + 1]:
-                grp += 1
-            if grp < n_groups and j >= bounds[0]:
-                genergy[grp] += share
-        sizes_hist[s_exec] += 1
-        qhist[min(nxt - head, qcap)] += 1
-        batches += 1
-        head += size
-        tau = done
-    state[0] = head
-    state[1] = nxt
-    state[2] = tau
-    state[3] = grp
-    return batches
+from .sim_kernels import MODES, _context_kernel, _kernel
 
 
 @dataclass
@@ -343,14 +206,19 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     genergy = np.zeros(bounds.size - 1)
     sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
     qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
-    state = np.zeros(4)
+    state = np.zeros(5)
     pad = rule.pad_map(smax_exec)
     chunk = 1_000_000
+    ctx = rule.context(arr) if rule.mode == "context" else None
     while state[0] < n_req:
         before = int(state[0])
-        got = _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad, lat_of, en_of,
-                      det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state,
-                      min(before + chunk, n_req))
+        if ctx is not None:
+            got = _context_kernel(arr, *ctx, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
+                                  sizes_hist, qhist, state, min(before + chunk, n_req))
+        else:
+            got = _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad, lat_of,
+                          en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state,
+                          min(before + chunk, n_req))
         if progress is not None:
             progress(int(state[0]) - before)
         if got < 0:

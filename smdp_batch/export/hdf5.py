@@ -18,9 +18,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..files import atomic_output
-from ..runtime.schema import BANK_FORMAT, FORMAT, SCHEMA_VERSION, table_digest
+from ..runtime.phase_file import phase_digest
+from ..runtime.schema import BANK_FORMAT, FORMAT, PHASE_SCHEMA_VERSION, SCHEMA_VERSION, table_digest
 
-__all__ = ["write_policy", "write_bank"]
+__all__ = ["write_policy", "write_bank", "write_phase_policy"]
 
 
 def _creator() -> str:
@@ -121,3 +122,45 @@ def write_bank(solutions, path: str | os.PathLike) -> Path:
             _fill_table(f.create_group(f"tables/{i:03d}"), s)
 
     return _write_atomically(path, BANK_FORMAT, fill)
+
+
+def write_phase_policy(solution, path: str | os.PathLike) -> Path:
+    """Write a :class:`~smdp_batch.solvers.map_solution.MapSolution` as a phase table (schema_version 2), atomically."""
+    def fill(f):
+        f.attrs["schema_version"] = PHASE_SCHEMA_VERSION
+        p, r, m = solution.problem, solution.result, solution.model
+        d = solution.to_dict()
+        R = solution.stored_range
+        policy = np.asarray(solution.table, dtype=np.int32)
+        sizes = np.asarray(p.batch_sizes, dtype=np.int32)
+        latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
+        values = np.asarray(r.relative_values, dtype=np.float64)
+        qv = np.asarray(solution.qvalues[: R + 1], dtype=np.float64)
+        inputs = {"lam": float(p.lam), "rho": float(p.rho), "w1": float(p.w1), "w2": float(p.w2),
+                  "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
+        _dataset(f, "policy", policy)
+        g = f.create_group("inputs")
+        g.attrs.update(inputs)
+        _dataset(g, "batch_sizes", sizes)
+        _dataset(g, "latency_ms", latency)
+        _dataset(g, "energy_mj", energy)
+        a = f.create_group("arrivals")
+        a.attrs.update({"spec": solution.arrivals.spec(), "rate": solution.arrivals.rate})
+        _dataset(a, "D0", solution.arrivals.D0)
+        _dataset(a, "D1", solution.arrivals.D1)
+        t = f.create_group("truncation")
+        t.attrs.update({"s_max": m.s_max, "s_max_auto": solution.rule == "auto", "abstract_cost": m.abstract_cost,
+                        "delta": solution.evaluation.delta, "tol_delta": solution.tol_delta, "s_max_rule": solution.rule,
+                        "converged_upto": -1 if solution.converged_upto is None else solution.converged_upto})
+        s = f.create_group("solution")
+        s.attrs.update({"avg_cost": d["avg_cost"], "iterations": r.iterations, "converged": r.converged,
+                        "mean_latency_ms": d["mean_latency_ms"], "mean_power_w": d["mean_power_w"],
+                        "objective": d["objective"], "solve_seconds": d["solve_seconds"],
+                        "summary_json": json.dumps({k: v for k, v in d.items() if k != "policy"})})
+        _dataset(s, "relative_values", values)
+        _dataset(s, "qvalues", qv)
+        _dataset(s, "actions", np.asarray(m.actions, dtype=np.int32))
+        feas = m.actions[None, None, :] <= np.arange(R + 1)[:, None, None]
+        f.attrs["content_sha256"] = phase_digest(policy, solution.arrivals.D0, solution.arrivals.D1,
+                                                 np.where(feas, qv, 0.0), sizes, latency, energy, values, inputs, m.s_max)
+    return _write_atomically(path, FORMAT, fill)

@@ -2,6 +2,8 @@
 
 from .bank import AdaptivePolicy, PolicyBank, RateEstimator
 from .batcher import BatcherBroken, BatcherClosed, BatcherMetrics, DynamicBatcher, batched, default_max_wait_ms
+from .phase import PhaseFilter, PhasePolicy
+from .phase_file import PhasePolicyFile, read_phase_policy
 from .schema import FORMAT, SCHEMA_VERSION, PolicyFile, eq30, read_bank, read_policy
 from .table import PolicyTable, control_limit
 
@@ -9,5 +11,5 @@ __all__ = [
     "AdaptivePolicy", "PolicyBank", "RateEstimator", "BatcherBroken", "BatcherClosed", "BatcherMetrics",
     "DynamicBatcher", "default_max_wait_ms",
     "FORMAT", "SCHEMA_VERSION", "PolicyFile", "PolicyTable", "batched", "control_limit", "eq30", "read_bank",
-    "read_policy",
+    "read_policy", "PhaseFilter", "PhasePolicy", "PhasePolicyFile", "read_phase_policy",
 ]

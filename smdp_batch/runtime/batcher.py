@@ -151,6 +151,11 @@ def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
     long enough for any batch-forming wait at server rates, short enough that traffic that stops
     does not strand requests.  Pass ``max_wait_ms`` for anything else.
     """
+    own = getattr(table, "default_max_wait_ms", None)  # a PhasePolicy knows its phases' rates
+    if callable(own):
+        if lam is not None and (isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0)):
+            raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
+        return float(own(lam))
     policy = _policy_array(table)
     if lam is not None:
         if isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0):
@@ -295,7 +300,7 @@ class DynamicBatcher:
     def _bound_s(self) -> float:
         if self._fixed_wait_s is not None:
             return self._fixed_wait_s
-        table = getattr(self.table, "table", self.table)  # an AdaptivePolicy's current table
+        table = self.table if hasattr(self.table, "phase_table") else getattr(self.table, "table", self.table)
         hit = self._auto_cache.get(id(table))
         if hit is None or hit[0] is not table:
             hit = self._auto_cache[id(table)] = (table, default_max_wait_ms(table, self.lam) / 1e3)

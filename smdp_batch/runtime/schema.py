@@ -58,6 +58,9 @@ from ..errors import InputError, PolicyFileError
 FORMAT = "smdp-batch-policy"
 BANK_FORMAT = "smdp-batch-policy-bank"
 SCHEMA_VERSION = 1
+#: Phase tables (MAP arrivals, :func:`read_phase_policy`) are version 2: a version-1 reader refuses them
+#: by their version, and this one's :func:`read_policy` with a line that names what reads them.
+PHASE_SCHEMA_VERSION = 2
 
 #: Limits on what a file may declare (far above any table smdp-batch solves; the shipped ones have s_max ≤ 505).
 MAX_S_MAX = 10_000_000
@@ -69,7 +72,8 @@ MAX_TEXT = 4 << 20  # characters of one string attribute
 
 _ALLOWED_FILTERS = {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32, 32000}  # 32000: lzf
 
-__all__ = ["FORMAT", "BANK_FORMAT", "SCHEMA_VERSION", "PolicyFile", "eq30", "read_policy", "read_bank", "table_digest"]
+__all__ = ["FORMAT", "BANK_FORMAT", "SCHEMA_VERSION", "PHASE_SCHEMA_VERSION", "PolicyFile", "eq30", "read_policy", "read_bank",
+           "table_digest"]
 
 
 def eq30(policy: np.ndarray, s_max: int, n: int) -> int:
@@ -164,12 +168,13 @@ def _child(w: _Where, g, name: str, kind):
     return obj
 
 
-def _dataset(w: _Where, g, name: str, kind: str, length: int, expect: str):
-    """Read dataset ``name`` of ``g`` after checking from its metadata that it is a plain 1-D array of
-    ``length`` ints (``kind="int"``) or float64s stored in this file with known filters."""
+def _dataset(w: _Where, g, name: str, kind: str, length: int | tuple, expect: str):
+    """Read dataset ``name`` of ``g`` after checking from its metadata that it is a plain array of
+    shape ``length`` (an int: 1-D) of ints (``kind="int"``) or float64s stored in this file with known filters."""
     d = _child(w, g, name, h5py.Dataset)
     where = d.name
-    want = f"expected {'integers' if kind == 'int' else 'float64'} of shape ({length},) ({expect})"
+    shape = (length,) if isinstance(length, int) else tuple(length)
+    want = f"expected {'integers' if kind == 'int' else 'float64'} of shape {shape} ({expect})"
     if d.is_virtual or d.external:
         w.fail(where, "keeps its data in other files; expected data stored in the file itself")
     dt = d.dtype
@@ -178,7 +183,7 @@ def _dataset(w: _Where, g, name: str, kind: str, length: int, expect: str):
     ok_kind = dt.kind in "iu" and dt.itemsize <= 8 if kind == "int" else dt.kind == "f" and dt.itemsize == 8
     if not (plain and ok_kind):
         w.fail(where, f"has dtype {dt}; {want}")
-    if d.shape != (length,):
+    if d.shape != shape:
         w.fail(where, f"has shape {d.shape}; {want}")
     checksummed = False
     if d.chunks is not None:
@@ -257,8 +262,8 @@ def _attr(w: _Where, g, name: str, kind: str, default=_MISSING, *, low=None, hig
 _META_TEXT = ("creator", "created", "units_time", "units_energy", "units_power", "units_rate")
 
 
-def _open(path: str, fmt: str):
-    """Open an smdp-batch HDF5 file and check its format and schema version."""
+def _open(path: str, fmt: str, versions: tuple[int, ...] = (SCHEMA_VERSION,)):
+    """Open an smdp-batch HDF5 file and check its format and schema version (one of ``versions``)."""
     if not os.path.isfile(path):
         raise PolicyFileError(f"policy file {path!r} does not exist")
     try:
@@ -281,11 +286,18 @@ def _open(path: str, fmt: str):
             version = "?"
         else:
             version = _attr(w, f, "schema_version", "int", None)
-        if not isinstance(version, int) or version < 1 or version > SCHEMA_VERSION:
+        if version == PHASE_SCHEMA_VERSION and fmt == FORMAT and PHASE_SCHEMA_VERSION not in versions:
             raise PolicyFileError(
-                f"{path!r} has schema_version={version!r}; this smdp-batch reads versions 1..{SCHEMA_VERSION} "
+                f"{path!r} is a phase table (schema_version=2: a policy per queue length and MAP phase, issue 20); "
+                "a one-column reader cannot serve it: load it with PhasePolicy.load or run it with "
+                "`smdp-batch simulate --policy FILE`")
+        if not isinstance(version, int) or version < 1 or version > PHASE_SCHEMA_VERSION:
+            raise PolicyFileError(
+                f"{path!r} has schema_version={version!r}; this smdp-batch reads versions 1..{PHASE_SCHEMA_VERSION} "
                 "(upgrade smdp-batch to read newer tables)"
             )
+        if version not in versions:
+            raise PolicyFileError(f"{path!r} has schema_version={version!r}; expected a version-1 policy table")
         meta = {"format": got, "schema_version": version}
         for k in _META_TEXT:
             v = _attr(w, f, k, "str", None)
@@ -304,12 +316,10 @@ def _s_max(w: _Where, g) -> int:
     return _attr(w, t, name, "int", low=1, high=MAX_S_MAX)
 
 
-def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
+def _load_inputs(w: _Where, g, s_max: int):
+    """The /inputs group: (inputs dict with the arrays, sizes, latency, energy, all checksummed?)."""
     gi = _child(w, g, "inputs", h5py.Group)
     gt = _child(w, g, "truncation", h5py.Group)
-    gs = _child(w, g, "solution", h5py.Group)
-    s_max = _s_max(w, g)
-    n = s_max + 2
 
     # inputs: the batch-size set first (its length bounds the per-size curves)
     bs = _child(w, gi, "batch_sizes", h5py.Dataset)
@@ -344,7 +354,10 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
     if not math.isclose(rho, inputs["rho"], rel_tol=1e-6):
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r} disagrees with λ·l(Bmax)/Bmax = {rho!r}")
     inputs.update(batch_sizes=sizes, latency_ms=lat, energy_mj=en)
+    return inputs, sizes, lat, en, bool(c1 and c2 and c3)
 
+
+def _load_truncation(w: _Where, gt, s_max: int) -> dict:
     truncation = {
         "s_max": s_max,
         "s_max_auto": _attr(w, gt, "s_max_auto" if "s_max_auto" in gt.attrs else "smax_auto", "bool", None),
@@ -358,7 +371,17 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
         w.fail(f"{gt.name}@s_max_rule", f"= {truncation['s_max_rule'][:40]!r}; expected auto, minimal or fixed")
     if truncation["converged_upto"] == -1:
         truncation["converged_upto"] = None  # written, but not verified
-    truncation = {k: v for k, v in truncation.items() if v is not None}
+    return {k: v for k, v in truncation.items() if v is not None}
+
+
+def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
+    gi = _child(w, g, "inputs", h5py.Group)
+    gt = _child(w, g, "truncation", h5py.Group)
+    gs = _child(w, g, "solution", h5py.Group)
+    s_max = _s_max(w, g)
+    n = s_max + 2
+    inputs, sizes, lat, en, c1 = _load_inputs(w, g, s_max)
+    truncation = _load_truncation(w, gt, s_max)
 
     policy, c4 = _dataset(w, g, "policy", "int", n, f"s_max + 2 = {n} batch sizes, s_max from {gt.name}")
     policy = policy.astype(np.int64)
@@ -404,7 +427,7 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
         if digest != table_digest(policy, sizes, lat, en, rv, inputs, s_max):
             w.fail("", f"content checksum mismatch in {g.name} (content_sha256): the file is damaged")
         integrity = "sha256"
-    if c1 and c2 and c3 and c4 and c5:
+    if c1 and c4 and c5:
         integrity = "fletcher32" if integrity == "none" else "fletcher32+sha256"
     return PolicyFile(policy, inputs, truncation, solution, meta, w.path, integrity)
 

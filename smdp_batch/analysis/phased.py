@@ -1,0 +1,100 @@
+"""Rules that look at more than the queue length, for the simulator (issue 20).
+
+* :func:`phase_rule` — a (queue length, phase) table of :func:`smdp_batch.solvers.map_solution.solve_map`
+  acting on the **true** phase (a bound: no server sees it) or on the **filter**'s belief
+  (:mod:`smdp_batch.runtime.phase`; ``decision="qmdp"`` or ``"likely"``), exactly as
+  :class:`~smdp_batch.runtime.phase.PhasePolicy` acts in a server.
+* :func:`bank_rule` — the λ-bank's :class:`~smdp_batch.runtime.bank.AdaptivePolicy`: its table index
+  after each arrival is computed by the runtime object itself over the arrival stream (the estimate
+  depends on arrivals only), then the simulator applies the indexed table.
+
+Both are :class:`ContextRule`\\ s: a stack of tables and, per run, the context that picks one at each
+decision epoch (:func:`smdp_batch.analysis.simulate._context_kernel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..baselines.servers import ServerRule
+from ..errors import InputError
+from ..runtime.bank import AdaptivePolicy, PolicyBank, RateEstimator
+from .sim_kernels import CTX_ARRIVAL, CTX_LIKELY, CTX_PATH, CTX_QMDP, phase_beliefs
+
+__all__ = ["ContextRule", "phase_rule", "bank_rule", "SOURCES"]
+
+SOURCES = ("true", "qmdp", "likely")
+
+
+@dataclass(frozen=True)
+class ContextRule(ServerRule):
+    """Tables (contexts × queue lengths 0..top) and a per-run context maker ``make(arr)``."""
+
+    tables: np.ndarray = field(default=None, repr=False)
+    make: Callable | None = field(default=None, repr=False)
+
+    def executed_sizes(self) -> list[int]:
+        return sorted({int(a) for a in np.unique(self.tables) if a > 0})
+
+    def context(self, arr: np.ndarray) -> tuple:
+        return self.make(arr)
+
+
+def _rule(spec: str, tables: np.ndarray, make) -> ContextRule:
+    tables = np.ascontiguousarray(tables, dtype=np.int64)
+    return ContextRule(mode="context", spec=spec, table=np.unique(tables), top=tables.shape[1] - 1,
+                       maxb=int(tables.max()), pref=np.zeros(0, dtype=np.int64), delay=0.0, tables=tables, make=make)
+
+
+_NO_F = np.zeros(1)
+_NO_I = np.zeros(1, dtype=np.int64)
+
+
+def phase_rule(solution, source: str = "qmdp", path: tuple[np.ndarray, np.ndarray] | None = None) -> ContextRule:
+    """A MAP solution's table acting on the true phase (``source="true"``, needs the arrival stream's
+    phase ``path`` = (switch times, phases) from :meth:`MAP.sample`) or on the filter (``"qmdp"``, ``"likely"``)."""
+    if source not in SOURCES:
+        raise InputError(f"phase source must be one of {', '.join(SOURCES)}, got {source!r}")
+    R = solution.stored_range
+    tables = np.ascontiguousarray(solution.table[: R + 1].T)  # (m, R + 1); eq. 30 beyond R
+    a = solution.arrivals
+    D0, D1, pi = a.D0, a.D1, a.stationary
+    qv = np.ascontiguousarray(solution.qvalues[: R + 1]) if source == "qmdp" else np.zeros((0, a.phases, 1))
+    actions = np.asarray(solution.model.actions, dtype=np.int64)
+    if source == "true":
+        if path is None:
+            raise InputError("the true-phase rule needs the arrival stream's phase path (MAP.sample's switch times and phases)")
+        sw_t = np.asarray(path[0], dtype=np.float64)
+        sw_p = np.asarray(path[1], dtype=np.int64)
+
+        def make(arr):
+            return (CTX_PATH, tables, tables.shape[1] - 1, _NO_I, 0, sw_t, sw_p, np.zeros((1, a.phases)), D0, qv, actions)
+    else:
+        mode = CTX_QMDP if source == "qmdp" else CTX_LIKELY
+
+        def make(arr):
+            alpha = phase_beliefs(arr, D0, D1, pi)
+            return (mode, tables, tables.shape[1] - 1, _NO_I, 0, _NO_F, _NO_I, alpha, D0, qv, actions)
+    return _rule(f"map-table[{source}]", tables, make)
+
+
+def bank_rule(bank: PolicyBank, estimator: dict | None = None, hysteresis: float = 0.1,
+              initial_lam: float | None = None) -> ContextRule:
+    """The λ-bank's AdaptivePolicy with a :class:`RateEstimator` of ``estimator`` keywords (fresh per run)."""
+    top = max(t.s_max for t in bank.tables)
+    tables = np.stack([np.concatenate([t.policy, np.full(top - t.s_max, t.policy[-1])]) for t in bank.tables])
+    est = dict(estimator or {})
+    init = AdaptivePolicy(bank, RateEstimator(**est), hysteresis, initial_lam).index
+
+    def make(arr):
+        pol = AdaptivePolicy(bank, RateEstimator(**est), hysteresis, initial_lam)
+        idx = np.empty(arr.size, dtype=np.int64)
+        for k, t in enumerate(arr.tolist()):
+            pol.observe_arrival(t)
+            idx[k] = pol.index
+        return (CTX_ARRIVAL, tables, top, idx, init, _NO_F, _NO_I, np.zeros((1, 1)), np.zeros((1, 1)), np.zeros((0, 1, 1)),
+                _NO_I)
+    return _rule(f"lambda-bank[{len(bank)} tables]", tables, make)
