@@ -24,7 +24,7 @@ from ..errors import InputError
 from ..runtime.bank import AdaptivePolicy, PolicyBank, RateEstimator
 from .sim_kernels import CTX_ARRIVAL, CTX_LIKELY, CTX_PATH, CTX_QMDP, phase_beliefs
 
-__all__ = ["ContextRule", "phase_rule", "bank_rule", "SOURCES"]
+__all__ = ["ContextRule", "phase_rule", "solution_rule", "bank_rule", "SOURCES"]
 
 SOURCES = ("true", "qmdp", "likely")
 
@@ -53,32 +53,47 @@ _NO_F = np.zeros(1)
 _NO_I = np.zeros(1, dtype=np.int64)
 
 
-def phase_rule(solution, source: str = "qmdp", path: tuple[np.ndarray, np.ndarray] | None = None) -> ContextRule:
-    """A MAP solution's table acting on the true phase (``source="true"``, needs the arrival stream's
-    phase ``path`` = (switch times, phases) from :meth:`MAP.sample`) or on the filter (``"qmdp"``, ``"likely"``)."""
+def phase_rule(table: np.ndarray, arrivals, source: str = "qmdp", qvalues: np.ndarray | None = None,
+               actions: np.ndarray | None = None, path: tuple[np.ndarray, np.ndarray] | None = None,
+               spec: str = "map-table") -> ContextRule:
+    """A (queue length, phase) table (R+1, m) — eq. 30 per phase beyond R — acting on the true phase
+    (``source="true"``, with the stream's phase ``path`` = (switch times, phases) of :meth:`MAP.sample`) or on
+    the filter of ``arrivals`` (``"qmdp"`` with the action values (R+1, m, A) over ``actions``, or ``"likely"``)."""
     if source not in SOURCES:
         raise InputError(f"phase source must be one of {', '.join(SOURCES)}, got {source!r}")
-    R = solution.stored_range
-    tables = np.ascontiguousarray(solution.table[: R + 1].T)  # (m, R + 1); eq. 30 beyond R
-    a = solution.arrivals
-    D0, D1, pi = a.D0, a.D1, a.stationary
-    qv = np.ascontiguousarray(solution.qvalues[: R + 1]) if source == "qmdp" else np.zeros((0, a.phases, 1))
-    actions = np.asarray(solution.model.actions, dtype=np.int64)
+    tables = np.ascontiguousarray(np.asarray(table, dtype=np.int64).T)  # (m, R + 1)
+    m = tables.shape[0]
+    D0, D1, pi = arrivals.D0, arrivals.D1, arrivals.stationary
+    if source == "qmdp":
+        if qvalues is None or actions is None:
+            raise InputError("the qmdp rule needs the table's action values and actions")
+        qv = np.ascontiguousarray(qvalues, dtype=np.float64)[: tables.shape[1]]
+        actions = np.asarray(actions, dtype=np.int64)
+    else:
+        qv, actions = np.zeros((0, m, 1)), _NO_I
     if source == "true":
-        if path is None:
-            raise InputError("the true-phase rule needs the arrival stream's phase path (MAP.sample's switch times and phases)")
+        if path is None or path[0] is None:
+            raise InputError("the true-phase rule needs the arrival stream's phase path (MAP.sample's switch "
+                             "times and phases); a trace has none: use the filter (qmdp or likely)")
         sw_t = np.asarray(path[0], dtype=np.float64)
         sw_p = np.asarray(path[1], dtype=np.int64)
 
         def make(arr):
-            return (CTX_PATH, tables, tables.shape[1] - 1, _NO_I, 0, sw_t, sw_p, np.zeros((1, a.phases)), D0, qv, actions)
+            return (CTX_PATH, tables, tables.shape[1] - 1, _NO_I, 0, sw_t, sw_p, np.zeros((1, m)), D0, qv, actions)
     else:
         mode = CTX_QMDP if source == "qmdp" else CTX_LIKELY
 
         def make(arr):
             alpha = phase_beliefs(arr, D0, D1, pi)
             return (mode, tables, tables.shape[1] - 1, _NO_I, 0, _NO_F, _NO_I, alpha, D0, qv, actions)
-    return _rule(f"map-table[{source}]", tables, make)
+    return _rule(f"{spec}[{source}]", tables, make)
+
+
+def solution_rule(solution, source: str = "qmdp", path=None) -> ContextRule:
+    """:func:`phase_rule` of a :class:`~smdp_batch.solvers.map_solution.MapSolution` (its stored range)."""
+    R = solution.stored_range
+    return phase_rule(solution.table[: R + 1], solution.arrivals, source, solution.qvalues[: R + 1],
+                      solution.model.actions, path)
 
 
 def bank_rule(bank: PolicyBank, estimator: dict | None = None, hysteresis: float = 0.1,

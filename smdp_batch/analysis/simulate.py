@@ -30,7 +30,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import InputError
-from ..limits import ITER_LIMIT, check_rate, check_requests, read_csv_rows
+from ..limits import check_rate, check_requests, read_csv_rows
 from ..model.laws import Deterministic
 from ..model.problem import BatchingProblem
 
@@ -60,6 +60,16 @@ class SimulationResult:
     response_ms: np.ndarray = field(repr=False, default=None)
     within: dict = field(default_factory=dict)  # bound (ms) → share of requests served within it
     within_ci: dict = field(default_factory=dict)
+    group_latency: np.ndarray = field(repr=False, default=None)  # W̄ of each batch-means group (ms)
+    group_power: np.ndarray = field(repr=False, default=None)  # P̄ of each group (W)
+
+    def objective_ci(self, w1: float, w2: float, other: "SimulationResult | None" = None) -> float:
+        """95 % half-width of w1·W̄ + w2·P̄ from the groups; with ``other`` (a run on the same stream and
+        groups), of the paired difference self − other."""
+        x = w1 * self.group_latency + w2 * self.group_power
+        if other is not None:
+            x = x - (w1 * other.group_latency + w2 * other.group_power)
+        return float(stats.t.ppf(0.975, x.size - 1)) * float(np.std(x, ddof=1)) / math.sqrt(x.size)
 
     def as_dict(self) -> dict:
         d = {
@@ -90,7 +100,8 @@ def poisson_arrivals(lam: float, n: int, rng: np.random.Generator) -> np.ndarray
 
 
 def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: int, rng: np.random.Generator) -> np.ndarray:
-    """Two-phase MMPP: rate rates[i] (1/ms) in phase i, leaving phase i at rate switch[i] (1/ms)."""
+    """Two-phase MMPP: rate rates[i] (1/ms) in phase i, leaving phase i at rate switch[i] (1/ms)
+    (:meth:`smdp_batch.model.arrivals.MAP.sample`, which also returns the phase path)."""
     r = [float(x) for x in rates]
     q = [float(x) for x in switch]
     if not all(math.isfinite(x) and x >= 0 for x in r) or max(r) <= 0:
@@ -99,30 +110,9 @@ def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: in
         raise InputError(f"MMPP switching rates must be finite and > 0, got {tuple(switch)}")
     r = [check_rate("MMPP rate", x, zero_ok=True) for x in r]
     q = [check_rate("MMPP switching rate", x) for x in q]
-    n = check_requests(n, "requests")
-    # each loop turn covers one phase visit; the expected arrivals per visit pair bound the turns
-    per_cycle = r[0] / q[0] + r[1] / q[1]
-    if n / per_cycle > ITER_LIMIT:
-        raise InputError(
-            f"MMPP rates {tuple(rates)} with switching rates {tuple(switch)} give {per_cycle:.3g} arrivals per phase "
-            f"cycle: {n} requests would take {n / per_cycle:.3g} phase changes (limit {ITER_LIMIT}); raise the rates "
-            "or lower the switching rates"
-        )
-    out, t, phase, count, turns = [], 0.0, 0, 0, 0
-    while count < n:
-        turns += 1
-        if turns > 4 * ITER_LIMIT:  # pragma: no cover - the estimate above bounds the turns
-            raise InputError("MMPP arrival generation did not finish; check the rates")
-        stay = rng.exponential(1.0 / q[phase])
-        if r[phase] > 0:
-            k = rng.poisson(r[phase] * stay)
-            if k:
-                pts = np.sort(rng.uniform(t, t + stay, k))
-                out.append(pts)
-                count += k
-        t += stay
-        phase = 1 - phase
-    return np.concatenate(out)[: int(n)]
+    from ..model.arrivals import MAP
+
+    return MAP.mmpp(r, q).sample(n, rng)[0]
 
 
 def read_trace(path: str) -> np.ndarray:
@@ -330,6 +320,7 @@ def simulate(
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
+        group_latency=mean_g, group_power=power_g,
     )
 
 

@@ -326,7 +326,7 @@ def spec_files(spec, role: str) -> list[tuple[str, str]]:
     if kind == "csv":
         path, sep, fit = arg.rpartition(":")
         return [(label, path if sep and fit in FITS else arg)]
-    if kind == "empirical":
+    if kind in ("empirical", "map"):  # map:FILE.json — MAP arrivals (solve/simulate --arrivals)
         return [(label, arg)]
     if kind == "trace":  # simulate reads trace:FILE, multibin trace:FILE[:COLUMN]
         return [(label, arg)] + ([(label, arg.partition(":")[0])] if ":" in arg else [])

@@ -6,31 +6,13 @@ from __future__ import annotations
 import sys
 
 import click
-import numpy as np
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
-from .options import UNITS, build_problem, emit, file_inputs, json_option, scenario_line, scenario_options
+from .options import (UNITS, build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_files,
+                      scenario_line, scenario_options, spec_files)
 from ..limits import SEED_MAX, REQUESTS_LIMIT
-from .types import Grid, Number, option
-
-
-def _arrivals(spec: str, requests: int, seed: int):
-    """None (Poisson at λ), or an array from trace:FILE / mmpp:L1,L2,R12,R21."""
-    from ..analysis.simulate import mmpp_arrivals, read_trace
-
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind == "poisson" and not arg:
-        return None
-    if kind == "trace" and arg:
-        return read_trace(arg)
-    if kind == "mmpp":
-        vals = [Number().parse_one(x, "--arrivals mmpp") for x in arg.split(",")] if arg else []
-        if len(vals) != 4:
-            raise InputError(f"--arrivals {spec!r}: mmpp needs L1,L2,R12,R21 (rates /ms, switching rates /ms)")
-        return mmpp_arrivals(vals[:2], vals[2:], requests, np.random.default_rng([seed, 1]))
-    raise InputError(f"--arrivals {spec!r} is not valid; use poisson, trace:FILE.csv or mmpp:L1,L2,R12,R21")
+from .types import Grid, Number, OneOf, option
 
 
 @click.command("simulate", short_help="Simulate a policy or a server's batching rule, with 95% intervals.")
@@ -42,7 +24,10 @@ def _arrivals(spec: str, requests: int, seed: int):
 @option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (runs are reproducible).")
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
-              help="poisson | trace:FILE.csv | mmpp:L1,L2,R12,R21")
+              help="poisson (a phase table: its own MAP) | trace:FILE.csv | mmpp:L1,L2,R12,R21 | map:FILE.json")
+@option("--phase-rule", type=OneOf(("qmdp", "likely", "true"), "phase rule"), default="qmdp", show_default=True,
+        help="A phase table (solve --arrivals … -o): act on the filter's belief (qmdp: belief-weighted action "
+             "values; likely: the most likely phase) or on the true phase (a bound; MAP arrivals only).")
 @option("--warmup", type=Number(), default="0.05", show_default=True, help="Share of the first requests left out.")
 @option("--batches", type=Number(integer=True, min=2, max=10_000), default="20", show_default=True,
               help="Batch-means groups for the 95% intervals.")
@@ -50,16 +35,29 @@ def _arrivals(spec: str, requests: int, seed: int):
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress bar on stderr.")
 @json_option
-def simulate_cmd(policy_spec, requests, seed, arrivals, warmup, batches, within_ms, progress, as_json, **opts):
+def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batches, within_ms, progress, as_json,
+                 **opts):
     """Simulate a policy or a server's batching rule: latency percentiles, power, 95% intervals."""
     from ..analysis.simulate import simulate
     from ..baselines.servers import parse_rule
+    from ..runtime.phase_file import policy_version
+    from .bursty import phase_file_rule, stream
 
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
-    problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
-    rule = parse_rule(policy_spec, problem)
-    arr = _arrivals(arrivals, n, sd)
+    prepare_outputs([], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
+    if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
+        from ..runtime.phase_file import read_phase_policy
+        from ..model.arrivals import MAP
+
+        pf = read_phase_policy(policy_spec)
+        problem = build_problem(opts, file_inputs(pf, opts))
+        arr, path = stream(arrivals, n, sd, MAP(pf.D0, pf.D1))
+        rule, _ = phase_file_rule(policy_spec, phase_rule, path)
+    else:
+        problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
+        rule = parse_rule(policy_spec, problem)
+        arr, _ = stream(arrivals, n, sd)
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
               within_ms=() if within_ms is None else tuple(within_ms))
     if sys.stderr.isatty() if progress is None else progress:

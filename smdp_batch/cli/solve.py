@@ -23,7 +23,7 @@ from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
-    progress_line, solve_progress,
+    progress_line, solve_progress, spec_files,
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
@@ -47,14 +47,28 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @option("--backend", type=OneOf(BACKENDS, "backend"), default="numba", show_default=True,
               help="numba (CPU) or jax (CPU/GPU; pip install 'smdp-batch[jax]'); an auto s_max scans on numba.")
 @load_grids("a λ-bank; -o writes one bank file")
+@option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
+        help="poisson | mmpp:L1,L2,R12,R21 | map:FILE.json (bursty arrivals: a table per queue length and phase; "
+             "the load is the MAP's mean rate).")
 @option("-o", "--output", type=OutputPath(), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
-def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, output, as_json,
-              **opts):
+def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, output,
+              as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
-    prepare_outputs([("-o", output)], scenario_files(opts))
+    prepare_outputs([("-o", output)], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     check_backend(backend)
+    if arrivals.strip().lower() != "poisson":
+        from .bursty import solve_map_cmd
+
+        bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
+        bad += ["--solver rvi"] if solver != "pi" else []
+        bad += ["--backend jax"] if backend != "numba" else []
+        bad += ["--s-max minimal"] if str(s_max).lower() == "minimal" else []
+        if bad:
+            raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
+                             "by exact policy iteration on numba with --s-max auto or an integer")
+        return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
                     max_iter=max_iter, backend=backend)
     if lam_grid is not None or rho_grid is not None:

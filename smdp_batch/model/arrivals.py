@@ -145,7 +145,7 @@ class MAP:
         """Index of dispersion of counts Var N(t) / E N(t) over a window of t ms (stationary start).
 
         Var N(t) = λ̄t + 2∫₀ᵗ(t − u)·π D1 (e^{Du} − 1π) D1 1 du, in closed form with Z = (1π − D)⁻¹:
-        ∫₀ᵗ (t−u) e^{Du} du = t²/2·1π + (t·I − (I − e^{Dt})Z) Z.  (1 for Poisson.)
+        ∫₀ᵗ (t−u)(e^{Du} − 1π) du = (t·I − (I − e^{Dt})Z)·Z − t·1π.  (1 for Poisson.)
         """
         from scipy.linalg import expm
 
@@ -154,7 +154,7 @@ class MAP:
         one_pi = np.outer(np.ones(m), self._pi)
         Z = np.linalg.inv(one_pi - D)
         t = float(t)
-        integral = (t * np.eye(m) - (np.eye(m) - expm(D * t)) @ Z) @ Z  # ∫ (t−u)(e^{Du} − 1π) du
+        integral = (t * np.eye(m) - (np.eye(m) - expm(D * t)) @ Z) @ Z - t * one_pi  # ∫₀ᵗ (t−u)(e^{Du} − 1π) du
         d = self.D1.sum(axis=1)
         var = self._rate * t + 2.0 * float(self._pi @ self.D1 @ integral @ d)
         return var / (self._rate * t)
@@ -175,7 +175,7 @@ class MAP:
 
     def _sample_mmpp(self, n, rng):
         lam = self.phase_rates
-        leave = -np.diag(self.D0) - lam
+        leave = (self.D0 - np.diag(np.diag(self.D0))).sum(axis=1)
         m = self.phases
         per_cycle = float(self._pi @ (lam / np.where(leave > 0, leave, np.inf))) * m
         if per_cycle > 0 and n / per_cycle > ITER_LIMIT:

@@ -1,0 +1,103 @@
+"""The MAP (bursty arrivals) side of ``solve`` and ``simulate`` (issue 20): ``solve --arrivals mmpp:…|map:FILE``
+solves the (queue length, phase) table; ``simulate --policy PHASE.h5`` runs it with the phase filter (or the
+true phase, a bound)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import click
+import numpy as np
+
+from ..analysis.report import describe_policy
+from ..errors import InputError, NotConvergedWarning, TableNotConvergedWarning
+from ..model.arrivals import MAP, parse_arrivals
+from .options import build_problem, cost_line, emit, metrics_line, scenario_line, solve_progress
+
+
+def arrivals_line(a: MAP) -> str:
+    r = a.phase_rates
+    return (f"  arrivals    {a.spec()}: {a.phases} phases, rates {', '.join(f'{x:.4g}' for x in r)} /ms "
+            f"(stationary {', '.join(f'{x:.3g}' for x in a.stationary)}), mean λ̄ = {a.rate:.6g} /ms")
+
+
+def map_scenario(spec: str, opts: dict):
+    """(MAP, problem at its mean rate) from ``--arrivals`` and the scenario options (no --lam/--rho)."""
+    if opts.get("lam") is not None or opts.get("rho") is not None:
+        raise InputError(f"--arrivals {spec} sets the load (λ = the MAP's mean rate); drop --lam/--rho")
+    arrivals = parse_arrivals(spec)
+    problem = build_problem({**opts, "lam": arrivals.rate})
+    return arrivals, problem
+
+
+def solve_map_cmd(spec, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts) -> None:
+    from ..export.hdf5 import write_phase_policy
+    from ..solvers.map_solution import solve_map
+
+    arrivals, problem = map_scenario(spec, opts)
+    report, finish = solve_progress(sys.stderr.isatty(), "solving the MAP table")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NotConvergedWarning)
+        warnings.simplefilter("always", TableNotConvergedWarning)
+        try:
+            sol = solve_map(problem, arrivals, s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta,
+                            max_iter=int(max_iter) if max_iter is not None else 200, progress=report)
+        finally:
+            finish()
+    for w in caught:
+        click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
+    d = sol.to_dict()
+    if output:
+        write_phase_policy(sol, output)
+        d["output"] = output
+    r = sol.result
+    R = sol.converged_upto
+    table = (f"converged up to n = {R} in every phase (verified against s_max = {sol.s_max // 2}); π(R, i) beyond"
+             if R is not None else f"not verified as converged; eq. 30 per phase beyond s_max = {sol.s_max}")
+    lines = ["smdp-batch — optimal batching policy under MAP arrivals (queue length × phase; issue 20)",
+             scenario_line(problem), arrivals_line(arrivals),
+             f"  truncation  s_max = {sol.s_max} ({sol.rule}), c_o = {sol.model.abstract_cost:.6g}, "
+             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g}), {sol.candidates} truncations",
+             f"  table       {table}",
+             f"  solver      pi: {r.iterations} iterations, {'converged' if r.converged else 'NOT CONVERGED'}, "
+             f"{sol.seconds * 1e3:.1f} ms"]
+    for i in range(arrivals.phases):
+        col = np.concatenate([sol.table[: sol.stored_range + 1, i], sol.table[sol.stored_range: sol.stored_range + 1, i]])
+        lines.append(f"  phase {i}     (λ = {arrivals.phase_rates[i]:.4g}/ms) "
+                     f"{describe_policy(col, problem.batch_sizes)}")
+    lines += [cost_line(d["avg_cost"], "truncated model, eq. 21"), metrics_line(d) + " (true phase)",
+              "  serving     a server sees arrivals, not phases: `simulate --policy FILE` or runtime.PhasePolicy "
+              "use the phase filter"]
+    if output:
+        lines.append(f"  written     {output}")
+    emit(d, as_json, "\n".join(lines))
+
+
+def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None):
+    """(times, phase path or None) for ``simulate --arrivals``: poisson → None (or the phase table's own MAP),
+    trace:FILE → the trace (no phase path), mmpp:…/map:FILE → a sampled stream with its path."""
+    from ..analysis.simulate import read_trace
+
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind == "trace" and arg:
+        return read_trace(arg), None
+    arrivals = parse_arrivals(spec)
+    if arrivals is None:
+        if table_map is None:
+            return None, None
+        arrivals = table_map
+    t, sw_t, sw_p = arrivals.sample(requests, np.random.default_rng([seed, 1]))
+    return t, (sw_t, sw_p)
+
+
+def phase_file_rule(path: str, source: str, phase_path):
+    """The simulator rule of a phase table file: the filter (qmdp | likely) or the true phase (needs a MAP stream)."""
+    from ..analysis.phased import phase_rule
+    from ..runtime.phase_file import read_phase_policy
+
+    pf = read_phase_policy(path)
+    R = pf.converged_upto if pf.converged_upto is not None else pf.s_max
+    return phase_rule(pf.policy[: R + 1], MAP(pf.D0, pf.D1), source, pf.qvalues, pf.actions, phase_path,
+                      spec=f"phase table {path}"), pf
