@@ -267,12 +267,16 @@ def _context_action(n, tau, nxt, arr, ctx_mode, tables, top, ctx_arr, init_ctx, 
     t_ref = arr[nxt - 1] if nxt > 0 else 0.0
     beta = alpha[nxt] @ _expm(D0, tau - t_ref)
     if ctx_mode == 3 and n < qv.shape[0]:
-        q = beta @ qv[n]
         best = np.inf
         at = 0
-        for ai in range(actions.size):
-            if actions[ai] <= n and q[ai] < best:
-                best = q[ai]
+        for ai in range(actions.size):  # Σ_i β_i Q((n, i), a) over the feasible actions (a ≤ n)
+            if actions[ai] > n:
+                break
+            q = 0.0
+            for i in range(beta.size):
+                q += beta[i] * qv[n, i, ai]
+            if q < best:
+                best = q
                 at = ai
         return actions[at], sw_ptr
     return tables[np.argmax(beta), row], sw_ptr

@@ -101,3 +101,34 @@ def phase_file_rule(path: str, source: str, phase_path):
     R = pf.converged_upto if pf.converged_upto is not None else pf.s_max
     return phase_rule(pf.policy[: R + 1], MAP(pf.D0, pf.D1), source, pf.qvalues, pf.actions, phase_path,
                       spec=f"phase table {path}"), pf
+
+
+def show_phase_table(path: str, as_json: bool) -> None:
+    """``show`` for a phase table (schema_version 2)."""
+    from ..runtime.phase_file import read_phase_policy
+    from .solve import _integrity_text
+
+    pf = read_phase_policy(path)
+    a = MAP(pf.D0, pf.D1)
+    i, t, s = pf.inputs, pf.truncation, pf.solution
+    sizes = pf.batch_sizes
+    R = pf.converged_upto
+    d = {"path": path, **pf.meta, "inputs": i, "truncation": t, "arrivals": a.describe(),
+         "solution": {k: v for k, v in s.items() if k != "relative_values"},
+         "policy": [[int(x) for x in col] for col in pf.policy.T], "integrity": pf.integrity}
+    top = R if R is not None else pf.s_max
+    lines = [f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} (phase table) by "
+             f"{pf.meta.get('creator')}, {pf.meta.get('created')}",
+             f"  scenario    λ̄ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} "
+             f"({len(sizes)}), l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, "
+             f"w2 = {i['w2']:g}",
+             arrivals_line(a),
+             f"  truncation  s_max = {t['s_max']} ({t.get('s_max_rule', '?')}), c_o = {t['abstract_cost']:.6g}, "
+             f"Δ = {t['delta']:.3g}; " + (f"converged up to n = {R} in every phase" if R is not None else "not verified")]
+    for k in range(pf.phases):
+        col = np.concatenate([pf.policy[: top + 1, k], pf.policy[top: top + 1, k]])
+        lines.append(f"  phase {k}     {describe_policy(col, sizes)}")
+    lines += [f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W (true phase)",
+              cost_line(s["avg_cost"], "truncated model, eq. 21"),
+              f"  integrity   {_integrity_text(pf.integrity)}"]
+    emit(d, as_json, "\n".join(lines), strict=True)

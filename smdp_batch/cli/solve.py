@@ -225,6 +225,10 @@ def show_cmd(path, as_json):
     try:
         pf = read_policy(path)
     except PolicyFileError as e:
+        if "is a phase table" in str(e):
+            from .bursty import show_phase_table
+
+            return show_phase_table(path, as_json)
         if "it is a policy bank" not in str(e):
             raise
         bank = read_bank(path)

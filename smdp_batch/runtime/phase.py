@@ -214,9 +214,6 @@ def decide_phase(n: int, beta: np.ndarray, table: np.ndarray, qvalues, actions) 
     """The rule of :class:`PhasePolicy` for belief β (qvalues None: the most likely phase's action)."""
     if qvalues is None or n >= qvalues.shape[0]:  # beyond the action values: eq. 30 of the likely phase
         return int(table[min(n, table.shape[0] - 1), int(np.argmax(beta))])
-    q = beta @ qvalues[n]
-    best, at = math.inf, 0
-    for ai in range(actions.size):
-        if actions[ai] <= n and q[ai] < best:
-            best, at = q[ai], ai
-    return int(actions[at])
+    k = int(np.searchsorted(actions, n, side="right"))  # actions ascending: the feasible ones (a ≤ n) lead
+    q = beta @ qvalues[n][:, :k]
+    return int(actions[int(np.argmin(q))])
