@@ -3,12 +3,14 @@ the exact likelihood against brute force, the JSON file that ``--arrivals map:FI
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 from scipy.integrate import quad
 from scipy.linalg import expm
 
+from smdp_batch.cli import main
 from smdp_batch.errors import InputError
 from smdp_batch.model.arrivals import MAP, parse_arrivals, read_map_file
 from smdp_batch.model.fit import _loglik, fit_mmpp, map_loglik, trace_idc
@@ -138,3 +140,46 @@ def test_bad_input(times, kw, needle):
     with pytest.raises(InputError) as e:
         fit_mmpp(times, **kw)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _write(path, times, header=True):
+    path.write_text(("arrival_ms\n" if header else "") + "\n".join(f"{x:.6f}" for x in times) + "\n")
+    return str(path)
+
+
+def test_cli_writes_a_file_arrivals_can_read(tmp_path, trace, capsys):
+    src = _write(tmp_path / "trace.csv", trace[:20_000])
+    out = tmp_path / "fit.json"
+    assert main(["fit-arrivals", src, "-o", str(out), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["phases"] == 2 and d["output"] == str(out) and d["use"] == f"--arrivals map:{out}"
+    assert read_map_file(str(out)).phase_rates == pytest.approx(d["rates"])
+    assert main(["fit-arrivals", src, "--phases", "auto", "--window-ms", "20", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    for needle in ("MMPP fit of", "least BIC of 1..4", "mean rate   trace", "IDC", "log L =", "BIC =", "candidates",
+                   "--arrivals map:FIT.json"):
+        assert needle in text, text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["missing.csv"], "does not exist"),
+    (["few.csv"], "at least 200 arrivals"),
+    (["unsorted.csv"], "timestamps must be sorted"),
+    (["ok.csv", "--phases", "7"], "unknown number of phases '7'; valid: 1, 2, 3, 4, auto"),
+    (["ok.csv", "--window-ms", "-1"], "--window-ms must be > 0"),
+    (["ok.csv", "--window-ms", "1e9"], "is not valid for a trace"),
+    (["ok.csv", "--seed", "-3"], "--seed must be ≥ 0"),
+    (["ok.csv", "-o", "ok.csv"], "is also the input TRACE"),
+    (["ok.csv", "-o", "."], "write to a regular file"),
+])
+def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "few.csv", np.arange(50.0))
+    _write(tmp_path / "unsorted.csv", np.r_[np.arange(300.0), 1.0], header=False)
+    _write(tmp_path / "ok.csv", _poisson(400))
+    before = set(os.listdir(tmp_path))
+    assert main(["fit-arrivals", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("smdp-batch: error: ") and needle in err[0], err
+    assert set(os.listdir(tmp_path)) == before

@@ -222,6 +222,21 @@ def test_fuzz_profile(worker, name, as_json):
     check(worker, ["profile", name, *(["--json"] if as_json else [])], files=PROFILES)
 
 
+FIT_TRACES = {**TRACES, "few.csv": "\n".join(str(i) for i in range(150)).encode(),
+              "ties.csv": "\n".join(str(i // 3) for i in range(600)).encode()}
+
+
+@seed(17)
+@SET
+@given(name=st.sampled_from(sorted(FIT_TRACES) + ["missing.csv", "/dev/zero", "."]),
+       opts=st.lists(st.tuples(st.sampled_from(["--phases", "--window-ms", "--seed"]),
+                               st.one_of(value, st.sampled_from(["1", "2", "auto", "4", "5", "AUTO"]))), max_size=2),
+       out=st.sampled_from([None, "fit.json", ".", "ok.csv", "sub/fit.json"]), as_json=st.booleans())
+def test_fuzz_fit_arrivals(worker, name, opts, out, as_json):
+    argv = ["fit-arrivals", name, *flat(opts), *(["-o", out] if out else []), *(["--json"] if as_json else [])]
+    check(worker, argv, outputs=("fit.json",) if out == "fit.json" else (), files=FIT_TRACES)
+
+
 @seed(17)
 @SET
 @given(path=st.sampled_from(["p_ok.csv", "missing.h5", "p_bin.csv", "/dev/zero"]), to=st.sampled_from(["triton", "nope"]),

@@ -5,6 +5,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from smdp_batch.cli import main
@@ -95,7 +96,12 @@ def files(tmp_path_factory):
     table, bank = tmp / "t.h5", tmp / "bank.h5"
     assert main(["solve", "--bmax", "8", "-o", str(table)]) == 0
     assert main(["solve", "--bmax", "8", "--rho-grid", "0.3,0.6", "-o", str(bank)]) == 0
-    return {"tmp": tmp, "table": str(table), "bank": str(bank), "profile": _profile(tmp / "p.csv"),
+    trace = tmp / "trace.csv"  # bursty: 2 s at 0.5 /ms, then 1 s at 3 /ms, four times
+    rng = np.random.default_rng(0)
+    trace.write_text("\n".join(f"{x:.6f}" for x in np.sort(np.concatenate(
+        [rng.uniform(k * 3000 + off, k * 3000 + off + span, n) for k in range(4)
+         for off, span, n in ((0, 2000, 1000), (2000, 1000, 3000))]))) + "\n")
+    return {"tmp": tmp, "table": str(table), "bank": str(bank), "profile": _profile(tmp / "p.csv"), "trace": str(trace),
             "old": str(sorted(POLICIES.glob("*.h5"))[0])}
 
 
@@ -122,6 +128,8 @@ def _commands(f):
         ("measure", ["measure", "math:fsum", "--sizes", "1,2", "--repeats", "2", "--power-w", "50", "-o", str(t / "m.csv")]),
         ("multibin", ["multibin", "--lam-grid", "2", "--requests", "3000", "--max-waits", "20",
                       "--slo-within-time", "60"]),
+        ("fit-arrivals", ["fit-arrivals", f["trace"], "--phases", "auto", "-o", str(t / "fit.json")]),
+        ("fit-arrivals", ["fit-arrivals", f["trace"]]),
         ("llm", ["llm", "--lam-grid", "1", "--requests", "40", "--schemes", "static,continuous,perbin-smdp",
                  "--slo-within-s", "5"]),
     ]

@@ -1,8 +1,8 @@
 """Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile |
-measure | multibin | llm`` (DESIGN.md §4).
+measure | multibin | llm | fit-arrivals`` (DESIGN.md §4).
 
 This module holds the click group and :func:`main`, the console entry point; each command lives in
-its family's module (solve, simulate, pareto, export, profile, measure, llm), options shared between them in
+its family's module (solve, simulate, pareto, export, profile, measure, llm, fit), options shared between them in
 :mod:`.options` and parameter types in :mod:`.types`.
 
 Every command takes ``--json`` (keys: docs/json.md).  Bad input prints one line
@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import InputError
 from ..files import Terminated, atomic_outputs
 from .export import export_cmd
+from .fit import fit_arrivals_cmd
 from .llm import llm_cmd, multibin_cmd
 from .measure import measure_cmd
 from .options import ARGV, DEFAULTS, NOTICES, build_problem, scenario_options
@@ -45,7 +46,7 @@ def cli():
 
 
 for _cmd in (solve_cmd, evaluate_cmd, simulate_cmd, compare_cmd, pareto_cmd, tables_cmd, export_cmd, show_cmd,
-             profile_cmd, measure_cmd, multibin_cmd, llm_cmd):
+             profile_cmd, measure_cmd, multibin_cmd, llm_cmd, fit_arrivals_cmd):
     cli.add_command(_cmd)
 
 
