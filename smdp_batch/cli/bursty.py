@@ -13,7 +13,7 @@ import numpy as np
 from ..analysis.report import describe_policy
 from ..errors import InputError, NotConvergedWarning, TableNotConvergedWarning
 from ..model.arrivals import MAP, parse_arrivals
-from .options import build_problem, cost_line, emit, metrics_line, scenario_line, solve_progress
+from .options import build_problem, cost_line, emit, integrity_text, metrics_line, scenario_line, solve_progress
 
 
 def arrivals_line(a: MAP) -> str:
@@ -106,7 +106,6 @@ def phase_file_rule(path: str, source: str, phase_path):
 def show_phase_table(path: str, as_json: bool) -> None:
     """``show`` for a phase table (schema_version 2)."""
     from ..runtime.phase_file import read_phase_policy
-    from .solve import _integrity_text
 
     pf = read_phase_policy(path)
     a = MAP(pf.D0, pf.D1)
@@ -130,5 +129,5 @@ def show_phase_table(path: str, as_json: bool) -> None:
         lines.append(f"  phase {k}     {describe_policy(col, sizes)}")
     lines += [f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W (true phase)",
               cost_line(s["avg_cost"], "truncated model, eq. 21"),
-              f"  integrity   {_integrity_text(pf.integrity)}"]
+              f"  integrity   {integrity_text(pf.integrity)}"]
     emit(d, as_json, "\n".join(lines), strict=True)

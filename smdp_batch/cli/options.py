@@ -229,6 +229,13 @@ def json_safe(o, strict: bool = True):
     return o
 
 
+def integrity_text(integrity: str) -> str:
+    """What ``show`` says of a file's checksums."""
+    if integrity == "none":
+        return "none (written before checksums: damage cannot be detected)"
+    return f"{integrity} checksums verified"
+
+
 def sizes_text(sizes) -> str:
     sizes = list(sizes)
     if len(sizes) > 3 and sizes == list(range(sizes[0], sizes[-1] + 1)):

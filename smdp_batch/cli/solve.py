@@ -23,7 +23,7 @@ from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
-    progress_line, solve_progress, spec_files,
+    progress_line, solve_progress, spec_files, integrity_text,
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
@@ -239,7 +239,7 @@ def show_cmd(path, as_json):
         lines += [f"  λ = {r['lam']:<9.5g} ρ = {r['rho']:<6.3g} s_max = {r['s_max']:<5} control limit {r['control_limit']}, "
                   f"W̄ = {r['mean_latency_ms']:.4g} ms, P̄ = {r['mean_power_w']:.4g} W" for r in rows]
         integrity = bank[0].integrity if all(t.integrity == bank[0].integrity for t in bank) else "none"
-        lines.append(f"  integrity   {_integrity_text(integrity)}")
+        lines.append(f"  integrity   {integrity_text(integrity)}")
         emit({"path": path, **bank[0].meta, "integrity": integrity, "tables": rows}, as_json, "\n".join(lines), strict=True)
         return
 
@@ -270,7 +270,7 @@ def show_cmd(path, as_json):
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
             cost_line(s["avg_cost"], "truncated model, eq. 21"),
-            f"  integrity   {_integrity_text(pf.integrity)}",
+            f"  integrity   {integrity_text(pf.integrity)}",
         ]
     )
     emit(d, as_json, text, strict=True)
@@ -284,12 +284,6 @@ def converged_text(R: int | None, policy, rule: str | None) -> str:
     if rule == "auto":
         return "NOT verified as converged (the search reached its state or work limit)"
     return f"not checked for convergence (s_max rule: {rule or 'unknown, written before 0.3'}; use --s-max auto)"
-
-
-def _integrity_text(integrity: str) -> str:
-    if integrity == "none":
-        return "none (written before checksums: damage cannot be detected)"
-    return f"{integrity} checksums verified"
 
 
 
