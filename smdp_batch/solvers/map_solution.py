@@ -4,7 +4,8 @@ The truncation rule of the Poisson solver (:mod:`.search`) carries over level by
 
 1. **Overflow cost**: c_o is raised to 1.5·ĝ while c_o < ĝ (paper 004 Table II's ratio).
 2. **Δ < δ**: s_max doubles from max(4·Bmax, hint) until the S_o level's share of the cost (eq. 22)
-   is below δ and every phase's action at s_max can drain a long queue.
+   is below δ (the action at s_max itself may be a boundary artifact in a phase whose rate exceeds the
+   capacity; step 3 never stores it).
 3. **Convergence**: truncations S/2 and S are solved; for each phase i, A_i is the last level up to
    which their actions agree and R_i the start of the run of equal actions that ends at A_i.  The
    table is converged when in every phase that action has the greatest throughput b/l(b),
@@ -28,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning, TableNotConvergedWarning
-from ..limits import STATE_LIMIT, WORK_LIMIT
+from ..limits import WORK_LIMIT
 from ..model.arrivals import MAP
 from ..model.map_truncation import MapBlocks, MapSMDP, map_blocks, truncate_map
 from ..model.problem import BatchingProblem
@@ -111,6 +112,10 @@ class MapSolution:
         }
 
 
+#: Most states (levels × phases) of one truncation in the search: the sparse LU of the evaluation fills in
+#: to ~(Bmax + K)·m entries per state (≈ 1 GB at 30 000 states, m = 2).
+MAP_STATE_LIMIT = 20_000
+
 #: Largest truncation :func:`evaluate_map_deployed` builds.
 DEPLOYED_SMAX_LIMIT = 1 << 14
 
@@ -150,7 +155,7 @@ class _Candidates:
         m = self.arrivals.phases
         A = len(self.problem.batch_sizes) + 1
         width = float(np.mean(self.blocks.khi)) + self.problem.bmax if self.blocks is not None else 4.0 * self.problem.bmax
-        if s > STATE_LIMIT or A * (s + 2) * m * m * min(width, s) > WORK_LIMIT:
+        if (s + 2) * m > MAP_STATE_LIMIT or A * (s + 2) * m * m * min(width, s) > WORK_LIMIT:
             raise InputError(
                 f"the MAP truncation search reached s_max = {s} ({m} phases, count supports ≈ {width:.0f}): beyond the "
                 f"work limit; the bursts may overload the server for too long (queues of thousands), use a larger "
@@ -186,8 +191,11 @@ class _Candidates:
         return cand
 
     def accepted(self, cand) -> bool:
+        """Δ < δ.  Unlike the Poisson search, the action at s_max itself is not required to drain: in a phase
+        whose rate exceeds the capacity the last few levels' decisions are truncation artifacts at every
+        s_max (they reach S_o either way); the convergence pair below never stores them (R ≤ A/2)."""
         model, res, ev = cand
-        return res is not None and phase_tail_stable(self.problem, res.policy) and ev.delta < self.tol
+        return res is not None and ev.delta < self.tol
 
 
 def _converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> int | None:
