@@ -237,6 +237,28 @@ def test_fuzz_fit_arrivals(worker, name, opts, out, as_json):
     check(worker, argv, outputs=("fit.json",) if out == "fit.json" else (), files=FIT_TRACES)
 
 
+MAP_FILES = {"m_ok.json": b'{"D0": [[-1.1, 0.1], [0.2, -2.2]], "D1": [[1.0, 0.0], [0.0, 2.0]]}',
+             "m_neg.json": b'{"D0": [[-1, 1], [1, -1]], "D1": [[0, -1], [0, 0]]}',
+             "m_big.json": b'{"D0": ' + str([[-1.0] * 9] * 9).encode() + b', "D1": ' + str([[1.0] * 9] * 9).encode() + b'}',
+             "m_text.json": b"not json", "m_list.json": b"[1, 2]",
+             "m_gen.json": b'{"rates": [0.5, 2], "generator": [[-0.05, 0.05], [0.05, -0.05]]}'}
+MAP_SPECS = ["mmpp:0.5,2,0.05,0.05", "mmpp:1e-320,1,1,1", "mmpp:9,9,1,1", "mmpp:1,2,1e308,1", "mmpp:nan,1,1,1",
+             "mmpp:0.5,5,0.001,0.001", "mmpp:0,2,1,1", "mmpp:1,2", "mmpp:", "map:", "map:missing.json", "map:.",
+             *[f"map:{name}" for name in MAP_FILES], "poisson", "POISSON", "bogus:1"]
+
+
+@seed(17)
+@SET
+@given(sc=st.lists(st.one_of(st.tuples(st.sampled_from(["--w1", "--w2", "--bmin", "--bmax"]), value),
+                             st.tuples(st.just("--service"), st.sampled_from(SWEEP_LAWS))), max_size=2),
+       arrivals=st.sampled_from(MAP_SPECS),
+       extra=st.lists(st.tuples(st.sampled_from(["--s-max", "--tol-delta", "--abstract-cost", "--rho"]), value), max_size=1),
+       out=st.sampled_from([None, "t.h5"]))
+def test_fuzz_solve_map(worker, sc, arrivals, extra, out):
+    argv = ["solve", "--arrivals", arrivals, *flat(sc), *flat(extra), *(["-o", out] if out else [])]
+    check(worker, argv, outputs=("t.h5",) if out else (), files=MAP_FILES)
+
+
 @seed(17)
 @SET
 @given(path=st.sampled_from(["p_ok.csv", "missing.h5", "p_bin.csv", "/dev/zero"]), to=st.sampled_from(["triton", "nope"]),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ..limits import FILE_BYTES_LIMIT, ITER_LIMIT, check_requests
+from ..limits import FILE_BYTES_LIMIT, ITER_LIMIT, check_rate, check_requests
 from ..runtime.mapcheck import PHASE_LIMIT, check_map
 
 __all__ = ["MAP", "PHASE_LIMIT", "parse_arrivals", "read_map_file"]
@@ -292,6 +292,10 @@ def parse_arrivals(spec: str | MAP | None, lam: float | None = None) -> MAP | No
             raise InputError(f"--arrivals {text!r}: switching rates R12, R21 must be > 0")
         if max(vals[:2]) <= 0 or min(vals[:2]) < 0:
             raise InputError(f"--arrivals {text!r}: rates L1, L2 must be ≥ 0 and not both 0")
+        for v in vals[:2]:
+            check_rate("MMPP rate", v, zero_ok=True)
+        for v in vals[2:]:
+            check_rate("MMPP switching rate", v)
         return MAP.mmpp(vals[:2], vals[2:])
     if kind == "map" and arg:
         return read_map_file(arg)

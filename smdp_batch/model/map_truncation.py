@@ -56,7 +56,8 @@ def check_map_problem(problem: BatchingProblem, arrivals: MAP) -> None:
 
 @njit(cache=True)
 def _blocks(w, sf_last, P0, P1, kmax):
-    """A_k = Σ_n w_n U_{n,k} (k ≤ kmax) and the mass of k > kmax, by the recursion of the module doc."""
+    """A_k = Σ_n w_n U_{n,k} (k ≤ kmax) and the mass of k > kmax, by the recursion of the module doc
+    (explicit loops: m ≤ 8, no temporaries)."""
     m = P0.shape[0]
     N = w.shape[0] - 1
     K = min(kmax, N)
@@ -64,6 +65,7 @@ def _blocks(w, sf_last, P0, P1, kmax):
     for i in range(m):
         U[0, i, i] = 1.0
     over = np.zeros((m, m))  # U_{n, >kmax}
+    tmp = np.zeros((m, m))
     A = np.zeros((kmax + 1, m, m))
     A_over = np.zeros((m, m))
     P = P0 + P1
@@ -71,22 +73,38 @@ def _blocks(w, sf_last, P0, P1, kmax):
     for n in range(N + 1):
         wn = w[n]
         for k in range(top + 1):
-            A[k] += wn * U[k]
-        A_over += wn * over
+            for i in range(m):
+                for j in range(m):
+                    A[k, i, j] += wn * U[k, i, j]
+        for i in range(m):
+            for j in range(m):
+                A_over[i, j] += wn * over[i, j]
         if n == N:
             break
-        # advance n → n + 1 (descending k, in place)
-        over = over @ P
-        if top == K and K == kmax:
-            over += U[K] @ P1
+        # advance n → n + 1: over ← over·P + U_K·P1 (when K = kmax), then U_k ← U_k·P0 + U_{k−1}·P1, descending k
+        for i in range(m):
+            for j in range(m):
+                acc = 0.0
+                for l in range(m):
+                    acc += over[i, l] * P[l, j]
+                if top == K and K == kmax:
+                    for l in range(m):
+                        acc += U[K, i, l] * P1[l, j]
+                tmp[i, j] = acc
+        over[:, :] = tmp
         newtop = min(top + 1, K)
         for k in range(newtop, -1, -1):
-            acc = np.zeros((m, m))
-            if k <= top:
-                acc += U[k] @ P0
-            if k >= 1:
-                acc += U[k - 1] @ P1
-            U[k] = acc
+            for i in range(m):
+                for j in range(m):
+                    acc = 0.0
+                    if k <= top:
+                        for l in range(m):
+                            acc += U[k, i, l] * P0[l, j]
+                    if k >= 1:
+                        for l in range(m):
+                            acc += U[k - 1, i, l] * P1[l, j]
+                    tmp[i, j] = acc
+            U[k] = tmp
         top = newtop
     # the weight mass beyond N (below 1e-17): counted as many arrivals, end phase as the mixing law
     for i in range(m):
@@ -109,14 +127,22 @@ class MapBlocks:
         return self.pmf.shape[1] - 1
 
 
+#: Most uniformized events per batch (terms w_n) computed; a law needing more is refused.
+EVENTS_LIMIT = 1 << 17
+
+
 def _weights(law, x: float, b: int) -> tuple[np.ndarray, float]:
     """Mixed-Poisson weights w_n at mean count x up to where their tail is below 1e-17 (and that tail)."""
     n = max(64, int(x + 12.0 * np.sqrt(x + 1.0) + 32))
     while True:
         pmf, sf = law.arrival(x, n, b)
-        if sf[-1] < 1e-17 or n > 1 << 22:
+        if sf[-1] < 1e-17:
             return np.asarray(pmf, dtype=np.float64), float(max(sf[-1], 0.0))
-        n *= 2
+        if n >= EVENTS_LIMIT:
+            raise InputError(
+                f"service law {law.spec()}: a batch of {b} sees more than {EVENTS_LIMIT} MAP events with probability "
+                f"{sf[-1]:.2g}; its tail is too heavy for MAP arrivals (use a lighter-tailed law)")
+        n = min(2 * n, EVENTS_LIMIT)
 
 
 def map_blocks(problem: BatchingProblem, arrivals: MAP, kmax: int) -> MapBlocks:

@@ -101,12 +101,11 @@ def _policy_vectors(model: MapSMDP, pol: np.ndarray, costs: np.ndarray):
     return c, y
 
 
-def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-    """(g, h) of a policy (action indices, levels × m) by the sparse solve of eq. 20; h(0, 0) = 0.
+def _factor(model: MapSMDP, pol: np.ndarray, costs: np.ndarray):
+    """SuperLU of B = I − M_π with the column of h(0, 0) replaced by y_π, and (c_π, y_π, M_π).
 
-    Raises InputError when the system is singular (a multichain policy) or the residual is not small.
-    """
-    costs = model.costs() if costs is None else costs
+    B solves eq. 20 (B·(g, h) = c) and gives the stationary law too: μ·(I − M) = 0 makes μ·B = (μ·y)·e₀ᵀ,
+    so μ ∝ B⁻ᵀ·e₀ — one factorization for both."""
     c, y = _policy_vectors(model, pol, costs)
     if not np.all(np.isfinite(c)):
         raise InputError("the policy takes an infeasible action")
@@ -118,9 +117,20 @@ def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = No
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            x = splu(A, permc_spec=PERMC).solve(c)
+            lu = splu(A.tocsc(), permc_spec=PERMC)
     except (RuntimeError, sparse.linalg.MatrixRankWarning, Warning):
         raise InputError("the policy's chain is multichain (singular evaluation)") from None
+    return lu, c, y, M
+
+
+def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """(g, h) of a policy (action indices, levels × m) by the sparse solve of eq. 20; h(0, 0) = 0.
+
+    Raises InputError when the system is singular (a multichain policy) or the residual is not small.
+    """
+    costs = model.costs() if costs is None else costs
+    lu, c, y, M = _factor(model, pol, costs)
+    x = lu.solve(c)
     g = float(x[0])
     h = x.copy()
     h[0] = 0.0
@@ -264,32 +274,30 @@ class MapEvaluation:
                 "overflow_probability": self.overflow_probability}
 
 
-def _stationary(model: MapSMDP, pol: np.ndarray) -> np.ndarray:
-    M = _matrix(model, pol)
-    N = model.n_states
-    A = (sparse.identity(N, format="csc") - M).T.tocsc()  # row 0 (balance of state 0) ← normalisation
-    A = A.multiply(np.r_[0.0, np.ones(N - 1)][:, None]).tocsc() + sparse.csc_matrix(
-        (np.ones(N), (np.zeros(N, dtype=np.int64), np.arange(N))), shape=(N, N))
-    rhs = np.zeros(N)
-    rhs[0] = 1.0
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            mu = splu(A.tocsc(), permc_spec=PERMC).solve(rhs)
-    except (RuntimeError, Warning):
-        raise InputError("the policy's chain is multichain: no unique stationary law") from None
-    mu = np.where(mu < 0, 0.0, mu)  # round-off below 1e-16
-    return (mu / mu.sum()).reshape(model.levels, model.phases)
+def _stationary(model: MapSMDP, pol: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """μ of M_π at decision epochs, from the factorization of :func:`_factor` (μ ∝ B⁻ᵀ·e₀), checked."""
+    lu, c, y, M = _factor(model, pol, costs)
+    e0 = np.zeros(model.n_states)
+    e0[0] = 1.0
+    mu = lu.solve(e0, trans="T")
+    scale = np.max(np.abs(mu))
+    if not (np.isfinite(scale) and scale > 0) or np.min(mu) < -1e-9 * scale:
+        raise InputError("the policy's chain has no unique stationary law (multichain)")
+    mu = np.where(mu < 0, 0.0, mu)  # round-off below 1e-9 of the largest mass
+    mu /= mu.sum()
+    if np.max(np.abs(mu - M.T @ mu)) > 1e-9:
+        raise InputError("the stationary law is not certified (a numerically multichain policy)")
+    return mu.reshape(model.levels, model.phases)
 
 
 def evaluate_map_policy(model: MapSMDP, policy: np.ndarray) -> MapEvaluation:
     """Exact metrics of ``policy`` (batch sizes, levels × m) on the truncated model."""
     pol = model.action_index(policy)
-    mu = _stationary(model, pol)
+    costs = model.costs()
+    mu = _stationary(model, pol, costs)
     m = model.phases
     cols = np.arange(m)[None, :]
     y = model.y[pol, cols]
-    costs = model.costs()
     c = np.take_along_axis(costs, pol[:, :, None], axis=2)[:, :, 0]
     a = model.actions[pol].astype(np.float64)
     lv = model.level()[:, None]
