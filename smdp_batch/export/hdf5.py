@@ -55,22 +55,28 @@ def _dataset(group, name: str, data) -> None:
     group.create_dataset(name, data=data, fletcher32=True)
 
 
-def _fill_table(f, solution) -> None:
-    """Write one solution's policy, inputs, truncation and solution into the HDF5 group ``f``."""
-    p, r, m = solution.problem, solution.result, solution.model
-    d = solution.to_dict()
-    policy = np.asarray(solution.policy, dtype=np.int32)
+def _write_inputs(f, p):
+    """The /inputs group of a problem; returns (scalar inputs, batch sizes, l(b), ζ(b)) for the digest."""
     sizes = np.asarray(p.batch_sizes, dtype=np.int32)
     latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
-    values = np.asarray(r.relative_values, dtype=np.float64)
     inputs = {"lam": float(p.lam), "rho": float(p.rho), "w1": float(p.w1), "w2": float(p.w2),
               "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
-    _dataset(f, "policy", policy)
     g = f.create_group("inputs")
     g.attrs.update(inputs)
     _dataset(g, "batch_sizes", sizes)
     _dataset(g, "latency_ms", latency)
     _dataset(g, "energy_mj", energy)
+    return inputs, sizes, latency, energy
+
+
+def _fill_table(f, solution) -> None:
+    """Write one solution's policy, inputs, truncation and solution into the HDF5 group ``f``."""
+    p, r, m = solution.problem, solution.result, solution.model
+    d = solution.to_dict()
+    policy = np.asarray(solution.policy, dtype=np.int32)
+    values = np.asarray(r.relative_values, dtype=np.float64)
+    _dataset(f, "policy", policy)
+    inputs, sizes, latency, energy = _write_inputs(f, p)
     t = f.create_group("truncation")
     t.attrs.update(
         {"s_max": m.s_max, "s_max_auto": solution.s_max_auto, "abstract_cost": m.abstract_cost,
@@ -132,18 +138,10 @@ def write_phase_policy(solution, path: str | os.PathLike) -> Path:
         d = solution.to_dict()
         R = solution.stored_range
         policy = np.asarray(solution.table, dtype=np.int32)
-        sizes = np.asarray(p.batch_sizes, dtype=np.int32)
-        latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
         values = np.asarray(r.relative_values, dtype=np.float64)
         qv = np.asarray(solution.qvalues[: R + 1], dtype=np.float64)
-        inputs = {"lam": float(p.lam), "rho": float(p.rho), "w1": float(p.w1), "w2": float(p.w2),
-                  "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
         _dataset(f, "policy", policy)
-        g = f.create_group("inputs")
-        g.attrs.update(inputs)
-        _dataset(g, "batch_sizes", sizes)
-        _dataset(g, "latency_ms", latency)
-        _dataset(g, "energy_mj", energy)
+        inputs, sizes, latency, energy = _write_inputs(f, p)
         a = f.create_group("arrivals")
         a.attrs.update({"spec": solution.arrivals.spec(), "rate": solution.arrivals.rate})
         _dataset(a, "D0", solution.arrivals.D0)
