@@ -19,11 +19,14 @@ _LAZY = {
     "BatchingProblem": ".model", "Evaluation": ".solvers", "evaluate_policy": ".solvers",
     "Solution": ".solvers", "SolveResult": ".solvers", "solve": ".solvers", "solve_batch": ".solvers",
     "TruncatedSMDP": ".model", "truncate": ".model",
+    "MAP": ".model.arrivals", "MapSolution": ".solvers.map_solution", "map_problem": ".solvers.map_solution",
+    "solve_map": ".solvers.map_solution",
 }
 
 __all__ = [
     "BatchingProblem", "Evaluation", "InputError", "PolicyFileError", "Solution", "SolveResult",
     "TruncatedSMDP", "evaluate_policy", "solve", "solve_batch", "truncate", "__version__",
+    "MAP", "MapSolution", "map_problem", "solve_map",
 ]
 
 
