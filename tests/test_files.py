@@ -325,8 +325,11 @@ def test_new_files_follow_the_umask_and_replaced_files_keep_their_mode(tmp_path)
 def _interrupt_a_long_solve(tmp_path, sig):
     """Start a ~20 s bank solve writing -o, send ``sig`` once its temporary file exists; (rc, stderr)."""
     grid = ",".join(f"{0.3 + i * 0.0015:.4f}" for i in range(400))
+    # a shell's background job starts with SIGINT ignored, and Python then installs no KeyboardInterrupt
+    # handler: restore the default so the signal under test reaches the command wherever the suite runs
     proc = subprocess.Popen([sys.executable, "-m", "smdp_batch", "solve", "--bmax", "64", "--rho-grid", grid,
-                             "-o", "bank.h5"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "-o", "bank.h5"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
     try:
         deadline = time.monotonic() + 60
         while not any(n.startswith(".bank.h5.") for n in os.listdir(tmp_path)):
