@@ -2,14 +2,14 @@
 
 * :func:`phase_rule` — a (queue length, phase) table of :func:`smdp_batch.solvers.map_solution.solve_map`
   acting on the **true** phase (a bound: no server sees it) or on the **filter**'s belief
-  (:mod:`smdp_batch.runtime.phase`; ``decision="qmdp"`` or ``"likely"``), exactly as
+  (:mod:`smdp_batch.runtime.phase`; ``source="qmdp"`` or ``"likely"``), exactly as
   :class:`~smdp_batch.runtime.phase.PhasePolicy` acts in a server.
 * :func:`bank_rule` — the λ-bank's :class:`~smdp_batch.runtime.bank.AdaptivePolicy`: its table index
   after each arrival is computed by the runtime object itself over the arrival stream (the estimate
   depends on arrivals only), then the simulator applies the indexed table.
 
 Both are :class:`ContextRule`\\ s: a stack of tables and, per run, the context that picks one at each
-decision epoch (:func:`smdp_batch.analysis.simulate._context_kernel`).
+decision epoch (:func:`smdp_batch.analysis.sim_kernels._context_kernel`).
 """
 
 from __future__ import annotations
