@@ -55,12 +55,29 @@ def test_measured_profile_is_read_by_profile_and_solve(mlp_runs, capsys):
     assert json.loads(capsys.readouterr().out)["converged"]
 
 
-def test_two_runs_agree_within_their_spread(mlp_runs):
-    """Per-size means within 5 standard errors of their difference, plus 0.25 ms for a loaded 2-core machine."""
-    (a, *_), (b, *_) = mlp_runs
+def _disagreements(a, b) -> list:
+    out = []
     for ra, rb in zip(a.summary(), b.summary()):
         se = np.hypot(ra["std_latency_ms"] / np.sqrt(ra["samples"]), rb["std_latency_ms"] / np.sqrt(rb["samples"]))
-        assert abs(ra["mean_latency_ms"] - rb["mean_latency_ms"]) <= 5 * se + 0.25, (ra, rb)
+        if abs(ra["mean_latency_ms"] - rb["mean_latency_ms"]) > 5 * se + 0.25:
+            out.append((ra, rb))
+    return out
+
+
+def test_two_runs_agree_within_their_spread(mlp_runs):
+    """Per-size means within 5 standard errors of their difference, plus 0.25 ms for a loaded 2-core machine.
+
+    One retry with a fresh pair, measured size by size alternately: on this shared VM a whole run can be slowed
+    by a quarter (seen: 2.28 against 2.88 ms at b = 16, 1 in 2 runs one evening), which no per-run spread shows."""
+    from examples import onnx_mlp
+
+    (a, *_), (b, *_) = mlp_runs
+    bad = _disagreements(a, b)
+    if bad:
+        pairs = [[measure(onnx_mlp.infer, onnx_mlp.make_batch, sizes=(s,), warmup=3, repeats=12, progress=False)
+                  for _ in range(2)] for s in SIZES]
+        for x, y in pairs:
+            assert not _disagreements(x, y), (bad, _disagreements(x, y))
 
 
 def test_a_known_latency_is_recovered():
