@@ -96,9 +96,11 @@ def control_limit_of(policy: np.ndarray, batch_sizes) -> int | None:
 
 
 def resize_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
-    """Carry a policy to another s_max (a warm start): grow by eq. 30, or cut with S_o ← π(s_max)."""
+    """Carry a policy to another s_max (a warm start): grow by eq. 30, or cut with S_o ← π(s_max).
+
+    ``policy`` is indexed by queue length on its first axis: a table (s_max+2,) or a phase table (s_max+2, m)."""
     policy = np.asarray(policy, dtype=np.int64)
-    if s_max >= policy.size - 2:
+    if s_max >= policy.shape[0] - 2:
         return extend_policy(policy, s_max)
     return np.concatenate([policy[: s_max + 1], policy[s_max : s_max + 1]])
 
@@ -108,21 +110,23 @@ def extend_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
 
     States beyond the original s_max — and the new overflow state — take the action of the
     original s_max (never the original S_o action, which reflects the abstract cost c_o only).
+    A phase table (s_max+2, m) is extended the same way, phase by phase.
     """
     policy = np.asarray(policy, dtype=np.int64)
-    old = policy.size - 2
+    old = policy.shape[0] - 2
     if s_max < old:
         raise InputError(f"cannot shrink a policy from s_max={old} to {s_max}")
-    out = np.empty(s_max + 2, dtype=np.int64)
+    out = np.empty((s_max + 2,) + policy.shape[1:], dtype=np.int64)
     out[: old + 1] = policy[: old + 1]
     out[old + 1 :] = policy[old]
     return out
 
 
 def tail_stable(problem: BatchingProblem, policy: np.ndarray) -> bool:
-    """Whether eq. 30's tail action a = π(s_max) drains long queues: a > 0 and λ·l(a) < a."""
-    a_tail = int(policy[len(policy) - 2])
-    return a_tail > 0 and problem.lam * float(problem.latency(np.float64(a_tail))) < a_tail
+    """Whether eq. 30's tail action a = π(s_max) drains long queues: a > 0 and λ·l(a) < a (for a phase
+    table, in every phase; λ is then the MAP's mean rate)."""
+    tail = np.atleast_1d(np.asarray(policy)[len(policy) - 2])
+    return all(int(a) > 0 and problem.lam * float(problem.latency(np.float64(a))) < int(a) for a in tail)
 
 
 #: Largest truncation :func:`evaluate_deployed` will build.

@@ -315,25 +315,3 @@ def evaluate_map_policy(model: MapSMDP, policy: np.ndarray) -> MapEvaluation:
         overflow_probability=float(mu[-1].sum()),
         stationary=mu, s_max=model.s_max,
     )
-
-
-def extend_phase_policy(policy: np.ndarray, s_max: int) -> np.ndarray:
-    """Eq. 30 per phase: levels beyond the policy's s_max (and the new S_o) take its s_max row."""
-    policy = np.asarray(policy, dtype=np.int64)
-    old = policy.shape[0] - 2
-    if s_max < old:
-        return np.concatenate([policy[: s_max + 1], policy[s_max: s_max + 1]])
-    out = np.empty((s_max + 2, policy.shape[1]), dtype=np.int64)
-    out[: old + 1] = policy[: old + 1]
-    out[old + 1:] = policy[old]
-    return out
-
-
-def phase_tail_stable(problem, policy: np.ndarray) -> bool:
-    """Every phase's action at s_max serves, and their best rate exceeds λ̄ (a necessary drain condition)."""
-    top = np.asarray(policy)[-2]
-    if np.any(top <= 0):
-        return False
-    rate = [b / float(problem.latency(np.float64(b))) for b in top]
-    return min(rate) > problem.lam
-

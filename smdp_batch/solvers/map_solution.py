@@ -33,9 +33,9 @@ from ..limits import WORK_LIMIT, check_tail
 from ..model.arrivals import MAP
 from ..model.map_truncation import MapBlocks, MapSMDP, map_blocks, truncate_map
 from ..model.problem import BatchingProblem
-from .map_pi import (MapEvaluation, MapPIResult, evaluate_map_policy, extend_phase_policy, map_policy_iteration,
-                     phase_tail_stable)
-from .search import CO_RATIO, limiting_actions
+from .evaluation import resize_policy, tail_stable
+from .map_pi import MapEvaluation, MapPIResult, evaluate_map_policy, map_policy_iteration
+from .search import CO_RATIO, converged_range
 
 __all__ = ["MapSolution", "solve_map", "map_problem"]
 
@@ -126,14 +126,14 @@ def evaluate_map_deployed(problem: BatchingProblem, arrivals: MAP, policy: np.nd
     """Metrics of an (n, phase) policy extended by eq. 30 per phase, on truncations of doubling size with
     c_o = 0 until the S_o level's probability and cost share fall below ``tol``."""
     policy = np.asarray(policy, dtype=np.int64)
-    if not phase_tail_stable(problem, policy):
+    if not tail_stable(problem, policy):
         raise InputError("the policy's actions at its last queue length cannot drain a long queue in every phase")
     s = max(policy.shape[0] - 2, problem.bmax, 64)
     while True:
         if blocks is None or blocks.kmax < s:
             blocks = map_blocks(problem, arrivals, 2 * s)
         model = truncate_map(problem, arrivals, s, 0.0, blocks)
-        ev = evaluate_map_policy(model, extend_phase_policy(policy, s))
+        ev = evaluate_map_policy(model, resize_policy(policy, s))
         if ev.delta < tol * max(1.0, ev.avg_cost) and ev.overflow_probability < tol:
             return ev
         if 2 * s > DEPLOYED_SMAX_LIMIT:
@@ -173,7 +173,7 @@ class _Candidates:
         res = None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NotConvergedWarning)
-            for start in ((extend_phase_policy(self.warm, s),) if self.warm is not None else ()) + (None,):
+            for start in ((resize_policy(self.warm, s),) if self.warm is not None else ()) + (None,):
                 try:
                     res = map_policy_iteration(model, start, self.max_iter)
                     break
@@ -200,19 +200,12 @@ class _Candidates:
 
 
 def _converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> int | None:
-    """R = max over phases of the Poisson criterion (module doc); None when some phase has not converged."""
-    limit = limiting_actions(problem)
+    """R = the largest over phases of the Poisson criterion (:func:`.search.converged_range` on each phase's
+    column); None when some phase has not converged."""
     R = 0
     for i in range(big.shape[1]):
-        diff = np.nonzero(small[: s_small + 1, i] != big[: s_small + 1, i])[0]
-        A = int(diff[0]) - 1 if diff.size else s_small
-        if A < 0:
-            return None
-        a = int(big[A, i])
-        r = A
-        while r > 0 and int(big[r - 1, i]) == a:
-            r -= 1
-        if not (a > 0 and a in limit and A >= 2 * r and A - r >= problem.bmax):
+        r, _ = converged_range(small[:, i], big[:, i], s_small, problem)
+        if r is None:
             return None
         R = max(R, r)
     return R
