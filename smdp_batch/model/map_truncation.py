@@ -34,9 +34,10 @@ import numpy as np
 from numba import njit
 
 from ..errors import InputError
-from ..limits import check_memory, check_model
+from ..limits import check_memory
 from .arrivals import MAP
 from .problem import BatchingProblem
+from .truncation import check_truncation
 
 __all__ = ["MapBlocks", "MapSMDP", "map_blocks", "truncate_map", "check_map_problem"]
 
@@ -243,16 +244,7 @@ def truncate_map(problem: BatchingProblem, arrivals: MAP, s_max: int, abstract_c
                  blocks: MapBlocks | None = None) -> MapSMDP:
     """The truncated MAP SMDP with levels 0..s_max, S_o and abstract cost c_o (module doc)."""
     check_map_problem(problem, arrivals)
-    try:
-        s = int(s_max)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
-    if s != s_max or s < problem.bmax:
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}")
-    check_model((len(problem.batch_sizes) + 1) * arrivals.phases ** 2, s)
-    c_o = float(abstract_cost)
-    if not (np.isfinite(c_o) and c_o >= 0):
-        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    s, c_o = check_truncation(problem, s_max, abstract_cost, (len(problem.batch_sizes) + 1) * arrivals.phases ** 2)
     if blocks is None or blocks.kmax < s:
         blocks = map_blocks(problem, arrivals, s)
     m = arrivals.phases

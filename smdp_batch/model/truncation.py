@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..limits import arrival_table_bytes, check_memory, check_model
 from .problem import BatchingProblem
 
-__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "truncate"]
+__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "check_truncation", "truncate"]
 
 #: Terms p_k of a row outside [klo, khi] carry less than this mass on each side; the solver
 #: kernels skip them (their effect on any value is below 1e-18·span(h)).  Evaluation uses full rows.
@@ -212,6 +212,23 @@ def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
     return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi)
 
 
+def check_truncation(problem: BatchingProblem, s_max, abstract_cost, model_actions: int) -> tuple[int, float]:
+    """(s_max, c_o) checked for a truncated model (s_max an integer ≥ Bmax, c_o finite ≥ 0), and its memory
+    (:func:`~smdp_batch.limits.check_model` with ``model_actions`` per-action rows) refused before work; shared
+    by the Poisson and MAP truncations."""
+    try:
+        s_max_i = int(s_max)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
+    if s_max_i != s_max or s_max_i < problem.bmax:
+        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} (paper 004 §V-A), got {s_max!r}")
+    check_model(model_actions, s_max_i)
+    c_o = float(abstract_cost)
+    if not (np.isfinite(c_o) and c_o >= 0):
+        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    return s_max_i, c_o
+
+
 def truncate(
     problem: BatchingProblem,
     s_max: int,
@@ -219,16 +236,7 @@ def truncate(
     arrivals: ArrivalTable | None = None,
 ) -> TruncatedSMDP:
     """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19)."""
-    try:
-        s_max_i = int(s_max)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
-    if s_max_i != s_max or s_max_i < problem.bmax:
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} (paper 004 §V-A), got {s_max!r}")
-    check_model(len(problem.batch_sizes) + 1, s_max_i)
-    c_o = float(abstract_cost)
-    if not (np.isfinite(c_o) and c_o >= 0):
-        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    s_max_i, c_o = check_truncation(problem, s_max, abstract_cost, len(problem.batch_sizes) + 1)
     if arrivals is None or arrivals.kmax < s_max_i:
         arrivals = arrival_table(problem, s_max_i)
     if arrivals.klo is None:
