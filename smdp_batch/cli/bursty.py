@@ -92,15 +92,13 @@ def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None):
     return t, (sw_t, sw_p)
 
 
-def phase_file_rule(path: str, source: str, phase_path):
-    """The simulator rule of a phase table file: the filter (qmdp | likely) or the true phase (needs a MAP stream)."""
+def phase_file_rule(pf, arrivals: MAP, source: str, phase_path):
+    """The simulator rule of a loaded phase table: the filter (qmdp | likely) or the true phase (needs a MAP stream)."""
     from ..analysis.phased import phase_rule
-    from ..runtime.phase_file import read_phase_policy
 
-    pf = read_phase_policy(path)
     R = pf.converged_upto if pf.converged_upto is not None else pf.s_max
-    return phase_rule(pf.policy[: R + 1], MAP(pf.D0, pf.D1), source, pf.qvalues, pf.actions, phase_path,
-                      spec=f"phase table {path}"), pf
+    return phase_rule(pf.policy[: R + 1], arrivals, source, pf.qvalues, pf.actions, phase_path,
+                      spec=f"phase table {pf.path}")
 
 
 def show_phase_table(path: str, as_json: bool) -> None:

@@ -9,8 +9,7 @@ import click
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
-from .options import (UNITS, build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_files,
-                      scenario_line, scenario_options, spec_files)
+from .options import UNITS, build_problem, emit, file_inputs, json_option, scenario_line, scenario_options
 from ..limits import SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Number, OneOf, option
 
@@ -45,15 +44,15 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
 
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
-    prepare_outputs([], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
         from ..runtime.phase_file import read_phase_policy
         from ..model.arrivals import MAP
 
         pf = read_phase_policy(policy_spec)
         problem = build_problem(opts, file_inputs(pf, opts))
-        arr, path = stream(arrivals, n, sd, MAP(pf.D0, pf.D1))
-        rule, _ = phase_file_rule(policy_spec, phase_rule, path)
+        table_map = MAP(pf.D0, pf.D1)
+        arr, path = stream(arrivals, n, sd, table_map)
+        rule = phase_file_rule(pf, table_map, phase_rule, path)
     else:
         problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
         rule = parse_rule(policy_spec, problem)
