@@ -123,12 +123,8 @@ def _factor(model: MapSMDP, pol: np.ndarray, costs: np.ndarray):
     return lu, c, y, M
 
 
-def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-    """(g, h) of a policy (action indices, levels × m) by the sparse solve of eq. 20; h(0, 0) = 0.
-
-    Raises InputError when the system is singular (a multichain policy) or the residual is not small.
-    """
-    costs = model.costs() if costs is None else costs
+def _eq20(model: MapSMDP, pol: np.ndarray, costs: np.ndarray):
+    """(g, h, factorization) of a policy: the sparse solve of eq. 20, certified by its residual."""
     lu, c, y, M = _factor(model, pol, costs)
     x = lu.solve(c)
     g = float(x[0])
@@ -137,7 +133,16 @@ def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = No
     res = np.max(np.abs(h - c + g * y - M @ h))
     if not (np.isfinite(g) and res <= 1e-7 * (1.0 + np.max(np.abs(h)) + abs(g))):
         raise InputError(f"evaluation not certified (residual {res:.3g}): a numerically multichain policy")
-    return g, h.reshape(model.levels, model.phases)
+    return g, h.reshape(model.levels, model.phases), (lu, M)
+
+
+def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """(g, h) of a policy (action indices, levels × m) by the sparse solve of eq. 20; h(0, 0) = 0.
+
+    Raises InputError when the system is singular (a multichain policy) or the residual is not small.
+    """
+    g, h, _ = _eq20(model, pol, model.costs() if costs is None else costs)
+    return g, h
 
 
 def q_values(model: MapSMDP, g: float, h: np.ndarray, costs: np.ndarray | None = None) -> np.ndarray:
@@ -203,6 +208,7 @@ class MapPIResult:
     iterations: int
     converged: bool
     seconds: float
+    stationary: np.ndarray | None = field(default=None, repr=False)  # μ of the policy, from its last factorization
 
 
 def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_iter: int = 200) -> MapPIResult:
@@ -213,19 +219,19 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
     with single_blas():
         if policy0 is not None:
             pol = model.action_index(policy0)
-            g, h = map_gain_bias(model, pol, costs)
+            g, h, fac = _eq20(model, pol, costs)
         else:
             best = None
             for p in _starts(model):
                 try:
-                    g_, h_ = map_gain_bias(model, p, costs)
+                    got = _eq20(model, p, costs)
                 except InputError:
                     continue
-                if best is None or g_ < best[1]:
-                    best = (p, g_, h_)
+                if best is None or got[0] < best[1]:
+                    best = (p, *got)
             if best is None:
                 raise InputError("no starting policy of the MAP SMDP evaluates (s_max too small?)")
-            pol, g, h = best
+            pol, g, h, fac = best
         converged = False
         it = 0
         for it in range(1, max_iter + 1):
@@ -239,7 +245,7 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
                 trial = pol.copy()
                 trial[changed[:, 0], changed[:, 1]] = new[changed[:, 0], changed[:, 1]]
                 try:
-                    g, h = map_gain_bias(model, trial, costs)
+                    g, h, fac = _eq20(model, trial, costs)
                     pol = trial
                     break
                 except InputError:
@@ -250,7 +256,11 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
         warnings.warn(f"MAP policy iteration did not repeat a policy within {max_iter} iterations: NOT certified",
                       NotConvergedWarning, stacklevel=2)
         q = q_values(model, g, h, costs)
-    return MapPIResult(model.actions[pol], g, h, q, it, converged, time.perf_counter() - t0)
+    try:  # the stationary law from the factorization PI already holds (one triangular solve, not a new LU)
+        mu = _law(model, *fac)
+    except InputError:
+        mu = None
+    return MapPIResult(model.actions[pol], g, h, q, it, converged, time.perf_counter() - t0, mu)
 
 
 @dataclass(frozen=True)
@@ -274,9 +284,8 @@ class MapEvaluation:
                 "overflow_probability": self.overflow_probability}
 
 
-def _stationary(model: MapSMDP, pol: np.ndarray, costs: np.ndarray) -> np.ndarray:
-    """μ of M_π at decision epochs, from the factorization of :func:`_factor` (μ ∝ B⁻ᵀ·e₀), checked."""
-    lu, c, y, M = _factor(model, pol, costs)
+def _law(model: MapSMDP, lu, M) -> np.ndarray:
+    """μ of M_π at decision epochs from the factorization of :func:`_factor` (μ ∝ B⁻ᵀ·e₀), checked."""
     e0 = np.zeros(model.n_states)
     e0[0] = 1.0
     mu = lu.solve(e0, trans="T")
@@ -290,11 +299,15 @@ def _stationary(model: MapSMDP, pol: np.ndarray, costs: np.ndarray) -> np.ndarra
     return mu.reshape(model.levels, model.phases)
 
 
-def evaluate_map_policy(model: MapSMDP, policy: np.ndarray) -> MapEvaluation:
-    """Exact metrics of ``policy`` (batch sizes, levels × m) on the truncated model."""
+def evaluate_map_policy(model: MapSMDP, policy: np.ndarray, stationary: np.ndarray | None = None) -> MapEvaluation:
+    """Exact metrics of ``policy`` (batch sizes, levels × m) on the truncated model; ``stationary``: its law μ
+    when already known (:attr:`MapPIResult.stationary` of the same policy and model), else factored here."""
     pol = model.action_index(policy)
     costs = model.costs()
-    mu = _stationary(model, pol, costs)
+    if stationary is None:
+        lu, _, _, M = _factor(model, pol, costs)
+        stationary = _law(model, lu, M)
+    mu = stationary
     m = model.phases
     cols = np.arange(m)[None, :]
     y = model.y[pol, cols]

@@ -184,7 +184,7 @@ class _Candidates:
         ev = None
         if res is not None:
             self.warm = res.policy
-            ev = evaluate_map_policy(model, res.policy)
+            ev = evaluate_map_policy(model, res.policy, res.stationary)
         cand = (model, res, ev)
         self.cache[key] = cand
         if self.progress is not None:
@@ -235,7 +235,7 @@ def solve_map(problem: BatchingProblem, arrivals: MAP, s_max: int | str = "auto"
     if not isinstance(s_max, str):
         model = truncate_map(problem, arrivals, s_max, c_o)
         res = map_policy_iteration(model, max_iter=max_iter)
-        ev = evaluate_map_policy(model, res.policy)
+        ev = evaluate_map_policy(model, res.policy, res.stationary)
         return MapSolution(problem, arrivals, model, res, ev, tol, "fixed", None, res.policy,
                            time.perf_counter() - t0)
     check_tail(problem, tol)  # a heavy-tailed law whose Poisson table would not fit is refused here too
