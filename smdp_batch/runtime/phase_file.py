@@ -28,14 +28,14 @@ import numpy as np
 
 from ..errors import InputError
 from .mapcheck import PHASE_LIMIT, check_map
-from .schema import (FORMAT, PHASE_SCHEMA_VERSION, _attr, _child, _dataset, _guarded, _load_inputs, _load_truncation,
-                     _open, _s_max, _Where, table_digest)
+from .schema import (FORMAT, PHASE_SCHEMA_VERSION, TableFields, _attr, _child, _dataset, _guarded, _load_inputs,
+                     _load_truncation, _open, _s_max, _Where, table_digest)
 
 __all__ = ["PhasePolicyFile", "phase_digest", "read_phase_policy", "policy_version"]
 
 
 @dataclass(frozen=True)
-class PhasePolicyFile:
+class PhasePolicyFile(TableFields):
     """A loaded, validated phase table (schema_version 2; issue 20): ``policy`` (s_max+2, m) batch sizes per
     queue length and MAP phase, the MAP (D0, D1), and the action values ``qvalues`` (R+1, m, A) over
     ``actions`` (0 then the batch sizes) for the belief-weighted rule."""
@@ -53,20 +53,8 @@ class PhasePolicyFile:
     integrity: str = "none"
 
     @property
-    def s_max(self) -> int:
-        return self.policy.shape[0] - 2
-
-    @property
     def phases(self) -> int:
         return self.policy.shape[1]
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(int(b) for b in self.inputs["batch_sizes"])
-
-    @property
-    def converged_upto(self) -> int | None:
-        return self.truncation.get("converged_upto")
 
 
 def phase_digest(policy, D0, D1, qvalues, batch_sizes, latency_ms, energy_mj, relative_values, inputs, s_max) -> str:

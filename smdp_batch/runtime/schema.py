@@ -91,8 +91,26 @@ def eq30(policy: np.ndarray, s_max: int, n: int) -> int:
     return int(policy[n if n < s_max else s_max])
 
 
+class TableFields:
+    """What every loaded table answers from its ``policy`` (queue length on the first axis), ``inputs`` and
+    ``truncation``: shared by :class:`PolicyFile` and the phase tables' ``PhasePolicyFile``."""
+
+    @property
+    def s_max(self) -> int:
+        return self.policy.shape[0] - 2
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(int(b) for b in self.inputs["batch_sizes"])
+
+    @property
+    def converged_upto(self) -> int | None:
+        """R of a converged table (decisions up to R verified against a larger truncation), else None."""
+        return self.truncation.get("converged_upto")
+
+
 @dataclass(frozen=True)
-class PolicyFile:
+class PolicyFile(TableFields):
     """A loaded, validated policy table: the policy array and every stored attribute the readers use.
 
     ``integrity``: ``"fletcher32+sha256"`` (datasets checksummed and the content digest verified) or
@@ -106,19 +124,6 @@ class PolicyFile:
     meta: dict = field(default_factory=dict)
     path: str | None = None
     integrity: str = "none"
-
-    @property
-    def s_max(self) -> int:
-        return self.policy.size - 2
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(int(b) for b in self.inputs["batch_sizes"])
-
-    @property
-    def converged_upto(self) -> int | None:
-        """R of a converged table (decisions up to R verified against a larger truncation), else None."""
-        return self.truncation.get("converged_upto")
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (n > s_max uses the s_max action, eq. 30)."""
