@@ -28,8 +28,8 @@ import numpy as np
 
 from ..errors import InputError
 from .mapcheck import PHASE_LIMIT, check_map
-from .schema import (FORMAT, PHASE_SCHEMA_VERSION, TableFields, _attr, _child, _dataset, _guarded, _load_inputs,
-                     _load_truncation, _open, _s_max, _Where, table_digest)
+from .schema import (FORMAT, PHASE_SCHEMA_VERSION, TableFields, _attr, _check_decisions, _child, _dataset, _guarded,
+                     _load_inputs, _load_truncation, _open, _s_max, _Where, table_digest)
 
 __all__ = ["PhasePolicyFile", "phase_digest", "read_phase_policy", "policy_version"]
 
@@ -94,16 +94,7 @@ def _load_phase_table(w: _Where, g, meta: dict) -> PhasePolicyFile:
         w.fail(f"{ga.name}", f"has mean rate {rate!r}, but inputs@lam = {inputs['lam']!r}")
     policy, c4 = _dataset(w, g, "policy", "int", (n, m), "a batch size per queue length 0..s_max+1 and phase")
     policy = policy.astype(np.int64)
-    bad = ~(np.isin(policy, sizes) | (policy == 0))
-    if bad.any():
-        i, j = np.argwhere(bad)[0]
-        w.fail(f"/policy[{i},{j}]", f"= {int(policy[i, j])}; expected 0 (wait) or an allowed batch size")
-    over = policy[:-1] > np.arange(n - 1)[:, None]
-    if over.any():
-        i, j = np.argwhere(over)[0]
-        w.fail(f"/policy[{i},{j}]", f"= {int(policy[i, j])}; a table serves at most n requests at queue length n")
-    if np.any(policy[s_max] == 0):
-        w.fail("/policy", f"waits at s_max = {s_max} in some phase; by eq. 30 it would never serve a long queue")
+    _check_decisions(w, "/policy", policy, sizes, s_max, "/inputs/batch_sizes")
     A = sizes.size + 1
     R = truncation.get("converged_upto", s_max)
     actions, c5 = _dataset(w, gs, "actions", "int", A, "0 then the batch sizes")

@@ -379,6 +379,23 @@ def _load_truncation(w: _Where, gt, s_max: int) -> dict:
     return {k: v for k, v in truncation.items() if v is not None}
 
 
+def _check_decisions(w: _Where, where: str, policy: np.ndarray, sizes: np.ndarray, s_max: int, sizes_name: str) -> None:
+    """A table's decisions (queue length on the first axis; a phase table has a column per phase): each 0 or an
+    allowed size, at most n at queue length n, and serving at s_max (eq. 30 repeats that row for ever)."""
+    n = s_max + 2
+    bad = ~(np.isin(policy, sizes) | (policy == 0))
+    if bad.any():
+        at = tuple(int(x) for x in np.argwhere(bad)[0])
+        w.fail(f"{where}[{','.join(map(str, at))}]", f"= {int(policy[at])}; expected 0 (wait) or a batch size of {sizes_name}")
+    over = policy[:-1] > np.arange(n - 1).reshape((-1,) + (1,) * (policy.ndim - 1))
+    if over.any():
+        at = tuple(int(x) for x in np.argwhere(over)[0])
+        w.fail(f"{where}[{','.join(map(str, at))}]", f"= {int(policy[at])}; a table serves at most n requests at queue length n")
+    if np.any(policy[s_max] == 0):
+        w.fail(where, f"waits at its top queue length s_max = {s_max}{' in some phase' if policy.ndim > 1 else ''}; "
+                      "by eq. 30 it would never serve a long queue")
+
+
 def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
     gi = _child(w, g, "inputs", h5py.Group)
     gt = _child(w, g, "truncation", h5py.Group)
@@ -390,17 +407,7 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
 
     policy, c4 = _dataset(w, g, "policy", "int", n, f"s_max + 2 = {n} batch sizes, s_max from {gt.name}")
     policy = policy.astype(np.int64)
-    where = f"{g.name.rstrip('/')}/policy"
-    bad = ~(np.isin(policy, sizes) | (policy == 0))
-    if bad.any():
-        i = int(np.argmax(bad))
-        w.fail(f"{where}[{i}]", f"= {int(policy[i])}; expected 0 (wait) or a batch size of {gi.name}/batch_sizes")
-    over = policy[:-1] > np.arange(n - 1)
-    if over.any():
-        i = int(np.argmax(over))
-        w.fail(f"{where}[{i}]", f"= {int(policy[i])}; a table serves at most n requests at queue length n")
-    if policy[s_max] == 0:
-        w.fail(where, f"waits at its top queue length s_max = {s_max}; by eq. 30 it would never serve a long queue")
+    _check_decisions(w, f"{g.name.rstrip('/')}/policy", policy, sizes, s_max, f"{gi.name}/batch_sizes")
 
     rv, c5 = _dataset(w, gs, "relative_values", "float", n, f"s_max + 2 = {n} values")
     if np.isnan(rv).any():
