@@ -19,7 +19,6 @@ agree, not s_max.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ..model.problem import BatchingProblem
 from .evaluation import resize_policy, tail_stable
 from .map_pi import MapEvaluation, MapPIResult, evaluate_map_policy, map_policy_iteration
 from .search import CO_RATIO, converged_range
+from .solution import solve_settings
 
 __all__ = ["MapSolution", "solve_map", "map_problem"]
 
@@ -221,17 +221,7 @@ def solve_map(problem: BatchingProblem, arrivals: MAP, s_max: int | str = "auto"
     first s_max guess for "auto" (e.g. the Poisson table's).
     """
     t0 = time.perf_counter()
-    tol = float(tol_delta)
-    if not (math.isfinite(tol) and tol >= 1e-12):
-        raise InputError(f"tol_delta (δ) must be ≥ 1e-12, got {tol_delta!r}")
-    c_o = float(abstract_cost)
-    if not (math.isfinite(c_o) and c_o >= 0):
-        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
-    if isinstance(s_max, str) and s_max.strip().lower() != "auto":
-        try:
-            s_max = int(s_max)
-        except ValueError:
-            raise InputError(f"s_max must be 'auto' or an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
+    s_max, tol, c_o = solve_settings(problem, s_max, tol_delta, abstract_cost, ("auto",))
     if not isinstance(s_max, str):
         model = truncate_map(problem, arrivals, s_max, c_o)
         res = map_policy_iteration(model, max_iter=max_iter)

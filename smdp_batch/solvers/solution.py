@@ -202,6 +202,28 @@ def _renamed_s_max(s_max, deprecated: dict, func: str):
     return deprecated["smax"]
 
 
+def solve_settings(problem: BatchingProblem, s_max, tol_delta, abstract_cost, rules=SMAX_RULES):
+    """(s_max, δ, c_o) checked before work: s_max one of ``rules`` (lower-cased) or an integer (its bounds are
+    :func:`~smdp_batch.model.truncation.check_truncation`'s), δ ≥ 1e-12, c_o finite ≥ 0.  Shared by
+    :func:`solve` and :func:`~.map_solution.solve_map`."""
+    tol = float(tol_delta)
+    if not (np.isfinite(tol) and tol >= 1e-12):
+        raise InputError(f"tol_delta (δ) must be ≥ 1e-12 (Δ is computed in float64), got {tol_delta!r}")
+    c_o = float(abstract_cost)
+    if not (np.isfinite(c_o) and c_o >= 0):
+        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    if isinstance(s_max, str):
+        key = s_max.strip().lower()
+        if key in rules:
+            return key, tol, c_o
+        try:
+            return int(s_max), tol, c_o
+        except ValueError:
+            names = " or ".join(f"'{r}'" for r in rules)
+            raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, {names}, got {s_max!r}") from None
+    return s_max, tol, c_o
+
+
 def solve(
     problem: BatchingProblem,
     s_max: int | str = "auto",
@@ -234,26 +256,11 @@ def solve(
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)
-    tol = float(tol_delta)
-    if not (np.isfinite(tol) and tol >= 1e-12):
-        raise InputError(f"tol_delta (δ) must be ≥ 1e-12 (Δ is computed in float64), got {tol_delta!r}")
-    c_o = float(abstract_cost)
-    if not (np.isfinite(c_o) and c_o >= 0):
-        raise InputError(f"abstract cost c_o must be finite and ≥ 0, got {abstract_cost!r}")
+    smax, tol, c_o = solve_settings(problem, smax, tol_delta, abstract_cost, SMAX_RULES)
     warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the search always runs PI)
     if solver == "rvi":
         warm_up_rvi()
     t0 = time.perf_counter()
-    if isinstance(smax, str):
-        key = smax.strip().lower()
-        if key in SMAX_RULES:
-            smax = key
-        else:
-            try:
-                smax = int(smax)
-            except ValueError:
-                raise InputError(
-                    f"s_max must be an integer ≥ Bmax = {problem.bmax}, 'auto' or 'minimal', got {smax!r}") from None
     if not isinstance(smax, str):
         model = truncate(problem, smax, c_o)
         res = solve_truncated(model, solver, eps, max_iter, eta_fraction, backend=backend)
