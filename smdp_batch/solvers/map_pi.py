@@ -145,35 +145,44 @@ def map_gain_bias(model: MapSMDP, pol: np.ndarray, costs: np.ndarray | None = No
     return g, h
 
 
-def q_values(model: MapSMDP, g: float, h: np.ndarray, costs: np.ndarray | None = None) -> np.ndarray:
-    """Q((n, i), a) = ĉ − g·y + E[h(next)] for every state and action, shape (levels, m, A); +inf where a > n."""
-    costs = model.costs() if costs is None else costs
+def window_filters(model: MapSMDP) -> tuple[int, np.ndarray, np.ndarray]:
+    """(jmin, F, tail): for each phase pair (i, j), every action's A_k^[a](i, j) in the frame t = k − a − jmin
+    (F[i, j] is W × A, column 0 — waiting — empty) and the mass beyond the support, tail[i, j, a].  They depend
+    on the model only, so PI builds them once (as :func:`.kernels.window_filters` for the Poisson model)."""
     b = model.blocks
     s_max, m = model.s_max, model.phases
     acts = model.actions
     A = acts.size
     khi = np.minimum(b.khi, s_max)
     jmin = int(-acts.max())
-    jmax = int(max(1, int((khi - acts[1:]).max())))
-    W = jmax - jmin + 1
+    W = int(max(1, int((khi - acts[1:]).max()))) - jmin + 1
+    F = np.zeros((m, m, W, A))
+    tail = np.zeros((m, m, A))
+    for ai in range(1, A):
+        top = int(khi[ai - 1])
+        rows = np.arange(top + 1) - int(acts[ai]) - jmin
+        F[:, :, rows, ai] = np.moveaxis(b.pmf[ai - 1, : top + 1], 0, 2)
+        tail[:, :, ai] = b.sf[ai - 1, top]
+    return jmin, F, tail
+
+
+def q_values(model: MapSMDP, g: float, h: np.ndarray, costs: np.ndarray | None = None, filters=None) -> np.ndarray:
+    """Q((n, i), a) = ĉ − g·y + E[h(next)] for every state and action, shape (levels, m, A); +inf where a > n.
+    ``filters``: :func:`window_filters` of the model, when already built."""
+    costs = model.costs() if costs is None else costs
+    jmin, F, tail = window_filters(model) if filters is None else filters
+    s_max, m = model.s_max, model.phases
+    W, A = F.shape[2], F.shape[3]
     n = s_max + 1
     EH = np.zeros((model.levels, m, A))
     hso = h[-1]
+    idx = np.arange(n + W) + jmin
     for j in range(m):
-        hbar = np.empty(n + W)
-        idx = np.arange(n + W) + jmin
-        hbar[:] = np.where(idx < 0, 0.0, h[np.clip(idx, 0, s_max), j])
+        hbar = np.where(idx < 0, 0.0, h[np.clip(idx, 0, s_max), j])
         hbar[idx > s_max] = hso[j]
         Hw = np.lib.stride_tricks.sliding_window_view(hbar, W)[:n]  # (n, W): Hw[s, t] = h̄(s + t + jmin)
         for i in range(m):
-            F = np.zeros((W, A))
-            tail = np.zeros(A)
-            for ai in range(1, A):
-                a = int(acts[ai])
-                top = int(khi[ai - 1])
-                F[np.arange(top + 1) - a - jmin, ai] = b.pmf[ai - 1, : top + 1, i, j]
-                tail[ai] = b.sf[ai - 1, top, i, j]
-            EH[:n, i, :] += Hw @ F + tail[None, :] * hso[j]
+            EH[:n, i, :] += Hw @ F[i, j] + tail[i, j][None, :] * hso[j]
             EH[:n, i, 0] += model.wait_next[i, j] * np.concatenate([h[1:n, j], [hso[j]]])
     EH[n] = EH[n - 1]  # S_o acts as s_max
     EH[n, :, 0] = model.wait_next @ hso
@@ -232,10 +241,11 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
             if best is None:
                 raise InputError("no starting policy of the MAP SMDP evaluates (s_max too small?)")
             pol, g, h, fac = best
+        filters = window_filters(model)
         converged = False
         it = 0
         for it in range(1, max_iter + 1):
-            q = q_values(model, g, h, costs)
+            q = q_values(model, g, h, costs, filters)
             new = _improve(pol, q)
             if np.array_equal(new, pol):
                 converged = True
@@ -255,7 +265,7 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
     if not converged:
         warnings.warn(f"MAP policy iteration did not repeat a policy within {max_iter} iterations: NOT certified",
                       NotConvergedWarning, stacklevel=2)
-        q = q_values(model, g, h, costs)
+        q = q_values(model, g, h, costs, filters)
     try:  # the stationary law from the factorization PI already holds (one triangular solve, not a new LU)
         mu = _law(model, *fac)
     except InputError:
