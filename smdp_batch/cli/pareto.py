@@ -38,9 +38,13 @@ def _deprecated(new: str):
               help="Smallest positive w2 of the log grid (w2 = 0 is always swept).")
 @option("--w2-max", type=Number(), default="10", show_default=True,
               help="Largest w2 of the log grid (then doubled until the least-power policy).")
-@option("--points", type=Number(integer=True, min=2, max=GRID_LIMIT), default="25", show_default=True, help="Points of the log grid before refinement.")
+@option("--points", type=Number(integer=True, min=2, max=GRID_LIMIT), default="5", show_default=True,
+        help="Points of the log grid the refinement starts from.")
+@option("--ftol", type=Number(min=0, max=0.0999), default="0.001", show_default=True,
+        help="Front tolerance: stop splitting where no policy can lie more than this share of the objective "
+             "below the drawn front (0: every policy).")
 @option("--rtol", type=Number(min=1e-4), default="0.02", show_default=True,
-        help="w2 ranges resolved to this relative precision (≥ 1e-4: each halving costs a solve per policy change).")
+        help="Do not split w2 intervals narrower than this relative width (≥ 1e-4).")
 @option("--extend", type=Number(integer=True, min=0, max=64), default="6", show_default=True,
               help="Doublings of w2 beyond --w2-max to reach the least-power end.")
 @option("--baselines/--no-baselines", default=True, show_default=True, help="Greedy and static b (exact).")
@@ -78,7 +82,7 @@ def _deprecated(new: str):
 @option("--workers", type=Number(integer=True), default=None, show_default="CPU count", help="LocalCluster workers.")
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress counter on stderr.")
 @json_option
-def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselines, timeouts, statics, requests,
+def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, baselines, timeouts, statics, requests,
                percentiles, sim_requests, base_requests, within_ms, seed, slo_mean_ms, slo_p95_ms, slo_p99_ms, slo_within,
                output, csv_path, plot_path, plot_kind, dask_address, workers, progress, as_json, **opts):
     """Latency–power trade-off over w2, baselines on it, and the least-power policy meeting an SLO."""
@@ -112,7 +116,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, rtol, extend, baselin
     with runner as mapper:
         fronts = sweep_fronts(problems, w2_min, w2_max, points, rtol, n_sim,
                               () if within is None else (within,), sd, labels=labels,
-                              extend=extend, progress=tick, mapper=mapper)
+                              extend=extend, progress=tick, mapper=mapper, ftol=ftol)
         base, skipped = {}, {}
         if baselines or timeouts:
             for i, f in enumerate(fronts):
@@ -255,7 +259,7 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
                 lines.append(f"  SLO         {what}: no swept policy meets it")
             else:
                 lines.append(f"  SLO         {what}: least power {c.mean_power_w:.5g} W at W̄ = {c.mean_latency_ms:.5g} ms, "
-                             f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges to the sweep's rtol)")
+                             f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges exact or to the sweep's rtol)")
     if output and chosen[0] is None:
         lines.append(f"  not written {output}: no swept policy meets the SLO")
         output = None

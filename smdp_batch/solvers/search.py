@@ -55,8 +55,8 @@ from .evaluation import Evaluation, evaluate_policy, resize_policy, tail_stable
 from .pi import policy_iteration
 from .result import SolveResult
 
-__all__ = ["Candidates", "Candidate", "Converged", "search_minimal", "search_converged", "tail_rate",
-           "converged_range", "SMAX_LIMIT"]
+__all__ = ["Candidates", "Candidate", "Converged", "search_minimal", "search_converged", "search_near", "tail_rate",
+           "converged_range", "SMAX_LIMIT", "NEAR_OVERFLOW"]
 
 #: Give up a search beyond this s_max (the state limit of :mod:`smdp_batch.limits`).
 SMAX_LIMIT = STATE_LIMIT
@@ -280,6 +280,36 @@ class Converged:
     policy: np.ndarray  # the stored policy: S-solution on 0..R, π(R) beyond (length S+2)
     evaluation: Evaluation  # of ``policy`` on the truncation S
     seconds: float
+
+
+#: :func:`search_near` accepts a truncation whose overflow state has at most this probability (and a
+#: cost share Δ below this times ĝ): its W̄, P̄ are then those of the infinite queue to ~1e-8 relative.
+NEAR_OVERFLOW = 1e-8
+
+
+def search_near(cands: Candidates, s: int, c_o: float, limit: int) -> Candidate | None:
+    """The optimal policy of one fixed truncation near a neighbour's (a front's next w2), or None.
+
+    Solves s_max = max(4·Bmax, s/2) first, then doubles up to ``limit``, warm-started from
+    ``cands.warm``, with c_o raised as in stage 1 of the module doc, until the overflow state is
+    negligible: probability < NEAR_OVERFLOW and Δ < NEAR_OVERFLOW·ĝ, :func:`~.evaluation.evaluate_deployed`'s own test (so the metrics are the infinite
+    queue's, eq. 30 adding nothing measurable).  Unlike :func:`search_converged` the table is not
+    verified against a larger truncation: a front needs the policy's W̄ and P̄, not every rare decision.
+    None when PI does not settle, the tail does not drain, or ``limit`` is reached.
+    """
+    s = max(4 * cands.problem.bmax, int(s) // 2)
+    while s <= limit:
+        try:
+            c_o, cand = _raise_c_o(cands, s, c_o)
+        except InputError:
+            return None
+        if cand.res is None or not cand.stable:
+            return None
+        ev = cand.ev
+        if ev.overflow_probability < NEAR_OVERFLOW and ev.delta < NEAR_OVERFLOW * max(1.0, ev.avg_cost):
+            return cand
+        s *= 2
+    return None
 
 
 def _raise_c_o(cands: Candidates, s: int, c_o: float) -> tuple[float, Candidate]:
