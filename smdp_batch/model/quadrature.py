@@ -25,11 +25,14 @@ QUAD_TOL = 1e-13
 
 
 def poisson_mixture(m: float, x: np.ndarray, w: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """p_k = Σ_i w_i Pois(k; m·x_i) and P(K > k) for k = 0..kmax (x ≥ 0, Σw = 1).
+    """p_k = Σ_i w_i Pois(k; m·x_i) and P(K > k) for k = 0..kmax (x ≥ 0, w ≥ 0; a law when Σw = 1,
+    and linear in w, so partial sums over node sets add).
 
-    Each node's Poisson terms are summed only over μ ± (40·√μ + 40), μ = m·x_i, where they exceed
-    e⁻⁷⁰⁰ of its peak (nodes sorted by μ, in chunks sharing one window); the terms left out are
-    below 1e-300 and the work is Σ window sizes instead of nodes × kmax.
+    Each node's Poisson terms are summed only over μ ± (16·√μ + 16), μ = m·x_i (nodes sorted by μ,
+    in chunks of 16 sharing one window): outside it every term is below 1e-36 of the node's peak
+    (checked over μ ∈ [1e-6, 1e5]), far below QUAD_TOL and the 1e-18 support cut of the arrival
+    table, and the work is Σ window sizes instead of nodes × kmax (±40√μ windows in chunks of 64
+    cost 3.5× more for the same p_k to 1e-15 relative on lognormal:1).
     """
     x = np.asarray(x, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
@@ -41,10 +44,10 @@ def poisson_mixture(m: float, x: np.ndarray, w: np.ndarray, kmax: int) -> tuple[
     lgk_all = special.gammaln(np.arange(kmax + 1, dtype=np.float64) + 1.0)
     p = np.zeros(kmax + 1)
     mu = m * x
-    spread = 40.0 * np.sqrt(mu) + 40.0
+    spread = 16.0 * np.sqrt(mu) + 16.0
     lo_all = np.clip(np.floor(mu - spread), 0, kmax + 1).astype(np.int64)
     hi_all = np.clip(np.ceil(mu + spread), -1, kmax).astype(np.int64)
-    step = 64
+    step = 16
     for i in range(0, x.size, step):
         lo, hi = int(lo_all[i : i + step].min()), int(hi_all[i : i + step].max())
         if hi < lo:
@@ -54,12 +57,18 @@ def poisson_mixture(m: float, x: np.ndarray, w: np.ndarray, kmax: int) -> tuple[
         p[lo : hi + 1] += w[i : i + step] @ np.exp(special.xlogy(k, mx) - mx - lgk_all[lo : hi + 1])
     top = float(w @ special.pdtrc(float(kmax), mu))
     sf = top + np.concatenate([np.cumsum(p[:0:-1])[::-1], [0.0]])
-    return p, np.clip(sf, 0.0, 1.0)
+    return p, np.clip(sf, 0.0, float(w.sum()))
+
+
+#: Half-width of the tanh–sinh grid in t: 3.5 = 7/2, so for h = 2^-L (L ≥ 1) the grid ends on a node
+#: and the even nodes of level L are exactly the nodes of level L − 1 (the refinement reuses them).
+#: At t = 3.5 the nodes sit 1 − u = e^{−π·sinh 3.5} ≈ 2.6e-23 from the ends; their weights are ~1e-21.
+T_MAX = 3.5
 
 
 def _tanh_sinh_level(h: float, odd_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Nodes u, 1−u and weights/h of the tanh–sinh rule on (0, 1) at step h (odd multiples only if asked)."""
-    n = int(math.ceil(3.4 / h))
+    n = int(math.ceil(T_MAX / h))
     j = np.arange(-n, n + 1)
     if odd_only:
         j = j[j % 2 != 0]
@@ -157,19 +166,31 @@ class QuantileLaw(ServiceLaw):
         x = x / self.raw_moments(b)[0]
         return np.exp(-np.multiply.outer(s * l, x)) @ w
 
+    def _odd_nodes(self, b, h: float):
+        """The nodes level h adds to level 2h (odd multiples of h), with their weights·h."""
+        u, v, w = _tanh_sinh_level(h, odd_only=True)
+        return self.raw_quantile(u, v, b), w * h
+
     def arrival(self, m, kmax, b=None):
+        """Eq. 4 by tanh–sinh: level L's sums are half of level L−1's plus its odd nodes (each node
+        summed once), refined until two levels agree to QUAD_TOL on every p_k."""
         m = _check_m(m)
         key = ("arrival", m, int(kmax), b)
         if key not in self._cache:
             mean = self.raw_moments(b)[0]
-            prev = None
-            for level in range(3, 14):
-                x, w = self._nodes(b, 2.0**-level)
-                cur = poisson_mixture(m / mean, x, w / w.sum(), kmax)
-                if prev is not None and np.max(np.abs(cur[0] - prev[0])) <= QUAD_TOL:
+            x, w = self._nodes(b, 2.0**-3)
+            p_raw, sf_raw = poisson_mixture(m / mean, x, w, kmax)
+            w_sum = float(w.sum())
+            prev = p_raw / w_sum
+            for level in range(4, 14):
+                x, w = self._odd_nodes(b, 2.0**-level)
+                p_odd, sf_odd = poisson_mixture(m / mean, x, w, kmax)
+                p_raw, sf_raw, w_sum = 0.5 * p_raw + p_odd, 0.5 * sf_raw + sf_odd, 0.5 * w_sum + float(w.sum())
+                cur = p_raw / w_sum
+                if np.max(np.abs(cur - prev)) <= QUAD_TOL:
                     break
                 prev = cur
             else:
                 raise InputError(f"service law {self.spec()}: quadrature of eq. 4 did not converge at λ·l = {m:g}")
-            return self._cache.put(key, cur)
+            return self._cache.put(key, (cur, np.clip(sf_raw / w_sum, 0.0, 1.0)))
         return self._cache[key]
