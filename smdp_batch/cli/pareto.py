@@ -143,9 +143,10 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
     for i, f in enumerate(fronts):
         bl = []
         for b in base.get(i, []):
+            # the test first: it resolves the front where a baseline falls in a gap left within ftol
+            dominated = dominated_by_front(f, b.mean_latency_ms, b.mean_power_w, b.latency_ci, b.power_ci)
             F = f.power_at(b.mean_latency_ms)
-            bl.append({**b.as_dict(), "front_power_w": F, "margin_w": b.mean_power_w - F,
-                       "dominated": dominated_by_front(f, b.mean_latency_ms, b.mean_power_w, b.latency_ci, b.power_ci)})
+            bl.append({**b.as_dict(), "front_power_w": F, "margin_w": b.mean_power_w - F, "dominated": dominated})
         d_fronts.append({**f.problem.describe(), "label": f.label, "points": [p.as_dict() for p in f.points],
                          "baselines": bl, "skipped": [{"setting": s_, "reason": r} for s_, r in skipped.get(i, [])],
                          **({"chosen": chosen[i].as_dict() if chosen[i] else None} if chosen else {})})
