@@ -41,6 +41,8 @@ BAD = [
     (["tables", "--rho-grid", "0.3", "--w2-grid", "1", "--plot", "x.gif"], "must end in one of .png, .svg, .pdf"),
     (["pareto", "--requests", "10"], "--requests must be ≥ 1000, got '10'"),
     (["pareto", "--plot-kind", "pie"], "unknown --plot-kind 'pie'; valid: tradeoff, percentiles, scenarios"),
+    (["pareto", "--ftol", "0.5"], "--ftol must be ≤ 0.0999"),
+    (["pareto", "--ftol", "-1e-3"], "--ftol must be ≥ 0"),
 ]
 
 

@@ -200,7 +200,7 @@ def test_fuzz_compare(worker, sc, slo, v, seedv):
 @seed(17)
 @HEAVY
 @given(sc=scenario(SWEEP_LAWS), extra=st.lists(st.tuples(st.sampled_from(["--points", "--w2-min", "--w2-max", "--rtol",
-                                                                 "--extend", "--statics", "--seed"]), value), max_size=3))
+                                                                 "--ftol", "--extend", "--statics", "--seed"]), value), max_size=3))
 def test_fuzz_pareto(worker, sc, extra):
     # a short front (3 grid points, w2 ≤ 2, no doubling): the default front is a valid run of tens of seconds
     base = ["pareto", "--no-timeouts", "--requests", "1000", "--points", "3", "--w2-max", "2", "--extend", "0"]

@@ -182,6 +182,8 @@ def test_choose_on_a_coarse_front_equals_the_exact_pick(rho, slo):
     coarse = sweep_w2(p, ftol=0.05)  # very coarse: the pick is usually not among the swept points
     got = coarse.choose(slo_mean_ms=slo)
     assert got.signature == pytest.approx(want.signature, rel=1e-6)
+    dep = coarse.solution(got).deployed  # what `pareto -o` writes: a converged table of this very policy
+    assert (dep.mean_latency_ms, dep.mean_power_w) == pytest.approx(got.signature, rel=1e-6)
     # tie weights are ratios of metric differences (exact to ~1e-8): equal to 1e-5
     assert (got.w2_lo, got.w2_hi) == pytest.approx((want.w2_lo, want.w2_hi), rel=1e-5)
 

@@ -183,11 +183,14 @@ class Front:
         return False
 
     def solution(self, point: FrontPoint):
-        """The full :class:`~smdp_batch.solvers.Solution` of a swept point (solved again here,
-        deterministically); the w2 = ∞ end is a static table, not a solve (see ``point.policy``)."""
+        """The full :class:`~smdp_batch.solvers.Solution` of a swept point: a converged solve at the
+        geometric middle of its w2 range (deterministic); the w2 = ∞ end is a static table, not a
+        solve (see ``point.policy``)."""
         if not math.isfinite(point.w2_lo):
             raise InputError("the w2 = ∞ end of the front is the static table point.policy, not an SMDP solve")
-        return solve(self.problem.replace(w2=point.w2_lo))
+        # inside the range: its ends may be tie weights, where the neighbouring policy is optimal too
+        w2 = math.sqrt(point.w2_lo * point.w2_hi) if point.w2_lo > 0 and math.isfinite(point.w2_hi) else point.w2_lo
+        return solve(self.problem.replace(w2=w2))
 
     def power_at(self, latency_ms: float) -> float:
         """F(W) of the module doc: the least power the front achieves at mean latency W (W)."""
