@@ -28,9 +28,11 @@ with exact w2 edges) and :func:`dominated_by_front` in the gap under a baseline.
 are independent and go to a *mapper* (:mod:`smdp_batch.parallel`: this process or Dask); the rounds
 do not depend on the mapper, so neither does the result.  Several scenarios and loads share the rounds.
 
-**SLO choice** (§VII-B1 and B3): among the swept policies that meet the SLO — mean latency (exact), a
+**SLO choice** (§VII-B1 and B3): among the front's policies that meet the SLO — mean latency (exact), a
 simulated p95/p99, or a simulated satisfaction share P(W ≤ bound) ≥ target (Fig. 6(c)) — the one with
-the least power; its whole w2 range is reported.
+the least power; its whole w2 range is reported.  The gaps next to the pick are solved first, so for a
+mean-latency SLO no policy of the front, swept or not, meets it with less power; for simulated SLOs the
+policies between the pick and its lower-power neighbour are simulated too.
 
 **Baselines** (Fig. 5): greedy and static-b tables evaluated exactly (eq. 30 extension), and the timeout
 rules of Triton, TF-Serving, Ray Serve and TorchServe simulated over their delay knob (max batch
@@ -251,7 +253,8 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
         if hint is not None:
             cands = Candidates(p, 1e-3)
             cands.warm = np.asarray(hint["policy"], dtype=np.int64)
-            cand = search_near(cands, int(hint["s_max"]), max(100.0, float(hint["abstract_cost"])), 2 * int(hint["s_max"]))
+            c_o = max(100.0, float(hint["abstract_cost"]))  # at least solve()'s default c_o (paper 004 Table II)
+            cand = search_near(cands, int(hint["s_max"]), c_o, 2 * int(hint["s_max"]))
         if cand is not None:
             pol, s_max, c_o = cand.res.policy, cand.model.s_max, cand.model.abstract_cost
         else:
