@@ -37,7 +37,7 @@ def test_banded_evaluation_equals_pivoting_lapack_solve():
         pols.append(r)
         for pol in pols:
             pc = costs[np.arange(m.n_states), pol]
-            ok, g, h = evaluate_policy_banded(pol, pc, m.P, m.SF, m.klo, m.khi, m.actions, m.y, m.s_max)
+            ok, g, h = evaluate_policy_banded(pol, pc, m.y[pol], m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
             try:
                 g2, h2 = gain_bias(m, pol, pc)
             except InputError:  # LAPACK's answer fails the eq. 20 residual check; ok=True is certified by it
@@ -57,7 +57,7 @@ def test_blas_improvement_sees_the_same_expectations_as_the_sliding_kernel():
         pol = _initial_policy(m)
         # improvement with g = 0 and zero costs on feasible pairs picks argmin of EH
         costs = np.where(m.feasible(), 0.0, np.inf)
-        new = improve(pol, 0.0, h, costs, F, tail, jmin, m.y, m.s_max)
+        new = improve(pol, 0.0, h, costs, F, tail, jmin, m.sojourn(), m.s_max)
         rows = np.arange(m.n_states)
         np.testing.assert_allclose(EH[rows, new], EH.min(axis=1), rtol=1e-12, atol=1e-12 * np.abs(h).max())
 
@@ -79,7 +79,7 @@ def test_compiled_pi_equals_the_pivoting_loop_everywhere():
                     policy_iteration(m)
                 continue
             r = policy_iteration(m)
-        st = pi_loop(_initial_policy(m)[None, :], m.costs(), m.P, m.SF, m.klo, m.khi, m.actions, m.y, m.s_max, 1000)[0]
+        st = pi_loop(_initial_policy(m)[None, :], m.costs(), m.sojourn(), m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, 1000)[0]
         assert st in (CONVERGED, EVAL_FAILED)
         fell_back += st == EVAL_FAILED
         assert np.array_equal(r.policy, m.actions[ref[0]])

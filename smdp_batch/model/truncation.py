@@ -17,6 +17,28 @@ per action only
 
 Memory is O(A·s_max); nothing of size S×A×S is built except by :meth:`TruncatedSMDP.dense`
 (tests and peers only).
+
+**The tail boundary** (``truncate(..., tail=B)``, the converged rule's model).  Eq. 19's S_o carries
+the overflow at a flat cost c_o, so ĝ and every decision feel the truncation until the queue tail
+above s_max is negligible — P(N > n) decays as z₀⁻ⁿ, slowly near ρ = 1 (s_max ≈ 8 000 for gamma:0.5
+at ρ = 0.9).  The tail boundary instead serves a fixed batch B (λ·l(B) < B) above s_max and charges
+each transition that leaves the truncation the exact cost and time of its excursion.  Under "serve B"
+the infinite queue's bias solves h(n) = c0 + c1·n − g·l(B) + E h(n − B + K_B) (eq. 20; c0 + c1·n the
+cost of eq. 11), whose solutions are h(n) = αn² + βn + γ plus terms in the roots zᵇ = K(z) inside the
+unit circle, which die out geometrically in n.  Matching powers of n gives, with d = B − E K_B > 0 and
+M2 = E (K_B − B)²,
+
+    α = c1 / (2d),    β = (c0 + α·M2 − g·l(B)) / d,
+
+so a jump from s_max to j > s_max adds h(j) − h(s_max) = Cc(j) − g·Tc(j): time Tc = l(B)(j − s_max)/d
+(Wald: d requests drained per batch), energy ζ(B)(j − s_max)/d and holding
+(j − s_max)[(j + s_max)·l(B)/(2λd) + E G_B²/(2d) + l(B)·M2/(2λd²)].  These are added, in expectation
+over the overshoot, to the row's cost and sojourn (``extra``, so y becomes state-dependent:
+:meth:`TruncatedSMDP.sojourn`), and the overflow mass moves to S_o, which here is a copy of s_max (c_o
+= 0, only B feasible at both), so h(S_o) = h(s_max).  The model is again an SMDP with positive costs
+and times; its ĝ, decisions and metrics differ from the infinite queue's only through the dropped
+geometric terms, not through the queue tail, so a few hundred states past the last change of action
+suffice where eq. 19 needs thousands.
 """
 
 from __future__ import annotations
@@ -29,7 +51,7 @@ from ..errors import InputError
 from ..limits import arrival_table_bytes, check_memory, check_model
 from .problem import BatchingProblem
 
-__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "check_truncation", "truncate"]
+__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "check_tail_action", "check_truncation", "truncate"]
 
 #: Terms p_k of a row outside [klo, khi] carry less than this mass on each side; the solver
 #: kernels skip them (their effect on any value is below 1e-18·span(h)).  Evaluation uses full rows.
@@ -117,6 +139,13 @@ class TruncatedSMDP:
     cost_slope: np.ndarray  # (A,)
     energy: np.ndarray  # (A,) ζ(a) mJ, 0 for waiting
     hold_fixed: np.ndarray  # (A,) E[G_a²]/2 (ms²), 0 for waiting
+    tail_action: int = 0  # B served above s_max (the tail boundary); 0: eq. 19's S_o with c_o
+    extra: np.ndarray | None = None  # (3, S, A) tail boundary: the excursions' time, energy, holding
+
+    @property
+    def boundary(self) -> str:
+        """"tail" (exact excursions above s_max under ``tail_action``) or "overflow" (eq. 19)."""
+        return "tail" if self.tail_action else "overflow"
 
     @property
     def n_states(self) -> int:
@@ -134,15 +163,37 @@ class TruncatedSMDP:
         return s
 
     def feasible(self) -> np.ndarray:
-        """Boolean (S, A): action a feasible in state s (a ≤ s; S_o as s_max)."""
-        return self.actions[None, :] <= self.state_level()[:, None]
+        """Boolean (S, A): action a feasible in state s (a ≤ s; S_o as s_max; the tail boundary allows only
+        its B at s_max and S_o)."""
+        f = self.actions[None, :] <= self.state_level()[:, None]
+        if self.tail_action:
+            f[-2:] = self.actions[None, :] == self.tail_action
+        return f
 
     def costs(self) -> np.ndarray:
-        """ĉ(s, a) (eq. 19) as an (S, A) array; +inf where infeasible."""
+        """ĉ(s, a) (eq. 19, or with the tail boundary's excursion costs) as an (S, A) array; +inf where infeasible."""
         c = self.cost_fixed[None, :] + self.cost_slope[None, :] * self.state_level()[:, None]
         c[-1] += self.abstract_cost * self.y
+        if self.extra is not None:
+            p = self.problem
+            c += p.w2 * self.extra[1] + p.w1 * self.extra[2]
         c[~self.feasible()] = np.inf
         return c
+
+    def sojourn(self) -> np.ndarray:
+        """Mean time to the next decision epoch, (S, A) in ms: y(a), plus the excursion's with the tail boundary."""
+        Y = np.broadcast_to(self.y[None, :], (self.n_states, len(self.actions)))
+        return np.ascontiguousarray(Y + self.extra[0] if self.extra is not None else Y)
+
+    def hold(self) -> np.ndarray:
+        """Holding part of ĉ with w1 = 1, w2 = 0 (ms²·/ms: W̄·y summed by Little's law), (S, A)."""
+        h = self.y[None, :] * self.state_level()[:, None] / self.problem.lam + self.hold_fixed[None, :]
+        return h + self.extra[2] if self.extra is not None else h
+
+    def energies(self) -> np.ndarray:
+        """ζ per epoch, (S, A) in mJ (with the excursion's batches under the tail boundary)."""
+        e = np.broadcast_to(self.energy[None, :], (self.n_states, len(self.actions)))
+        return e + self.extra[1] if self.extra is not None else np.array(e)
 
     def eta_bound(self) -> float:
         """Upper bound on the discretization constant η (eqs. 24–25)."""
@@ -171,6 +222,9 @@ class TruncatedSMDP:
         if bad.size:
             s = int(bad[0])
             raise InputError(f"policy serves {int(policy[s])} requests in state {s}, which holds only {s}")
+        if self.tail_action and not np.all(policy[-2:] == self.tail_action):
+            raise InputError(f"with the tail boundary the policy must serve B = {self.tail_action} at s_max = "
+                             f"{self.s_max} and beyond, got {int(policy[-2])}")
         return idx
 
     def dense(self) -> np.ndarray:
@@ -234,9 +288,15 @@ def truncate(
     s_max: int,
     abstract_cost: float = 100.0,
     arrivals: ArrivalTable | None = None,
+    tail: int | None = None,
 ) -> TruncatedSMDP:
-    """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19)."""
+    """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19).
+
+    ``tail=B`` builds the tail boundary of the module doc instead (B served above s_max, c_o unused)."""
     s_max_i, c_o = check_truncation(problem, s_max, abstract_cost, len(problem.batch_sizes) + 1)
+    if tail is not None:
+        tail = check_tail_action(problem, tail)
+        c_o = 0.0
     if arrivals is None or arrivals.kmax < s_max_i:
         arrivals = arrival_table(problem, s_max_i)
     if arrivals.klo is None:
@@ -256,6 +316,7 @@ def truncate(
     y = np.concatenate([[1.0 / lam], l])
     energy = np.concatenate([[0.0], problem.energy_mj()])
     hold_fixed = np.concatenate([[0.0], 0.5 * problem.second_moments()])
+    extra = None if tail is None else _tail_extras(problem, arrivals, s_max_i, tail)
     return TruncatedSMDP(
         problem=problem,
         s_max=s_max_i,
@@ -270,4 +331,72 @@ def truncate(
         cost_slope=w1 * y / lam,
         energy=energy,
         hold_fixed=hold_fixed,
+        tail_action=int(tail or 0),
+        extra=extra,
     )
+
+
+def check_tail_action(problem: BatchingProblem, tail) -> int:
+    """B for the tail boundary: an allowed batch size that drains the queue (λ·l(B) < B)."""
+    sizes = [int(b) for b in problem.batch_sizes]
+    try:
+        b = int(tail)
+    except (TypeError, ValueError, OverflowError):
+        b = None
+    if b is None or b != tail or b not in sizes:
+        raise InputError(f"the tail action must be one of the allowed batch sizes, got {tail!r}")
+    l = float(problem.latency_ms()[sizes.index(b)])
+    if not problem.lam * l < b:
+        raise InputError(f"the tail action B = {b} does not drain the queue (λ·l(B) = {problem.lam * l:.6g} ≥ B)")
+    return b
+
+
+def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B: int) -> np.ndarray:
+    """(3, S, A): expected time, energy and holding of the excursion above s_max after (s, a) (module doc).
+
+    For the overshoot e = j − s_max = K − m (m = s_max − s + a): E e⁺ = Σ_{k≥m} P(K > k) and
+    E (e⁺)² = Σ_{k≥m} (2(k − m) + 1) P(K > k), by reverse recursions (no cancellation).  Mass beyond the
+    table (a heavy tail the table does not reach, P(K > kmax) ≥ 1e-18) is restored from the exact moments
+    E K = λl(a) and E K(K − 1) = λ²E G_a² (eqs. 4–6).
+    """
+    lam = problem.lam
+    sizes = [int(b) for b in problem.batch_sizes]
+    l = problem.latency_ms()
+    m2 = problem.second_moments()
+    zeta = problem.energy_mj()
+    A, S, n = len(sizes) + 1, s_max + 2, s_max + 1
+    kmax = arrivals.kmax
+    k = np.arange(kmax + 1, dtype=np.float64)
+    iB = sizes.index(B)
+    EK_B = lam * l[iB]
+    d = B - EK_B
+    M2 = lam * l[iB] + lam * lam * m2[iB] - 2.0 * B * EK_B + B * B  # E (K_B − B)²
+    c_t, c_e = l[iB] / d, zeta[iB] / d
+    c_h2 = l[iB] / (2.0 * lam * d)
+    c_h1 = 0.5 * m2[iB] / d + l[iB] * M2 / (2.0 * lam * d * d)
+    out = np.zeros((3, S, A))
+    s = np.arange(n)
+    for i, a in enumerate(sizes, start=1):
+        sf = arrivals.sf[i - 1]
+        C0 = np.empty(kmax + 2)  # C0[m] = Σ_{k≥m} sf[k]
+        C0[-1] = 0.0
+        C0[:-1] = np.cumsum(sf[::-1])[::-1]
+        D1 = np.empty(kmax + 2)  # D1[m] = Σ_{k≥m} (k − m) sf[k] = D1[m+1] + C0[m+1]
+        D1[-1] = 0.0
+        D1[:-1] = np.cumsum(C0[:0:-1])[::-1]
+        if sf[-1] >= SUPPORT_EPS:  # the table stops inside the support: add Σ_{k>kmax} from the moments
+            EK, EKK = lam * l[i - 1], lam * lam * m2[i - 1]
+            miss0 = max(EK - float(C0[0]), 0.0)  # Σ_{k>kmax} sf[k]
+            miss1 = max(0.5 * EKK - float(k @ sf) - kmax * miss0, 0.0)  # Σ_{k>kmax} (k − kmax) sf[k]
+            mm = np.arange(kmax + 2, dtype=np.float64)
+            C0 += miss0
+            D1 += miss1 + (kmax - mm) * miss0
+        srow = s[s >= a]
+        m = s_max - srow + a  # ≤ s_max ≤ kmax
+        e1 = C0[m]
+        e2 = 2.0 * D1[m] + C0[m] + 2.0 * s_max * e1  # E (j − s_max)(j + s_max)
+        out[0, srow, i] = c_t * e1
+        out[1, srow, i] = c_e * e1
+        out[2, srow, i] = c_h2 * e2 + c_h1 * e1
+    out[:, -1] = out[:, -2]  # S_o is a copy of s_max
+    return out

@@ -313,8 +313,9 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
-    """(ok, g, h) of the policy ``pol`` (action indices, length s_max+2) with costs ``pc[s]`` (eq. 20).
+def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
+    """(ok, g, h) of the policy ``pol`` (action indices, length s_max+2) with costs ``pc[s]`` and sojourns
+    ``py[s]`` (eq. 20).
 
     The border ``ref`` is the first serving state; h is normalised to h(0) = 0.  ok is False when a
     pivot is not positive, the 2×2 border is singular, the result is not finite, or the residual of
@@ -325,10 +326,7 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
     last = S - 1
     h = np.zeros(S)
     ref = _first_serving(pol, actions, n)
-    col0 = np.empty(S)
-    for s in range(S):
-        col0[s] = y[pol[s]]
-    ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, col0, ref)
+    ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, py, ref)
     if not _lu_rows(ab, lw, ext):
         return False, 0.0, h
     X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
@@ -364,7 +362,7 @@ def evaluate_policy_banded(pol, pc, P, SF, klo, khi, actions, y, s_max):
             cmax = abs(pc[s])
     if not np.isfinite(g):
         return False, 0.0, h
-    res = policy_residual(h, g, pc, pol, P, SF, klo, khi, actions, y, s_max)
+    res = policy_residual(h, g, pc, py, pol, P, SF, klo, khi, actions, s_max)
     if not res <= 1e-7 * (1.0 + hmax + cmax):
         return False, 0.0, h
     return True, g, h
@@ -447,15 +445,16 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
     shifted to h(0) = 0, and its residual is checked: a numerically singular (multichain)
     policy raises instead of returning garbage.
     """
+    py = model.sojourn()[np.arange(model.n_states), pol_idx]
     for ref in reference_states(model, pol_idx):
         try:
-            x = bordered_solve(model, pol_idx, model.y[pol_idx], c, ref)
+            x = bordered_solve(model, pol_idx, py, c, ref)
         except InputError:
             continue
         g = float(x[ref])
         x[ref] = 0.0
         h = x - x[0]
-        res = policy_residual(h, g, c, pol_idx, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max)
+        res = policy_residual(h, g, c, py, pol_idx, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
         if res <= 1e-7 * (1.0 + np.abs(h).max() + np.abs(c).max()):
             return g, h
     raise InputError(_SINGULAR)

@@ -14,7 +14,7 @@ grows with Δ → 0 they converge to the infinite model's values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,24 +63,38 @@ def stationary_distribution(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.nda
 
 
 def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
-    """Exact metrics (eqs. 21–22) of ``policy`` (batch size per state, length s_max+2)."""
+    """Exact metrics (eqs. 21–22) of ``policy`` (batch size per state, length s_max+2).
+
+    With the tail boundary (:mod:`~smdp_batch.model.truncation`) the excursions above s_max enter through
+    their expected time, energy, holding and batches; Δ is then the cost per ms those excursions carry (what
+    eq. 22 measures for S_o) and ``overflow_probability`` the chance that an epoch leaves the truncation."""
     idx = model.action_index(policy)
     mu = stationary_distribution(model, idx)
     S = model.n_states
-    lv = model.state_level()
-    y = model.y[idx]
+    rows = np.arange(S)
+    y = model.sojourn()[rows, idx]
     a = model.actions[idx].astype(np.float64)
-    c = model.costs()[np.arange(S), idx]
+    c = model.costs()[rows, idx]
     time_per_epoch = float(mu @ y)
-    hold = y * lv / model.problem.lam + model.hold_fixed[idx]
-    serving = mu[a > 0].sum()
+    serving = float(mu[a > 0].sum())
+    served = float(mu @ a)
+    if model.extra is None:
+        delta = float(mu[-1] * c[-1]) / time_per_epoch
+    else:  # the excursions' batches: their time over l(B); each serves B
+        p = model.problem
+        extra_cost = p.w2 * model.extra[1][rows, idx] + p.w1 * model.extra[2][rows, idx]
+        delta = float(mu @ extra_cost) / time_per_epoch
+        l_B = float(model.y[int(np.nonzero(model.actions == model.tail_action)[0][0])])
+        batches = float(mu @ model.extra[0][rows, idx]) / l_B
+        serving += batches
+        served += batches * model.tail_action
     return Evaluation(
         avg_cost=float(mu @ c) / time_per_epoch,
-        delta=float(mu[-1] * c[-1]) / time_per_epoch,
-        mean_latency_ms=float(mu @ hold) / time_per_epoch,
-        mean_power_w=float(mu @ model.energy[idx]) / time_per_epoch,
-        throughput=float(mu @ a) / time_per_epoch,
-        mean_batch_size=float(mu @ a) / serving if serving > 0 else 0.0,
+        delta=delta,
+        mean_latency_ms=float(mu @ model.hold()[rows, idx]) / time_per_epoch,
+        mean_power_w=float(mu @ model.energies()[rows, idx]) / time_per_epoch,
+        throughput=served / time_per_epoch,
+        mean_batch_size=served / serving if serving > 0 else 0.0,
         overflow_probability=float(mu[-1]),
         stationary=mu,
         s_max=model.s_max,
@@ -133,14 +147,26 @@ def tail_stable(problem: BatchingProblem, policy: np.ndarray) -> bool:
 DEPLOYED_SMAX_LIMIT = 1 << 14
 
 
-def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float = 1e-10) -> Evaluation:
+def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float = 1e-10,
+                      boundary: str = "tail") -> Evaluation:
     """Metrics of ``policy`` as deployed on the infinite queue (eq. 30), to truncation error < tol.
 
-    The policy (length s_max+2) is extended by eq. 30 and evaluated with c_o = 0 on truncations of
-    doubling size until the overflow state's share of the cost (Δ, eq. 22) and its probability
-    both fall below ``tol`` (relative to the average cost).  A policy whose tail action cannot keep
-    up with λ (λ·l(a) ≥ a, or a = 0) does not stabilise the queue and is rejected.
+    The policy (length s_max+2) is extended by eq. 30 (its tail action a = π(s_max) beyond) and evaluated
+    on truncations of doubling size:
+
+    * ``boundary="tail"`` (default): the tail boundary with B = a (:mod:`~smdp_batch.model.truncation`),
+      whose metrics are the infinite queue's up to terms that die out geometrically past the policy's
+      last change; accepted when ĝ, W̄ and P̄ of s and 2s agree to ``tol`` (relative, floor 1);
+      Δ is then |ĝ(2s) − ĝ(s)|.
+    * ``boundary="overflow"``: eq. 19 with c_o = 0, until S_o's share of the cost (Δ, eq. 22) and its
+      probability both fall below ``tol`` (relative to the average cost) — an independent check, but the
+      truncation must cover the queue tail (s_max up to 16 384).
+
+    A policy whose tail action cannot keep up with λ (λ·l(a) ≥ a, or a = 0) does not stabilise the
+    queue and is rejected.
     """
+    if boundary not in ("tail", "overflow"):
+        raise InputError(f"unknown boundary {boundary!r}; valid: tail, overflow")
     policy = np.asarray(policy, dtype=np.int64)
     base = policy.size - 2
     if not tail_stable(problem, policy):
@@ -152,18 +178,26 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
             f"the policy serves batches of {a_tail} on long queues, at most {a_tail / l_tail:.6g} requests/ms, "
             f"but λ = {problem.lam:.6g} /ms: it does not stabilise the queue"
         )
+    tail = int(policy[base]) if boundary == "tail" else None
     s = max(base, problem.bmax, 64)
     arrivals = arrival_table(problem, 2 * s)
+    prev = None
     while True:
         if arrivals.kmax < s:
             arrivals = arrival_table(problem, 2 * s)
-        model = truncate(problem, s, 0.0, arrivals)
+        model = truncate(problem, s, 0.0, arrivals, tail=tail)
         ev = evaluate_policy(model, extend_policy(policy, s))
-        if ev.delta < tol * max(1.0, ev.avg_cost) and ev.overflow_probability < tol:
-            return ev
+        if tail is None:
+            if ev.delta < tol * max(1.0, ev.avg_cost) and ev.overflow_probability < tol:
+                return ev
+        elif prev is not None and all(abs(getattr(ev, k) - getattr(prev, k)) <= tol * max(1.0, abs(getattr(ev, k)))
+                                      for k in ("avg_cost", "mean_latency_ms", "mean_power_w")):
+            return replace(ev, delta=abs(ev.avg_cost - prev.avg_cost))
         if 2 * s > DEPLOYED_SMAX_LIMIT:
+            what = f"Δ = {ev.delta:.3g}" if tail is None else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling"
             raise InputError(
                 f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {DEPLOYED_SMAX_LIMIT} "
-                f"(Δ = {ev.delta:.3g}); is ρ = {problem.rho:.6g} too close to 1?"
+                f"({what}); is ρ = {problem.rho:.6g} too close to 1?"
             )
+        prev = ev
         s *= 2

@@ -68,6 +68,9 @@ def _stack(models: list[TruncatedSMDP]):
     """Batch arrays (costs, F, tail, y) in one common window frame; plus jmin and s_max."""
     if not models:
         raise InputError("no models to solve")
+    if any(m.extra is not None for m in models):
+        raise InputError("the JAX backend solves eq. 19's overflow boundary only; a model has the tail boundary "
+                         "(use backend='numba')")
     m0 = models[0]
     for m in models[1:]:
         if m.s_max != m0.s_max or not np.array_equal(m.actions, m0.actions):

@@ -65,12 +65,12 @@ def expected_next_table(h, P, SF, klo, khi, actions, s_max):
 
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def policy_residual(h, g, c, pol_idx, P, SF, klo, khi, actions, y, s_max):
-    """max_s |h(s) − c(s) + g·y(s) − Σ_j m̂(j|s,π(s))h(j)| — the residual of eq. 20 under π."""
+def policy_residual(h, g, c, py, pol_idx, P, SF, klo, khi, actions, s_max):
+    """max_s |h(s) − c(s) + g·y(s) − Σ_j m̂(j|s,π(s))h(j)| — the residual of eq. 20 under π (c, y per state)."""
     worst = 0.0
     for s in range(s_max + 2):
         ai = pol_idx[s]
-        r = h[s] - c[s] + g * y[ai] - expected_next(h, s, ai, actions[ai], P, SF, klo, khi, s_max)
+        r = h[s] - c[s] + g * py[s] - expected_next(h, s, ai, actions[ai], P, SF, klo, khi, s_max)
         if abs(r) > worst:
             worst = abs(r)
     return worst
@@ -105,11 +105,12 @@ def window_filters(P, SF, klo, khi, actions):
 
 
 @njit(cache=True)
-def improve_step(pol, g, EH, costs, y, s_max):
+def improve_step(pol, g, EH, costs, Y, s_max):
     """PI's improvement rule (Puterman §11.4): argmin_a Q(s,a), keeping pol[s] unless beaten by > 1e-11 relative.
 
-    Q(s,a) = ĉ(s,a) − g·y(a) + EH[min(s, s_max), a], with EH[r, a] = Σ_j m̂(j|r,a)h(j) (S_o reads
-    row s_max: the same expectations).  ``costs`` is +inf where a > s.
+    Q(s,a) = ĉ(s,a) − g·y(s,a) + EH[min(s, s_max), a], with EH[r, a] = Σ_j m̂(j|r,a)h(j) (S_o reads
+    row s_max: the same expectations).  ``costs`` is +inf where a is infeasible; ``Y`` (S × A) the
+    sojourns (:meth:`~smdp_batch.model.truncation.TruncatedSMDP.sojourn`).
     """
     S = s_max + 2
     A = costs.shape[1]
@@ -117,11 +118,11 @@ def improve_step(pol, g, EH, costs, y, s_max):
     for s in range(S):
         r = s if s <= s_max else s_max
         cur = pol[s]
-        qcur = costs[s, cur] - g * y[cur] + EH[r, cur]
+        qcur = costs[s, cur] - g * Y[s, cur] + EH[r, cur]
         qbest = np.inf
         best = cur
         for ai in range(A):
-            q = costs[s, ai] - g * y[ai] + EH[r, ai]
+            q = costs[s, ai] - g * Y[s, ai] + EH[r, ai]
             if q < qbest:
                 qbest = q
                 best = ai
@@ -131,7 +132,7 @@ def improve_step(pol, g, EH, costs, y, s_max):
 
 
 @njit(cache=True)
-def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
+def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     """:func:`improve_step` with the expectations for all (s, a) from one matrix product (BLAS).
 
     The (S, W) windows of h̄ times the filters F of :func:`window_filters` — O(S·W·A) flops at
@@ -155,4 +156,4 @@ def improve(pol, g, h, costs, F, tail, jmin, y, s_max):
     for s in range(n):
         for ai in range(A):
             EH[s, ai] += tail[ai] * hso
-    return improve_step(pol, g, EH, costs, y, s_max)
+    return improve_step(pol, g, EH, costs, Y, s_max)

@@ -88,11 +88,12 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
 
 def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
     """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
+    Y = model.sojourn()
     g, h = evaluate_gain_bias(model, pol, costs)
     it = 0
     for it in range(1, max_iter + 1):
         EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
-        new = improve_step(pol, g, EH, costs, model.y, model.s_max)
+        new = improve_step(pol, g, EH, costs, Y, model.s_max)
         if np.array_equal(new, pol):
             return pol, g, h, it, True
         pol, g, h = _improve(model, pol, new, costs)
@@ -108,7 +109,7 @@ def _policy_costs(pol, costs):
 
 
 @njit(cache=True)
-def pi_loop(starts, costs, P, SF, klo, khi, actions, y, s_max, max_iter):
+def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     """Policy iteration from the best of ``starts`` (C × S action indices; the lowest gain).
 
     Returns (status, pol, g, h, iterations).  status: CONVERGED (the policy repeated), MAX_ITER,
@@ -121,16 +122,18 @@ def pi_loop(starts, costs, P, SF, klo, khi, actions, y, s_max, max_iter):
     g = np.inf
     h = np.zeros(s_max + 2)
     for c in range(starts.shape[0]):
-        ok, gc, hc = evaluate_policy_banded(starts[c], _policy_costs(starts[c], costs), P, SF, klo, khi, actions, y, s_max)
+        ok, gc, hc = evaluate_policy_banded(starts[c], _policy_costs(starts[c], costs), _policy_costs(starts[c], Y),
+                                            P, SF, klo, khi, actions, s_max)
         if ok and gc < g:
             pol, g, h = starts[c].copy(), gc, hc
     if not g < np.inf:
         return EVAL_FAILED, starts[0].copy(), np.nan, h, 0
     for it in range(1, max_iter + 1):
-        new = improve(pol, g, h, costs, F, tail, jmin, y, s_max)
+        new = improve(pol, g, h, costs, F, tail, jmin, Y, s_max)
         if not np.any(new != pol):
             return CONVERGED, pol, g, h, it
-        ok, g2, h2 = evaluate_policy_banded(new, _policy_costs(new, costs), P, SF, klo, khi, actions, y, s_max)
+        ok, g2, h2 = evaluate_policy_banded(new, _policy_costs(new, costs), _policy_costs(new, Y),
+                                            P, SF, klo, khi, actions, s_max)
         if not ok:
             return EVAL_FAILED, pol, g, h, it - 1
         pol, g, h = new, g2, h2
@@ -153,7 +156,7 @@ def policy_iteration(
     costs = model.costs()
     with single_blas():
         status, pol, g, h, it = pi_loop(
-            starts, costs, model.P, model.SF, model.klo, model.khi, model.actions, model.y, model.s_max, int(max_iter)
+            starts, costs, model.sojourn(), model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, int(max_iter)
         )
         converged = status == CONVERGED
         if status == EVAL_FAILED:

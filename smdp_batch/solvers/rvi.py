@@ -92,6 +92,8 @@ def relative_value_iteration(
     """
     if not (np.isfinite(eps) and eps > 0):
         raise InputError(f"eps must be > 0, got {eps!r}")
+    if model.extra is not None:
+        raise InputError("RVI solves eq. 19's overflow boundary only; this model has the tail boundary (use solver='pi')")
     if not (0 < eta_fraction < 1):
         raise InputError(f"eta_fraction must lie in (0, 1), got {eta_fraction!r}")
     if int(max_iter) < 1:
