@@ -6,8 +6,10 @@ Not a timed test: run it and read the table (the README quotes its output)::
     python benchmarks/bench_hard.py --quick    # the solve cases only, no fronts
 
 Each case is solved once after the kernels are loaded (numba's compile is kept out, as in
-``Solution.seconds``).  Columns: wall seconds of ``solve()``, the truncation s_max, Δ (eq. 22), R =
-``converged_upto`` and the number of truncations solved.  Fronts are ``sweep_w2`` with the default
+``Solution.seconds``).  Columns: wall seconds of ``solve()``, the truncation s_max, Δ, R =
+``converged_upto`` and the number of truncations solved.  Δ is the truncation's error measure: on the
+tail boundary (the default) |ĝ(s_max) − ĝ(s_max/2)|, on eq. 19's overflow boundary (``--boundary
+overflow``, the rule before the tail boundary) S_o's share of the cost (eq. 22); both in cost per ms.  Fronts are ``sweep_w2`` with the default
 settings (no simulated baselines), at the default front tolerance ftol = 1e-3 and, where it is quick,
 at ftol = 0 (every distinct policy).  A case that cannot be solved prints the one-line refusal the CLI
 would print.
@@ -60,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="solve cases only")
     ap.add_argument("--s-max", default="auto", help="auto (default) or minimal")
+    ap.add_argument("--boundary", default=None, choices=("tail", "overflow"),
+                    help="the converged rule's truncation boundary (default: tail)")
     args = ap.parse_args()
     warm_up_pi()
     print("| case | seconds | s_max | Δ | converged up to R | truncations |")
@@ -69,7 +73,7 @@ def main() -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                s = solve(make(), s_max=args.s_max)
+                s = solve(make(), s_max=args.s_max, boundary=args.boundary)
         except InputError as e:
             print(f"| {name} | {time.perf_counter() - t0:.2f} | refused: {str(e)[:110]}… | | | |", flush=True)
             continue

@@ -1,15 +1,18 @@
 """The converged-table rule (``s_max="auto"``, :mod:`smdp_batch.solvers.search`) against longer truncations.
 
 For every scenario the default table's decision at each queue length n < 4R (R = ``converged_upto``;
-eq. 30 beyond the stored range) equals that of a solve on a truncation four times longer, with the
-same overflow cost c_o.
+eq. 30 beyond the stored range) equals that of a solve on a truncation four times longer with the same
+(tail) boundary, and that of the converged table on eq. 19's overflow boundary — an independent
+truncation whose s_max must cover the queue tail — and the two boundaries' gains agree.
 """
 
 import numpy as np
 import pytest
 
 from smdp_batch import BatchingProblem, InputError, solve
-from smdp_batch.model.truncation import arrival_table
+from smdp_batch.model.truncation import arrival_table, truncate
+from smdp_batch.solvers.evaluation import resize_policy
+from smdp_batch.solvers.pi import policy_iteration
 from smdp_batch.solvers.search import limiting_actions, tail_rate
 
 AFF, LIN = "affine:0.3051,1.0524", "affine:19.899,19.603"
@@ -36,10 +39,16 @@ for _r in (0.1, 0.5, 0.9):
 def test_default_table_equals_a_truncation_four_times_longer(name, problem):
     sol = solve(problem)
     R = sol.converged_upto
-    assert R is not None and sol.rule == "auto" and sol.evaluation.delta < 1e-3
-    ref = solve(problem, s_max=4 * sol.s_max, abstract_cost=sol.model.abstract_cost)
+    assert R is not None and sol.rule == "auto" and sol.evaluation.delta < 1e-3 and sol.model.boundary == "tail"
+    B = sol.model.tail_action
+    model = truncate(problem, 4 * sol.s_max, 0.0, tail=B)
+    ref = policy_iteration(model, policy0=resize_policy(sol.policy, model.s_max))
     table = [sol.decide(n) for n in range(4 * R)]
     assert table == ref.policy[: 4 * R].tolist()
+    other = solve(problem, boundary="overflow")  # eq. 19, verified against its own doubled truncation
+    assert other.model.boundary == "overflow" and other.converged_upto == R
+    assert table == [other.decide(n) for n in range(4 * R)]
+    assert sol.evaluation.avg_cost == pytest.approx(other.deployed.avg_cost, rel=1e-9)
     assert sol.decide(R) in limiting_actions(problem) and sol.decide(10**9) == sol.decide(R)
     assert np.all(sol.policy[R:] == sol.policy[R])  # stored: π(R) from R on, S_o included
 
@@ -55,10 +64,13 @@ def test_the_minimal_rule_keeps_the_truncation_artifact_the_issue_measured():
 
 def test_large_w2_raises_the_overflow_cost_instead_of_the_truncation():
     p = _p(0.9, 100.0)
-    sol = solve(p)
+    sol = solve(p, boundary="overflow")
     assert sol.model.abstract_cost >= sol.evaluation.avg_cost > 100  # c_o ≥ ĝ (was 100 against ĝ ≈ 5 479)
     assert sol.s_max <= 256 and sol.converged_upto == 32 and sol.control_limit == 32
     assert sol.deployed.avg_cost == pytest.approx(5479.3298, rel=1e-6)
+    tail = solve(p)  # the tail boundary has no overflow cost to degenerate
+    assert tail.model.abstract_cost == 0 and tail.s_max <= 256 and tail.converged_upto == 32
+    assert tail.evaluation.avg_cost == pytest.approx(5479.3298, rel=1e-6)
 
 
 def test_tail_rate_is_the_bulk_service_root():

@@ -13,6 +13,9 @@ import pytest
 
 from smdp_batch import BatchingProblem, solve
 from smdp_batch.cli import main
+from smdp_batch.model.truncation import truncate
+from smdp_batch.solvers.evaluation import resize_policy
+from smdp_batch.solvers.pi import policy_iteration
 
 from test_paper import prop4_q
 
@@ -55,9 +58,13 @@ def test_every_table_is_converged_and_matches_a_truncation_four_times_longer(tab
     for (case, rho, w2), sol in tables.items():
         assert sol.converged_upto is not None, (case, rho, w2)
         if rho in (0.1, 0.9) and w2 in (0.0, 100.0):
-            ref = solve(sol.problem, s_max=4 * sol.s_max, abstract_cost=sol.model.abstract_cost)
+            model = truncate(sol.problem, 4 * sol.s_max, 0.0, tail=sol.model.tail_action)
+            ref = policy_iteration(model, policy0=resize_policy(sol.policy, model.s_max))
             R = sol.converged_upto
-            assert [sol.decide(n) for n in range(4 * R)] == ref.policy[: 4 * R].tolist(), (case, rho, w2)
+            table = [sol.decide(n) for n in range(4 * R)]
+            assert table == ref.policy[: 4 * R].tolist(), (case, rho, w2)
+            other = solve(sol.problem, boundary="overflow")  # eq. 19's boundary, independently converged
+            assert table == [other.decide(n) for n in range(4 * R)], (case, rho, w2)
 
 
 @pytest.mark.parametrize("case", ["fig3-case1", "fig3-case2", "fig3-case3"])

@@ -25,7 +25,8 @@ def test_round_trip(tmp_path, sol):
     assert pf.inputs["lam"] == sol.problem.lam and pf.inputs["service"] == "det"
     assert pf.inputs["latency"] == "affine:0.3051,1.0524"
     assert list(pf.inputs["batch_sizes"]) == list(range(1, 33))
-    assert pf.truncation["s_max"] == sol.s_max and pf.truncation["abstract_cost"] == 100.0
+    assert pf.truncation["s_max"] == sol.s_max and pf.truncation["abstract_cost"] == 0.0
+    assert pf.truncation["boundary"] == "tail" and pf.truncation["delta"] < 1e-3
     assert pf.solution["avg_cost"] == pytest.approx(38.86, abs=5e-3)
     assert bool(pf.solution["converged"]) and pf.solution["solver"] == "pi"
     assert pf.decide(0) == int(sol.policy[0]) and pf.decide(10**6) == int(sol.policy[sol.s_max])

@@ -81,7 +81,8 @@ def _fill_table(f, solution) -> None:
     t.attrs.update(
         {"s_max": m.s_max, "s_max_auto": solution.s_max_auto, "abstract_cost": m.abstract_cost,
          "delta": solution.evaluation.delta, "tol_delta": solution.tol_delta, "s_max_rule": solution.rule,
-         "converged_upto": -1 if solution.converged_upto is None else solution.converged_upto}
+         "converged_upto": -1 if solution.converged_upto is None else solution.converged_upto,
+         "boundary": m.boundary}
     )
     s = f.create_group("solution")
     cl = solution.control_limit

@@ -18,7 +18,9 @@ Layout (DESIGN.md §4)::
                      (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto);
                      from 0.3: s_max_rule ("auto" converged, "minimal" paper 004, "fixed") and
                      converged_upto R (−1: not verified) — policy[n] for n ≤ R equals the decision
-                     of a truncation ≥ 2R, and policy[n] = policy[R] above R (a version-1 addition)
+                     of a truncation ≥ 2R, and policy[n] = policy[R] above R (a version-1 addition);
+                     newer files: boundary ("tail": exact excursion costs above s_max, abstract_cost 0 and
+                     delta = |ĝ(s_max) − ĝ(s_max/2)|; "overflow": eq. 19's S_o; absent = overflow)
     /solution        attrs: avg_cost, solver, iterations, converged, eps, eta (NaN = none), span, gain_lo,
                             gain_hi, mean_latency_ms, mean_power_w, throughput, mean_batch_size, objective,
                             control_limit (-1 = none), solve_seconds, summary_json
@@ -371,9 +373,12 @@ def _load_truncation(w: _Where, gt, s_max: int) -> dict:
         "tol_delta": _attr(w, gt, "tol_delta", "float", None, low=0),
         "s_max_rule": _attr(w, gt, "s_max_rule", "str", None),
         "converged_upto": _attr(w, gt, "converged_upto", "int", None, low=-1, high=s_max),
+        "boundary": _attr(w, gt, "boundary", "str", None),
     }
     if truncation["s_max_rule"] is not None and truncation["s_max_rule"] not in ("auto", "minimal", "fixed"):
         w.fail(f"{gt.name}@s_max_rule", f"= {truncation['s_max_rule'][:40]!r}; expected auto, minimal or fixed")
+    if truncation["boundary"] is not None and truncation["boundary"] not in ("tail", "overflow"):
+        w.fail(f"{gt.name}@boundary", f"= {truncation['boundary'][:40]!r}; expected tail or overflow")
     if truncation["converged_upto"] == -1:
         truncation["converged_upto"] = None  # written, but not verified
     return {k: v for k, v in truncation.items() if v is not None}

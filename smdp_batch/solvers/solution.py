@@ -4,8 +4,10 @@
 
 * ``"auto"`` (default) — a **converged** table: every stored decision equals that of a truncation at
   least twice as long as the verified range, and the stored range reaches the queue length R where
-  the action stops changing, so eq. 30's "serve π(R) beyond" is the infinite queue's action.  c_o is
-  raised to 1.5·ĝ where it is below ĝ, and s_max is found from the queue tail's geometric rate.
+  the action stops changing, so eq. 30's "serve π(R) beyond" is the infinite queue's action.  Solved
+  on the tail boundary (exact excursion costs above s_max) with PI on numba; on eq. 19's boundary
+  for RVI and JAX, with c_o raised to 1.5·ĝ where it is below ĝ and s_max found from the queue tail's
+  geometric rate.
 * ``"minimal"`` — paper 004's rule (Table II): the smallest s_max with Δ < δ (eq. 22; δ = 1e-3,
   c_o = 100 by default) and a tail action that drains long queues, c_o exactly as given.
 * an integer — that truncation; a degenerate one (the policy waits at s_max) raises a
@@ -31,14 +33,15 @@ from .pi import policy_iteration, warm_up_pi
 from .result import SolveResult
 from .threads import single_blas
 from .rvi import ETA_FRACTION, relative_value_iteration, warm_up_rvi
-from .search import Candidates, Progress, search_converged, search_minimal
+from .search import Candidates, Progress, limiting_actions, search_converged, search_minimal
 
-__all__ = ["BACKENDS", "SOLVERS", "SMAX_RULES", "Solution", "TableNotConvergedWarning", "check_backend", "solve",
+__all__ = ["BACKENDS", "BOUNDARIES", "SOLVERS", "SMAX_RULES", "Solution", "TableNotConvergedWarning", "check_backend", "solve",
            "solve_truncated"]
 
 SOLVERS = ("pi", "rvi")
 BACKENDS = ("numba", "jax")
 SMAX_RULES = ("auto", "minimal")
+BOUNDARIES = ("tail", "overflow")
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Solution:
         share of the cost below 1e-10, and the policy already constant from s_max on), its evaluation is
         reused with c_o's part taken out of ĝ — the same numbers evaluate_deployed computes."""
         ev, m, pol = self.evaluation, self.model, self.policy
-        if ev.overflow_probability < 1e-10 and ev.delta < 1e-10 * max(1.0, ev.avg_cost) and pol[-1] == pol[-2]:
+        if m.extra is None and ev.overflow_probability < 1e-10 and ev.delta < 1e-10 * max(1.0, ev.avg_cost) and pol[-1] == pol[-2]:
             idx = m.action_index(pol)
             T = float(ev.stationary @ m.y[idx])
             c_o_part = m.abstract_cost * m.y[idx[-1]] * float(ev.stationary[-1]) / T
@@ -128,6 +131,7 @@ class Solution:
             "converged_upto": self.converged_upto,
             "s_max_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
+            "boundary": self.model.boundary,
             "tol_delta": self.tol_delta,
             "solver": r.solver,
             "backend": r.backend,
@@ -236,6 +240,7 @@ def solve(
     backend: str = "numba",
     progress: Progress | None = None,
     hint: Solution | dict | None = None,
+    boundary: str | None = None,
     **deprecated,
 ) -> Solution:
     """Optimal batching policy for ``problem`` (paper 004 §V).
@@ -251,12 +256,23 @@ def solve(
     hint : a solution of a neighbouring problem (e.g. the next w2 of a front), or its
         {"s_max", "abstract_cost", "policy"}: "auto" starts its search there (c_o at least the hint's,
         PI warm-started from its policy).  The table is verified as without a hint.
+    boundary : the truncation boundary of "auto": "tail" (default with PI on numba: the exact excursion
+        costs above s_max, :mod:`~smdp_batch.model.truncation`) or "overflow" (eq. 19's S_o with c_o
+        raised to 1.5·ĝ; the default for RVI and JAX, which implement only eq. 19).  "minimal" and a
+        fixed s_max always use eq. 19.
     """
     smax = _renamed_s_max(s_max, deprecated, "solve")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; valid: {', '.join(SOLVERS)}")
     check_backend(backend)
     smax, tol, c_o = solve_settings(problem, smax, tol_delta, abstract_cost, SMAX_RULES)
+    exact_pi = solver == "pi" and backend == "numba"
+    if boundary is None:
+        boundary = "tail" if exact_pi else "overflow"
+    if boundary not in BOUNDARIES:
+        raise InputError(f"unknown boundary {boundary!r}; valid: {', '.join(BOUNDARIES)}")
+    if boundary == "tail" and not exact_pi:
+        raise InputError("the tail boundary is solved by policy iteration on numba only (solver='pi', backend='numba')")
     warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the search always runs PI)
     if solver == "rvi":
         warm_up_rvi()
@@ -278,12 +294,15 @@ def solve(
 
     check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before searching
     with single_blas():
-        return _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0)
+        return _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,
+                           boundary)
 
 
-def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0) -> Solution:
+def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,
+                boundary) -> Solution:
     """The "auto" and "minimal" rules of :func:`solve` (arguments checked there)."""
-    cands = Candidates(problem, tol, progress)
+    tail = max(limiting_actions(problem)) if smax == "auto" and boundary == "tail" else None
+    cands = Candidates(problem, tol, progress, tail=tail)
     table = converged_upto = None
     if smax == "minimal":
         cand = search_minimal(cands, c_o)
