@@ -101,7 +101,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         [
             "smdp-batch — optimal batching policy (paper 004 SMDP)",
             scenario_line(problem),
-            f"  truncation  s_max = {sol.s_max} ({sol.rule}), c_o = {sol.model.abstract_cost:.6g}, "
+            f"  truncation  s_max = {sol.s_max} ({sol.rule}), {boundary_text(sol.model.boundary, sol.model.abstract_cost, sol.model.tail_action)}, "
             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
             f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule)}",
             f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
@@ -208,7 +208,7 @@ def evaluate_cmd(policy_spec, as_json, **opts):
             f"  policy      {describe_policy(policy, problem.batch_sizes)}",
             cost_line(d["avg_cost"], "exact, infinite queue"),
             metrics_line(d),
-            f"  exactness   evaluated on s_max = {ev.s_max} (tail share Δ = {ev.delta:.2g})",
+            f"  exactness   evaluated on s_max = {ev.s_max} with the tail boundary (ĝ moved {ev.delta:.2g} from s_max/2)",
         ]
     )
     emit(d, as_json, text)
@@ -264,7 +264,7 @@ def show_cmd(path, as_json):
             f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)}), "
             f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
             f"  truncation  s_max = {t['s_max']}{' (' + t['s_max_rule'] + ')' if 's_max_rule' in t else ''}, "
-            f"c_o = {t['abstract_cost']:.6g}, Δ = {t['delta']:.3g}",
+            f"{boundary_text(t.get('boundary', 'overflow'), t['abstract_cost'])}, Δ = {t['delta']:.3g}",
             f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
@@ -378,3 +378,10 @@ def _tables_readme(sols, names) -> str:
                    f"{describe_policy(s.policy, s.problem.batch_sizes)} | {ev.mean_latency_ms:.5g} | "
                    f"{ev.mean_power_w:.5g} | {'not verified' if s.converged_upto is None else s.converged_upto} | {s.s_max} |")
     return "\n".join(out) + "\n"
+
+
+def boundary_text(boundary: str, c_o: float, tail: int | None = None) -> str:
+    """How the truncation ends: the tail boundary (Δ = |ĝ(s_max) − ĝ(s_max/2)|) or eq. 19's S_o with c_o."""
+    if boundary == "tail":
+        return "tail boundary" + (f" (serve {tail} above s_max)" if tail else "")
+    return f"c_o = {c_o:.6g}"
