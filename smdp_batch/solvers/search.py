@@ -404,22 +404,34 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
             if R is not None and big.accepted(cands.tol):
                 break
             R = None
-        if 2 * S > max_smax:
+        if not _can_double(cands, S, max_smax):
             break
-        try:
-            cands.check_work(2 * S)
-        except InputError:
-            break  # the table so far is returned with converged_upto = None (and a warning by solve())
         S *= 2
+    pol = _stored_policy(big, R, S)
+    ev = evaluate_policy(big.model, pol) if R is not None else big.ev
+    return Converged(big, c_o, R, pol, ev, time.perf_counter() - t0)
+
+
+def _can_double(cands: Candidates, S: int, max_smax: int) -> bool:
+    """Whether the convergence check may go on to 2S (within max_smax and the work limit); when it may not,
+    the table so far is returned with converged_upto = None (and a warning by solve())."""
+    if 2 * S > max_smax:
+        return False
+    try:
+        cands.check_work(2 * S)
+    except InputError:
+        return False
+    return True
+
+
+def _stored_policy(big: Candidate, R: int | None, S: int) -> np.ndarray:
+    """The stored table: the S-solution on 0..R and π(R) beyond (the whole S-solution when R is None)."""
     if big.res is None:
         raise InputError(f"no converged truncation up to s_max = {S}: policy iteration did not settle")
     pol = np.array(big.res.policy, dtype=np.int64)
     if R is not None:
         pol[R + 1:] = pol[R]
-        ev = evaluate_policy(big.model, pol)
-    else:
-        ev = big.ev
-    return Converged(big, c_o, R, pol, ev, time.perf_counter() - t0)
+    return pol
 
 
 def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converged:
@@ -441,18 +453,10 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
             if R is not None and int(big.res.policy[R]) == cands.tail and gap < cands.tol:
                 break
             R = None
-        if 2 * S > max_smax:
+        if not _can_double(cands, S, max_smax):
             break
-        try:
-            cands.check_work(2 * S)
-        except InputError:
-            break  # the table so far is returned with converged_upto = None (and a warning by solve())
         S *= 2
-    if big.res is None:
-        raise InputError(f"no converged truncation up to s_max = {S}: policy iteration did not settle")
-    pol = np.array(big.res.policy, dtype=np.int64)
-    if R is not None:
-        pol[R + 1:] = pol[R]
+    pol = _stored_policy(big, R, S)
     ev = evaluate_policy(big.model, pol)
     if small.res is not None:
         ev = replace(ev, delta=abs(big.res.gain - small.res.gain))
