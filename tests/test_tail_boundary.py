@@ -146,3 +146,12 @@ def test_the_boundary_is_written_and_read(tmp_path):
         f["truncation"].attrs["boundary"] = "mirror"
     with pytest.raises(InputError, match="boundary"):
         read_policy(path)
+
+
+def test_a_long_table_is_evaluated_from_its_last_change():
+    """eq. 30: a table constant from n = 32 on, stored to s_max = 10 000 (beyond the doubling's limit), has the
+    metrics of the same table stored to 40."""
+    p = _p(0.5)
+    long_, short = np.minimum(np.arange(10002), 32), np.minimum(np.arange(42), 32)
+    a, b = evaluate_deployed(p, long_), evaluate_deployed(p, short)
+    assert a.avg_cost == b.avg_cost and a.mean_latency_ms == b.mean_latency_ms and a.s_max < 1000

@@ -179,6 +179,10 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
             f"but λ = {problem.lam:.6g} /ms: it does not stabilise the queue"
         )
     tail = int(policy[base]) if boundary == "tail" else None
+    if tail is not None:  # eq. 30 lets the table stop where its last run of equal actions starts
+        change = np.nonzero(policy[1 : base + 1] != policy[:base])[0]
+        base = int(change[-1]) + 1 if change.size else 0
+        policy = np.append(policy[: base + 1], tail)
     s = max(base, problem.bmax, 64)
     arrivals = arrival_table(problem, 2 * s)
     prev = None
@@ -194,7 +198,8 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
                                       for k in ("avg_cost", "mean_latency_ms", "mean_power_w")):
             return replace(ev, delta=abs(ev.avg_cost - prev.avg_cost))
         if 2 * s > DEPLOYED_SMAX_LIMIT:
-            what = f"Δ = {ev.delta:.3g}" if tail is None else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling"
+            what = (f"Δ = {ev.delta:.3g}" if tail is None else "not checked against a longer one" if prev is None
+                    else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling")
             raise InputError(
                 f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {DEPLOYED_SMAX_LIMIT} "
                 f"({what}); is ρ = {problem.rho:.6g} too close to 1?"
