@@ -155,3 +155,32 @@ def test_a_long_table_is_evaluated_from_its_last_change():
     long_, short = np.minimum(np.arange(10002), 32), np.minimum(np.arange(42), 32)
     a, b = evaluate_deployed(p, long_), evaluate_deployed(p, short)
     assert a.avg_cost == b.avg_cost and a.mean_latency_ms == b.mean_latency_ms and a.s_max < 1000
+
+
+def _random_problems(count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    lats = ["affine:0.3051,1.0524", "const:2.5", "affine:0.05,3", "affine:0.5,0.2"]
+    laws = ["det", "exp", "erlang:3", "hyperexp", "gamma:0.7", "uniform:1,20", "lognormal:0.7"]
+    out = []
+    for _ in range(count):
+        bmax = int(rng.choice([4, 8, 16, 32]))
+        sizes = (range(1, bmax + 1) if rng.random() < 0.6
+                 else sorted({int(x) for x in rng.integers(1, bmax + 1, size=4)} | {bmax}))
+        out.append(BatchingProblem.from_rho(
+            float(rng.choice([0.1, 0.4, 0.7, 0.85, 0.95])), latency=str(rng.choice(lats)), energy=LIN,
+            w2=float(rng.choice([0, 0.3, 1, 5, 50])), batch_sizes=sizes, service=str(rng.choice(laws))))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k, problem", list(enumerate(_random_problems(16, 11))))
+def test_random_problems_both_boundaries_give_the_same_converged_table(k, problem):
+    """Random laws, latency curves, batch-size sets, loads and weights (seeded): the tail boundary's converged
+    table equals eq. 19's (an independent truncation, converged by its own rule) on n < 4R + 5, with the same R,
+    and the deployed costs agree."""
+    tail, over = solve(problem), solve(problem, boundary="overflow")
+    R = tail.converged_upto
+    assert R is not None and over.converged_upto == R
+    assert [tail.decide(n) for n in range(4 * R + 5)] == [over.decide(n) for n in range(4 * R + 5)]
+    assert tail.deployed.avg_cost == pytest.approx(over.deployed.avg_cost, rel=1e-8)
+    assert tail.evaluation.avg_cost == pytest.approx(over.deployed.avg_cost, abs=tail.evaluation.delta + 1e-9 * tail.evaluation.avg_cost)

@@ -38,7 +38,9 @@ over the overshoot, to the row's cost and sojourn (``extra``, so y becomes state
 = 0, only B feasible at both), so h(S_o) = h(s_max).  The model is again an SMDP with positive costs
 and times; its ĝ, decisions and metrics differ from the infinite queue's only through the dropped
 geometric terms, not through the queue tail, so a few hundred states past the last change of action
-suffice where eq. 19 needs thousands.
+suffice where eq. 19 needs thousands.  Those terms fall like rⁿ, r the largest root of zᴮ = K(z) inside
+the unit circle other than 1 (deterministic service: r ≈ 1 − 2π²ρ/((1 − ρ)B²), 0.84 at B = 32 and
+ρ = 0.9, but 0.99999 at B = 4 096, where the boundary gains little).
 """
 
 from __future__ import annotations
