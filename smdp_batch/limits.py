@@ -8,7 +8,9 @@ refusal is an :class:`~smdp_batch.errors.InputError` naming the limit and what w
 Numbers (all in one place):
 
 * ``MEMORY_BUDGET`` = min(4 GiB, ½ of physical memory) for the arrays of one run;
-* ``STATE_LIMIT`` = 50 000 queue states (s_max) for a truncated model or an evaluation;
+* ``STATE_LIMIT`` = 2²⁰ (1 048 576) queue states (s_max) for a truncated model or an evaluation (memory is
+  checked as well: O(s_max·(A + K)), e.g. 2.6 GB and ~25 s for PI at s_max = 10⁶, Bmax = 32);
+* ``SEARCH_STATE_LIMIT`` = 50 000 states for the automatic s_max searches and the heavy-tail refusal;
 * ``WORK_LIMIT`` = 2·10⁸ (actions × states × arrival support) for one model (≈ a minute or two of PI scan);
 * ``BMAX_LIMIT`` = 4096 (the model has one action per batch size and s_max ≥ 4·Bmax states);
 * ``REQUESTS_LIMIT`` = 50 000 000 simulated requests (≈ 100 B each);
@@ -25,7 +27,7 @@ import os
 from .errors import InputError
 
 __all__ = [
-    "MEMORY_BUDGET", "STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
+    "MEMORY_BUDGET", "STATE_LIMIT", "SEARCH_STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
     "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT", "WEIGHT_LIMIT",
     "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
@@ -44,8 +46,10 @@ def _physical_memory() -> int:
 
 #: Bytes one run may allocate for its big arrays.
 MEMORY_BUDGET = min(4 * GiB, _physical_memory() // 2)
-#: Largest truncation level s_max (queue states) of a model, a scan or an evaluation.
-STATE_LIMIT = 50_000
+#: Largest truncation level s_max (queue states) of a model or an evaluation.
+STATE_LIMIT = 1 << 20
+#: Largest s_max the automatic searches (auto, minimal) try; each candidate is also work-limited.
+SEARCH_STATE_LIMIT = 50_000
 #: Elementary operations (≈ actions × states × support width) one model may ask of a solver sweep set
 #: (one improvement sweep of 6e8 takes ~0.5 s on the 2-core development machine; a solve 5–10 sweeps).
 WORK_LIMIT = 6e8
@@ -110,8 +114,10 @@ def arrival_table_bytes(n_actions: int, kmax: int) -> float:
 
 
 def model_bytes(n_actions: int, s_max: int) -> float:
-    """The truncated model (P, SF) and its arrival table, with the solver's per-state vectors."""
-    return arrival_table_bytes(n_actions, s_max) + float(n_actions + 1) * (s_max + 2) * 8 * 2 + (s_max + 2) * 8 * 16
+    """The truncated model (P, SF) and its arrival table, the solver's state × action tables (costs, sojourns,
+    expectations, the tail boundary's excursions: 6 of them) and its per-state vectors."""
+    return (arrival_table_bytes(n_actions, s_max) + float(n_actions + 1) * (s_max + 2) * 8 * (2 + 6)
+            + (s_max + 2) * 8 * 16)
 
 
 def check_model(n_actions: int, s_max: int) -> None:
@@ -199,12 +205,12 @@ def check_tail(problem, tol: float = 1e-3) -> None:
     need = problem.bmax + f * q
     n_actions = len(problem.batch_sizes) + 1
     work = n_actions * need * need / 4  # each row's arrival support spans a good part of the tail
-    if need > STATE_LIMIT or work > WORK_LIMIT:
-        ok = max(0.0, (STATE_LIMIT - problem.bmax) / f)
+    if need > SEARCH_STATE_LIMIT or work > WORK_LIMIT:
+        ok = max(0.0, (SEARCH_STATE_LIMIT - problem.bmax) / f)
         raise InputError(
             f"service {problem.service.spec()} at ρ = {problem.rho:.3g} (λ·l(Bmax) = {problem.lam * l:.4g}) has a "
             f"batch-time CoV² of {cov2:.4g}: the queue tail needs a truncation of about s_max = {need:.3g}, beyond what "
-            f"fits (state limit {STATE_LIMIT}, work limit {WORK_LIMIT:.3g} for {n_actions - 1} batch sizes); use a lighter-tailed law (smaller CoV) or a lower load "
+            f"fits (state limit {SEARCH_STATE_LIMIT}, work limit {WORK_LIMIT:.3g} for {n_actions - 1} batch sizes); use a lighter-tailed law (smaller CoV) or a lower load "
             f"(predicted mean queue λ²E[G²]/(2·Bmax·(1−ρ)) must stay below about {min(ok, _q_for_work(problem)):.0f})"
         )
 

@@ -129,9 +129,22 @@ class _LogPmfLaw(ServiceLaw):
         ...
 
     def arrival(self, m, kmax, b=None):
+        """p_k and P(K > k) elementwise, computed only up to where P(K > k) < 1e-300 (zeros beyond, as
+        float64 would round them): a table for s_max = 10⁶ costs its support, not 10⁶ terms per row."""
         m = _check_m(m)
-        k = np.arange(int(kmax) + 1, dtype=np.float64)
-        return np.exp(self.log_arrival_pmf(m, k)), np.clip(self._sf(m, k), 0.0, 1.0)
+        kmax = int(kmax)
+        k_hi = min(kmax, 4096)
+        while True:
+            k = np.arange(k_hi + 1, dtype=np.float64)
+            p, sf = np.exp(self.log_arrival_pmf(m, k)), np.clip(self._sf(m, k), 0.0, 1.0)
+            if k_hi == kmax or sf[-1] < 1e-300:  # then p_k ≤ P(K > k − 1) < 1e-300 beyond as well
+                break
+            k_hi = min(kmax, 4 * k_hi)
+        if k_hi == kmax:
+            return p, sf
+        pmf, tail = np.zeros(kmax + 1), np.zeros(kmax + 1)
+        pmf[: k_hi + 1], tail[: k_hi + 1] = p, sf
+        return pmf, tail
 
 
 class Deterministic(_LogPmfLaw):

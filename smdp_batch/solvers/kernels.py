@@ -131,12 +131,17 @@ def improve_step(pol, g, EH, costs, Y, s_max):
     return new
 
 
+#: Rows of the window matrix :func:`improve` multiplies at a time.
+BLOCK = 8192
+
+
 @njit(cache=True)
 def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     """:func:`improve_step` with the expectations for all (s, a) from one matrix product (BLAS).
 
     The (S, W) windows of h̄ times the filters F of :func:`window_filters` — O(S·W·A) flops at
-    BLAS speed, O(S·(W + A)) memory.  Its sums are grouped differently from
+    BLAS speed, in blocks of :data:`BLOCK` rows, so memory is O(S·A + BLOCK·W) (at s_max = 10⁶ with
+    exponential service the whole window matrix would be 11 GB).  Its sums are grouped differently from
     :func:`expected_next`'s: equal to round-off, which matters only where |h| is astronomically
     large (a near-multichain policy), and that is the pivoting loop's job, which uses the sliding
     :func:`expected_next_table` instead.
@@ -148,10 +153,13 @@ def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     for i in range(n + Wd):
         j = i + jmin
         hbar[i] = 0.0 if j < 0 else (h[j] if j <= s_max else h[S - 1])
-    Hw = np.empty((n, Wd))
-    for s in range(n):
-        Hw[s, :] = hbar[s : s + Wd]
-    EH = Hw @ F
+    EH = np.empty((n, A))
+    Hw = np.empty((min(n, BLOCK), Wd))
+    for s0 in range(0, n, BLOCK):
+        m = min(n, s0 + BLOCK) - s0
+        for r in range(m):
+            Hw[r, :] = hbar[s0 + r : s0 + r + Wd]
+        EH[s0 : s0 + m] = Hw[:m] @ F
     hso = h[S - 1]
     for s in range(n):
         for ai in range(A):

@@ -140,6 +140,23 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     return MAX_ITER, pol, g, h, max_iter
 
 
+#: Operations of one improvement sweep (states × actions × window) PI accepts for a fixed truncation:
+#: ~10 s per sweep on the 2-core machine; s_max = 10⁶ with deterministic service (Bmax 32) needs 3.3e9.
+PI_WORK_LIMIT = 2e10
+
+
+def check_pi_work(model: TruncatedSMDP) -> None:
+    """Refuse, before any work, a truncation whose improvement sweeps would take minutes each."""
+    a = model.actions[1:]
+    width = float(np.max(model.khi[1:] - a) - min(0, np.min(model.klo[1:] - a)) + 2) if a.size else 2.0
+    work = float(model.n_states) * len(model.actions) * width
+    if work > PI_WORK_LIMIT:
+        raise InputError(
+            f"policy iteration at s_max = {model.s_max} with {len(model.actions) - 1} batch sizes and arrival rows "
+            f"{width:.0f} states wide needs ~{work:.2g} operations per improvement sweep (limit {PI_WORK_LIMIT:.2g}); "
+            "use a smaller s_max, s_max='auto' or fewer batch sizes")
+
+
 def policy_iteration(
     model: TruncatedSMDP,
     policy0: np.ndarray | None = None,
@@ -150,6 +167,7 @@ def policy_iteration(
     ``policy0`` (batch sizes, length s_max+2) warm-starts the iteration; by default it starts
     from the better of greedy and a control-limit rule (:func:`_starts`).
     """
+    check_pi_work(model)
     warm_up_pi()
     t0 = time.perf_counter()
     starts = _starts(model) if policy0 is None else model.action_index(policy0)[None, :]

@@ -53,7 +53,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
-from ..limits import STATE_LIMIT, WORK_LIMIT
+from ..limits import SEARCH_STATE_LIMIT, WORK_LIMIT
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
 from ..baselines.simple import greedy_policy
@@ -64,8 +64,8 @@ from .result import SolveResult
 __all__ = ["Candidates", "Candidate", "Converged", "search_minimal", "search_converged", "search_near", "tail_rate",
            "converged_range", "SMAX_LIMIT", "NEAR_OVERFLOW"]
 
-#: Give up a search beyond this s_max (the state limit of :mod:`smdp_batch.limits`).
-SMAX_LIMIT = STATE_LIMIT
+#: Give up a search beyond this s_max (the search state limit of :mod:`smdp_batch.limits`).
+SMAX_LIMIT = SEARCH_STATE_LIMIT
 #: PI budget per candidate: warm starts settle in a few iterations; a candidate that needs more sits in
 #: the degenerate zone and is passed over (an accepted candidate's PI always converged).
 SCAN_PI_ITER = 50
