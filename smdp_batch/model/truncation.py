@@ -177,10 +177,14 @@ class TruncatedSMDP:
         c = self.cost_fixed[None, :] + self.cost_slope[None, :] * self.state_level()[:, None]
         c[-1] += self.abstract_cost * self.y
         if self.extra is not None:
-            p = self.problem
-            c += p.w2 * self.extra[1] + p.w1 * self.extra[2]
+            c += self.excursion_costs()
         c[~self.feasible()] = np.inf
         return c
+
+    def excursion_costs(self) -> np.ndarray:
+        """The tail boundary's part of ĉ, w2·energy + w1·holding of the excursions above s_max, (S, A)."""
+        p = self.problem
+        return p.w2 * self.extra[1] + p.w1 * self.extra[2]
 
     def sojourn(self) -> np.ndarray:
         """Mean time to the next decision epoch, (S, A) in ms: y(a), plus the excursion's with the tail boundary."""
@@ -368,7 +372,6 @@ def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B
     zeta = problem.energy_mj()
     A, S, n = len(sizes) + 1, s_max + 2, s_max + 1
     kmax = arrivals.kmax
-    k = np.arange(kmax + 1, dtype=np.float64)
     iB = sizes.index(B)
     EK_B = lam * l[iB]
     d = B - EK_B
@@ -389,10 +392,10 @@ def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B
         if sf[-1] >= SUPPORT_EPS:  # the table stops inside the support: add Σ_{k>kmax} from the moments
             EK, EKK = lam * l[i - 1], lam * lam * m2[i - 1]
             miss0 = max(EK - float(C0[0]), 0.0)  # Σ_{k>kmax} sf[k]
-            miss1 = max(0.5 * EKK - float(k @ sf) - kmax * miss0, 0.0)  # Σ_{k>kmax} (k − kmax) sf[k]
-            mm = np.arange(kmax + 2, dtype=np.float64)
+            k = np.arange(kmax + 2, dtype=np.float64)
+            miss1 = max(0.5 * EKK - float(k[:-1] @ sf) - kmax * miss0, 0.0)  # Σ_{k>kmax} (k − kmax) sf[k]
             C0 += miss0
-            D1 += miss1 + (kmax - mm) * miss0
+            D1 += miss1 + (kmax - k) * miss0
         srow = s[s >= a]
         m = s_max - srow + a  # ≤ s_max ≤ kmax
         e1 = C0[m]

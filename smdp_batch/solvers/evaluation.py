@@ -81,9 +81,7 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     if model.extra is None:
         delta = float(mu[-1] * c[-1]) / time_per_epoch
     else:  # the excursions' batches: their time over l(B); each serves B
-        p = model.problem
-        extra_cost = p.w2 * model.extra[1][rows, idx] + p.w1 * model.extra[2][rows, idx]
-        delta = float(mu @ extra_cost) / time_per_epoch
+        delta = float(mu @ model.excursion_costs()[rows, idx]) / time_per_epoch
         l_B = float(model.y[int(np.nonzero(model.actions == model.tail_action)[0][0])])
         batches = float(mu @ model.extra[0][rows, idx]) / l_B
         serving += batches

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "window_filters"]
+__all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "window_filters",
+           "window_span"]
 
 
 @njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
@@ -77,6 +78,19 @@ def policy_residual(h, g, c, py, pol_idx, P, SF, klo, khi, actions, s_max):
 
 
 @njit(cache=True)
+def window_span(klo, khi, actions):
+    """(jmin, jmax): the range of next − level over every action's support (waiting: +1); W = jmax − jmin + 1."""
+    jmin = 1
+    jmax = 1
+    for ai in range(1, actions.shape[0]):
+        if klo[ai] - actions[ai] < jmin:
+            jmin = klo[ai] - actions[ai]
+        if khi[ai] - actions[ai] > jmax:
+            jmax = khi[ai] - actions[ai]
+    return jmin, jmax
+
+
+@njit(cache=True)
 def window_filters(P, SF, klo, khi, actions):
     """Every action's transition law in one frame j = next − level ∈ [jmin, jmax]; (F, tail, jmin).
 
@@ -86,13 +100,7 @@ def window_filters(P, SF, klo, khi, actions):
     past s_max: all mass beyond s_max lands on S_o, as in eq. 18.
     """
     A = actions.shape[0]
-    jmin = 1
-    jmax = 1
-    for ai in range(1, A):
-        if klo[ai] - actions[ai] < jmin:
-            jmin = klo[ai] - actions[ai]
-        if khi[ai] - actions[ai] > jmax:
-            jmax = khi[ai] - actions[ai]
+    jmin, jmax = window_span(klo, khi, actions)
     F = np.zeros((jmax - jmin + 1, A))
     tail = np.zeros(A)
     F[1 - jmin, 0] = 1.0

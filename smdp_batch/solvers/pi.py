@@ -27,7 +27,7 @@ from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
-from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters
+from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters, window_span
 from .jit import warm_up
 from .result import SolveResult
 from .threads import single_blas
@@ -147,8 +147,8 @@ PI_WORK_LIMIT = 2e10
 
 def check_pi_work(model: TruncatedSMDP) -> None:
     """Refuse, before any work, a truncation whose improvement sweeps would take minutes each."""
-    a = model.actions[1:]
-    width = float(np.max(model.khi[1:] - a) - min(0, np.min(model.klo[1:] - a)) + 2) if a.size else 2.0
+    jmin, jmax = window_span(model.klo, model.khi, model.actions)
+    width = float(jmax - jmin + 1)  # the window W of :func:`.kernels.improve`
     work = float(model.n_states) * len(model.actions) * width
     if work > PI_WORK_LIMIT:
         raise InputError(
@@ -217,5 +217,5 @@ def _tiny_run() -> None:
 def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
     kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, improve_step, window_filters,
-               expected_next_table, policy_residual, stationary_banded)
+               window_span, expected_next_table, policy_residual, stationary_banded)
     return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)
