@@ -52,7 +52,7 @@ def test_banded_evaluation_equals_pivoting_lapack_solve():
 def test_blas_improvement_sees_the_same_expectations_as_the_sliding_kernel():
     for m in _random_models(15, 2):
         h = np.random.default_rng(0).normal(size=m.n_states).cumsum()
-        F, tail, jmin = window_filters(m.P, m.SF, m.klo, m.khi, m.actions)
+        F, tail, jmin = window_filters(m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
         EH = expected_next_table(h, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
         pol = _initial_policy(m)
         # improvement with g = 0 and zero costs on feasible pairs picks argmin of EH

@@ -19,6 +19,7 @@ from ..export.hdf5 import write_policy
 from ..runtime.schema import read_policy
 from ..solvers import BACKENDS, SOLVERS, solve
 from ..solvers.evaluation import control_limit_of, evaluate_deployed
+from ..solvers.search import PROBABLE_MASS, limiting_actions, limiting_sizes
 from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
@@ -103,7 +104,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
             scenario_line(problem),
             f"  truncation  s_max = {sol.s_max} ({sol.rule}), {boundary_text(sol.model.boundary, sol.model.abstract_cost, sol.model.tail_action)}, "
             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
-            f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule)}",
+            f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule, limiting_actions(sol.problem))}",
             f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
             f"  policy      {describe_policy(sol.policy, problem.batch_sizes)}",
             cost_line(d["avg_cost"], "truncated model, eq. 21"),
@@ -265,7 +266,7 @@ def show_cmd(path, as_json):
             f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
             f"  truncation  s_max = {t['s_max']}{' (' + t['s_max_rule'] + ')' if 's_max_rule' in t else ''}, "
             f"{boundary_text(t.get('boundary', 'overflow'), t['abstract_cost'])}, Δ = {t['delta']:.3g}",
-            f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'))}",
+            f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'), limiting_sizes(sizes, i['latency_ms']))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
@@ -276,8 +277,13 @@ def show_cmd(path, as_json):
     emit(d, as_json, text, strict=True)
 
 
-def converged_text(R: int | None, policy, rule: str | None) -> str:
-    """One line on what the table's stored range means (the converged rule of solvers.search)."""
+def converged_text(R: int | None, policy, rule: str | None, limiting: set[int] | None = None) -> str:
+    """One line on what the table's stored range means (the converged rule of solvers.search); ``limiting``:
+    the batch sizes of greatest throughput, to tell a probable-range table (π(R) not among them)."""
+    if R is not None and limiting and int(policy[R]) not in limiting:
+        return (f"verified up to n = {R} (against a truncation ≥ {2 * R}; longer queues have probability < "
+                f"{PROBABLE_MASS:g}), NOT converged to the limit: the optimal batch still grows beyond n = {R} "
+                f"(to {max(limiting)}); serve {int(policy[R])} for every n > {R}")
     if R is not None:
         return (f"converged up to n = {R}: decisions for n ≤ {R} verified against a truncation ≥ {2 * R}, "
                 f"serve {int(policy[R])} for every n > {R}")

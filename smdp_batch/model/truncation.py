@@ -3,7 +3,8 @@
 States are 0..s_max plus the overflow state S_o (index s_max+1), which aggregates the tail
 {s_max+1, …} and behaves as s_max with an extra abstract cost c_o·y(s, a) (eq. 19).  Actions are
 0 ("wait") followed by the allowed batch sizes in increasing order; action a is feasible in
-state s iff a ≤ s (S_o counts as s_max ≥ Bmax, so every action is feasible there).
+state s iff a ≤ s (S_o counts as s_max ≥ Bmax, so every action is feasible there; the tail boundary
+below allows s_max < Bmax, and the batch sizes above s_max are then feasible nowhere).
 
 Transitions (eq. 18) out of (s, a ≠ 0) are a shifted copy of the arrival-count law p^[a]:
 the next state is s − a + k with probability p_k for k ≤ s_max − s + a, and S_o with the tail
@@ -66,6 +67,9 @@ class ArrivalTable:
 
     ``klo``/``khi`` are each row's support bounds on the whole table (:func:`_with_supports`); a truncation
     at s_max clips them to s_max (the prefix sums that define them do not depend on the table's end).
+    Rows of batch sizes b > kmax are left empty (p = 0, P(K > k) = 1): b is infeasible at every state of
+    any truncation the table serves (s_max ≤ kmax; only the tail boundary's truncations are shorter than
+    Bmax), so no kernel reads them.
     """
 
     pmf: np.ndarray
@@ -118,6 +122,9 @@ def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     pmf = np.empty((len(problem.batch_sizes), kmax + 1))
     sf = np.empty_like(pmf)
     for i, (b, l) in enumerate(zip(problem.batch_sizes, problem.latency_ms())):
+        if b > kmax:  # infeasible in every truncation this table serves (s_max ≤ kmax): left empty
+            pmf[i:], sf[i:] = 0.0, 1.0
+            break
         pmf[i], sf[i] = law.arrival(problem.lam * float(l), kmax, int(b))
     if not (np.all(np.isfinite(pmf)) and np.all(pmf >= 0) and np.all(np.isfinite(sf))):
         raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
@@ -206,6 +213,8 @@ class TruncatedSMDP:
         bound = self.y[0]  # waiting: 1/λ, m̂(s|s,0) = 0
         for i in range(1, len(self.actions)):
             a = int(self.actions[i])
+            if a > self.s_max:  # infeasible everywhere (the tail boundary's short truncations)
+                continue
             stay_max = max(1.0 - self.P[i, a], 1.0 - self.SF[i, a])  # states ≤ s_max, and S_o
             if stay_max > 0:
                 bound = min(bound, self.y[i] / stay_max)
@@ -264,7 +273,11 @@ def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
     n = arrivals.pmf.shape[0]
     klo = np.empty(n, dtype=np.int64)
     khi = np.empty(n, dtype=np.int64)
+    kmax = arrivals.pmf.shape[1] - 1
     for i in range(n):
+        if arrivals.sf[i, 0] == 1.0 and not arrivals.pmf[i].any():  # an empty row (b > kmax): all mass beyond
+            klo[i] = khi[i] = kmax + 1
+            continue
         left = np.cumsum(arrivals.pmf[i])
         klo[i] = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
         above = np.nonzero(arrivals.sf[i] >= SUPPORT_EPS)[0]
@@ -272,16 +285,21 @@ def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
     return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi)
 
 
-def check_truncation(problem: BatchingProblem, s_max, abstract_cost, model_actions: int) -> tuple[int, float]:
+def check_truncation(problem: BatchingProblem, s_max, abstract_cost, model_actions: int,
+                     tail: int | None = None) -> tuple[int, float]:
     """(s_max, c_o) checked for a truncated model (s_max an integer ≥ Bmax, c_o finite ≥ 0), and its memory
     (:func:`~smdp_batch.limits.check_model` with ``model_actions`` per-action rows) refused before work; shared
-    by the Poisson and MAP truncations."""
+    by the Poisson and MAP truncations.
+
+    The tail boundary (``tail`` = B) needs only s_max ≥ B: batch sizes above s_max are then infeasible at
+    every state (paper 004 §V-A's s_max ≥ Bmax is for S_o, which must be able to serve every batch size)."""
+    low, what = (problem.bmax, "Bmax") if tail is None else (int(tail), "the tail action B")
     try:
         s_max_i = int(s_max)
     except (TypeError, ValueError, OverflowError):
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax}, got {s_max!r}") from None
-    if s_max_i != s_max or s_max_i < problem.bmax:
-        raise InputError(f"s_max must be an integer ≥ Bmax = {problem.bmax} (paper 004 §V-A), got {s_max!r}")
+        raise InputError(f"s_max must be an integer ≥ {what} = {low}, got {s_max!r}") from None
+    if s_max_i != s_max or s_max_i < low:
+        raise InputError(f"s_max must be an integer ≥ {what} = {low} (paper 004 §V-A), got {s_max!r}")
     check_model(model_actions, s_max_i)
     c_o = float(abstract_cost)
     if not (np.isfinite(c_o) and c_o >= 0):
@@ -299,9 +317,10 @@ def truncate(
     """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19).
 
     ``tail=B`` builds the tail boundary of the module doc instead (B served above s_max, c_o unused)."""
-    s_max_i, c_o = check_truncation(problem, s_max, abstract_cost, len(problem.batch_sizes) + 1)
     if tail is not None:
         tail = check_tail_action(problem, tail)
+    s_max_i, c_o = check_truncation(problem, s_max, abstract_cost, len(problem.batch_sizes) + 1, tail)
+    if tail is not None:
         c_o = 0.0
     if arrivals is None or arrivals.kmax < s_max_i:
         arrivals = arrival_table(problem, s_max_i)
@@ -381,25 +400,24 @@ def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B
     c_h1 = 0.5 * m2[iB] / d + l[iB] * M2 / (2.0 * lam * d * d)
     out = np.zeros((3, S, A))
     s = np.arange(n)
-    for i, a in enumerate(sizes, start=1):
-        sf = arrivals.sf[i - 1]
-        C0 = np.empty(kmax + 2)  # C0[m] = Σ_{k≥m} sf[k]
-        C0[-1] = 0.0
-        C0[:-1] = np.cumsum(sf[::-1])[::-1]
-        D1 = np.empty(kmax + 2)  # D1[m] = Σ_{k≥m} (k − m) sf[k] = D1[m+1] + C0[m+1]
-        D1[-1] = 0.0
-        D1[:-1] = np.cumsum(C0[:0:-1])[::-1]
-        if sf[-1] >= SUPPORT_EPS:  # the table stops inside the support: add Σ_{k>kmax} from the moments
-            EK, EKK = lam * l[i - 1], lam * lam * m2[i - 1]
-            miss0 = max(EK - float(C0[0]), 0.0)  # Σ_{k>kmax} sf[k]
-            k = np.arange(kmax + 2, dtype=np.float64)
-            miss1 = max(0.5 * EKK - float(k[:-1] @ sf) - kmax * miss0, 0.0)  # Σ_{k>kmax} (k − kmax) sf[k]
-            C0 += miss0
-            D1 += miss1 + (kmax - k) * miss0
+    U = int(np.searchsorted(np.asarray(sizes), s_max, side="right"))  # sizes ≤ s_max; the rest are infeasible
+    sf = arrivals.sf[:U]
+    C0 = np.zeros((U, kmax + 2))  # C0[m] = Σ_{k≥m} sf[k]
+    C0[:, :-1] = np.cumsum(sf[:, ::-1], axis=1)[:, ::-1]
+    D1 = np.zeros((U, kmax + 2))  # D1[m] = Σ_{k≥m} (k − m) sf[k] = D1[m+1] + C0[m+1]
+    D1[:, :-1] = np.cumsum(C0[:, :0:-1], axis=1)[:, ::-1]
+    for r in np.nonzero(sf[:, -1] >= SUPPORT_EPS)[0]:  # the table stops inside the support: Σ_{k>kmax} from the moments
+        EK, EKK = lam * l[r], lam * lam * m2[r]
+        miss0 = max(EK - float(C0[r, 0]), 0.0)  # Σ_{k>kmax} sf[k]
+        k = np.arange(kmax + 2, dtype=np.float64)
+        miss1 = max(0.5 * EKK - float(k[:-1] @ sf[r]) - kmax * miss0, 0.0)  # Σ_{k>kmax} (k − kmax) sf[k]
+        C0[r] += miss0
+        D1[r] += miss1 + (kmax - k) * miss0
+    for i, a in enumerate(sizes[:U], start=1):
         srow = s[s >= a]
         m = s_max - srow + a  # ≤ s_max ≤ kmax
-        e1 = C0[m]
-        e2 = 2.0 * D1[m] + C0[m] + 2.0 * s_max * e1  # E (j − s_max)(j + s_max)
+        e1 = C0[i - 1, m]
+        e2 = 2.0 * D1[i - 1, m] + e1 + 2.0 * s_max * e1  # E (j − s_max)(j + s_max)
         out[0, srow, i] = c_t * e1
         out[1, srow, i] = c_e * e1
         out[2, srow, i] = c_h2 * e2 + c_h1 * e1

@@ -181,7 +181,7 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
         change = np.nonzero(policy[1 : base + 1] != policy[:base])[0]
         base = int(change[-1]) + 1 if change.size else 0
         policy = np.append(policy[: base + 1], tail)
-    s = max(base, problem.bmax, 64)
+    s = max(base, problem.bmax if tail is None else tail, 64)  # the tail boundary needs only s ≥ B
     arrivals = arrival_table(problem, 2 * s)
     prev = None
     while True:

@@ -78,7 +78,7 @@ def _stack(models: list[TruncatedSMDP]):
                 "a JAX batch needs one s_max and one set of batch sizes; got s_max "
                 f"{m0.s_max} and {m.s_max} (solve different shapes in separate batches)"
             )
-    filt = [window_filters(m.P, m.SF, m.klo, m.khi, m.actions) for m in models]
+    filt = [window_filters(m.P, m.SF, m.klo, m.khi, m.actions, m.s_max) for m in models]
     jmin = min(f[2] for f in filt)
     jmax = max(f[2] + f[0].shape[0] - 1 for f in filt)
     B, A = len(models), len(m0.actions)

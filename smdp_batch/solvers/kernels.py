@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "window_filters",
-           "window_span"]
+__all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "usable_actions",
+           "window_filters", "window_span"]
 
 
 @njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
@@ -78,11 +78,25 @@ def policy_residual(h, g, c, py, pol_idx, P, SF, klo, khi, actions, s_max):
 
 
 @njit(cache=True)
-def window_span(klo, khi, actions):
-    """(jmin, jmax): the range of next − level over every action's support (waiting: +1); W = jmax − jmin + 1."""
+def usable_actions(actions, s_max):
+    """How many of ``actions`` (ascending, waiting first) are feasible somewhere on 0..s_max (a ≤ s_max).
+
+    The others are infeasible at every state of the truncation (a > n), so the sweeps skip them: a
+    truncation shorter than Bmax (the probable-range search of :mod:`.search`) pays only for its own
+    batch sizes."""
+    A = 1
+    while A < actions.shape[0] and actions[A] <= s_max:
+        A += 1
+    return A
+
+
+@njit(cache=True)
+def window_span(klo, khi, actions, s_max):
+    """(jmin, jmax): the range of next − level over every usable action's support (waiting: +1);
+    W = jmax − jmin + 1."""
     jmin = 1
     jmax = 1
-    for ai in range(1, actions.shape[0]):
+    for ai in range(1, usable_actions(actions, s_max)):
         if klo[ai] - actions[ai] < jmin:
             jmin = klo[ai] - actions[ai]
         if khi[ai] - actions[ai] > jmax:
@@ -91,20 +105,21 @@ def window_span(klo, khi, actions):
 
 
 @njit(cache=True)
-def window_filters(P, SF, klo, khi, actions):
+def window_filters(P, SF, klo, khi, actions, s_max):
     """Every action's transition law in one frame j = next − level ∈ [jmin, jmax]; (F, tail, jmin).
 
     Column a of F (W × A) holds p^[a]_{j+a} over the kernels' support [klo, khi] (waiting: a 1 at
-    j = +1), and tail[a] = P(K > khi) (not negligible when khi is capped at s_max), so
+    j = +1), and tail[a] = P(K > khi) (not negligible when khi is capped at s_max); the columns of
+    actions above s_max (:func:`usable_actions`) are left zero.  So
     Σ_j F[j−jmin, a]·h̄(s + j) + tail[a]·h(S_o) = Σ_j m̂(j|s,a) h(j) when h̄ extends h by h(S_o)
     past s_max: all mass beyond s_max lands on S_o, as in eq. 18.
     """
     A = actions.shape[0]
-    jmin, jmax = window_span(klo, khi, actions)
+    jmin, jmax = window_span(klo, khi, actions, s_max)
     F = np.zeros((jmax - jmin + 1, A))
     tail = np.zeros(A)
     F[1 - jmin, 0] = 1.0
-    for ai in range(1, A):
+    for ai in range(1, usable_actions(actions, s_max)):
         a = actions[ai]
         for k in range(klo[ai], khi[ai] + 1):
             F[k - a - jmin, ai] = P[ai, k]
@@ -157,17 +172,21 @@ def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     S = s_max + 2
     n = s_max + 1
     Wd, A = F.shape
+    Au = A  # F's zero columns at the right (actions above s_max: +inf in ``costs``) add nothing: skipped
+    while Au > 1 and not np.any(F[:, Au - 1] != 0.0):
+        Au -= 1
+    Fu = np.ascontiguousarray(F[:, :Au])
     hbar = np.empty(n + Wd)  # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
     for i in range(n + Wd):
         j = i + jmin
         hbar[i] = 0.0 if j < 0 else (h[j] if j <= s_max else h[S - 1])
-    EH = np.empty((n, A))
+    EH = np.zeros((n, A))
     Hw = np.empty((min(n, BLOCK), Wd))
     for s0 in range(0, n, BLOCK):
         m = min(n, s0 + BLOCK) - s0
         for r in range(m):
             Hw[r, :] = hbar[s0 + r : s0 + r + Wd]
-        EH[s0 : s0 + m] = Hw[:m] @ F
+        EH[s0 : s0 + m, :Au] = Hw[:m] @ Fu
     hso = h[S - 1]
     for s in range(n):
         for ai in range(A):

@@ -27,7 +27,8 @@ from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
-from .kernels import expected_next_table, improve, improve_step, policy_residual, window_filters, window_span
+from .kernels import (expected_next_table, improve, improve_step, policy_residual, usable_actions, window_filters,
+                      window_span)
 from .jit import warm_up
 from .result import SolveResult
 from .threads import single_blas
@@ -117,7 +118,7 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
     which also handles numerically multichain switches.
     """
-    F, tail, jmin = window_filters(P, SF, klo, khi, actions)
+    F, tail, jmin = window_filters(P, SF, klo, khi, actions, s_max)
     pol = starts[0].copy()
     g = np.inf
     h = np.zeros(s_max + 2)
@@ -147,9 +148,9 @@ PI_WORK_LIMIT = 2e10
 
 def check_pi_work(model: TruncatedSMDP) -> None:
     """Refuse, before any work, a truncation whose improvement sweeps would take minutes each."""
-    jmin, jmax = window_span(model.klo, model.khi, model.actions)
+    jmin, jmax = window_span(model.klo, model.khi, model.actions, model.s_max)
     width = float(jmax - jmin + 1)  # the window W of :func:`.kernels.improve`
-    work = float(model.n_states) * len(model.actions) * width
+    work = float(model.n_states) * usable_actions(model.actions, model.s_max) * width
     if work > PI_WORK_LIMIT:
         raise InputError(
             f"policy iteration at s_max = {model.s_max} with {len(model.actions) - 1} batch sizes and arrival rows "
@@ -217,5 +218,5 @@ def _tiny_run() -> None:
 def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
     kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, improve_step, window_filters,
-               window_span, expected_next_table, policy_residual, stationary_banded)
+               window_span, usable_actions, expected_next_table, policy_residual, stationary_banded)
     return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)

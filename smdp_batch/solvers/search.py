@@ -57,12 +57,12 @@ from ..limits import SEARCH_STATE_LIMIT, WORK_LIMIT
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
 from ..baselines.simple import greedy_policy
-from .evaluation import Evaluation, evaluate_policy, resize_policy, tail_stable
+from .evaluation import Evaluation, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
 from .pi import policy_iteration
 from .result import SolveResult
 
 __all__ = ["Candidates", "Candidate", "Converged", "search_minimal", "search_converged", "search_near", "tail_rate",
-           "converged_range", "SMAX_LIMIT", "NEAR_OVERFLOW"]
+           "converged_range", "limiting_actions", "limiting_sizes", "SMAX_LIMIT", "NEAR_OVERFLOW", "PROBABLE_MASS"]
 
 #: Give up a search beyond this s_max (the search state limit of :mod:`smdp_batch.limits`).
 SMAX_LIMIT = SEARCH_STATE_LIMIT
@@ -106,6 +106,11 @@ class Candidates:
         self.max_iter = max_iter
         self.stage = "truncation"
 
+    def tail_at(self, s: int) -> int:
+        """The tail action of truncation s: B, or below B (s < B, the probable-range search) the batch size
+        ≤ s of greatest throughput (:func:`tail_action_at`)."""
+        return self.tail if self.tail <= s else tail_action_at(self.problem, s)
+
     def check_work(self, s: int) -> None:
         """Refuse a candidate that would exceed the state or work limit, before building it."""
         if s > SMAX_LIMIT:
@@ -113,11 +118,12 @@ class Candidates:
                 f"the truncation search needs s_max > {SMAX_LIMIT} (the state limit) to reach Δ < {self.tol:g}; "
                 f"the load ρ = {self.problem.rho:.6g} may be too close to 1, or the service law's tail too heavy "
                 f"for this tolerance (use a larger --tol-delta)")
+        usable = int(np.searchsorted(self.problem.batch_sizes, s, side="right"))  # batch sizes ≤ s
         if self.arrivals is None or self.arrivals.kmax < s:
             width = estimated_width(self.problem, s)
         else:
-            width = float(np.mean(np.count_nonzero(self.arrivals.pmf[:, : s + 1] > 1e-18, axis=1))) + 1.0
-        if (len(self.problem.batch_sizes) + 1) * (s + 2) * width > WORK_LIMIT:
+            width = float(np.mean(np.count_nonzero(self.arrivals.pmf[:usable, : s + 1] > 1e-18, axis=1))) + 1.0
+        if (usable + 1) * (s + 2) * width > WORK_LIMIT:
             raise InputError(
                 f"the truncation search reached s_max = {s} with arrival supports of {width:.0f} states: that "
                 f"candidate would exceed the work limit; use a larger --tol-delta (now {self.tol:g}), a lower load "
@@ -130,7 +136,7 @@ class Candidates:
             return None
         out = resize_policy(pol, s)
         if self.tail:
-            out[-2:] = self.tail  # the tail boundary serves B at s_max and S_o
+            out[-2:] = self.tail_at(s)  # the tail boundary serves B at s_max and S_o
             return out
         if not tail_stable(self.problem, pol):
             top = min(pol.size - 2, s)
@@ -146,8 +152,10 @@ class Candidates:
             return self.cache[key]
         self.check_work(s)
         if self.arrivals is None or self.arrivals.kmax < s:
-            self.arrivals = arrival_table(self.problem, max(2 * s, 256))
-        model = truncate(self.problem, s, c_o, self.arrivals, tail=self.tail)
+            # one table for the search's first doublings (a table row per batch size: with thousands of
+            # batch sizes the build, not PI, would dominate a short truncation)
+            self.arrivals = arrival_table(self.problem, max(2 * s, 256, 16 * PROBABLE_START))
+        model = truncate(self.problem, s, c_o, self.arrivals, tail=self.tail_at(s) if self.tail else None)
         res = None
         try:
             with warnings.catch_warnings():
@@ -174,10 +182,12 @@ class Candidates:
 
 
 def estimated_width(problem: BatchingProblem, s: int) -> float:
-    """Mean support width of the arrival-count laws before any is built: 18 standard deviations of
-    K (Var K = λl + λ²Var G, eqs. 4–6) + 20, at most s + 1 — an upper estimate for light tails."""
-    l = problem.latency_ms()
-    var = problem.lam * l + problem.lam ** 2 * np.maximum(problem.second_moments() - l * l, 0.0)
+    """Mean support width of the arrival-count laws of the batch sizes ≤ s before any is built: 18
+    standard deviations of K (Var K = λl + λ²Var G, eqs. 4–6) + 20, at most s + 1 — an upper estimate
+    for light tails."""
+    usable = max(1, int(np.searchsorted(problem.batch_sizes, s, side="right")))
+    l = problem.latency_ms()[:usable]
+    var = problem.lam * l + problem.lam ** 2 * np.maximum(problem.second_moments()[:usable] - l * l, 0.0)
     return float(np.mean(np.minimum(18.0 * np.sqrt(var) + 20.0, s + 1.0))) + 1.0
 
 
@@ -255,11 +265,17 @@ def tail_rate(problem: BatchingProblem, arrivals: ArrivalTable, b: int) -> float
     return lo if last == 0.0 or math.log(last) + lo * (p.size - 1) < math.log(1e-3) else 0.0
 
 
-def converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> tuple[int | None, int]:
-    """(R, A) of the module doc for the policies of two truncations; R is None when not converged."""
+def agreement(small: np.ndarray, big: np.ndarray, s_small: int) -> int:
+    """A: the last queue length up to which two truncations' policies choose the same action at every n
+    (−1 if they differ at 0), on the smaller one's states 0..s_small."""
     n = s_small + 1
     diff = np.nonzero(small[:n] != big[:n])[0]
-    A = int(diff[0]) - 1 if diff.size else s_small
+    return int(diff[0]) - 1 if diff.size else s_small
+
+
+def converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: BatchingProblem) -> tuple[int | None, int]:
+    """(R, A) of the module doc for the policies of two truncations; R is None when not converged."""
+    A = agreement(small, big, s_small)
     if A < 0:
         return None, A
     a = int(big[A])
@@ -270,13 +286,31 @@ def converged_range(small: np.ndarray, big: np.ndarray, s_small: int, problem: B
     return (R if ok else None), A
 
 
+def tail_action_at(problem: BatchingProblem, s: int) -> int:
+    """The batch size ≤ s of greatest throughput (the largest of any ties, as the tail boundary's B), 0 when
+    none drains the queue (λ·l(b) < b): the tail action of a truncation shorter than Bmax."""
+    sizes = np.asarray(problem.batch_sizes, dtype=np.int64)
+    l = problem.latency_ms()
+    keep = sizes <= s
+    if not keep.any():
+        return 0
+    rate = sizes[keep] / l[keep]
+    b = int(sizes[keep][rate >= rate.max() * (1 - 1e-9)].max())
+    return b if problem.lam * float(l[list(sizes).index(b)]) < b else 0
+
+
 def limiting_actions(problem: BatchingProblem) -> set[int]:
     """Batch sizes of greatest throughput b/l(b) (to 1e-9 relative): the action of the infinite queue at
     long queue lengths.  There the holding cost of draining n requests grows as n² against the rate
     b/l(b) − λ, the energy only as n, so every other action loses (a fluid argument; the search also
     checks it by comparing truncations)."""
-    sizes = np.asarray(problem.batch_sizes, dtype=np.int64)
-    rate = sizes / problem.latency_ms()
+    return limiting_sizes(problem.batch_sizes, problem.latency_ms())
+
+
+def limiting_sizes(batch_sizes, latency_ms) -> set[int]:
+    """:func:`limiting_actions` from the batch sizes and their l(b) in ms (as a table file stores them)."""
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    rate = sizes / np.asarray(latency_ms, dtype=np.float64)
     return {int(b) for b in sizes[rate >= rate.max() * (1 - 1e-9)]}
 
 
@@ -290,6 +324,8 @@ class Converged:
     policy: np.ndarray  # the stored policy: S-solution on 0..R, π(R) beyond (length S+2)
     evaluation: Evaluation  # of ``policy`` on the truncation S
     seconds: float
+    limit: bool = True  # π(R) is a limiting action; False: the probable-range table (:func:`_search_probable`)
+    mass: float = 0.0  # the probable-range table: P(N > R) at decision epochs under its policy
 
 
 #: :func:`search_near` accepts a truncation whose overflow state has at most this probability (and a
@@ -381,6 +417,8 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
     try:
         cands.check_work(s0)
     except InputError:
+        if cands.tail and start is None:
+            return _search_probable(cands, t0)
         raise InputError(
             f"a converged table for Bmax = {problem.bmax} starts at s_max = {s0} (4·Bmax), beyond the work limit for "
             f"{len(problem.batch_sizes)} batch sizes; use --s-max minimal (paper 004's smallest truncation with "
@@ -461,3 +499,58 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
     if small.res is not None:
         ev = replace(ev, delta=abs(big.res.gain - small.res.gain))
     return Converged(big, 0.0, R, pol, ev, time.perf_counter() - t0)
+
+
+#: The probable-range table (:func:`_search_probable`) is accepted when the queue exceeds its verified
+#: range R with probability below this (at decision epochs, under the table's policy).
+PROBABLE_MASS = 1e-12
+#: The probable-range search's first truncation (then ×2): short enough to be cheap at any Bmax.
+PROBABLE_START = 64
+
+
+def _search_probable(cands: Candidates, t0: float) -> Converged:
+    """The table on the queue lengths that carry probability, when the converged rule cannot start.
+
+    With a large Bmax and many batch sizes (``--bmax 4096``: 4·Bmax states × 4 096 actions) the first
+    truncation of :func:`_search_tail` is beyond the work limit.  There the optimal batch usually grows
+    slowly with the queue and reaches Bmax only far beyond any queue that occurs: when b/l(b) hardly rises
+    near Bmax (an affine l(b) with a small intercept), serving less than Bmax costs little throughput and
+    saves latency.  (Measured, basic scenario ρ = 0.9, 𝓑 = 1..4096: π(n) ≈ 770 at n = 8 000, rising by one
+    every ~22 states, while P(N > 512) < 1e-30.)  A table that reaches the limit action is then out of
+    reach, and one that covers the queue's probable range is not.
+
+    Truncations S = 64, 128, … shorter than Bmax use the tail boundary with the batch size ≤ S of
+    greatest throughput (:meth:`Candidates.tail_at`), so each is an exact model of "the table, then serve
+    that batch above S": its ĝ is the gain of a deployable policy.  A pair (S/2, S) is accepted when
+    both choose the same action for every n ≤ A, |ĝ(S) − ĝ(S/2)| < δ, and under the S-solution the queue
+    exceeds A with probability P(N > A) < :data:`PROBABLE_MASS`.  The table is the S-solution on 0..R = A
+    and π(R) beyond; ``converged_upto`` = R, every stored decision equal to that of a truncation ≥ 2R,
+    but π(R) is not a limiting action (``limit`` False, and :func:`~.solution.solve` warns).  If the
+    work limit comes first, InputError (a queue whose probable range is too long for this many batch sizes).
+    """
+    problem = cands.problem
+    cands.stage = "probable range"
+    S = PROBABLE_START
+    while not tail_action_at(problem, S // 2):
+        S *= 2
+    while 2 * S <= 4 * problem.bmax:
+        try:
+            cands.check_work(S)
+        except InputError:
+            break
+        big, small = cands.get(S, 0.0), cands.get(S // 2, 0.0)
+        if big.res is not None and small.res is not None:
+            A = agreement(small.res.policy, big.res.policy, S // 2)
+            gap = abs(big.res.gain - small.res.gain)
+            mass = float(big.ev.stationary[A + 1:].sum()) if A >= 0 else 1.0
+            if A >= 0 and gap < cands.tol and mass < PROBABLE_MASS:
+                pol = _stored_policy(big, A, S)
+                if tail_stable(problem, pol):  # π(R) drains: the table as deployed (eq. 30) is stable
+                    ev = replace(evaluate_deployed(problem, pol), delta=gap)
+                    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=False, mass=mass)
+        S *= 2
+    raise InputError(
+        f"a converged table for Bmax = {problem.bmax} with {len(problem.batch_sizes)} batch sizes starts at s_max = "
+        f"{4 * problem.bmax} (4·Bmax), beyond the work limit, and the queue's probable range (P(N > n) ≥ "
+        f"{PROBABLE_MASS:g}) reaches beyond s_max = {S // 2}, the longest truncation within it; use fewer batch "
+        "sizes (--batch-sizes), a lower load or a lighter-tailed service law")

@@ -86,6 +86,15 @@ class Solution:
         return self.s_max if self.converged_upto is None else self.converged_upto
 
     @property
+    def converged_to_limit(self) -> bool | None:
+        """Whether the verified table ends in the infinite queue's long-queue action (π(R) a limiting batch
+        size): True for the converged rule, False for a probable-range table (large Bmax, :mod:`.search`),
+        None when no range was verified."""
+        if self.converged_upto is None:
+            return None
+        return int(self.policy[self.converged_upto]) in limiting_actions(self.problem)
+
+    @property
     def s_max(self) -> int:
         return self.model.s_max
 
@@ -129,6 +138,7 @@ class Solution:
             "s_max_auto": self.s_max_auto,
             "s_max_rule": self.rule,
             "converged_upto": self.converged_upto,
+            "converged_to_limit": self.converged_to_limit,
             "s_max_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
             "boundary": self.model.boundary,
@@ -318,7 +328,15 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
         found = search_converged(cands, c_o, start=start)
         model, res = found.candidate.model, found.candidate.res
         table, ev, converged_upto = found.policy, found.evaluation, found.converged_upto
-        if converged_upto is None:
+        if not found.limit:
+            warnings.warn(
+                f"the table is verified for queue lengths n ≤ {converged_upto} (against s_max = {model.s_max}), where the "
+                f"queue exceeds n with probability {found.mass:.1g}, but not to the infinite queue's limit: the optimal "
+                f"batch is still growing there (π({converged_upto}) = {int(table[converged_upto])}; the limiting batch "
+                f"size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond the work limit for "
+                f"{len(problem.batch_sizes)} batch sizes); beyond n = {converged_upto} the table serves "
+                f"{int(table[converged_upto])}", TableNotConvergedWarning, stacklevel=2)
+        elif converged_upto is None:
             warnings.warn(
                 f"the table is not verified against a larger truncation (the search stopped at s_max = {model.s_max}, "
                 "its state or work limit); its decisions near s_max may be shaped by the truncation",
