@@ -261,7 +261,6 @@ def test_latency_values_must_be_finite_positive(good, tmp_path, value):
         ("truncation", "s_max", np.nan, "dtype"),
         ("truncation", "s_max", 3.0, "dtype"),
         ("truncation", "s_max", "32", "dtype"),
-        ("truncation", "s_max", 4, "≥ Bmax"),
         ("truncation", "s_max", -5, "≥ 1"),
         ("truncation", "s_max", 10**12, "≤"),
         ("truncation", "delta", np.inf, "finite"),
@@ -276,6 +275,21 @@ def test_bad_attributes_are_refused(good, tmp_path, group, name, value, match):
 
     where = f"{group if group != '/' else ''}@{name}" if name != "schema_version" else "schema_version"
     refused(crafted(good, tmp_path, edit), match, *([where] if group != "/" else []))
+
+
+def test_an_s_max_below_bmax_is_refused(good, tmp_path):
+    """Eq. 19's table needs s_max ≥ Bmax; a tail-boundary table may be shorter (the probable-range table),
+    but not shorter than its own stored range and policy."""
+    def overflow(f):
+        f["truncation"].attrs["s_max"] = 4
+        f["truncation"].attrs["boundary"] = "overflow"
+
+    refused(crafted(good, tmp_path, overflow), "≥ Bmax", "truncation@s_max")
+
+    def tail(f):
+        f["truncation"].attrs["s_max"] = 4
+
+    refused(crafted(good, tmp_path, tail, name="y.h5"), "expected ≤ 4")
 
 
 @pytest.mark.parametrize("group,name", [("inputs", "lam"), ("inputs", "service"), ("truncation", "s_max"),

@@ -39,6 +39,11 @@ overflow boundary (RVI, JAX, ``boundary="overflow"``) the rule has three stages 
    is the S-solution on 0..R and π(R) beyond (eq. 30), so "serve π(last)" is the limiting action;
    ``converged_upto`` = R is stored with the table.  Every stored decision is thus that of a
    truncation at least 2A ≥ 4R states long.
+
+**Probable range** (large Bmax, tail boundary only; :func:`_search_probable`): when the first pair at
+4·Bmax is beyond the work limit, truncations shorter than Bmax verify the table on the queue lengths
+that occur (P(N > R) < :data:`PROBABLE_MASS`); π(R) is then not a limiting action, and
+:func:`~.solution.solve` says so.
 """
 
 from __future__ import annotations
@@ -492,6 +497,9 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
                 break
             R = None
         if not _can_double(cands, S, max_smax):
+            found = _probable_pair(cands, big, small, S, t0)  # the limit is out of reach: the probable range
+            if found is not None:
+                return found
             break
         S *= 2
     pol = _stored_policy(big, R, S)
@@ -506,6 +514,22 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
 PROBABLE_MASS = 1e-12
 #: The probable-range search's first truncation (then ×2): short enough to be cheap at any Bmax.
 PROBABLE_START = 64
+
+
+def _probable_pair(cands: Candidates, big: Candidate, small: Candidate, S: int, t0: float) -> Converged | None:
+    """The probable-range acceptance of a pair (S/2, S) (:func:`_search_probable`), or None."""
+    if big.res is None or small.res is None:
+        return None
+    A = agreement(small.res.policy, big.res.policy, S // 2)
+    gap = abs(big.res.gain - small.res.gain)
+    if A < 0 or not gap < cands.tol:
+        return None
+    mass = float(big.ev.stationary[A + 1:].sum())
+    pol = _stored_policy(big, A, S)
+    if not (mass < PROBABLE_MASS and tail_stable(cands.problem, pol)):  # π(R) must drain (eq. 30 deploys it)
+        return None
+    ev = replace(evaluate_deployed(cands.problem, pol), delta=gap)
+    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=False, mass=mass)
 
 
 def _search_probable(cands: Candidates, t0: float) -> Converged:
@@ -527,6 +551,7 @@ def _search_probable(cands: Candidates, t0: float) -> Converged:
     and π(R) beyond; ``converged_upto`` = R, every stored decision equal to that of a truncation ≥ 2R,
     but π(R) is not a limiting action (``limit`` False, and :func:`~.solution.solve` warns).  If the
     work limit comes first, InputError (a queue whose probable range is too long for this many batch sizes).
+    :func:`_search_tail` applies the same acceptance to its last pair when it cannot double any more.
     """
     problem = cands.problem
     cands.stage = "probable range"
@@ -538,16 +563,9 @@ def _search_probable(cands: Candidates, t0: float) -> Converged:
             cands.check_work(S)
         except InputError:
             break
-        big, small = cands.get(S, 0.0), cands.get(S // 2, 0.0)
-        if big.res is not None and small.res is not None:
-            A = agreement(small.res.policy, big.res.policy, S // 2)
-            gap = abs(big.res.gain - small.res.gain)
-            mass = float(big.ev.stationary[A + 1:].sum()) if A >= 0 else 1.0
-            if A >= 0 and gap < cands.tol and mass < PROBABLE_MASS:
-                pol = _stored_policy(big, A, S)
-                if tail_stable(problem, pol):  # π(R) drains: the table as deployed (eq. 30) is stable
-                    ev = replace(evaluate_deployed(problem, pol), delta=gap)
-                    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=False, mass=mass)
+        found = _probable_pair(cands, cands.get(S, 0.0), cands.get(S // 2, 0.0), S, t0)
+        if found is not None:
+            return found
         S *= 2
     raise InputError(
         f"a converged table for Bmax = {problem.bmax} with {len(problem.batch_sizes)} batch sizes starts at s_max = "

@@ -333,8 +333,8 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
                 f"the table is verified for queue lengths n ≤ {converged_upto} (against s_max = {model.s_max}), where the "
                 f"queue exceeds n with probability {found.mass:.1g}, but not to the infinite queue's limit: the optimal "
                 f"batch is still growing there (π({converged_upto}) = {int(table[converged_upto])}; the limiting batch "
-                f"size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond the work limit for "
-                f"{len(problem.batch_sizes)} batch sizes); beyond n = {converged_upto} the table serves "
+                f"size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond the search's state or "
+                f"work limit for {len(problem.batch_sizes)} batch sizes); beyond n = {converged_upto} the table serves "
                 f"{int(table[converged_upto])}", TableNotConvergedWarning, stacklevel=2)
         elif converged_upto is None:
             warnings.warn(
