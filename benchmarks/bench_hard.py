@@ -7,7 +7,8 @@ Not a timed test: run it and read the table (the README quotes its output)::
 
 Each case is solved once after the kernels are loaded (numba's compile is kept out, as in
 ``Solution.seconds``).  Columns: wall seconds of ``solve()``, the truncation s_max, Δ, R =
-``converged_upto`` and the number of truncations solved.  Δ is the truncation's error measure: on the
+``converged_upto`` (marked when it ends a probable-range table, whose π(R) is not the limit action:
+large Bmax, :func:`smdp_batch.solvers.search._search_probable`) and the number of truncations solved.  Δ is the truncation's error measure: on the
 tail boundary (the default) |ĝ(s_max) − ĝ(s_max/2)|, on eq. 19's overflow boundary (``--boundary
 overflow``, the rule before the tail boundary) S_o's share of the cost (eq. 22); both in cost per ms.  Fronts are ``sweep_w2`` with the default
 settings (no simulated baselines), at the default front tolerance ftol = 1e-3 and, where it is quick,
@@ -24,6 +25,7 @@ import warnings
 from smdp_batch import BatchingProblem, InputError, solve
 from smdp_batch.analysis.pareto import sweep_w2
 from smdp_batch.solvers.pi import warm_up_pi
+from smdp_batch.solvers.search import PROBABLE_MASS
 
 AFF, LIN = "affine:0.3051,1.0524", "affine:19.899,19.603"
 
@@ -79,6 +81,8 @@ def main() -> None:
             continue
         dt = time.perf_counter() - t0
         R = "not verified" if s.converged_upto is None else s.converged_upto
+        if s.converged_to_limit is False:
+            R = f"{R} (probable range: P(N > R) < {PROBABLE_MASS:g}; not the limit)"
         print(f"| {name} | {dt:.2f} | {s.s_max} | {s.evaluation.delta:.1e} | {R} | {s.candidates} |", flush=True)
     if args.quick:
         return
