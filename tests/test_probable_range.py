@@ -120,3 +120,20 @@ def test_the_improvement_product_skips_batch_sizes_above_s_max():
             rows = np.arange(m.n_states)
             best = np.where(m.feasible(), EH, np.inf).min(axis=1)  # only B at s_max and S_o
             np.testing.assert_allclose(EH[rows, new], best, rtol=1e-12, atol=1e-12 * np.abs(h).max())
+
+
+def test_a_tail_search_that_cannot_double_keeps_its_probable_range():
+    """The converged rule's last pair, when the state limit stops the doubling before the limit action is
+    reached, is accepted on its probable range; with room to double, the same problem converges to the
+    limit, and both tables agree on the probable range."""
+    from smdp_batch.solvers.search import Candidates, limiting_actions, search_converged
+
+    p = _p(0.9, batch_sizes=[2 ** i for i in range(9)])  # Bmax 256
+    B = max(limiting_actions(p))
+    short = search_converged(Candidates(p, 1e-3, tail=B), 0.0, max_smax=1024)
+    full = search_converged(Candidates(p, 1e-3, tail=B), 0.0, max_smax=4096)
+    assert short.probable and short.mass < PROBABLE_MASS and short.converged_upto is not None
+    assert not full.probable and full.limit and int(full.policy[full.converged_upto]) == B
+    R = short.converged_upto
+    assert short.limit == (int(short.policy[R]) == B) and full.candidate.model.s_max >= 2 * R
+    np.testing.assert_array_equal(short.policy[: R + 1], full.candidate.res.policy[: R + 1])

@@ -329,7 +329,8 @@ class Converged:
     policy: np.ndarray  # the stored policy: S-solution on 0..R, π(R) beyond (length S+2)
     evaluation: Evaluation  # of ``policy`` on the truncation S
     seconds: float
-    limit: bool = True  # π(R) is a limiting action; False: the probable-range table (:func:`_search_probable`)
+    limit: bool = True  # π(R) is a limiting action (always, unless ``probable``)
+    probable: bool = False  # accepted on the queue's probable range (:func:`_search_probable`), not by stage 3
     mass: float = 0.0  # the probable-range table: P(N > R) at decision epochs under its policy
 
 
@@ -529,7 +530,8 @@ def _probable_pair(cands: Candidates, big: Candidate, small: Candidate, S: int, 
     if not (mass < PROBABLE_MASS and tail_stable(cands.problem, pol)):  # π(R) must drain (eq. 30 deploys it)
         return None
     ev = replace(evaluate_deployed(cands.problem, pol), delta=gap)
-    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=False, mass=mass)
+    limit = int(pol[A]) in limiting_actions(cands.problem)  # it may already be, without stage 3's long run
+    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=limit, probable=True, mass=mass)
 
 
 def _search_probable(cands: Candidates, t0: float) -> Converged:

@@ -328,14 +328,18 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
         found = search_converged(cands, c_o, start=start)
         model, res = found.candidate.model, found.candidate.res
         table, ev, converged_upto = found.policy, found.evaluation, found.converged_upto
-        if not found.limit:
+        if found.probable:
+            R, b = converged_upto, int(table[converged_upto])
+            limits = f"the search's state or work limit for {len(problem.batch_sizes)} batch sizes"
+            why = (f"it serves the limiting batch size {b} there, but a run of it long enough to verify as the limit "
+                   f"is beyond {limits}" if found.limit else
+                   f"not to the infinite queue's limit: the optimal batch is still growing there (π({R}) = {b}; the "
+                   f"limiting batch size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond "
+                   f"{limits})")
             warnings.warn(
-                f"the table is verified for queue lengths n ≤ {converged_upto} (against s_max = {model.s_max}), where the "
-                f"queue exceeds n with probability {found.mass:.1g}, but not to the infinite queue's limit: the optimal "
-                f"batch is still growing there (π({converged_upto}) = {int(table[converged_upto])}; the limiting batch "
-                f"size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond the search's state or "
-                f"work limit for {len(problem.batch_sizes)} batch sizes); beyond n = {converged_upto} the table serves "
-                f"{int(table[converged_upto])}", TableNotConvergedWarning, stacklevel=2)
+                f"the table is verified for queue lengths n ≤ {R} (against s_max = {model.s_max}), where the queue "
+                f"exceeds n with probability {found.mass:.1g}; {why}; beyond n = {R} the table serves {b}",
+                TableNotConvergedWarning, stacklevel=2)
         elif converged_upto is None:
             warnings.warn(
                 f"the table is not verified against a larger truncation (the search stopped at s_max = {model.s_max}, "
