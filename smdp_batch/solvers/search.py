@@ -42,8 +42,9 @@ overflow boundary (RVI, JAX, ``boundary="overflow"``) the rule has three stages 
 
 **Probable range** (large Bmax, tail boundary only; :func:`_search_probable`): when the first pair at
 4·Bmax is beyond the work limit, truncations shorter than Bmax verify the table on the queue lengths
-that occur (P(N > R) < :data:`PROBABLE_MASS`); π(R) is then not a limiting action, and
-:func:`~.solution.solve` says so.
+that occur (P(N > R) < :data:`PROBABLE_MASS`); π(R) is then as a rule not a limiting action, and
+:func:`~.solution.solve` says so.  Stage 3's last pair gets the same acceptance when the state or work
+limit stops its doubling.
 """
 
 from __future__ import annotations
@@ -551,7 +552,8 @@ def _search_probable(cands: Candidates, t0: float) -> Converged:
     both choose the same action for every n ≤ A, |ĝ(S) − ĝ(S/2)| < δ, and under the S-solution the queue
     exceeds A with probability P(N > A) < :data:`PROBABLE_MASS`.  The table is the S-solution on 0..R = A
     and π(R) beyond; ``converged_upto`` = R, every stored decision equal to that of a truncation ≥ 2R,
-    but π(R) is not a limiting action (``limit`` False, and :func:`~.solution.solve` warns).  If the
+    but π(R) is as a rule not a limiting action (``limit`` False; ``probable`` True either way, and
+    :func:`~.solution.solve` warns).  If the
     work limit comes first, InputError (a queue whose probable range is too long for this many batch sizes).
     :func:`_search_tail` applies the same acceptance to its last pair when it cannot double any more.
     """
