@@ -84,7 +84,7 @@ def _stack(models: list[TruncatedSMDP]):
     B, A = len(models), len(m0.actions)
     F = np.zeros((B, jmax - jmin + 1, A))
     for i, (Fi, _, j0) in enumerate(filt):
-        F[i, j0 - jmin : j0 - jmin + Fi.shape[0]] = Fi
+        F[i, j0 - jmin : j0 - jmin + Fi.shape[0], : Fi.shape[1]] = Fi
     tail = np.stack([f[1] for f in filt])
     costs = np.stack([m.costs() for m in models])
     y = np.stack([m.y for m in models])

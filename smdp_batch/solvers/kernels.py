@@ -108,18 +108,19 @@ def window_span(klo, khi, actions, s_max):
 def window_filters(P, SF, klo, khi, actions, s_max):
     """Every action's transition law in one frame j = next − level ∈ [jmin, jmax]; (F, tail, jmin).
 
-    Column a of F (W × A) holds p^[a]_{j+a} over the kernels' support [klo, khi] (waiting: a 1 at
-    j = +1), and tail[a] = P(K > khi) (not negligible when khi is capped at s_max); the columns of
-    actions above s_max (:func:`usable_actions`) are left zero.  So
-    Σ_j F[j−jmin, a]·h̄(s + j) + tail[a]·h(S_o) = Σ_j m̂(j|s,a) h(j) when h̄ extends h by h(S_o)
+    Column a of F (W × Au) holds p^[a]_{j+a} over the kernels' support [klo, khi] (waiting: a 1 at
+    j = +1), and tail[a] = P(K > khi) (not negligible when khi is capped at s_max).  F has a column for
+    each of the Au :func:`usable_actions` only: the actions above s_max are infeasible everywhere (tail 0).
+    So Σ_j F[j−jmin, a]·h̄(s + j) + tail[a]·h(S_o) = Σ_j m̂(j|s,a) h(j) when h̄ extends h by h(S_o)
     past s_max: all mass beyond s_max lands on S_o, as in eq. 18.
     """
     A = actions.shape[0]
+    Au = usable_actions(actions, s_max)
     jmin, jmax = window_span(klo, khi, actions, s_max)
-    F = np.zeros((jmax - jmin + 1, A))
+    F = np.zeros((jmax - jmin + 1, Au))
     tail = np.zeros(A)
     F[1 - jmin, 0] = 1.0
-    for ai in range(1, usable_actions(actions, s_max)):
+    for ai in range(1, Au):
         a = actions[ai]
         for k in range(klo[ai], khi[ai] + 1):
             F[k - a - jmin, ai] = P[ai, k]
@@ -171,11 +172,8 @@ def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     """
     S = s_max + 2
     n = s_max + 1
-    Wd, A = F.shape
-    Au = A  # F's zero columns at the right (actions above s_max: +inf in ``costs``) add nothing: skipped
-    while Au > 1 and not np.any(F[:, Au - 1] != 0.0):
-        Au -= 1
-    Fu = np.ascontiguousarray(F[:, :Au])
+    Wd, Au = F.shape  # the usable actions; the rest (above s_max) are +inf in ``costs``: EH stays 0 there
+    A = costs.shape[1]
     hbar = np.empty(n + Wd)  # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
     for i in range(n + Wd):
         j = i + jmin
@@ -186,7 +184,7 @@ def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
         m = min(n, s0 + BLOCK) - s0
         for r in range(m):
             Hw[r, :] = hbar[s0 + r : s0 + r + Wd]
-        EH[s0 : s0 + m, :Au] = Hw[:m] @ Fu
+        EH[s0 : s0 + m, :Au] = Hw[:m] @ F
     hso = h[S - 1]
     for s in range(n):
         for ai in range(A):

@@ -330,7 +330,6 @@ class Converged:
     policy: np.ndarray  # the stored policy: S-solution on 0..R, π(R) beyond (length S+2)
     evaluation: Evaluation  # of ``policy`` on the truncation S
     seconds: float
-    limit: bool = True  # π(R) is a limiting action (always, unless ``probable``)
     probable: bool = False  # accepted on the queue's probable range (:func:`_search_probable`), not by stage 3
     mass: float = 0.0  # the probable-range table: P(N > R) at decision epochs under its policy
 
@@ -531,8 +530,7 @@ def _probable_pair(cands: Candidates, big: Candidate, small: Candidate, S: int, 
     if not (mass < PROBABLE_MASS and tail_stable(cands.problem, pol)):  # π(R) must drain (eq. 30 deploys it)
         return None
     ev = replace(evaluate_deployed(cands.problem, pol), delta=gap)
-    limit = int(pol[A]) in limiting_actions(cands.problem)  # it may already be, without stage 3's long run
-    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, limit=limit, probable=True, mass=mass)
+    return Converged(big, 0.0, A, pol, ev, time.perf_counter() - t0, probable=True, mass=mass)
 
 
 def _search_probable(cands: Candidates, t0: float) -> Converged:
@@ -552,8 +550,8 @@ def _search_probable(cands: Candidates, t0: float) -> Converged:
     both choose the same action for every n ≤ A, |ĝ(S) − ĝ(S/2)| < δ, and under the S-solution the queue
     exceeds A with probability P(N > A) < :data:`PROBABLE_MASS`.  The table is the S-solution on 0..R = A
     and π(R) beyond; ``converged_upto`` = R, every stored decision equal to that of a truncation ≥ 2R,
-    but π(R) is as a rule not a limiting action (``limit`` False; ``probable`` True either way, and
-    :func:`~.solution.solve` warns).  If the
+    but π(R) is as a rule not a limiting action (it may be, without stage 3's long run of it; ``probable``
+    is True either way, and :func:`~.solution.solve` warns).  If the
     work limit comes first, InputError (a queue whose probable range is too long for this many batch sizes).
     :func:`_search_tail` applies the same acceptance to its last pair when it cannot double any more.
     """

@@ -332,7 +332,7 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
             R, b = converged_upto, int(table[converged_upto])
             limits = f"the search's state or work limit for {len(problem.batch_sizes)} batch sizes"
             why = (f"it serves the limiting batch size {b} there, but a run of it long enough to verify as the limit "
-                   f"is beyond {limits}" if found.limit else
+                   f"is beyond {limits}" if b in limiting_actions(problem) else
                    f"not to the infinite queue's limit: the optimal batch is still growing there (π({R}) = {b}; the "
                    f"limiting batch size, {max(limiting_actions(problem))}, takes over only at longer queues, beyond "
                    f"{limits})")
