@@ -1,6 +1,8 @@
 """The simulator's event loops (numba): one FIFO batch server, a rule deciding each batch.
 
-* :func:`_kernel` — table rules at decision epochs and the servers' timeout rules (modes of :data:`MODES`);
+* :func:`_kernel` — table rules at decision epochs, table + timer rules (a table with a guard on the oldest
+  request's wait, as :class:`~smdp_batch.runtime.DynamicBatcher` runs it) and the servers' timeout rules
+  (modes of :data:`MODES`);
 * :func:`_context_kernel` — a table chosen at each epoch by a context: the λ-bank's index after the
   last arrival, the true MAP phase, or the phase filter's belief (:data:`CTX_ARRIVAL` …, issue 20);
 * :func:`phase_beliefs` — the filter of :mod:`smdp_batch.runtime.phase` over a whole stream (its
@@ -18,7 +20,7 @@ import numpy as np
 __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_beliefs"]
 
 #: Rule kinds understood by the kernel.
-MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3}
+MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4}
 
 
 @nb.njit(cache=True, inline="always")
@@ -127,6 +129,39 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             tau = start
             while nxt < n_req and arr[nxt] <= start:
                 nxt += 1
+        elif mode == 4:  # table + timer: the table at each epoch; while it waits, the oldest request's wait is
+            # bounded by ``delay``: then the largest allowed size ≤ n is served (pref holds the allowed sizes;
+            # below the smallest, the n waiting are served padded to it), as DynamicBatcher's forced batch
+            while True:
+                if n == 0:
+                    if nxt >= n_req:
+                        break
+                    tau = arr[nxt]
+                    nxt += 1
+                    n = 1
+                    continue
+                a = table[min(n, top)]
+                if a > 0:
+                    size = a
+                    start = tau
+                    break
+                deadline = arr[head] + delay
+                if deadline > tau and nxt < n_req and arr[nxt] < deadline:
+                    tau = arr[nxt]
+                    nxt += 1
+                    n += 1
+                    continue
+                if deadline == np.inf:  # a pure table: no more arrivals, it waits for ever
+                    break
+                if deadline > tau:
+                    tau = deadline
+                p = 0
+                for q in pref:
+                    if q <= n and q > p:
+                        p = q
+                size = p if p > 0 else n
+                start = tau
+                break
         else:  # 3: TorchServe: when the worker is free, take the first request, then wait up to the delay for B
             if n == 0:
                 if nxt >= n_req:

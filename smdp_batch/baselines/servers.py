@@ -32,6 +32,17 @@ Times are given in each server's own unit and converted to ms.  Semantics, and w
 
 The SMDP table and the simple policies (static, greedy, control-limit) are table rules: a batch size
 per queue length, applied when a batch ends or a request reaches an idle server.
+
+**Table + timer** (:func:`table_timer`, spelled ``SPEC+timer:MS``): a table with a guard on the oldest
+request's wait, exactly as :class:`~smdp_batch.runtime.DynamicBatcher` runs it with ``max_wait_ms`` = τ.  At
+each epoch (an arrival, a batch end) the table decides; while it says wait, once the oldest request has
+waited τ the largest allowed batch size ≤ n is served (fewer than the smallest allowed size: the n waiting,
+padded to it; the runtime's ``short_batch="pad"``).  τ = ∞ is the pure table.  The family holds Triton's
+rule: :func:`triton_table` writes ``triton:max=B,delay_us=D[,preferred=…]`` as a table (serve the largest
+preferred size ≤ min(n, B), or B once n ≥ B without preferred sizes; wait otherwise) with τ = D, and the
+two run identically (tested request by request); TF-Serving without ``allowed_batch_sizes`` is that rule
+too.  Ray Serve's and TorchServe's timers do not run from the oldest request's arrival, so they are not
+members; the SLO optimiser (:mod:`smdp_batch.analysis.slo`) searches them beside it.
 """
 
 from __future__ import annotations
@@ -45,10 +56,10 @@ from ..errors import InputError
 from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 
-__all__ = ["ServerRule", "table_rule", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+__all__ = ["ServerRule", "table_rule", "table_timer", "triton_table", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
-    "static:B, greedy, control:Q, FILE.h5, triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
+    "static:B, greedy, control:Q, FILE.h5 (each optionally +timer:MS), triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
     "tfserving:max=B,timeout_us=T[,allowed=S1/S2/…], ray:max=B,timeout_s=T[,pad=…], torchserve:batch=B,delay_ms=D[,pad=…]"
 )
 
@@ -57,7 +68,7 @@ RULE_FORMS = (
 class ServerRule:
     """A batching rule in the simulator's terms (see the module doc)."""
 
-    mode: str  # "table" | "triton" | "ray" | "torchserve"
+    mode: str  # "table" | "timer" | "triton" | "ray" | "torchserve"
     spec: str
     table: np.ndarray  # int64 policy[s], s = 0..top (table rules); [0] otherwise
     top: int
@@ -82,6 +93,9 @@ class ServerRule:
         """Sizes this rule can execute (after padding)."""
         if self.mode == "table":
             return sorted({int(a) for a in self.table if a > 0})
+        if self.mode == "timer":  # the table's sizes and every allowed size ≤ its largest (forced batches)
+            top = int(self.table.max())
+            return sorted({int(a) for a in self.table if a > 0} | {int(a) for a in self.pref if a <= top})
         if self.allowed:
             return list(self.allowed)
         return list(range(1, self.maxb + 1))
@@ -135,6 +149,39 @@ def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
     """A policy table: policy[s] for s = 0..s_max (validated as a :class:`~smdp_batch.runtime.PolicyTable`)."""
     p = PolicyTable(policy, batch_sizes).policy
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
+
+
+def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None) -> ServerRule:
+    """A table with a timer τ (ms) on the oldest request's wait (module doc); τ = inf is the pure table.
+
+    ``batch_sizes``: the allowed sizes (a forced batch serves the largest one ≤ n)."""
+    base = table_rule(policy, batch_sizes, spec="table")
+    try:
+        tau = float(tau_ms)
+    except (TypeError, ValueError):
+        raise InputError(f"the timer must be a number of ms ≥ 0 (or inf), got {tau_ms!r}") from None
+    if not tau >= 0:
+        raise InputError(f"the timer must be a number of ms ≥ 0 (or inf), got {tau_ms!r}")
+    sizes = np.asarray(sorted(int(b) for b in (batch_sizes if batch_sizes is not None else base.executed_sizes())),
+                       dtype=np.int64)
+    top = int(base.table.max())
+    small = int(sizes[0])
+    allowed = tuple(int(b) for b in sizes if b <= max(top, small)) if small > 1 else ()  # pads short forced batches
+    name = spec if spec is not None else f"table+timer:{tau:g}"
+    return ServerRule("timer", name, base.table, base.top, base.maxb, sizes, tau, allowed)
+
+
+def triton_table(max_batch_size: int, preferred=()) -> np.ndarray:
+    """Triton's dynamic batcher without its delay, as a table over n = 0..max_batch_size (module doc):
+    the largest preferred size ≤ min(n, B), or B at n ≥ B when there are no preferred sizes; 0 = wait.
+    With the timer τ = max_queue_delay it is Triton's rule (:func:`table_timer`)."""
+    b = _int("Triton max_batch_size", max_batch_size)
+    pref = sorted({_int("Triton preferred_batch_size", x) for x in preferred} | ({b} if not preferred else set()))
+    n = np.arange(b + 1)
+    out = np.zeros(b + 1, dtype=np.int64)
+    for q in pref:
+        out[n >= q] = q
+    return out
 
 
 def _pad(name: str, b: int, pad) -> tuple[int, ...]:
@@ -229,6 +276,18 @@ def parse_rule(spec: str, problem) -> ServerRule:
         if "b" not in kw or "d" not in kw:
             raise InputError(f"rule {spec!r} needs batch=B and delay_ms=D")
         return torchserve(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
+    head, plus, timer = text.rpartition("+")
+    if plus and timer.strip().lower().startswith("timer"):
+        key, colon, value = timer.strip().partition(":")
+        if key.strip().lower() != "timer" or not colon:
+            raise InputError(f"rule {spec!r}: a timer is written +timer:MS (the oldest request's wait bound in ms)")
+        value = value.strip()
+        tau = math.inf if value.lower() in ("inf", "infinity") else _time("the timer (ms)", value)
+        base = parse_rule(head, problem)
+        if base.mode != "table":
+            raise InputError(f"rule {spec!r}: +timer goes with a table (static:B, greedy, control:Q, FILE.h5), "
+                             f"not with {base.spec.partition(':')[0]}'s own rule")
+        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}")
     if text.lower().endswith((".h5", ".hdf5")):
         from ..runtime.schema import read_policy
 

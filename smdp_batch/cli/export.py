@@ -1,36 +1,57 @@
 """The ``export`` command: a policy table as a serving system's batching settings (Triton,
-TF-Serving, Ray Serve, TorchServe), with what the settings cannot express and its simulated cost."""
+TF-Serving, Ray Serve, TorchServe).
+
+Without an SLO, the closest setting of the target's own rule to the table, with what it cannot express, its
+simulated cost, and its p99 off-peak (at half and a tenth of the table's load: a setting tuned at one load
+can break a latency target when traffic falls).  With an SLO (``--slo-p99-ms X`` …, optionally
+``--load-range``), the least-power setting of the target's rule that meets it at every load
+(:func:`smdp_batch.analysis.slo.optimise`, the search ``compare`` runs), or a one-line refusal saying why."""
 
 from __future__ import annotations
 
 import click
 
-from ..export.configs import TARGETS
+from ..errors import InputError
+from ..export.configs import SLO_FAMILY, TARGETS
 from ..runtime.schema import read_policy
-from ..limits import REQUESTS_LIMIT, SEED_MAX
 from .options import (
     build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
-from .types import InputFile, Number, OneOf, OutputPath, option
+from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
+from .types import InputFile, OneOf, OutputPath, option
+
+#: Off-peak loads checked after an export without an SLO (shares of the table's λ), and the growth of the
+#: tail that draws a warning.
+OFF_PEAK = (0.5, 0.1)
+TAIL_GROWTH = 2.0
 
 
-@click.command("export", short_help="Export a policy table as a serving system's batching settings.")
+@click.command("export", short_help="Export a policy table as a serving system's batching settings (optionally "
+                                    "tuned to an SLO over a load range).")
 @click.argument("path", type=InputFile())
 @option("--to", "target", type=OneOf(TARGETS, "export target"), required=True, help="The serving system.")
-@option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000", show_default=True,
-              help="Requests simulated per candidate setting.")
-@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
-              help="Random seed (the same arrivals for table and export).")
+@slo_options
+@load_range_options
+@search_options
 @option("-o", "--output", type=OutputPath(), default=None, help="Write the config text to this file.")
 @json_option
-def export_cmd(path, target, requests, seed, output, as_json):
-    """Export a policy table as a server's batching settings, with what they cannot express and its cost."""
-    from ..export.configs import export_policy
+def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_range, **kw):
+    """Export a policy table as a server's batching settings, with what they cannot express and its cost;
+    with --slo-…, the least-power setting of the server's rule that meets the SLO at every load."""
     prepare_outputs([("-o", output)], [("FILE (the policy table)", path)])
+    slo = slo_from(kw, required=False)
+    if slo is None and (load_range is not None or rho_range is not None):
+        raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
     pf = read_policy(path)
     # the scenario comes from the values stored in the file: no path recorded in it is read
     problem = build_problem({}, file_inputs(pf, how="export cannot rebuild it (evaluate or simulate the file with --service LAW)"))
+    if slo is not None:
+        _export_at_slo(path, pf, problem, target, slo, load_range, rho_range, requests, seed, output, as_json)
+        return
+    from ..export.configs import export_policy
+
     ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
+    off = _off_peak(problem, ex.rule, requests, seed)
     if output:
         write_text_atomically(output, ex.text)
     g = ex.gap
@@ -39,8 +60,76 @@ def export_cmd(path, target, requests, seed, output, as_json):
     lines.append(
         f"  simulated gap ({g['requests']} requests, same arrivals): table W̄ {g['table']['mean_latency_ms']:.4g} ms, "
         f"P̄ {g['table']['mean_power_w']:.4g} W; export W̄ {g['export']['mean_latency_ms']:.4g} ms, "
-        f"P̄ {g['export']['mean_power_w']:.4g} W; objective +{g['objective_increase_pct']:.3g} %"
+        f"P̄ {g['export']['mean_power_w']:.4g} W; {_objective_words(g['objective_increase_pct'])}"
     )
+    for row in off["loads"]:
+        lines.append(f"  off-peak    at {row['share']:g}× the table's load ({row['lam'] * 1e3:.5g} req/s): p99 "
+                     f"{row['p99_ms']:.4g} ms, P̄ {row['mean_power_w']:.4g} W")
+    if off["warning"]:
+        click.echo(f"smdp-batch: warning: {off['warning']}", err=True)
     if output:
         lines.append(f"  written     {output}")
-    emit({**ex.as_dict(), "policy_file": path, **({"output": output} if output else {})}, as_json, "\n".join(lines))
+    emit({**ex.as_dict(), "policy_file": path, "off_peak": off, **({"output": output} if output else {})}, as_json,
+         "\n".join(lines))
+
+
+def _objective_words(pct: float) -> str:
+    """The export's objective against the table's, in words (never a signed number)."""
+    if pct != pct:
+        return "objective not comparable"
+    if abs(pct) < 5e-4:
+        return "the same objective (within 0.0005 %)"
+    return f"objective {abs(pct):.3g} % {'higher' if pct > 0 else 'lower'} than the table's"
+
+
+def _off_peak(problem, rule, requests: int, seed: int) -> dict:
+    """p99 of the exported rule at the table's load and at :data:`OFF_PEAK` shares of it, with a warning
+    when the tail grows past :data:`TAIL_GROWTH`× the planned value."""
+    from ..analysis.simulate import simulate
+
+    planned = simulate(problem, rule, requests=requests, seed=seed).percentiles["p99_ms"]
+    rows = []
+    for share in OFF_PEAK:
+        res = simulate(problem.replace(lam=problem.lam * share), rule, requests=requests, seed=seed)
+        rows.append({"share": share, "lam": problem.lam * share, "p99_ms": res.percentiles["p99_ms"],
+                     "mean_power_w": res.mean_power_w})
+    worst = max(rows, key=lambda r: r["p99_ms"])
+    warning = None
+    if worst["p99_ms"] > TAIL_GROWTH * planned:
+        warning = (f"this setting's p99 grows from {planned:.4g} ms at the table's load to {worst['p99_ms']:.4g} ms at "
+                   f"{worst['share']:g}× it ({worst['p99_ms'] / planned:.2g}×); give the SLO and the loads the server "
+                   f"sees (--slo-p99-ms X --load-range LO:HI) to export a setting that holds across them")
+    return {"planned_p99_ms": planned, "loads": rows, "warning": warning}
+
+
+def _export_at_slo(path, pf, problem, target, slo, load_range, rho_range, requests, seed, output, as_json) -> None:
+    from ..analysis.slo import optimise
+    from ..export.configs import rule_config
+
+    problem, lams = loads_for(problem, load_range, rho_range)
+    family = SLO_FAMILY[target]
+    ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False)
+    s = ans.best[family]
+    where = (f"{lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
+             f"every load of {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
+    if s is None:
+        top = problem.replace(lam=lams[-1])
+        why = (f"at the top load (ρ = {top.rho:.3g}) even the fastest setting's queue is too long" if top.rho > 0.85
+               else "waiting less gives small batches and waiting more breaks the bound")
+        raise InputError(f"no {target} setting meets {slo.text()} at {where}: {why}; relax the SLO or narrow the range")
+    settings, text = rule_config(target, s.rule)
+    if output:
+        write_text_atomically(output, text)
+    metrics = [m for m, _ in slo.bounds]
+    lines = [f"smdp-batch — {target} settings meeting {slo.text()} at {where} (the scenario of {path}; "
+             f"{ans.requests} simulated requests per load, seed {seed})", scenario_line(problem), "", text.rstrip(), ""]
+    for x in s.loads:
+        vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ± {x.ci[m]:.2g} ms" for m in metrics)
+        lines.append(f"  load        {x.lam * 1e3:9.5g} req/s: {vals}; P̄ {x.power_w:.4g} ± {x.power_ci:.2g} W, "
+                     f"mean batch {x.mean_batch:.3g}")
+    w = s.worst(slo)
+    lines.append(f"  worst load  {w.lam * 1e3:.5g} req/s (margin {100 * w.margin(slo):.2g} % of the bound)")
+    if output:
+        lines.append(f"  written     {output}")
+    emit({"target": target, "settings": settings, "config": text, "rule": s.rule.spec, "policy_file": path,
+          "slo_search": ans.as_dict(), **({"output": output} if output else {})}, as_json, "\n".join(lines))

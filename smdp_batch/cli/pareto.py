@@ -17,6 +17,7 @@ from .options import (
     scenario_line, scenario_options, write_text_atomically,
 )
 from ..limits import SEED_MAX, REQUESTS_LIMIT, GRID_LIMIT
+from .slo import answer_lines, load_range_options, loads_for
 from .types import FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
 
 PLOT_KINDS = ("tradeoff", "percentiles", "scenarios")
@@ -72,6 +73,7 @@ def _deprecated(new: str):
               help="Choose the least power with simulated p99 ≤ X ms.")
 @option("--slo-within", type=SloWithin(), default=None,
               help="Choose the least power with ≥ PERCENT of requests within BOUND_MS.")
+@load_range_options
 @option("-o", "--output", type=OutputPath(), default=None, help="Write the chosen policy's table to FILE.h5 (one front).")
 @option("--csv", "csv_path", type=OutputPath(), default=None, help="Write every front and baseline point to FILE.csv.")
 @option("--plot", "plot_path", type=FigurePath(), default=None, help="Draw the figure to FILE.png|.svg|.pdf.")
@@ -84,7 +86,8 @@ def _deprecated(new: str):
 @json_option
 def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, baselines, timeouts, statics, requests,
                percentiles, sim_requests, base_requests, within_ms, seed, slo_mean_ms, slo_p95_ms, slo_p99_ms, slo_within,
-               output, csv_path, plot_path, plot_kind, dask_address, workers, progress, as_json, **opts):
+               output, csv_path, plot_path, plot_kind, dask_address, workers, progress, as_json, load_range, rho_range,
+               **opts):
     """Latency–power trade-off over w2, baselines on it, and the least-power policy meeting an SLO."""
     from ..analysis.parallel import dask_mapper
     from ..analysis.pareto import baseline_points, dominated_by_front, latency_cdfs, sweep_fronts
@@ -106,6 +109,8 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
     else:
         n_sim = requests if (percentiles or needed) else 0
     n_base = requests if base_requests is None else base_requests
+    if (load_range is not None or rho_range is not None) and (slo is None or slo[0] == "within" or len(problems) != 1):
+        raise InputError("--load-range/--rho-range go with one scenario and an SLO on mean, p95 or p99 latency")
     if output and (slo is None or len(problems) != 1):
         raise InputError("-o writes the SLO's chosen policy: give one SLO and one scenario/load")
     sd = seed
@@ -132,6 +137,14 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
     if slo is not None:
         kw = {"mean": "slo_mean_ms", "p95": "slo_p95_ms", "p99": "slo_p99_ms", "within": "slo_within"}[slo[0]]
         chosen = [f.choose(**{kw: slo_value}) for f in fronts]
+    answers = []
+    if slo is not None and slo[0] != "within":  # the SLO answer with a timer: the optimiser compare and export run
+        from ..analysis.slo import optimise
+
+        single = opts.get("lam") is not None or opts.get("rho") is not None
+        for f in fronts:
+            prob, lams = loads_for(f.problem, load_range, rho_range, single)
+            answers.append(optimise(prob, {slo[0]: slo_value}, lams, requests=n_base, seed=sd))
     if output and chosen[0] is not None:
         pt = chosen[0]
         if math.isfinite(pt.w2_lo):
@@ -149,7 +162,8 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
             bl.append({**b.as_dict(), "front_power_w": F, "margin_w": b.mean_power_w - F, "dominated": dominated})
         d_fronts.append({**f.problem.describe(), "label": f.label, "points": [p.as_dict() for p in f.points],
                          "baselines": bl, "skipped": [{"setting": s_, "reason": r} for s_, r in skipped.get(i, [])],
-                         **({"chosen": chosen[i].as_dict() if chosen[i] else None} if chosen else {})})
+                         **({"chosen": chosen[i].as_dict() if chosen[i] else None} if chosen else {}),
+                         **({"slo_answer": answers[i].as_dict()} if answers else {})})
         for p in f.points:
             rows.append(_csv_row(f, "smdp", "smdp", f"w2 in [{p.w2_lo:.6g}, {p.w2_hi:.6g}]", p, p.w2_lo, p.w2_hi,
                                  p.control_limit, within))
@@ -165,7 +179,7 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
             "dominance_test": "F(W_b + h_W) <= P_b + h_P (+1e-6 relative); see smdp_batch.pareto",
             **({"output": output} if output and chosen[0] is not None else {}), **({"csv": csv_path} if csv_path else {}),
             **({"plot": plot_path} if plot_path else {})}
-    emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path))
+    emit(data, as_json, _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path, answers))
 
 
 def _csv_row(front, kind, family, setting, p, w2_lo, w2_hi, control_limit, within) -> dict:
@@ -228,7 +242,7 @@ def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latenc
     save(fig, path)
 
 
-def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path) -> str:
+def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plot_path, answers=()) -> str:
     from ..analysis.plots import finite_w2
 
     lines = ["smdp-batch — latency–power trade-off over w2 (paper 004 §VII-B)"]
@@ -261,6 +275,13 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
             else:
                 lines.append(f"  SLO         {what}: least power {c.mean_power_w:.5g} W at W̄ = {c.mean_latency_ms:.5g} ms, "
                              f"w2 ∈ [{finite_w2(c.w2_lo)}, {finite_w2(c.w2_hi)}] (one policy; edges exact or to the sweep's rtol)")
+        if answers:
+            a = answers[i]
+            loads = (f"{a.lams[0] * 1e3:.5g} req/s" if len(a.lams) == 1 else
+                     f"{len(a.lams)} loads {a.lams[0] * 1e3:.5g}..{a.lams[-1] * 1e3:.5g} req/s")
+            lines.append(f"  SLO answer  with a timer on the oldest request (as compare; {loads}, {a.requests} requests "
+                         "per load):")
+            lines += answer_lines(a)
     if output and chosen[0] is None:
         lines.append(f"  not written {output}: no swept policy meets the SLO")
         output = None

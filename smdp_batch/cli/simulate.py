@@ -9,7 +9,8 @@ import click
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
-from .options import UNITS, build_problem, emit, file_inputs, json_option, scenario_line, scenario_options
+from .options import UNITS, build_problem, emit, file_inputs, json_option, progress_line, scenario_line, scenario_options
+from .slo import load_range_options, search_options, slo_options
 from ..limits import SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Number, OneOf, option
 
@@ -78,41 +79,34 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
     emit(d, as_json, text)
 
 
-@click.command("compare", short_help="Least power at a latency SLO: tuned server batchers against the SMDP table.")
+@click.command("compare", short_help="Least power at a latency SLO over a load range: the SMDP table + timer "
+                                     "against tuned and default server batchers.")
 @scenario_options
-@option("--slo-mean-ms", type=Number(min=0, min_open=True), default=None, help="SLO: mean latency ≤ X ms.")
-@option("--slo-p95-ms", type=Number(min=0, min_open=True), default=None, help="SLO: 95th-percentile latency ≤ X ms.")
-@option("--slo-p99-ms", type=Number(min=0, min_open=True), default=None, help="SLO: 99th-percentile latency ≤ X ms.")
-@option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000", show_default=True,
-              help="Requests simulated per candidate.")
-@option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
-              help="Random seed (the same arrivals for every candidate).")
+@slo_options
+@load_range_options
+@search_options
 @json_option
-def compare_cmd(slo_mean_ms, slo_p95_ms, slo_p99_ms, requests, seed, as_json, **opts):
-    """Least power at a latency SLO: best-tuned Triton, TF-Serving, Ray Serve, TorchServe vs the SMDP table."""
-    from ..analysis.compare import best_at_slo
+def compare_cmd(requests, seed, as_json, load_range, rho_range, **opts):
+    """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
+    without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
+    from ..analysis.slo import optimise
+    from .slo import answer_lines, loads_for, slo_from
 
-    given = [(m, v) for m, v in (("mean", slo_mean_ms), ("p95", slo_p95_ms), ("p99", slo_p99_ms)) if v is not None]
-    if len(given) != 1:
-        raise InputError("give exactly one SLO: --slo-mean-ms, --slo-p95-ms or --slo-p99-ms")
-    metric, bound = given[0]
+    slo = slo_from(opts)
     problem = build_problem(opts)
-    n = requests
-    best, every = best_at_slo(problem, bound, metric, requests=n, seed=seed)
-    rows = []
-    for fam, c in best.items():
-        rows.append({"family": fam, **({"setting": c.setting, "slo_metric_ms": c.latency_ms, "mean_latency_ms": c.mean_latency_ms,
-                                        "mean_power_w": c.mean_power_w} if c else {"setting": None})})
-    d = {**problem.describe(), "slo": {"metric": metric, "bound_ms": bound}, "best": rows,
-         "candidates": [c.__dict__ for c in every]}
-    ref = best["smdp"].mean_power_w if best["smdp"] else None
-    lines = [f"smdp-batch — least power with {metric} latency ≤ {bound:g} ms ({n} simulated requests per candidate)",
-             scenario_line(problem)]
-    for fam, c in best.items():
-        if c is None:
-            lines.append(f"  {fam:10s} no setting meets the SLO")
-            continue
-        extra = f"  (+{c.mean_power_w - ref:.3g} W vs SMDP)" if ref is not None and fam != "smdp" else ""
-        lines.append(f"  {fam:10s} {c.setting:42s} {metric} {c.latency_ms:7.4g} ms, W̄ {c.mean_latency_ms:7.4g} ms, "
-                     f"P̄ {c.mean_power_w:7.4g} W{extra}")
+    single = opts.get("lam") is not None or opts.get("rho") is not None
+    problem, lams = loads_for(problem, load_range, rho_range, single)
+    slo.check_reachable(problem, seed)
+    tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
+    try:
+        ans = optimise(problem, slo, lams, requests=requests, seed=seed, progress=tick)
+    finally:
+        finish()
+    d = {**problem.describe(), **ans.as_dict(), "units": dict(UNITS)}
+    where = (f"at {lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
+             f"at {len(lams)} loads {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
+    lines = [f"smdp-batch — least power with {slo.text()} {where} ({ans.requests} simulated requests per load, seed "
+             f"{seed}; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
+             scenario_line(problem, w2="searched")]
+    lines += answer_lines(ans)
     emit(d, as_json, "\n".join(lines))

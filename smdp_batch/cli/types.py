@@ -15,7 +15,7 @@ import click
 from ..errors import InputError
 from ..limits import GRID_LIMIT, STATE_LIMIT
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "OutputPath", "OutputDir", "FigurePath",
+__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "SloBound", "Range", "OutputPath", "OutputDir", "FigurePath",
            "InputFile"]
 
 
@@ -190,6 +190,48 @@ class SloWithin(_Type):
         if b <= 0 or not (0 < p <= 100):
             raise InputError(f"{flag} needs a bound > 0 ms and a percentage in (0, 100], got {_short(text)}")
         return b, p / 100.0
+
+
+class SloBound(_Type):
+    """``METRIC:MS`` (metric mean, p50, p90, p95 or p99) → (metric, bound in ms)."""
+
+    name = "metric:ms"
+    METRICS = ("mean", "p50", "p90", "p95", "p99")
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "METRIC:MS"
+
+    def parse(self, text: str, flag: str):
+        metric, sep, bound = text.partition(":")
+        metric = metric.strip().lower()
+        if not sep:
+            raise InputError(f"{flag} must be METRIC:MS with METRIC one of {', '.join(self.METRICS)}, e.g. p99:20, "
+                             f"got {_short(text)}")
+        if metric not in self.METRICS:
+            raise InputError(f"{flag}: unknown SLO metric {metric!r}; valid: {', '.join(self.METRICS)}")
+        b = Number(min=0, min_open=True).parse_one(bound.strip(), flag, f" ({metric} bound in ms)")
+        return metric, b
+
+
+class Range(_Type):
+    """``LO:HI``, two numbers > 0 with LO < HI (the order and width are checked by the model)."""
+
+    name = "range"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "LO:HI"
+
+    def parse(self, text: str, flag: str):
+        lo, sep, hi = text.partition(":")
+        if not sep:
+            raise InputError(f"{flag} must be LO:HI, e.g. 500:1500, got {_short(text)}")
+        a = Number(min=0, min_open=True).parse_one(lo.strip(), flag, " low end")
+        b = Number(min=0, min_open=True).parse_one(hi.strip(), flag, " high end")
+        if b < a:
+            raise InputError(f"{flag} {_short(text)} is inverted: write LO:HI with LO < HI")
+        if b == a:
+            raise InputError(f"{flag} {_short(text)} is empty (LO = HI); for one load give --lam or --rho")
+        return a, b
 
 
 def _out_flag(param) -> str:

@@ -27,9 +27,12 @@ from ..errors import InputError
 from ..model.problem import BatchingProblem
 from ..runtime.table import control_limit
 
-__all__ = ["Export", "export_policy", "TARGETS"]
+__all__ = ["Export", "export_policy", "rule_config", "TARGETS", "SLO_FAMILY"]
 
 TARGETS = ("triton", "tfserving", "ray", "torchserve")
+#: The rule family of :mod:`smdp_batch.analysis.slo` each target exports with an SLO (Triton: with preferred
+#: sizes, the form measured to follow the model on a real Triton)
+SLO_FAMILY = {"triton": "triton-preferred", "tfserving": "tfserving", "ray": "ray", "torchserve": "torchserve"}
 
 #: What the real servers did with these exports (``benchmarks/bench_servers.py``, basic scenario at ρ = 0.5
 #: and 0.7, time scale 50, 400 requests per run; README "Model vs real server").  TF-Serving and TorchServe
@@ -59,6 +62,41 @@ class Export:
     def as_dict(self) -> dict:
         return {"target": self.target, "settings": self.settings, "config": self.text,
                 "limitations": self.limitations, "rule": self.rule.spec, "gap": self.gap}
+
+
+def rule_config(target: str, rule: ServerRule) -> tuple[dict, str]:
+    """(settings, config text) of a server rule in its target's own format."""
+    b = rule.maxb
+    pad = tuple(rule.allowed)
+    head = f"# the model pads each batch up to the next of {list(pad)}\n" if pad and target == "triton" else ""
+    if target == "triton":
+        us = int(round(rule.delay * 1000.0))
+        pref = [int(x) for x in rule.pref]
+        settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us}
+        text = (head + f"max_batch_size: {b}\ndynamic_batching {{\n"
+                + (f"  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n" if pref else "")
+                + f"  max_queue_delay_microseconds: {us}\n}}\n")
+    elif target == "tfserving":
+        us = int(round(rule.delay * 1000.0))
+        allowed = list(pad)
+        settings = {"max_batch_size": b, "batch_timeout_micros": us, "num_batch_threads": 1,
+                    "max_enqueued_batches": 1_000_000, "allowed_batch_sizes": allowed}
+        text = (f"max_batch_size {{ value: {b} }}\nbatch_timeout_micros {{ value: {us} }}\n"
+                f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: 1 }}\n"
+                + "".join(f"allowed_batch_sizes: {s}\n" for s in allowed))
+    elif target == "ray":
+        secs = float(f"{rule.delay / 1000.0:.6g}")
+        settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
+        text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
+    elif target == "torchserve":
+        ms = int(round(rule.delay))
+        settings = {"batch_size": b, "max_batch_delay": ms}
+        text = json.dumps({"models": {"model": {"1.0": {"batchSize": b, "maxBatchDelay": ms}}}}, indent=2) + "\n"
+    else:
+        raise InputError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")
+    if pad and target != "tfserving":
+        settings["model_pads_to"] = list(pad)
+    return settings, text
 
 
 def _objective(problem: BatchingProblem, res) -> float:
@@ -125,51 +163,33 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
             d, rule, res = tune(lambda d: triton(b, d * 1000.0, pref, pad), delays_ms)
             limits.append("the table is not of control-limit form: Triton sends the largest preferred size it can form "
                           "and cannot wait at queue lengths where a preferred size is formable")
-        us = int(round(d * 1000.0))
-        rule = triton(b, us, pref, pad)
+        rule = triton(b, int(round(d * 1000.0)), pref, pad)
         if pad:
             limits.append(pad_note)
-        settings = {"max_batch_size": b, "preferred_batch_size": pref, "max_queue_delay_microseconds": us}
-        text = ((f"# the model pads each batch up to the next of {list(pad)}\n" if pad else "")
-                + f"max_batch_size: {b}\ndynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n"
-                f"  max_queue_delay_microseconds: {us}\n}}\n")
     elif target == "tfserving":
         allowed = [] if contiguous else [s for s in sizes if s <= b]
         if allowed and allowed[-1] != b:
             allowed.append(b)
         d, rule, res = tune(lambda d: tf_serving(b, d * 1000.0, allowed), delays_ms)
-        us = int(round(d * 1000.0))
-        rule = tf_serving(b, us, allowed)
+        rule = tf_serving(b, int(round(d * 1000.0)), allowed)
         limits.append("TF-Serving cannot wait for a queue length: it waits batch_timeout_micros after the oldest request")
         if allowed:
             limits.append(f"batches are padded up to allowed_batch_sizes {allowed}; padding costs the padded size's time and energy")
-        settings = {"max_batch_size": b, "batch_timeout_micros": us, "num_batch_threads": 1,
-                    "max_enqueued_batches": 1_000_000, "allowed_batch_sizes": allowed}
-        text = (f"max_batch_size {{ value: {b} }}\nbatch_timeout_micros {{ value: {us} }}\n"
-                f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: 1 }}\n"
-                + "".join(f"allowed_batch_sizes: {s}\n" for s in allowed))
     elif target == "ray":
         d, rule, res = tune(lambda d: ray_serve(b, d / 1000.0, pad), delays_ms)
-        secs = float(f"{d / 1000.0:.6g}")
-        rule = ray_serve(b, secs, pad)
+        rule = ray_serve(b, float(f"{d / 1000.0:.6g}"), pad)
         limits.append("Ray Serve cannot wait for a queue length: a batch opens at its first request and closes "
                       "batch_wait_timeout_s later (or at max_batch_size), whether or not the model is free")
         if pad:
             limits.append(pad_note)
-        settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
-        text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
     else:  # torchserve
         d, rule, res = tune(lambda d: torchserve(b, d, pad), sorted({float(round(x)) for x in delays_ms}))
-        ms = int(round(d))
-        rule = torchserve(b, ms, pad)
+        rule = torchserve(b, int(round(d)), pad)
         limits.append("TorchServe cannot wait for a queue length: it waits max_batch_delay (whole ms) after the first "
                       "request")
         if pad:
             limits.append(pad_note)
-        settings = {"batch_size": b, "max_batch_delay": ms}
-        text = json.dumps({"models": {"model": {"1.0": {"batchSize": b, "maxBatchDelay": ms}}}}, indent=2) + "\n"
-    if pad:
-        settings["model_pads_to"] = list(pad)
+    settings, text = rule_config(target, rule)
     if target in MEASURED:
         limits.append(MEASURED[target])
     rule.check(sizes)

@@ -1,0 +1,554 @@
+"""The SLO optimiser: the least power that meets latency SLOs at every load the server sees.
+
+The question a serving engineer brings is "my p99 must stay under X ms at the loads my server sees:
+which setting draws the least power?".  This module answers it, for every rule family, with one
+search; ``compare``, ``pareto``'s SLO pick, ``export --slo…`` and the λ-bank all call :func:`optimise`,
+so the same inputs give the same answer, to the digit, everywhere.
+
+**Families** (semantics in :mod:`smdp_batch.baselines.servers`):
+
+* ``smdp`` — an SMDP table (paper 004, eq. 14, solved at the top load) with a timer τ on the oldest
+  request's wait (:func:`~smdp_batch.baselines.servers.table_timer`: exactly how
+  :class:`~smdp_batch.runtime.DynamicBatcher` runs it with ``max_wait_ms`` = τ).  τ = ∞ is the pure table;
+  a count-only table cannot bound the oldest request's wait when traffic is light, a timer can.
+* ``triton`` (``max_queue_delay`` D, max = Bmax), ``triton-preferred`` (``preferred_batch_size`` [Q..Bmax]
+  and D), ``tfserving`` (``batch_timeout_micros``), ``ray`` (``batch_wait_timeout_s``), ``torchserve``
+  (``max_batch_delay``): each server's own rule, its knobs searched.
+* ``table+timer`` — the best of the whole table + timer family: the SMDP tables and the Triton forms,
+  which are members of it (Triton's rule *is* a table + timer; ``tests/test_slo.py`` checks the two
+  simulations agree request by request).  So its power is never above Triton's or TF-Serving's best, by
+  construction; Ray Serve's and TorchServe's timers are not members, and are searched beside it.
+
+**Search.**  Every knob is searched continuously on its monotone direction: more waiting (a larger
+delay τ or D, a larger w2) gives larger batches, less power and more latency.  For one table and one
+server rule, the largest feasible delay is bracketed by doubling from a start (a neighbour's answer where
+there is one) and bisected to 1 %; the SMDP tables are the distinct policies of the w2 front
+(:func:`~smdp_batch.analysis.pareto.sweep_w2`: every vertex policy up to its ftol, with its exact w2
+range), searched by golden section over their index (power first falls as tables wait longer, then rises
+once the timer must cut in too early); Triton's Q by golden section over 1..Bmax.  There is no fixed grid:
+the answer's w2 range, τ and D are those of the optimum up to the tolerances.
+
+**Feasibility.**  A setting meets the SLO when, at every load asked about, each bounded metric (mean,
+p50, p90, p95, p99 latency) plus its 95 % batch-means half-width is at most its bound: a setting chosen
+at the boundary would otherwise break the SLO on a fresh seed half of the time.  Every candidate runs on
+the same arrivals (common random numbers: one seeded stream of unit-rate gaps scaled to each load, or a
+given trace or MAP sample scaled the same way), so settings are compared on equal terms.  Power is the
+mean of P̄ over the loads (equal time at each); the *worst load* is the one with the least margin.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..baselines.servers import ServerRule, ray_serve, table_timer, tf_serving, torchserve, triton, triton_table
+from ..errors import InputError
+from ..model.problem import BatchingProblem
+
+__all__ = ["METRICS", "SLO", "LoadResult", "Setting", "SLOAnswer", "optimise", "load_grid", "RULE_FAMILIES",
+           "FAMILIES", "DEFAULT_SETTINGS"]
+
+#: SLO metric → the simulator's key.
+METRICS = {"mean": "mean_latency_ms", "p50": "p50_ms", "p90": "p90_ms", "p95": "p95_ms", "p99": "p99_ms"}
+_CI = {"mean": "mean_latency_ci_ms", "p50": "p50_ci_ms", "p90": "p90_ci_ms", "p95": "p95_ci_ms", "p99": "p99_ci_ms"}
+
+#: The server rules searched beside the SMDP table (max batch = Bmax).
+RULE_FAMILIES = ("triton", "triton-preferred", "tfserving", "ray", "torchserve")
+#: Every family :func:`optimise` can report, in output order.
+FAMILIES = ("table+timer", "smdp") + RULE_FAMILIES
+
+#: What most servers run: each rule's default setting (Triton: max_queue_delay_microseconds 0, or the
+#: 100 µs people often set; TF-Serving's batch_timeout_micros 0; Ray Serve's @serve.batch defaults
+#: max_batch_size 10, batch_wait_timeout_s 0.01; TorchServe's max_batch_delay 100 ms).
+DEFAULT_SETTINGS = ("triton:max={B},delay_us=0", "triton:max={B},delay_us=100", "tfserving:max={B},timeout_us=0",
+                    "ray:max=10,timeout_s=0.01", "torchserve:batch={B},delay_ms=100")
+
+_RTOL = 0.01  # bisection stops when the bracket's ends are within 1 % of each other
+_GOLD = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+# ------------------------------------------------------------------------------------------ the SLO
+@dataclass(frozen=True)
+class SLO:
+    """Latency bounds (ms), one per metric; all must hold at once."""
+
+    bounds: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, items) -> "SLO":
+        """From ``{metric: ms}`` or ``[(metric, ms), …]``; unknown metrics and a metric bounded twice with
+        different values are refused."""
+        pairs = list(items.items()) if isinstance(items, dict) else list(items)
+        out: dict[str, float] = {}
+        for metric, bound in pairs:
+            m = str(metric).strip().lower()
+            if m not in METRICS:
+                raise InputError(f"unknown SLO metric {metric!r}; valid: {', '.join(METRICS)}")
+            try:
+                b = float(bound)
+            except (TypeError, ValueError):
+                raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}") from None
+            if not (math.isfinite(b) and b > 0):
+                raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}")
+            if m in out and out[m] != b:
+                raise InputError(f"conflicting SLOs: {m} ≤ {out[m]:g} ms and {m} ≤ {b:g} ms; give each metric once")
+            out[m] = b
+        if not out:
+            raise InputError(f"give at least one SLO ({', '.join(METRICS)} latency bound in ms)")
+        order = list(METRICS)
+        return cls(tuple(sorted(out.items(), key=lambda kv: order.index(kv[0]))))
+
+    def text(self) -> str:
+        return " and ".join(f"{'W̄' if m == 'mean' else m} ≤ {b:g} ms" for m, b in self.bounds)
+
+    def as_dict(self) -> dict:
+        return {m: b for m, b in self.bounds}
+
+    def check_reachable(self, problem: BatchingProblem, seed: int = 0) -> None:
+        """Refuse bounds no setting can meet: below the latency of a lone request served at once in a
+        batch of the smallest size (its mean l(b_min), or the percentile of its service law)."""
+        b = problem.bmin
+        l1 = float(problem.latency_ms()[0])
+        draws = None
+        for m, bound in self.bounds:
+            if m == "mean":
+                floor = l1
+            else:
+                if draws is None:
+                    draws = problem.service.sample(np.random.default_rng(seed), l1, 20_000, b)
+                floor = float(np.percentile(draws, float(m[1:])))
+            if bound <= floor:
+                raise InputError(
+                    f"the SLO {m} ≤ {bound:g} ms is below the fastest possible: a request served alone at once in a "
+                    f"batch of {b} already takes {floor:.4g} ms ({'l(b)' if m == 'mean' else m + ' of its service time'}); "
+                    f"use a bound above {floor:.4g} ms"
+                )
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass
+class LoadResult:
+    """One setting simulated at one load."""
+
+    lam: float  # requests/ms
+    metrics: dict  # metric → ms
+    ci: dict  # metric → 95 % half-width (ms)
+    power_w: float
+    power_ci: float
+    mean_batch: float
+    meets: bool
+
+    def margin(self, slo: SLO) -> float:
+        """The least relative margin (bound − value − half-width) / bound over the SLO's metrics."""
+        return min((b - self.metrics[m] - self.ci[m]) / b for m, b in slo.bounds)
+
+    def as_dict(self) -> dict:
+        return {"lam": self.lam, "load_per_s": self.lam * 1e3, "metrics_ms": self.metrics, "ci_ms": self.ci,
+                "mean_power_w": self.power_w, "mean_power_ci_w": self.power_ci, "mean_batch": self.mean_batch,
+                "meets_slo": self.meets}
+
+
+@dataclass
+class Setting:
+    """One setting of a family, simulated at the loads (all of them once it meets the SLO)."""
+
+    family: str
+    spec: str  # the rule's spelling (simulate --policy …; a table + timer names its table)
+    knobs: dict  # the searched values: w2 range, tau_ms, delay_us, Q, …
+    loads: list[LoadResult]
+    meets: bool
+    rule: ServerRule = field(repr=False, default=None)
+    policy: list | None = field(repr=False, default=None)  # the SMDP table (queue lengths 0..s_max)
+
+    @property
+    def power_w(self) -> float:
+        """Mean of P̄ over the loads (equal time at each); inf where it does not meet the SLO."""
+        return float(np.mean([x.power_w for x in self.loads])) if self.meets else math.inf
+
+    @property
+    def power_ci(self) -> float:
+        return float(math.sqrt(sum(x.power_ci ** 2 for x in self.loads)) / len(self.loads)) if self.loads else math.nan
+
+    def worst(self, slo: SLO) -> LoadResult:
+        return min(self.loads, key=lambda x: x.margin(slo))
+
+    def as_dict(self, slo: SLO) -> dict:
+        w = self.worst(slo)
+        return {"family": self.family, "setting": self.spec, "knobs": self.knobs, "meets_slo": self.meets,
+                "mean_power_w": self.power_w if self.meets else float(np.mean([x.power_w for x in self.loads])),
+                "mean_power_ci_w": self.power_ci,
+                "worst_load": {**w.as_dict(), "margin": w.margin(slo)},
+                "loads": [x.as_dict() for x in self.loads]}
+
+
+@dataclass
+class SLOAnswer:
+    """What :func:`optimise` found: per family the least-power setting meeting the SLO (None if none does),
+    the rules' default settings, and how it was searched."""
+
+    slo: SLO
+    lams: list[float]
+    solve_lam: float
+    best: dict  # family → Setting | None
+    defaults: list[Setting]
+    requests: int
+    seed: int
+    evaluations: int
+    seconds: float
+
+    @property
+    def recommended(self) -> Setting | None:
+        """The best of the table + timer family (what smdp-batch recommends)."""
+        return self.best.get("table+timer")
+
+    def best_rule(self) -> Setting | None:
+        """The least-power server rule (Triton, TF-Serving, Ray Serve, TorchServe) that meets the SLO."""
+        ok = [s for f, s in self.best.items() if f in RULE_FAMILIES and s is not None]
+        return min(ok, key=lambda s: s.power_w) if ok else None
+
+    def savings(self) -> list[dict]:
+        """The recommendation against the best tuned rule and each default setting (W; positive = saves)."""
+        rec = self.recommended
+        out = []
+        if rec is None:
+            return out
+        others = [("best tuned rule", self.best_rule())] + [("default", d) for d in self.defaults]
+        for what, s in others:
+            if s is None:
+                continue
+            p = float(np.mean([x.power_w for x in s.loads]))
+            out.append({"against": what, "setting": s.spec, "family": s.family, "meets_slo": s.meets,
+                        "power_w": p, "saved_w": p - rec.power_w, "saved_pct": 100.0 * (p - rec.power_w) / p,
+                        "ci_w": math.hypot(s.power_ci, rec.power_ci)})
+        return out
+
+    def as_dict(self) -> dict:
+        rec = self.recommended
+        return {"slo": self.slo.as_dict(), "loads_per_ms": self.lams, "solve_lam": self.solve_lam,
+                "requests_per_load": self.requests, "seed": self.seed,
+                "recommended": rec.as_dict(self.slo) if rec else None,
+                "best": {f: (s.as_dict(self.slo) if s else None) for f, s in self.best.items()},
+                "defaults": [s.as_dict(self.slo) for s in self.defaults],
+                "savings": self.savings(), "evaluations": self.evaluations, "optimise_seconds": self.seconds}
+
+
+# ------------------------------------------------------------------------------------------ loads
+def load_grid(problem: BatchingProblem, lo: float | None = None, hi: float | None = None, points: int = 5) -> list[float]:
+    """The loads (requests/ms) a setting is checked at: λ alone, or ``points`` ≥ 5 loads spaced evenly in
+    log λ over [lo, hi], both ends included.  Refuses an empty or inverted range, and one reaching ρ ≥ 1."""
+    if lo is None and hi is None:
+        return [problem.lam]
+    if lo is None or hi is None:
+        raise InputError("a load range needs both ends, LO:HI")
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo > 0):
+        raise InputError(f"a load range must have finite ends > 0, got {lo:g}:{hi:g}")
+    if hi < lo:
+        raise InputError(f"the load range {lo * 1e3:g}:{hi * 1e3:g} req/s is inverted: write it LO:HI with LO < HI")
+    if hi == lo:
+        raise InputError(f"the load range {lo * 1e3:g}:{hi * 1e3:g} req/s is empty; for one load give --lam or --rho")
+    if not hi < problem.max_lam:
+        raise InputError(
+            f"the load range reaches {hi * 1e3:g} req/s, ρ = {hi / problem.max_lam:.4g} ≥ 1: no batching rule can serve "
+            f"it (the most a server does is Bmax/l(Bmax) = {problem.max_lam * 1e3:.6g} req/s)"
+        )
+    points = max(5, int(points))
+    return [float(x) for x in np.geomspace(lo, hi, points)]
+
+
+# ------------------------------------------------------------------------------------------ the search
+class _Checker:
+    """Simulates settings at every load on common random numbers, and counts the work."""
+
+    def __init__(self, problem: BatchingProblem, slo: SLO, lams: list[float], requests: int, seed: int,
+                 unit_arrivals: np.ndarray | None, progress=None):
+        from ..limits import check_requests
+
+        self.problem, self.slo, self.lams, self.seed = problem, slo, lams, int(seed)
+        self.requests = check_requests(requests, "requests")
+        if self.requests < 1000:
+            raise InputError(f"requests per load must be ≥ 1000 for percentile intervals, got {requests!r}")
+        rng = np.random.default_rng(self.seed)
+        if unit_arrivals is None:  # one seeded stream of unit-rate gaps, scaled to each load
+            unit = np.cumsum(rng.exponential(1.0, self.requests))
+        else:
+            unit = np.asarray(unit_arrivals, dtype=np.float64)
+        self.problems = [problem.replace(lam=lam) for lam in lams]
+        self.arrivals = [unit / lam for lam in lams]
+        # the loads most likely to fail first: both ends, then the rest
+        self.order = sorted(range(len(lams)), key=lambda i: (i not in (0, len(lams) - 1), i))
+        self.count = 0
+        self.progress = progress
+
+    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None) -> Setting:
+        from .simulate import simulate
+
+        loads: list[LoadResult] = []
+        meets = True
+        for i in self.order:
+            self.count += 1
+            if self.progress is not None:
+                self.progress(1)
+            try:
+                res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed)
+            except InputError as e:  # cannot carry this load: never meets the SLO
+                if not str(e).startswith(("unstable", rule.spec, "only ")):
+                    raise
+                inf = {m: math.inf for m, _ in self.slo.bounds}
+                loads.append(LoadResult(self.lams[i], inf, dict.fromkeys(inf, 0.0), math.inf, 0.0, math.nan, False))
+                meets = False
+                if not full:
+                    break
+                continue
+            d = res.as_dict()
+            vals = {m: float(d[METRICS[m]]) for m, _ in self.slo.bounds}
+            cis = {m: float(d[_CI[m]]) for m, _ in self.slo.bounds}
+            ok = all(vals[m] + cis[m] <= b for m, b in self.slo.bounds)
+            loads.append(LoadResult(self.lams[i], vals, cis, res.mean_power_w, res.mean_power_ci, res.mean_batch_size, ok))
+            if not ok:
+                meets = False
+                if not full:
+                    break
+        loads.sort(key=lambda x: x.lam)
+        return Setting(family, rule.spec, knobs, loads, meets, rule, policy)
+
+
+def _better(a: Setting | None, b: Setting | None) -> Setting | None:
+    """The one of less power among those that meet the SLO (a on ties)."""
+    if b is None or not b.meets:
+        return a if a is not None and a.meets else None
+    if a is None or not a.meets:
+        return b
+    return b if b.power_w < a.power_w else a
+
+
+def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False) -> Setting | None:
+    """The least-power feasible setting along a delay knob d ∈ [0, cap] (ms), where more delay means larger
+    batches: bracket the largest feasible d by doubling from ``guess``, bisect to 1 %.  ``check(d)`` → Setting."""
+    best = None
+    if inf_first:  # a pure table: the timer is only a guard
+        s = check(math.inf)
+        if s.meets:
+            return s
+    tried: dict[float, Setting] = {}
+
+    def at(d: float) -> Setting:
+        if d not in tried:
+            tried[d] = check(d)
+        return tried[d]
+
+    lo_ok, hi_bad = None, None
+    d = min(cap, guess if guess and guess > 0 else cap / 16.0)
+    floor = cap / 4096.0
+    if at(d).meets:
+        lo_ok = d
+        while d < cap:
+            d = min(cap, 2.0 * d)
+            if at(d).meets:
+                lo_ok = d
+            else:
+                hi_bad = d
+                break
+    else:
+        hi_bad = d
+        while d > floor:
+            d /= 2.0
+            if at(d).meets:
+                lo_ok = d
+                break
+            hi_bad = d
+        if lo_ok is None:
+            if at(0.0).meets:
+                lo_ok = 0.0
+            else:  # waiting too little can break the SLO too (small batches, long queues): look above
+                d = hi_bad = min(cap, (guess or cap / 16.0))
+                while d < cap and lo_ok is None:
+                    d = min(cap, 2.0 * d)
+                    if at(d).meets:
+                        lo_ok = d
+                if lo_ok is None:
+                    return None
+                hi_bad = None
+                while d < cap:
+                    d = min(cap, 2.0 * d)
+                    if not at(d).meets:
+                        hi_bad = d
+                        break
+                    lo_ok = d
+    if hi_bad is not None and hi_bad > lo_ok:
+        a, b = lo_ok, hi_bad
+        while b - a > _RTOL * b and b > cap / 4096.0:
+            m = math.sqrt(a * b) if a > 0 else 0.5 * b
+            if at(m).meets:
+                a = m
+            else:
+                b = m
+    for s in tried.values():
+        best = _better(best, s)
+    return best
+
+
+def _golden_int(f, lo: int, hi: int) -> int:
+    """An integer argmin of f over [lo, hi] by golden section (f unimodal; each value asked once)."""
+    memo: dict[int, float] = {}
+
+    def g(i: int) -> float:
+        if i not in memo:
+            memo[i] = f(i)
+        return memo[i]
+
+    a, b = lo, hi
+    while b - a > 3:
+        c = int(round(b - _GOLD * (b - a)))
+        d = int(round(a + _GOLD * (b - a)))
+        if c == d:
+            d = c + 1
+        if g(c) <= g(d):
+            b = d
+        else:
+            a = c
+    return min(range(a, b + 1), key=g)
+
+
+def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
+             families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
+             solve_lam: float | None = None, defaults: bool = True, progress=None) -> SLOAnswer:
+    """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
+
+    ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
+    ``arrivals``: a trace or MAP sample (ms) to use instead of Poisson arrivals; it is scaled to each load.
+    ``solve_lam``: the load the SMDP tables are solved at (default: the top load).  ``families``: which to
+    search (``table+timer`` needs ``smdp`` and the Triton forms, and searches them).  ``requests``: per load.
+    """
+    t0 = time.perf_counter()
+    slo = slo if isinstance(slo, SLO) else SLO.of(slo)
+    slo.check_reachable(problem, seed)
+    lams = [float(problem.lam)] if lams is None else [float(x) for x in lams]
+    for lam in lams:
+        problem.replace(lam=lam)  # validated: stable, within the rate limits
+    unit = None
+    if arrivals is not None:
+        arr = np.asarray(arrivals, dtype=np.float64)
+        if arr.ndim != 1 or arr.size < 1000 or not np.all(np.diff(arr) >= 0) or not arr[-1] > arr[0]:
+            raise InputError("arrivals for the SLO search must be ≥ 1000 sorted times in ms")
+        unit = (arr - arr[0]) * ((arr.size - 1) / (arr[-1] - arr[0]))  # mean rate 1/ms, then scaled per load
+    chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress)
+    sizes = problem.batch_sizes
+    B = problem.bmax
+    cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO
+    fams = set(families)
+    unknown = fams - set(FAMILIES)
+    if unknown:
+        raise InputError(f"unknown family {sorted(unknown)[0]!r}; valid: {', '.join(FAMILIES)}")
+    if "table+timer" in fams:
+        fams |= {"smdp", "triton", "triton-preferred"}
+    best: dict[str, Setting | None] = {}
+
+    def delay_family(name: str, make, knob: str, value, guess=None) -> Setting | None:
+        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess)
+
+    # the knobs are rounded as the servers' configs write them (whole µs, 6 digits of s, whole ms), so a
+    # setting found here is exactly the one exported
+    us = lambda d: float(round(d * 1000.0))
+    if "triton" in fams:
+        contiguous = list(sizes) == list(range(sizes[0], sizes[-1] + 1))
+        best["triton"] = (delay_family("triton", lambda d: triton(B, us(d)), "delay_us", us)
+                          if contiguous and sizes[0] == 1 else None)
+    if "triton-preferred" in fams:
+        found: dict[int, Setting | None] = {}
+
+        def by_q(q: int) -> float:
+            pref = [s for s in sizes if s >= q]
+            near = [found[k] for k in sorted(found, key=lambda k: abs(k - q)) if found[k] is not None]
+            guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None
+            found[q] = _largest_delay(
+                lambda d: chk.run("triton-preferred", triton(B, us(d), pref), {"Q": q, "delay_us": us(d),
+                                                                               "preferred": pref}), cap, guess)
+            return found[q].power_w if found[q] is not None else math.inf
+
+        qs = [s for s in sizes]
+        k = _golden_int(lambda j: by_q(qs[j]), 0, len(qs) - 1)
+        best["triton-preferred"] = found.get(qs[k])
+        for s in found.values():
+            best["triton-preferred"] = _better(best["triton-preferred"], s)
+    if "tfserving" in fams:
+        best["tfserving"] = delay_family("tfserving", lambda d: tf_serving(B, us(d)), "timeout_us", us)
+    if "ray" in fams:
+        secs = lambda d: float(f"{d / 1000.0:.6g}")
+        best["ray"] = delay_family("ray", lambda d: ray_serve(B, secs(d)), "timeout_s", secs)
+    if "torchserve" in fams:  # TorchServe's maxBatchDelay is a whole number of ms
+        best["torchserve"] = delay_family("torchserve", lambda d: torchserve(B, math.floor(d)), "delay_ms",
+                                          lambda d: float(math.floor(d)))
+    if "smdp" in fams:
+        best["smdp"] = _smdp_family(problem, chk, cap, max(lams) if solve_lam is None else float(solve_lam))
+    if "table+timer" in fams:
+        members = [best.get("smdp")]
+        for fam, to_table in (("triton", lambda s: triton_table(B)),
+                              ("triton-preferred", lambda s: triton_table(B, s.knobs["preferred"]))):
+            s = best.get(fam)
+            if s is not None:
+                tau = s.knobs["delay_us"] / 1000.0
+                pol = to_table(s)
+                spec = (f"static:{B}" if fam == "triton" else f"control:{s.knobs['Q']}") + f"+timer:{tau:g}"
+                members.append(Setting("table+timer", spec, {"table": spec.partition("+")[0], "tau_ms": tau,
+                                                             "same_as": s.spec}, s.loads, s.meets,
+                                       table_timer(pol, sizes, tau, spec=spec), pol.tolist()))
+        pick = None
+        for m in members:
+            pick = _better(pick, m)
+        if pick is not None and pick.family != "table+timer":
+            pick = Setting("table+timer", pick.spec, pick.knobs, pick.loads, pick.meets, pick.rule, pick.policy)
+        best["table+timer"] = pick
+    wanted = [f for f in FAMILIES if f in set(families) or (f in fams and "table+timer" in set(families))]
+    best = {f: best.get(f) for f in wanted}
+    dflt: list[Setting] = []
+    if defaults:
+        from ..baselines.servers import parse_rule
+
+        for spec in DEFAULT_SETTINGS:
+            try:
+                rule = parse_rule(spec.format(B=B), problem)
+                rule.check(sizes)
+            except InputError:  # e.g. Ray's max_batch_size 10 is not an allowed size here
+                continue
+            dflt.append(chk.run(spec.split(":")[0], rule, {"default": True}, full=True))
+    return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
+                     int(seed), chk.count, time.perf_counter() - t0)
+
+
+def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:
+    """SMDP tables of the w2 front at ``solve_lam``, each with its best timer; golden section over the front."""
+    from .pareto import sweep_w2
+
+    front = sweep_w2(problem.replace(lam=solve_lam))
+    pts = front.points
+    found: dict[int, Setting | None] = {}
+
+    def at(i: int) -> float:
+        p = pts[i]
+        pol = np.asarray(p.policy, dtype=np.int64)
+        w2 = math.sqrt(p.w2_lo * p.w2_hi) if p.w2_lo > 0 and math.isfinite(p.w2_hi) else p.w2_lo  # as Front.solution
+        name = f"smdp:w2={w2:.6g}" if math.isfinite(w2) else f"static:{int(max(p.policy))}"
+        knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam}
+        near = [found[k] for k in sorted(found, key=lambda k: abs(k - i)) if found[k] is not None]
+        guess = near[0].knobs["tau_ms"] if near and math.isfinite(near[0].knobs["tau_ms"]) and near[0].knobs["tau_ms"] > 0 else None
+
+        def check(t: float) -> Setting:
+            t = float(f"{t:.6g}")  # as the spelling writes it
+            return chk.run("smdp", table_timer(pol, problem.batch_sizes, t, spec=f"{name}+timer:{t:g}"),
+                           {**knobs, "tau_ms": t}, policy=p.policy)
+
+        found[i] = _largest_delay(check, cap, guess, inf_first=True)
+        return found[i].power_w if found[i] is not None else math.inf
+
+    k = _golden_int(at, 0, len(pts) - 1)
+    for j in (k - 1, k + 1):  # the neighbours of the pick, so a plateau's edge is not missed
+        if 0 <= j < len(pts) and j not in found:
+            at(j)
+    pick = None
+    for s in found.values():
+        pick = _better(pick, s)
+    return pick

@@ -1,0 +1,128 @@
+"""Options and text shared by the commands that answer "least power at my SLO": ``compare``, ``pareto``'s
+SLO pick and ``export --slo…`` (all through :func:`smdp_batch.analysis.slo.optimise`)."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import InputError
+from ..limits import REQUESTS_LIMIT, SEED_MAX
+from .types import Number, Range, SloBound, option
+
+__all__ = ["slo_options", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines",
+           "worded_difference"]
+
+_SLO_FLAGS = (("mean", "slo_mean_ms"), ("p50", "slo_p50_ms"), ("p90", "slo_p90_ms"), ("p95", "slo_p95_ms"),
+              ("p99", "slo_p99_ms"))
+
+
+def slo_options(f):
+    """``--slo-mean-ms``, ``--slo-p50-ms`` … ``--slo-p99-ms`` and the repeatable ``--slo METRIC:MS``."""
+    opts = [option(f"--slo-{m}-ms", key, type=Number(min=0, min_open=True), default=None,
+                   help=f"SLO: {'mean' if m == 'mean' else m[1:] + 'th-percentile'} latency ≤ X ms.") for m, key in _SLO_FLAGS]
+    opts.append(option("--slo", "slo_list", type=SloBound(), multiple=True,
+                       help="SLO as METRIC:MS (mean, p50, p90, p95, p99); repeat for several at once, e.g. "
+                            "--slo p99:20 --slo mean:8."))
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def load_range_options(f):
+    """``--load-range LO:HI`` (req/s) and ``--rho-range LO:HI`` (ρ)."""
+    f = option("--rho-range", type=Range(), default=None,
+               help="Check the setting over this range of loads ρ, e.g. 0.2:0.6 (≥ 5 loads, both ends).")(f)
+    return option("--load-range", type=Range(), default=None,
+                  help="Check the setting over this range of loads in requests/s, e.g. 500:1500 (≥ 5 loads, both "
+                       "ends; the SMDP tables are solved at the top load).")(f)
+
+
+def search_options(f):
+    """``--requests`` per load and ``--seed`` of the SLO search."""
+    f = option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
+               help="Random seed (the same arrivals for every candidate).")(f)
+    return option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000",
+                  show_default=True, help="Requests simulated per candidate and load.")(f)
+
+
+def slo_from(kw: dict, required: bool = True):
+    """The SLO of a command's options (popped from ``kw``), or None when none is given and not required."""
+    from ..analysis.slo import SLO
+
+    pairs = [(m, kw.pop(key)) for m, key in _SLO_FLAGS if kw.get(key) is not None]
+    for m, key in _SLO_FLAGS:
+        kw.pop(key, None)
+    pairs += list(kw.pop("slo_list", None) or ())
+    if not pairs:
+        if required:
+            raise InputError("give an SLO: --slo-p99-ms X (or --slo-mean-ms, --slo-p50-ms, --slo-p90-ms, "
+                             "--slo-p95-ms, or --slo METRIC:MS, repeatable)")
+        return None
+    return SLO.of(pairs)
+
+
+def loads_for(problem, load_range, rho_range, single_given: bool = False):
+    """(problem at the top load, loads in requests/ms) for ``--load-range`` / ``--rho-range`` or one load."""
+    from ..analysis.slo import load_grid
+
+    if load_range is not None and rho_range is not None:
+        raise InputError("give either --load-range (req/s) or --rho-range (ρ), not both")
+    if (load_range is not None or rho_range is not None) and single_given:
+        raise InputError("give one load (--lam/--rho) or a load range (--load-range/--rho-range), not both")
+    if load_range is None and rho_range is None:
+        return problem, [problem.lam]
+    if rho_range is not None:
+        lo, hi = (x * problem.max_lam for x in rho_range)
+        if rho_range[1] >= 1:
+            raise InputError(f"--rho-range reaches ρ = {rho_range[1]:g} ≥ 1: no batching rule can serve it; use ρ < 1")
+    else:
+        lo, hi = (x / 1e3 for x in load_range)
+    lams = load_grid(problem, lo, hi)
+    return problem.replace(lam=lams[-1]), lams
+
+
+def _rate(lam: float) -> str:
+    return f"{lam * 1e3:.5g} req/s"
+
+
+def worded_difference(ours: float, theirs: float, ci: float, name: str, who: str = "it") -> str:
+    """"it draws 0.61 W (2.0 %) less than NAME" (never a signed number), with the interval when it is a tie."""
+    d = theirs - ours
+    if d == 0:
+        return f"{who} draws the same power as {name}"
+    pct = 100.0 * abs(d) / theirs if theirs else math.nan
+    tie = f" (within the simulation's ±{ci:.2g} W: a tie)" if abs(d) <= ci else ""
+    return f"{who} draws {abs(d):.3g} W ({pct:.2g} %) {'less' if d > 0 else 'more'} than {name}{tie}"
+
+
+def answer_lines(answer, families=None) -> list[str]:
+    """The per-family table and the savings, worded for a user."""
+    slo = answer.slo
+    metrics = [m for m, _ in slo.bounds]
+    lines = [f"  {'family':17s}{'setting':58s}{'P̄ [W] (95%)':>17s}   worst load: " + ", ".join(
+        f"{'W̄' if m == 'mean' else m} [ms]" for m in metrics)]
+    for fam, s in answer.best.items():
+        if families is not None and fam not in families:
+            continue
+        if s is None:
+            lines.append(f"  {fam:17s}no setting meets {slo.text()} at every load")
+            continue
+        w = s.worst(slo)
+        vals = ", ".join(f"{w.metrics[m]:.4g} ± {w.ci[m]:.2g}" for m in metrics)
+        lines.append(f"  {fam:17s}{_short(s.spec, 58):58s}{s.power_w:9.4g} ± {s.power_ci:<5.2g}   {_rate(w.lam)}: {vals}")
+    rec = answer.recommended
+    if rec is not None:
+        lines.append("")
+        lines.append(f"  answer      {rec.spec}: {rec.power_w:.4g} W, {slo.text()} at every load checked")
+        for row in answer.savings():
+            theirs = f"{row['setting']}" + ("" if row["meets_slo"] else ", which breaks the SLO,")
+            text = worded_difference(rec.power_w, row["power_w"], row["ci_w"], theirs)
+            label = "vs best" if row["against"] == "best tuned rule" else "vs default"
+            lines.append(f"  {label:11s} {text}")
+    elif families is None or "table+timer" in families:
+        lines.append(f"  answer      no table+timer setting meets {slo.text()} at every load: relax the SLO or the range")
+    return lines
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
