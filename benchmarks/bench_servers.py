@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from smdp_batch import BatchingProblem, solve
-from smdp_batch.analysis.compare import best_at_slo
+from smdp_batch.analysis.slo import optimise
 from smdp_batch.analysis.simulate import poisson_arrivals
 from smdp_batch.baselines.servers import ray_serve, triton
 from smdp_batch.export.configs import export_policy
@@ -89,12 +89,12 @@ def triton_rows(scale: float, n: int, seed: int) -> list[dict]:
         sol, pol = _table(p)
         ex = export_policy(p, sol, "triton", requests=100_000)
         s = ex.settings
-        best, _ = best_at_slo(p, 10.0, "p95", requests=100_000, points=8, refine=4,
-                              w2_grid=(1.6,)) if rho == 0.7 else ({}, [])
+        best = optimise(p, {"p95": 10.0}, families=("triton",), requests=100_000,
+                        defaults=False).best if rho == 0.7 else {}
         rules = [("export (table)", ex.rule), ("delay 0", triton(32, 0)), ("delay 2 ms", triton(32, 2000)),
                  ("delay 5 ms, preferred 8/16/32", triton(32, 5000, (8, 16, 32)))]
         if best.get("triton"):
-            d = float(best["triton"].setting.split("delay_us=")[1].split(",")[0])
+            d = best["triton"].knobs["delay_us"]
             rules.append(("best-tuned at p95 ≤ 10 ms", triton(32, d)))
         for label, rule in rules:
             name = f"m{len(models)}"

@@ -453,10 +453,12 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     # the knobs are rounded as the servers' configs write them (whole µs, 6 digits of s, whole ms), so a
     # setting found here is exactly the one exported
     us = lambda d: float(round(d * 1000.0))
+    # the servers form any batch ≤ their maximum: with other allowed sizes (TensorRT profiles 1,2,4,…) the
+    # model pads each batch up to the next allowed size, and its time and energy are paid
+    full = list(sizes) == list(range(1, B + 1))
+    pad = () if full else tuple(sizes)
     if "triton" in fams:
-        contiguous = list(sizes) == list(range(sizes[0], sizes[-1] + 1))
-        best["triton"] = (delay_family("triton", lambda d: triton(B, us(d)), "delay_us", us)
-                          if contiguous and sizes[0] == 1 else None)
+        best["triton"] = delay_family("triton", lambda d: triton(B, us(d), (), pad), "delay_us", us)
     if "triton-preferred" in fams:
         found: dict[int, Setting | None] = {}
 
@@ -465,7 +467,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             near = [found[k] for k in sorted(found, key=lambda k: abs(k - q)) if found[k] is not None]
             guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None
             found[q] = _largest_delay(
-                lambda d: chk.run("triton-preferred", triton(B, us(d), pref), {"Q": q, "delay_us": us(d),
+                lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
                                                                                "preferred": pref}), cap, guess)
             return found[q].power_w if found[q] is not None else math.inf
 
@@ -475,19 +477,21 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         for s in found.values():
             best["triton-preferred"] = _better(best["triton-preferred"], s)
     if "tfserving" in fams:
-        best["tfserving"] = delay_family("tfserving", lambda d: tf_serving(B, us(d)), "timeout_us", us)
+        best["tfserving"] = delay_family("tfserving", lambda d: tf_serving(B, us(d), pad), "timeout_us", us)
     if "ray" in fams:
         secs = lambda d: float(f"{d / 1000.0:.6g}")
-        best["ray"] = delay_family("ray", lambda d: ray_serve(B, secs(d)), "timeout_s", secs)
+        best["ray"] = delay_family("ray", lambda d: ray_serve(B, secs(d), pad), "timeout_s", secs)
     if "torchserve" in fams:  # TorchServe's maxBatchDelay is a whole number of ms
-        best["torchserve"] = delay_family("torchserve", lambda d: torchserve(B, math.floor(d)), "delay_ms",
+        best["torchserve"] = delay_family("torchserve", lambda d: torchserve(B, math.floor(d), pad), "delay_ms",
                                           lambda d: float(math.floor(d)))
     if "smdp" in fams:
         best["smdp"] = _smdp_family(problem, chk, cap, max(lams) if solve_lam is None else float(solve_lam))
     if "table+timer" in fams:
         members = [best.get("smdp")]
-        for fam, to_table in (("triton", lambda s: triton_table(B)),
-                              ("triton-preferred", lambda s: triton_table(B, s.knobs["preferred"]))):
+        # Triton's rule is a table + timer when every size 1..B is allowed (no padding): then it is a member
+        triton_forms = (("triton", lambda s: triton_table(B)),
+                        ("triton-preferred", lambda s: triton_table(B, s.knobs["preferred"])))
+        for fam, to_table in (() if pad else triton_forms):
             s = best.get(fam)
             if s is not None:
                 tau = s.knobs["delay_us"] / 1000.0
@@ -510,7 +514,9 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
 
         for spec in DEFAULT_SETTINGS:
             try:
-                rule = parse_rule(spec.format(B=B), problem)
+                text = spec.format(B=B) + ("" if full else (",allowed=" if spec.startswith("tf") else ",pad=")
+                                           + "/".join(map(str, sizes)))
+                rule = parse_rule(text, problem)
                 rule.check(sizes)
             except InputError:  # e.g. Ray's max_batch_size 10 is not an allowed size here
                 continue

@@ -27,7 +27,7 @@ from .export import export_cmd
 from .fit import fit_arrivals_cmd
 from .llm import llm_cmd, multibin_cmd
 from .measure import measure_cmd
-from .options import ARGV, DEFAULTS, NOTICES, build_problem, scenario_options
+from .options import ARGV, DEFAULTS, NOTICES, NOTICES_INFO, build_problem, scenario_options
 from .pareto import pareto_cmd
 from .profile import profile_cmd
 from .simulate import compare_cmd, simulate_cmd
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     ARGV[:] = args
     NOTICES.clear()
+    NOTICES_INFO.clear()
     _notices_to_stderr()
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    for line in dict.fromkeys(NOTICES_INFO):
+        click.echo(f"smdp-batch: note: {line}", err=True)
     for line in NOTICES:
         click.echo(f"smdp-batch: warning: {line}", err=True)
     return rc if isinstance(rc, int) else 0

@@ -24,7 +24,8 @@ from ..limits import BMAX_LIMIT
 from .types import Grid, Number, option
 
 ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
-NOTICES: list[str] = []  # deprecation lines of this invocation (printed by main)
+NOTICES: list[str] = []  # warning lines of this invocation (deprecations, planning caveats; printed by main)
+NOTICES_INFO: list[str] = []  # information lines of this invocation (printed by main, "smdp-batch: note: …")
 
 DEFAULTS = {
     "rho": 0.5, "bmin": 1, "bmax": 32, "latency": None,  # None: the law's own l(b), else the paper's
@@ -88,12 +89,55 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     else:
         integer = Number(integer=True)
         sizes = batch_size_set(*(integer.parse_one(str(v[k]), f"--{k}") for k in ("bmin", "bmax")))
+    v["service"] = _service_for_profile(v, opts, base)
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
               w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"))
     if v.get("lam") is not None:
         return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
+
+
+#: A measured profile whose batch times vary more than this (coefficient of variation at some size) has a
+#: tail that a deterministic law hides: planning with --service det then draws a warning.
+JITTER_CV = 0.05
+
+
+def _profile_path(spec) -> str | None:
+    """FILE of an l(b) spelled ``csv:FILE[:fit]``, else None."""
+    if not isinstance(spec, str) or not spec.strip().lower().startswith("csv:"):
+        return None
+    files = spec_files(spec, "--latency")
+    return files[0][1] if files else None
+
+
+def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
+    """The batch-time law to plan with.  When l(b) is a measured profile with repeated calls and no law
+    was given (option, preset or policy file), the profile's own measured times (``empirical:FILE``, its
+    spread at every size) — so compare, export and solve plan with the measured tail.  ``--service det``
+    with a profile whose CV exceeds :data:`JITTER_CV` is planned as asked, with a warning."""
+    from ..model.profile import read_profile
+
+    path = _profile_path(v.get("latency"))
+    if path is None:
+        return v["service"]
+    given = opts.get("service") is not None or (base or {}).get("service") is not None or opts.get("preset") is not None
+    prof = read_profile(path)
+    counts = prof.counts()
+    cv = max((float(np.std(prof.samples(b), ddof=1) / np.mean(prof.samples(b)))
+              for b, c in zip(prof.sizes, counts) if c > 1), default=0.0)
+    if not given:
+        if counts.max() < 2:
+            return v["service"]
+        NOTICES_INFO.append(f"planning with the measured batch times of {path} (service empirical:{path}, largest "
+                            f"CV {100 * cv:.3g} %); give --service det to plan without their spread")
+        return f"empirical:{path}"
+    if str(v["service"]).strip().lower() in ("det", "deterministic") and cv > JITTER_CV:
+        note = (f"--service det plans without the spread of {path}'s measured times (CV up to {100 * cv:.3g} % > "
+                f"{100 * JITTER_CV:g} %): tail latencies will be higher than planned; drop --service to plan with them")
+        if note not in NOTICES:
+            NOTICES.append(note)
+    return v["service"]
 
 
 _NAMES_A_FILE = re.compile(r"(?i)(csv|empirical)\s*:")
