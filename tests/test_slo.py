@@ -234,7 +234,7 @@ def test_measured_profile_plans_with_its_spread(tmp_path, capsys):
             "--batch-sizes", "1,2,4,8", "--rho", "0.4", "--json"]
     rc, out, err = _run(base, capsys)
     assert rc == 0, err
-    assert json.loads(out)["service"].startswith("empirical:") and "measured batch times" in err
+    assert json.loads(out)["service"].startswith("gamma:") and "measured batch times" in err
     rc, out, err = _run(base + ["--service", "det"], capsys)
     assert rc == 0, err
     assert json.loads(out)["service"] == "det" and "warning:" in err and "CV" in err

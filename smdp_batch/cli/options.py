@@ -113,9 +113,12 @@ def _profile_path(spec) -> str | None:
 
 def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
     """The batch-time law to plan with.  When l(b) is a measured profile with repeated calls and no law
-    was given (option, preset or policy file), the profile's own measured times (``empirical:FILE``, its
-    spread at every size) — so compare, export and solve plan with the measured tail.  ``--service det``
-    with a profile whose CV exceeds :data:`JITTER_CV` is planned as asked, with a warning."""
+    was given (option, preset or policy file), a gamma law with the profile's measured coefficient of
+    variation (pooled over the sizes: shape 1/CV²), so compare, export and solve plan with the measured
+    tail; a policy file records it as ``gamma:A`` (no path: files never name one to open).  Below 1 % CV
+    the batch time stays deterministic.  ``--service empirical:FILE`` uses each size's measured times
+    exactly.  ``--service det`` with a profile whose CV exceeds :data:`JITTER_CV` is planned as asked,
+    with a warning."""
     from ..model.profile import read_profile
 
     path = _profile_path(v.get("latency"))
@@ -123,17 +126,26 @@ def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
         return v["service"]
     given = opts.get("service") is not None or (base or {}).get("service") is not None or opts.get("preset") is not None
     prof = read_profile(path)
-    counts = prof.counts()
-    cv = max((float(np.std(prof.samples(b), ddof=1) / np.mean(prof.samples(b)))
-              for b, c in zip(prof.sizes, counts) if c > 1), default=0.0)
+    cvs, weights = [], []
+    for b, c in zip(prof.sizes, prof.counts()):
+        if c > 1:
+            x = prof.samples(b)
+            cvs.append(float(np.std(x, ddof=1) / np.mean(x)))
+            weights.append(int(c))
+    if not cvs:
+        return v["service"]
+    pooled = math.sqrt(float(np.average(np.square(cvs), weights=weights)))
+    worst = max(cvs)
     if not given:
-        if counts.max() < 2:
+        if pooled < 0.01:
             return v["service"]
-        NOTICES_INFO.append(f"planning with the measured batch times of {path} (service empirical:{path}, largest "
-                            f"CV {100 * cv:.3g} %); give --service det to plan without their spread")
-        return f"empirical:{path}"
-    if str(v["service"]).strip().lower() in ("det", "deterministic") and cv > JITTER_CV:
-        note = (f"--service det plans without the spread of {path}'s measured times (CV up to {100 * cv:.3g} % > "
+        shape = float(f"{1.0 / pooled ** 2:.4g}")
+        NOTICES_INFO.append(f"planning with the spread of {path}'s measured batch times: service gamma:{shape:g} (CV "
+                            f"{100 * pooled:.3g} %, pooled over the sizes; up to {100 * worst:.3g} % at one size); "
+                            f"--service empirical:{path} uses each size's times, --service det none")
+        return f"gamma:{shape:g}"
+    if str(v["service"]).strip().lower() in ("det", "deterministic") and worst > JITTER_CV:
+        note = (f"--service det plans without the spread of {path}'s measured times (CV up to {100 * worst:.3g} % > "
                 f"{100 * JITTER_CV:g} %): tail latencies will be higher than planned; drop --service to plan with them")
         if note not in NOTICES:
             NOTICES.append(note)

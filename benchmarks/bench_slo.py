@@ -1,0 +1,129 @@
+"""The savings table: least power at a p99 SLO, the SMDP table + timer against every tuned server rule and
+the rules' default settings, on six scenarios × three SLOs (1.5×, 2× and 3× the smallest achievable p99).
+
+    python benchmarks/bench_slo.py            # the table (≈ 2 min on 2 cores), then the timings
+    python benchmarks/bench_slo.py --quick    # two scenarios
+
+Every candidate of one cell runs on the same arrivals (200 000 requests, seed 0); a setting meets the SLO
+when p99 + its 95 % half-width ≤ the bound.  Each chosen setting is then simulated afresh with 10⁶ requests
+and another seed (``fresh p99``), which must meet the SLO.  ``Δ vs best rule`` is the best tuned rule's
+power minus the table + timer's (positive: the table + timer saves), with the 95 % interval of the
+difference.  The smallest achievable p99 is the least simulated p99 of the greedy table (serve what is
+waiting, up to Bmax) and the SMDP table at w2 = 0 (least mean latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from smdp_batch.analysis.simulate import simulate
+from smdp_batch.analysis.slo import RULE_FAMILIES, load_grid, optimise
+from smdp_batch.baselines import parse_policy
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.solvers import solve
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROFILE = os.path.join(HERE, "data", "onnx_mlp_cpu.csv")
+
+
+def scenarios(quick: bool):
+    out = [("basic ρ 0.3", BatchingProblem.basic(rho=0.3)), ("basic ρ 0.5", BatchingProblem.basic(rho=0.5))]
+    if quick:
+        return out
+    out += [
+        ("basic ρ 0.8", BatchingProblem.basic(rho=0.8)),
+        ("hyperexp ρ 0.5", BatchingProblem.preset("fig9-hyperexp", rho=0.5)),
+        ("gamma:0.5 ρ 0.5", BatchingProblem.basic(rho=0.5, service="gamma:0.5")),
+        ("measured ONNX MLP ρ 0.5", BatchingProblem.from_rho(
+            0.5, batch_sizes=(1, 2, 4, 8, 16, 32), latency=f"csv:{PROFILE}", energy=f"csv:{PROFILE}",
+            service=f"empirical:{PROFILE}")),
+    ]
+    return out
+
+
+def smallest_p99(p: BatchingProblem) -> float:
+    greedy = parse_policy("greedy", p.batch_sizes, p.bmax)[:-1]
+    sol = solve(p.replace(w2=0.0))
+    fast = np.asarray(sol.policy)[: sol.s_max + 1]
+    return min(simulate(p, t, requests=200_000, seed=0).percentiles["p99_ms"] for t in (greedy, fast))
+
+
+def cell(name: str, p: BatchingProblem, factor: float, p99min: float) -> dict:
+    slo = factor * p99min
+    t0 = time.perf_counter()
+    ans = optimise(p, {"p99": slo}, requests=200_000, seed=0)
+    secs = time.perf_counter() - t0
+    rec = ans.recommended
+    best_rule = ans.best_rule()
+    fresh = simulate(p, rec.rule, requests=1_000_000, seed=12345).percentiles["p99_ms"] if rec else math.nan
+    defaults = {d.spec: (d.power_w if d.meets else float(np.mean([x.power_w for x in d.loads])), d.meets)
+                for d in ans.defaults}
+    row = {"scenario": name, "factor": factor, "slo": slo, "rec": rec, "best_rule": best_rule, "ans": ans,
+           "fresh_p99": fresh, "defaults": defaults, "seconds": secs}
+    return row
+
+
+def fmt_power(s) -> str:
+    return "—" if s is None else f"{s.power_w:.3f} ± {s.power_ci:.2f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for name, p in scenarios(args.quick):
+        m = smallest_p99(p)
+        for factor in (1.5, 2.0, 3.0):
+            rows.append(cell(name, p, factor, m))
+            r = rows[-1]
+            print(f"  {name:24s} ×{factor:g} done in {r['seconds']:.1f} s", file=sys.stderr)
+    fams = ("smdp",) + RULE_FAMILIES
+    print("| scenario | p99 SLO [ms] | table+timer setting | P̄ [W] | " + " | ".join(fams)
+          + " | Δ vs best rule [W] | Triton default (delay 0) | Ray default (max 10, 10 ms) | fresh p99 [ms] |")
+    print("|" + "---|" * (8 + len(fams)))
+    bad = 0
+    for r in rows:
+        ans, rec, br = r["ans"], r["rec"], r["best_rule"]
+        if rec is not None and br is not None:
+            ci = math.hypot(rec.power_ci, br.power_ci)
+            delta = br.power_w - rec.power_w
+            dtext = f"{delta:+.3f} ± {ci:.2f}"
+            if delta < -ci:
+                bad += 1
+                dtext += " LOSES"
+        else:
+            dtext = "—"
+        if rec is not None and not r["fresh_p99"] <= r["slo"]:
+            bad += 1
+        tri = next(((v, ok) for k, (v, ok) in r["defaults"].items() if k.startswith("triton") and "delay_us=0" in k), None)
+        ray = next(((v, ok) for k, (v, ok) in r["defaults"].items() if k.startswith("ray")), None)
+        show = lambda d: "—" if d is None else f"{d[0]:.2f}{'' if d[1] else ' (breaks SLO)'}"
+        print(f"| {r['scenario']} | {r['slo']:.3g} (×{r['factor']:g}) | `{rec.spec if rec else '—'}` | {fmt_power(rec)} | "
+              + " | ".join(fmt_power(ans.best.get(f)) for f in fams)
+              + f" | {dtext} | {show(tri)} | {show(ray)} | {r['fresh_p99']:.3f} |")
+    print(f"\ncells where the table + timer loses beyond the interval, or breaks its SLO on a fresh seed: {bad}")
+    # timings: one load, and a 5-load range (HI/LO = 3)
+    p = BatchingProblem.basic(rho=0.5)
+    optimise(p, {"p99": 20.0}, requests=200_000)  # compile once
+    t0 = time.perf_counter()
+    a1 = optimise(p, {"p99": 20.0}, requests=200_000)
+    t1 = time.perf_counter() - t0
+    lams = load_grid(p, p.lam / 3, p.lam)
+    t0 = time.perf_counter()
+    a5 = optimise(p.replace(lam=lams[-1]), {"p99": 20.0}, lams, requests=200_000)
+    t5 = time.perf_counter() - t0
+    print(f"\ntimings (basic ρ 0.5, p99 ≤ 20 ms, 200 000 requests per load, every family and the defaults): "
+          f"one load {t1:.2f} s ({a1.evaluations} simulations); 5 loads {lams[0] * 1e3:.0f}..{lams[-1] * 1e3:.0f} req/s "
+          f"{t5:.2f} s ({a5.evaluations} simulations)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
