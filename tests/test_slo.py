@@ -42,6 +42,40 @@ def test_tritons_rule_is_a_table_plus_timer_request_by_request(service):
     assert np.array_equal(tf, response_times(p, table_timer(triton_table(32), p.batch_sizes, 2.5), arr, seed=4))
 
 
+@pytest.mark.parametrize("service", ["det", "exp"])
+def test_with_padded_profiles_tritons_rule_is_a_table_plus_timer_whose_forced_batches_pad_up(service):
+    sizes = (1, 2, 4, 8, 16, 32)
+    p = BatchingProblem.basic(rho=0.6, batch_sizes=sizes, service=service)
+    arr = poisson_arrivals(p.lam, 60_000, np.random.default_rng(5))
+    for pref, d_us in [((), 0.0), ((), 3000.0), ((8, 16, 32), 2000.0), ((16, 32), 800.0)]:
+        a = response_times(p, triton(32, d_us, pref, sizes), arr, seed=3)
+        b = response_times(p, table_timer(triton_table(32, pref), sizes, d_us / 1000.0, forced="pad"), arr, seed=3)
+        assert np.array_equal(a, b, equal_nan=True), (pref, d_us)
+    assert parse_rule("control:8+timer:2:pad", p).mode == "timer-pad"
+
+
+def test_the_runtime_pads_forced_batches_up_as_the_simulator_does():
+    """DynamicBatcher(short_batch="pad-up"): a forced batch of n takes min(n, Bmax) and pads to the next size."""
+    import asyncio
+
+    from smdp_batch.runtime import DynamicBatcher, PolicyTable
+
+    table = PolicyTable(triton_table(32), (1, 2, 4, 8, 16, 32))
+    seen = []
+
+    def infer(items):
+        seen.append(len(items))
+        return items
+
+    async def main():
+        bt = DynamicBatcher(infer, table, max_wait_ms=5.0, short_batch="pad-up", pad_item=None)
+        got = await asyncio.gather(*(bt.submit(i) for i in range(5)))
+        await bt.close()
+        return got
+
+    assert asyncio.run(main()) == list(range(5)) and seen == [8]
+
+
 def test_timer_inf_is_the_pure_table_and_the_timer_bounds_the_oldest_wait():
     p = BatchingProblem.basic(rho=0.3)
     sol = solve(p.replace(w2=4.0))

@@ -20,7 +20,7 @@ import numpy as np
 __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_beliefs"]
 
 #: Rule kinds understood by the kernel.
-MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4}
+MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5}
 
 
 @nb.njit(cache=True, inline="always")
@@ -129,9 +129,11 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             tau = start
             while nxt < n_req and arr[nxt] <= start:
                 nxt += 1
-        elif mode == 4:  # table + timer: the table at each epoch; while it waits, the oldest request's wait is
-            # bounded by ``delay``: then the largest allowed size ≤ n is served (pref holds the allowed sizes;
-            # below the smallest, the n waiting are served padded to it), as DynamicBatcher's forced batch
+        elif mode == 4 or mode == 5:  # table + timer: the table at each epoch; while it waits, the oldest
+            # request's wait is bounded by ``delay``: then (mode 4) the largest allowed size ≤ n is served (pref
+            # holds the allowed sizes; below the smallest, the n waiting are served padded to it), or (mode 5)
+            # min(n, largest) requests padded up to the next allowed size: DynamicBatcher's forced batch with
+            # short_batch "pad" or "pad-up"
             while True:
                 if n == 0:
                     if nxt >= n_req:
@@ -157,9 +159,9 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                     tau = deadline
                 p = 0
                 for q in pref:
-                    if q <= n and q > p:
+                    if (q <= n or mode == 5) and q > p:
                         p = q
-                size = p if p > 0 else n
+                size = p if p > 0 and p <= n else n
                 start = tau
                 break
         else:  # 3: TorchServe: when the worker is free, take the first request, then wait up to the delay for B

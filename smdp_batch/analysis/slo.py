@@ -24,9 +24,10 @@ delay τ or D, a larger w2) gives larger batches, less power and more latency.  
 server rule, the largest feasible delay is bracketed by doubling from a start (a neighbour's answer where
 there is one) and bisected to 1 %; the SMDP tables are the distinct policies of the w2 front
 (:func:`~smdp_batch.analysis.pareto.sweep_w2`: every vertex policy up to its ftol, with its exact w2
-range), searched by golden section over their index (power first falls as tables wait longer, then rises
-once the timer must cut in too early); Triton's Q by golden section over 1..Bmax.  There is no fixed grid:
-the answer's w2 range, τ and D are those of the optimum up to the tolerances.
+range), each one tried; Triton's Q over every allowed size.  Power over these is not unimodal once
+simulated percentiles and their intervals decide (measured: hyperexponential service), so none is skipped
+by a golden section.  There is no fixed grid: the answer's w2 range, τ and D are those of the optimum up to
+the tolerances.
 
 **Feasibility.**  A setting meets the SLO when, at every load asked about, each bounded metric (mean,
 p50, p90, p95, p99 latency) plus its 95 % batch-means half-width is at most its bound: a setting chosen
@@ -67,7 +68,6 @@ DEFAULT_SETTINGS = ("triton:max={B},delay_us=0", "triton:max={B},delay_us=100", 
                     "ray:max=10,timeout_s=0.01", "torchserve:batch={B},delay_ms=100")
 
 _RTOL = 0.01  # bisection stops when the bracket's ends are within 1 % of each other
-_GOLD = (math.sqrt(5.0) - 1.0) / 2.0
 
 
 # ------------------------------------------------------------------------------------------ the SLO
@@ -391,28 +391,6 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
     return best
 
 
-def _golden_int(f, lo: int, hi: int) -> int:
-    """An integer argmin of f over [lo, hi] by golden section (f unimodal; each value asked once)."""
-    memo: dict[int, float] = {}
-
-    def g(i: int) -> float:
-        if i not in memo:
-            memo[i] = f(i)
-        return memo[i]
-
-    a, b = lo, hi
-    while b - a > 3:
-        c = int(round(b - _GOLD * (b - a)))
-        d = int(round(a + _GOLD * (b - a)))
-        if c == d:
-            d = c + 1
-        if g(c) <= g(d):
-            b = d
-        else:
-            a = c
-    return min(range(a, b + 1), key=g)
-
-
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
              solve_lam: float | None = None, defaults: bool = True, progress=None) -> SLOAnswer:
@@ -471,9 +449,9 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
                                                                                "preferred": pref}), cap, guess)
             return found[q].power_w if found[q] is not None else math.inf
 
-        qs = [s for s in sizes]
-        k = _golden_int(lambda j: by_q(qs[j]), 0, len(qs) - 1)
-        best["triton-preferred"] = found.get(qs[k])
+        for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
+            by_q(q)
+        best["triton-preferred"] = None
         for s in found.values():
             best["triton-preferred"] = _better(best["triton-preferred"], s)
     if "tfserving" in fams:
@@ -489,17 +467,19 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     if "table+timer" in fams:
         members = [best.get("smdp")]
         # Triton's rule is a table + timer when every size 1..B is allowed (no padding): then it is a member
+        # Triton's rule is a table + timer (with padded profiles, its forced batch is the "pad" form)
+        form, suffix = ("pad", ":pad") if pad else ("largest", "")
         triton_forms = (("triton", lambda s: triton_table(B)),
                         ("triton-preferred", lambda s: triton_table(B, s.knobs["preferred"])))
-        for fam, to_table in (() if pad else triton_forms):
+        for fam, to_table in triton_forms:
             s = best.get(fam)
             if s is not None:
                 tau = s.knobs["delay_us"] / 1000.0
                 pol = to_table(s)
-                spec = (f"static:{B}" if fam == "triton" else f"control:{s.knobs['Q']}") + f"+timer:{tau:g}"
+                spec = (f"static:{B}" if fam == "triton" else f"control:{s.knobs['Q']}") + f"+timer:{tau:g}{suffix}"
                 members.append(Setting("table+timer", spec, {"table": spec.partition("+")[0], "tau_ms": tau,
-                                                             "same_as": s.spec}, s.loads, s.meets,
-                                       table_timer(pol, sizes, tau, spec=spec), pol.tolist()))
+                                                             "forced": form, "same_as": s.spec}, s.loads, s.meets,
+                                       table_timer(pol, sizes, tau, spec=spec, forced=form), pol.tolist()))
         pick = None
         for m in members:
             pick = _better(pick, m)
@@ -526,35 +506,39 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:
-    """SMDP tables of the w2 front at ``solve_lam``, each with its best timer; golden section over the front."""
+    """SMDP tables of the w2 front at ``solve_lam``, each with its best timer (every table of the front: the
+    power over the front need not be unimodal once simulated percentiles and their intervals decide).
+
+    A pure table that meets the SLO needs no timer; the tables that do not (they wait longer) get the timer
+    search, with each forced-batch form the runtime offers (largest allowed size ≤ n; with allowed sizes
+    other than 1..Bmax also min(n, Bmax) padded up)."""
     from .pareto import sweep_w2
 
     front = sweep_w2(problem.replace(lam=solve_lam))
-    pts = front.points
-    found: dict[int, Setting | None] = {}
-
-    def at(i: int) -> float:
-        p = pts[i]
+    sizes = problem.batch_sizes
+    forms = ("largest",) if list(sizes) == list(range(1, sizes[-1] + 1)) else ("largest", "pad")
+    pick: Setting | None = None
+    guess: dict[str, float | None] = dict.fromkeys(forms)
+    for p in front.points:
         pol = np.asarray(p.policy, dtype=np.int64)
         w2 = math.sqrt(p.w2_lo * p.w2_hi) if p.w2_lo > 0 and math.isfinite(p.w2_hi) else p.w2_lo  # as Front.solution
         name = f"smdp:w2={w2:.6g}" if math.isfinite(w2) else f"static:{int(max(p.policy))}"
         knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam}
-        near = [found[k] for k in sorted(found, key=lambda k: abs(k - i)) if found[k] is not None]
-        guess = near[0].knobs["tau_ms"] if near and math.isfinite(near[0].knobs["tau_ms"]) and near[0].knobs["tau_ms"] > 0 else None
+        pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
+                       policy=p.policy)
+        if pure.meets:
+            pick = _better(pick, pure)
+            continue
+        for form in forms:
+            suffix = ":pad" if form == "pad" else ""
 
-        def check(t: float) -> Setting:
-            t = float(f"{t:.6g}")  # as the spelling writes it
-            return chk.run("smdp", table_timer(pol, problem.batch_sizes, t, spec=f"{name}+timer:{t:g}"),
-                           {**knobs, "tau_ms": t}, policy=p.policy)
+            def check(t: float, form=form, suffix=suffix) -> Setting:
+                t = float(f"{t:.6g}")  # as the spelling writes it
+                return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),
+                               {**knobs, "tau_ms": t, "forced": form}, policy=p.policy)
 
-        found[i] = _largest_delay(check, cap, guess, inf_first=True)
-        return found[i].power_w if found[i] is not None else math.inf
-
-    k = _golden_int(at, 0, len(pts) - 1)
-    for j in (k - 1, k + 1):  # the neighbours of the pick, so a plateau's edge is not missed
-        if 0 <= j < len(pts) and j not in found:
-            at(j)
-    pick = None
-    for s in found.values():
-        pick = _better(pick, s)
+            s = _largest_delay(check, cap, guess[form])
+            if s is not None:
+                guess[form] = s.knobs["tau_ms"] or None
+                pick = _better(pick, s)
     return pick

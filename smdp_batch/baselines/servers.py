@@ -68,7 +68,7 @@ RULE_FORMS = (
 class ServerRule:
     """A batching rule in the simulator's terms (see the module doc)."""
 
-    mode: str  # "table" | "timer" | "triton" | "ray" | "torchserve"
+    mode: str  # "table" | "timer" | "timer-pad" | "triton" | "ray" | "torchserve"
     spec: str
     table: np.ndarray  # int64 policy[s], s = 0..top (table rules); [0] otherwise
     top: int
@@ -93,7 +93,7 @@ class ServerRule:
         """Sizes this rule can execute (after padding)."""
         if self.mode == "table":
             return sorted({int(a) for a in self.table if a > 0})
-        if self.mode == "timer":  # the table's sizes and every allowed size ≤ its largest (forced batches)
+        if self.mode in ("timer", "timer-pad"):  # the table's sizes and every allowed size ≤ its largest (forced)
             top = int(self.table.max())
             return sorted({int(a) for a in self.table if a > 0} | {int(a) for a in self.pref if a <= top})
         if self.allowed:
@@ -151,10 +151,14 @@ def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
 
 
-def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None) -> ServerRule:
+def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None, forced: str = "largest") -> ServerRule:
     """A table with a timer τ (ms) on the oldest request's wait (module doc); τ = inf is the pure table.
 
-    ``batch_sizes``: the allowed sizes (a forced batch serves the largest one ≤ n)."""
+    ``batch_sizes``: the allowed sizes.  ``forced``: a forced batch serves the largest allowed size ≤ n
+    (``"largest"``, the runtime's default) or min(n, largest size) requests padded up to the next allowed
+    size (``"pad"``, the runtime's ``short_batch="pad-up"``; Triton's rule on padded profiles)."""
+    if forced not in ("largest", "pad"):
+        raise InputError(f"a forced batch is 'largest' or 'pad', got {forced!r}")
     base = table_rule(policy, batch_sizes, spec="table")
     try:
         tau = float(tau_ms)
@@ -166,9 +170,12 @@ def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None) -> 
                        dtype=np.int64)
     top = int(base.table.max())
     small = int(sizes[0])
-    allowed = tuple(int(b) for b in sizes if b <= max(top, small)) if small > 1 else ()  # pads short forced batches
-    name = spec if spec is not None else f"table+timer:{tau:g}"
-    return ServerRule("timer", name, base.table, base.top, base.maxb, sizes, tau, allowed)
+    allowed = tuple(int(b) for b in sizes if b <= max(top, small))
+    if forced == "largest" and small == 1:
+        allowed = ()  # nothing to pad: every n ≤ the largest size is itself allowed or above a smaller one
+    name = spec if spec is not None else f"table+timer:{tau:g}" + (":pad" if forced == "pad" else "")
+    return ServerRule("timer" if forced == "largest" else "timer-pad", name, base.table, base.top, base.maxb,
+                      sizes[sizes <= max(top, small)], tau, allowed)
 
 
 def triton_table(max_batch_size: int, preferred=()) -> np.ndarray:
@@ -280,14 +287,19 @@ def parse_rule(spec: str, problem) -> ServerRule:
     if plus and timer.strip().lower().startswith("timer"):
         key, colon, value = timer.strip().partition(":")
         if key.strip().lower() != "timer" or not colon:
-            raise InputError(f"rule {spec!r}: a timer is written +timer:MS (the oldest request's wait bound in ms)")
+            raise InputError(f"rule {spec!r}: a timer is written +timer:MS[:pad] (the oldest request's wait bound in ms)")
+        value, _, mode = value.strip().partition(":")
+        if mode.strip().lower() not in ("", "pad"):
+            raise InputError(f"rule {spec!r}: after +timer:MS only :pad may follow (forced batches padded up)")
         value = value.strip()
         tau = math.inf if value.lower() in ("inf", "infinity") else _time("the timer (ms)", value)
         base = parse_rule(head, problem)
         if base.mode != "table":
             raise InputError(f"rule {spec!r}: +timer goes with a table (static:B, greedy, control:Q, FILE.h5), "
                              f"not with {base.spec.partition(':')[0]}'s own rule")
-        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}")
+        forced = "pad" if mode.strip() else "largest"
+        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}" + (":pad" if mode.strip() else ""),
+                           forced=forced)
     if text.lower().endswith((".h5", ".hdf5")):
         from ..runtime.schema import read_policy
 

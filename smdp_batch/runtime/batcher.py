@@ -30,7 +30,9 @@ class below):
   fewer than the smallest allowed batch size are waiting, ``short_batch`` decides: ``"serve"``
   (default) serves them as a smaller batch, ``"pad"`` pads the batch to the smallest allowed size
   with ``pad_item`` (the pads' results are dropped), ``"wait"`` waits for the next arrival (no timer,
-  no spinning; such requests may wait for ever if traffic stops).  ``max_wait_ms=None`` (or ``inf``)
+  no spinning; such requests may wait for ever if traffic stops).  ``"pad-up"`` changes every forced
+  batch: it takes min(n, largest size) requests and pads them up to the next allowed size — Triton's
+  rule on a model with padded profiles (the SLO search tries both forms).  ``max_wait_ms=None`` (or ``inf``)
   follows the table exactly: a request below the table's limit then waits for the next arrival;
 * ``close(drain=True)`` serves everything still queued (ignoring waits; short batches as
   ``short_batch`` says, and with ``"wait"`` a remainder below the smallest size fails with
@@ -63,7 +65,7 @@ FALLBACK_MAX_WAIT_MS = 1000.0
 #: The default bound is ``BOUND_SAFETY`` × the (1 − ``BOUND_EPS``) quantile of the fill time.
 BOUND_EPS = 1e-6
 BOUND_SAFETY = 2.0
-_SHORT = ("serve", "pad", "wait")
+_SHORT = ("serve", "pad", "wait", "pad-up")
 _EARLY_S = 1e-4  # asyncio may run a timer up to its clock resolution early: treat that as due
 
 
@@ -192,7 +194,8 @@ class DynamicBatcher:
     ``"auto"`` (default) is :func:`default_max_wait_ms` of the table (for an AdaptivePolicy, of its
     current table) at rate ``lam`` (1/ms, default the table's λ); ``None`` or ``math.inf``: no bound.
     ``short_batch``: ``"serve"``, ``"pad"`` (with ``pad_item``) or ``"wait"``, for a forced or drained
-    batch with fewer requests than the smallest allowed batch size (see the module docstring).
+    batch with fewer requests than the smallest allowed batch size; ``"pad-up"`` (with ``pad_item``):
+    every forced batch takes up to the largest size and pads to the next allowed one (module docstring).
     """
 
     def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | os.PathLike | Callable[[int], int],
@@ -369,6 +372,9 @@ class DynamicBatcher:
         sizes = self._sizes()
         if not sizes:
             return n, 0
+        if self.short_batch == "pad-up":
+            take = min(n, sizes[-1])
+            return take, next(b for b in sizes if b >= take) - take
         fit = [b for b in sizes if b <= n]
         if fit:
             return fit[-1], 0
