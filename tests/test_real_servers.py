@@ -110,3 +110,25 @@ def test_table_batch_has_serve_batch_calling_convention():
         return await asyncio.gather(f(1), f(2))
 
     assert asyncio.run(plain()) == [2, 3]
+
+
+@pytest.mark.slow
+def test_slo_exports_meet_the_slo_on_the_real_servers_across_the_load_range():
+    """export --to triton|ray --slo-p99-ms (10 % headroom) --load-range: on the real servers, at the low, middle
+    and high load, every request is answered, the measured p99 meets the SLO, and P̄ follows the simulator
+    (same stream) within 5 %, so the power order across loads and servers is the simulated one."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("ray.serve")
+    from smdp_batch.analysis.slo import load_grid
+    from smdp_batch.integrations.slo_check import check_exports
+
+    p = BatchingProblem.basic(rho=0.6)
+    rows = check_exports(p, 20.0, load_grid(p, p.lam / 3, p.lam), requests=300)
+    assert len(rows) == 6 and all(r["setting"] for r in rows)
+    for r in rows:
+        assert r["errors"] == 0 and r["answered"] == r["requests"], r
+        assert r["meets_slo"], r
+        assert abs(r["mean_power_w"] / r["mean_power_model_w"] - 1) < 0.05, r
+    for target in ("triton", "ray"):
+        measured = [r["mean_power_w"] for r in rows if r["target"] == target]
+        assert measured == sorted(measured)  # more load, more power: as simulated

@@ -299,3 +299,27 @@ def test_simulated_p99_agrees_with_the_exact_law_under_exponential_service():
     law = sojourn_law(p, pol)
     sim = simulate(p, pol, requests=4_000_000, seed=21)
     assert sim.percentiles["p99_ms"] == pytest.approx(law.quantile(0.99), rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["triton", "tfserving", "ray", "torchserve"])
+def test_every_export_over_a_load_range_meets_its_slo_at_every_load_in_a_fresh_million_requests(target, tmp_path, capsys):
+    """HI/LO = 3: the exported config of each server meets p99 ≤ 15 ms at each of the ≥ 5 loads checked, in a
+    10⁶-request simulation of that server's rule with another seed (the off-peak end included)."""
+    table = tmp_path / "t.h5"
+    assert main(["solve", "--rho", "0.6", "-o", str(table)]) == 0
+    capsys.readouterr()
+    p = BatchingProblem.basic(rho=0.6)
+    rng = f"{p.lam * 1e3 / 3:.6g}:{p.lam * 1e3:.6g}"
+    rc, out, err = _run(["export", str(table), "--to", target, "--slo-p99-ms", "15", "--load-range", rng, "--json"],
+                        capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    rule = parse_rule(d["rule"], p)
+    (setting,) = d["slo_search"]["best"].values()  # the target's own rule family, searched alone
+    assert setting["setting"] == d["rule"] and setting["meets_slo"]
+    loads = [x["lam"] for x in setting["loads"]]
+    assert len(loads) >= 5 and loads[0] == pytest.approx(p.lam / 3, rel=1e-5)
+    for lam in loads:
+        r = simulate(p.replace(lam=lam), rule, requests=1_000_000, seed=2024)
+        assert r.percentiles["p99_ms"] <= 15.0, (target, lam)

@@ -201,8 +201,12 @@ class SLOAnswer:
 
     @property
     def recommended(self) -> Setting | None:
-        """The best of the table + timer family (what smdp-batch recommends)."""
-        return self.best.get("table+timer")
+        """What smdp-batch recommends: the least-power setting of every family searched — the table + timer
+        family's best, unless a server rule outside it (Ray Serve's, TorchServe's) draws less power."""
+        pick = None
+        for fam in ("table+timer",) + RULE_FAMILIES:
+            pick = _better(pick, self.best.get(fam))
+        return pick
 
     def best_rule(self) -> Setting | None:
         """The least-power server rule (Triton, TF-Serving, Ray Serve, TorchServe) that meets the SLO."""
@@ -210,14 +214,17 @@ class SLOAnswer:
         return min(ok, key=lambda s: s.power_w) if ok else None
 
     def savings(self) -> list[dict]:
-        """The recommendation against the best tuned rule and each default setting (W; positive = saves)."""
+        """The recommendation against the table + timer family's best (when a rule beat it), the best tuned
+        rule, and each default setting (W; positive = the recommendation saves)."""
         rec = self.recommended
         out = []
         if rec is None:
             return out
-        others = [("best tuned rule", self.best_rule())] + [("default", d) for d in self.defaults]
+        tt = self.best.get("table+timer")
+        others = ([("table+timer", tt)] if tt is not None and tt is not rec else [])
+        others += [("best tuned rule", self.best_rule())] + [("default", d) for d in self.defaults]
         for what, s in others:
-            if s is None:
+            if s is None or s is rec:
                 continue
             p = float(np.mean([x.power_w for x in s.loads]))
             out.append({"against": what, "setting": s.spec, "family": s.family, "meets_slo": s.meets,

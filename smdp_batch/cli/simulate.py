@@ -85,28 +85,40 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
 @slo_options
 @load_range_options
 @search_options
+@option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
+        help="poisson | trace:FILE.csv | mmpp:L1,L2,R12,R21 | map:FILE.json: the stream's burstiness, scaled to each "
+             "load checked (a trace alone: its own mean rate).")
 @json_option
-def compare_cmd(requests, seed, as_json, load_range, rho_range, **opts):
+def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import optimise
     from .slo import answer_lines, loads_for, slo_from
 
+    from .bursty import stream
+
     slo = slo_from(opts)
     problem = build_problem(opts)
     single = opts.get("lam") is not None or opts.get("rho") is not None
+    shape = None
+    if arrivals.strip().lower() != "poisson":
+        shape, _ = stream(arrivals, requests, seed)
+        if shape is None or shape.size < 1000:
+            raise InputError(f"--arrivals {arrivals}: the SLO search needs a stream of ≥ 1000 arrivals")
+        if arrivals.strip().lower().startswith("trace:") and not single and load_range is None and rho_range is None:
+            problem = problem.replace(lam=(shape.size - 1) / float(shape[-1] - shape[0]))  # the trace's own rate
     problem, lams = loads_for(problem, load_range, rho_range, single)
     slo.check_reachable(problem, seed)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
-        ans = optimise(problem, slo, lams, requests=requests, seed=seed, progress=tick)
+        ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick)
     finally:
         finish()
-    d = {**problem.describe(), **ans.as_dict(), "units": dict(UNITS)}
+    d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS)}
     where = (f"at {lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
              f"at {len(lams)} loads {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
     lines = [f"smdp-batch — least power with {slo.text()} {where} ({ans.requests} simulated requests per load, seed "
-             f"{seed}; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
+             f"{seed}, {arrivals} arrivals; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
              scenario_line(problem, w2="searched")]
     lines += answer_lines(ans)
     emit(d, as_json, "\n".join(lines))

@@ -114,14 +114,33 @@ def answer_lines(answer, families=None) -> list[str]:
     if rec is not None:
         lines.append("")
         lines.append(f"  answer      {rec.spec}: {rec.power_w:.4g} W, {slo.text()} at every load checked")
+        if rec.family == "table+timer":
+            lines.append(f"  run it      {_deploy(rec)}")
+        else:
+            lines.append(f"  note        here a server rule beats every table + timer setting: {rec.family}'s own rule, "
+                         "tuned, is the answer")
         for row in answer.savings():
-            theirs = f"{row['setting']}" + ("" if row["meets_slo"] else ", which breaks the SLO,")
-            text = worded_difference(rec.power_w, row["power_w"], row["ci_w"], theirs)
-            label = "vs best" if row["against"] == "best tuned rule" else "vs default"
+            text = worded_difference(rec.power_w, row["power_w"], row["ci_w"], row["setting"])
+            text += "" if row["meets_slo"] else "; that setting breaks the SLO"
+            label = {"best tuned rule": "vs best", "table+timer": "vs table"}.get(row["against"], "vs default")
             lines.append(f"  {label:11s} {text}")
     elif families is None or "table+timer" in families:
         lines.append(f"  answer      no table+timer setting meets {slo.text()} at every load: relax the SLO or the range")
     return lines
+
+
+def _deploy(rec) -> str:
+    """How to run a table + timer setting: the table from solve (or the control limit), the runtime's timer."""
+    k = rec.knobs
+    tau = k.get("tau_ms")
+    wait = "None" if tau is None or not math.isfinite(tau) else f"{tau:g}"
+    short = ', short_batch="pad-up", pad_item=…' if k.get("forced") == "pad" else ""
+    if "w2" in k and math.isfinite(k["w2"]):
+        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g} (and these scenario options) -o table.h5; "
+                f"DynamicBatcher(infer, PolicyTable.load(\"table.h5\"), max_wait_ms={wait}{short})")
+    table = k.get("table") or rec.spec.partition("+")[0]
+    return (f"DynamicBatcher(infer, PolicyTable(parse_policy(\"{table}\", sizes, Bmax)[:-1], sizes), "
+            f"max_wait_ms={wait}{short})")
 
 
 def _short(text: str, width: int) -> str:
