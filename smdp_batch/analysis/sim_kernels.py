@@ -129,7 +129,9 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             tau = start
             while nxt < n_req and arr[nxt] <= start:
                 nxt += 1
-        elif mode == 4 or mode == 5:  # table + timer: the table at each epoch; while it waits, the oldest
+        elif mode == 4 or mode == 5:  # table + timer.  Triton's rule is one, but mode 1 stays its own loop, written
+            # from Triton's documentation, so that tests/test_slo.py checks two implementations request by request.
+            # The table decides at each epoch; while it waits, the oldest
             # request's wait is bounded by ``delay``: then (mode 4) the largest allowed size ≤ n is served (pref
             # holds the allowed sizes; below the smallest, the n waiting are served padded to it), or (mode 5)
             # min(n, largest) requests padded up to the next allowed size: DynamicBatcher's forced batch with

@@ -46,7 +46,7 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
     # the scenario comes from the values stored in the file: no path recorded in it is read
     problem = build_problem({}, file_inputs(pf, how="export cannot rebuild it (evaluate or simulate the file with --service LAW)"))
     if slo is not None:
-        _export_at_slo(path, pf, problem, target, slo, load_range, rho_range, requests, seed, output, as_json)
+        _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json)
         return
     from ..export.configs import export_policy
 
@@ -102,7 +102,7 @@ def _off_peak(problem, rule, requests: int, seed: int) -> dict:
     return {"planned_p99_ms": planned, "loads": rows, "warning": warning}
 
 
-def _export_at_slo(path, pf, problem, target, slo, load_range, rho_range, requests, seed, output, as_json) -> None:
+def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json) -> None:
     from ..analysis.slo import optimise
     from ..export.configs import rule_config
 

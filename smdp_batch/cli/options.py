@@ -54,7 +54,7 @@ def scenario_options(f):
                      help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:monotone|interp|affine|power]."),
         option("--energy", metavar="SPEC", show_default=DEFAULTS["energy"],
                      help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj or power_w)."),
-        option("--service", metavar="LAW", show_default="det",
+        option("--service", metavar="LAW", show_default="det; with --latency csv:PROFILE, gamma of its measured CV",
                      help="Batch-time law: det | exp | erlang:K | gamma:A | hyperexp:P/C,… | uniform:A,B | shiftexp:F | "
                           "lognormal:S | mix:W*LAW@C;… | max:LAW[@MEAN] | empirical:FILE."),
         option("--w1", type=Number(), show_default="1", help="Weight of mean latency (per ms)."),
