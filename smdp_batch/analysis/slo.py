@@ -7,7 +7,8 @@ so the same inputs give the same answer, to the digit, everywhere.
 
 **Families** (semantics in :mod:`smdp_batch.baselines.servers`):
 
-* ``smdp`` — an SMDP table (paper 004, eq. 14, solved at the top load) with a timer τ on the oldest
+* ``smdp`` — an SMDP table (paper 004, eq. 14, solved at the top load; its largest batch capped where that
+  saves power) with a timer τ on the oldest
   request's wait (:func:`~smdp_batch.baselines.servers.table_timer`: exactly how
   :class:`~smdp_batch.runtime.DynamicBatcher` runs it with ``max_wait_ms`` = τ).  τ = ∞ is the pure table;
   a count-only table cannot bound the oldest request's wait when traffic is light, a timer can.
@@ -518,19 +519,38 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
 
     A pure table that meets the SLO needs no timer; the tables that do not (they wait longer) get the timer
     search, with each forced-batch form the runtime offers (largest allowed size ≤ n; with allowed sizes
-    other than 1..Bmax also min(n, Bmax) padded up)."""
+    other than 1..Bmax also min(n, Bmax) padded up).  Then the same with the largest batch capped at half,
+    a quarter, … of Bmax (the tables of the problem with those sizes only) while that lowers the power: with
+    heavy-tailed batch times one long batch of Bmax after a backlog costs more tail latency than it saves
+    power, and a mean-cost table never caps itself."""
+    best = _smdp_tables(problem, chk, cap, solve_lam, problem.batch_sizes)
+    c = problem.bmax // 2
+    while best is not None and c >= max(problem.bmin, 2):
+        sizes = tuple(b for b in problem.batch_sizes if b <= c)
+        if sizes[-1] != c or not sizes[-1] / float(problem.latency(np.float64(sizes[-1]))) > max(chk.lams):
+            break  # c is not an allowed size, or batches of c cannot carry the top load
+        found = _smdp_tables(problem.replace(batch_sizes=sizes), chk, cap, solve_lam, sizes)
+        if found is None or not found.power_w < best.power_w:
+            break
+        best, c = found, c // 2
+    return best
+
+
+def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float, sizes) -> Setting | None:
     from .pareto import sweep_w2
 
     front = sweep_w2(problem.replace(lam=solve_lam))
-    sizes = problem.batch_sizes
     forms = ("largest",) if list(sizes) == list(range(1, sizes[-1] + 1)) else ("largest", "pad")
+    capped = sizes[-1] < chk.problem.bmax
     pick: Setting | None = None
     guess: dict[str, float | None] = dict.fromkeys(forms)
     for p in front.points:
         pol = np.asarray(p.policy, dtype=np.int64)
         w2 = math.sqrt(p.w2_lo * p.w2_hi) if p.w2_lo > 0 and math.isfinite(p.w2_hi) else p.w2_lo  # as Front.solution
         name = f"smdp:w2={w2:.6g}" if math.isfinite(w2) else f"static:{int(max(p.policy))}"
-        knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam}
+        name += f",bmax={sizes[-1]}" if capped else ""
+        knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam,
+                 **({"batch_sizes": list(sizes)} if capped else {})}
         pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
                        policy=p.policy)
         if pure.meets:

@@ -136,7 +136,9 @@ def _deploy(rec) -> str:
     wait = "None" if tau is None or not math.isfinite(tau) else f"{tau:g}"
     short = ', short_batch="pad-up", pad_item=…' if k.get("forced") == "pad" else ""
     if "w2" in k and math.isfinite(k["w2"]):
-        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g} (and these scenario options) -o table.h5; "
+        bmax = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
+        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{bmax} (and these scenario options) "
+                f"-o table.h5; "
                 f"DynamicBatcher(infer, PolicyTable.load(\"table.h5\"), max_wait_ms={wait}{short})")
     table = k.get("table") or rec.spec.partition("+")[0]
     return (f"DynamicBatcher(infer, PolicyTable(parse_policy(\"{table}\", sizes, Bmax)[:-1], sizes), "
