@@ -361,3 +361,31 @@ def test_the_runtime_batcher_runs_a_table_plus_timer_as_the_simulator_does():
     assert np.mean(sizes) == pytest.approx(sim.mean_batch_size, rel=0.10)
     pure = simulate(p, pol, arrivals=arr + 1e-9, warmup=0.0, batches=2)
     assert sim.percentiles["p99_ms"] < pure.percentiles["p99_ms"]  # the timer is what bounds the tail here
+
+
+def test_a_lambda_bank_of_slo_settings_one_per_band():
+    """slo_bank: one table + timer per band, each meeting the SLO over its band; AdaptivePolicy switches between
+    them and DynamicBatcher's automatic bound is the current band's timer."""
+    from smdp_batch.analysis.bands import slo_bank
+    from smdp_batch.runtime import AdaptivePolicy
+    from smdp_batch.runtime.batcher import default_max_wait_ms
+
+    p = BatchingProblem.basic(rho=0.6)
+    bank, answers = slo_bank(p, {"p99": 15.0}, p.lam / 3, p.lam, bands=2, requests=20_000)
+    assert len(bank.tables) == 2 and all(a.best["table+timer"].meets for a in answers)
+    for t, a in zip(bank.tables, answers):
+        lo, hi = t.meta["band_per_ms"]
+        assert lo < t.lam < hi and [x.lam for x in a.best["table+timer"].loads][0] == pytest.approx(lo)
+        tau = a.best["table+timer"].knobs["tau_ms"]
+        assert default_max_wait_ms(t) == (tau if math.isfinite(tau) else default_max_wait_ms(_without_timer(t)))
+    ad = AdaptivePolicy(bank, initial_lam=p.lam / 3)
+    assert ad.table is bank.tables[0] and default_max_wait_ms(ad) == default_max_wait_ms(bank.tables[0])
+    with pytest.raises(InputError, match="bands"):
+        slo_bank(p, {"p99": 15.0}, p.lam / 3, p.lam, bands=0)
+
+
+def _without_timer(t):
+    """The same table without its timer (its bound is then the Erlang default)."""
+    from smdp_batch.runtime import PolicyTable
+
+    return PolicyTable(t.policy, t.batch_sizes, {"inputs": {"lam": t.lam}})

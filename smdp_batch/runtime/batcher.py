@@ -148,12 +148,19 @@ def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
     10⁻⁶ of them if traffic runs at half the table's rate.  It costs one timer per idle wait and
     otherwise nothing.  0 if the table never waits with a request queued.
 
+    A table whose ``meta["max_wait_ms"]`` records its timer (an SLO setting of a λ-bank built by
+    :func:`smdp_batch.analysis.bands.slo_bank`) is bounded by that timer instead.
+
     Without a policy array (a plain callable) or without a rate (a table built in memory with no
     usable ``meta["inputs"]["lam"]`` and no ``lam`` given), the bound is ``FALLBACK_MAX_WAIT_MS`` (1 s):
     long enough for any batch-forming wait at server rates, short enough that traffic that stops
     does not strand requests.  Pass ``max_wait_ms`` for anything else.
     """
     own = getattr(table, "default_max_wait_ms", None)  # a PhasePolicy knows its phases' rates
+    meta = getattr(getattr(table, "table", table), "meta", None)
+    timer = meta.get("max_wait_ms") if isinstance(meta, dict) else None
+    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(timer) and timer >= 0:
+        return float(timer)  # the table's own timer (an SLO setting, smdp_batch.analysis.bands)
     if callable(own):
         if lam is not None and (isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0)):
             raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
