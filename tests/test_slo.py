@@ -389,3 +389,19 @@ def _without_timer(t):
     from smdp_batch.runtime import PolicyTable
 
     return PolicyTable(t.policy, t.batch_sizes, {"inputs": {"lam": t.lam}})
+
+
+def test_an_smdp_setting_of_compare_runs_in_simulate(capsys):
+    """compare names an SMDP answer smdp:w2=X+timer:MS; simulate --policy solves that table and runs it alike."""
+    rc, out, err = _run(["compare", "--rho", "0.5", "--slo-p99-ms", "12.6", "--requests", REQ, "--json"], capsys)
+    assert rc == 0, err
+    s = json.loads(out)["best"]["smdp"]
+    assert s["setting"].startswith("smdp:w2=")
+    rc, out, err = _run(["simulate", "--policy", s["setting"], "--rho", "0.5", "--requests", REQ, "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["mean_power_w"] == pytest.approx(s["mean_power_w"], abs=2 * s["mean_power_ci_w"])
+    for bad, what in (("smdp:w2=x", "w2 must be a number"), ("smdp:foo=1", "unknown setting"),
+                      ("smdp:bmax=4", "needs w2"), ("smdp:w2=1+timer:-1", "timer")):
+        rc, out, err = _run(["simulate", "--policy", bad, "--rho", "0.5", "--requests", "1000"], capsys)
+        assert rc == 2 and what in err and err.count("\n") == 1, err

@@ -548,7 +548,7 @@ def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
         pol = np.asarray(p.policy, dtype=np.int64)
         w2 = math.sqrt(p.w2_lo * p.w2_hi) if p.w2_lo > 0 and math.isfinite(p.w2_hi) else p.w2_lo  # as Front.solution
         name = f"smdp:w2={w2:.6g}" if math.isfinite(w2) else f"static:{int(max(p.policy))}"
-        name += f",bmax={sizes[-1]}" if capped else ""
+        name += (f",bmax={sizes[-1]}" if capped else "") + (f",lam={solve_lam:.6g}" if len(chk.lams) > 1 else "")
         knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam,
                  **({"batch_sizes": list(sizes)} if capped else {})}
         pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},

@@ -3,9 +3,11 @@ intervals) and ``compare`` (least power at a latency SLO, best-tuned servers aga
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
+import numpy as np
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
@@ -18,7 +20,8 @@ from .types import Grid, Number, OneOf, option
 @click.command("simulate", short_help="Simulate a policy or a server's batching rule, with 95% intervals.")
 @scenario_options
 @option("--policy", "policy_spec", required=True, metavar="SPEC",
-              help="static:B | greedy | control:Q | FILE.h5 | triton:… | tfserving:… | ray:… | torchserve:…")
+              help="static:B | greedy | control:Q | FILE.h5 | smdp:w2=X[,bmax=C][,lam=L] (each table optionally "
+                   "+timer:MS[:pad]) | triton:… | tfserving:… | ray:… | torchserve:…")
 @option("--requests", type=Number(integer=True, min=100, max=REQUESTS_LIMIT), default="1000000", show_default=True,
               help="Number of requests to simulate.")
 @option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
@@ -56,7 +59,8 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
         rule = phase_file_rule(pf, table_map, phase_rule, path)
     else:
         problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
-        rule = parse_rule(policy_spec, problem)
+        rule = smdp_rule(policy_spec, problem) if policy_spec.strip().lower().startswith("smdp:") else \
+            parse_rule(policy_spec, problem)
         arr, _ = stream(arrivals, n, sd)
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
               within_ms=() if within_ms is None else tuple(within_ms))
@@ -77,6 +81,39 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
     ] + [f"  within      {100 * v:.4g} ± {100 * res.within_ci[b]:.2g} % of requests within {b:g} ms"
          for b, v in res.within.items()])
     emit(d, as_json, text)
+
+
+def smdp_rule(spec: str, problem):
+    """``smdp:w2=X[,bmax=C][,lam=L][+timer:MS[:pad]]`` — the SMDP table of weight X (compare's answers name
+    tables so), solved now with the converged rule at λ = L (default: the scenario's) and the batch sizes ≤ C,
+    optionally with a timer: the rule simulated as the table + timer runs it."""
+    from ..baselines.servers import table_timer, table_rule
+    from ..solvers import solve
+    from .types import Number
+
+    head, plus, timer = spec.strip().partition("+")
+    keys = {}
+    for part in filter(None, (x.strip() for x in head.partition(":")[2].split(","))):
+        k, eq, v = part.partition("=")
+        if not eq or k.strip().lower() not in ("w2", "bmax", "lam"):
+            raise InputError(f"rule {spec!r}: unknown setting {part!r}; an SMDP table is smdp:w2=X[,bmax=C][,lam=L]")
+        keys[k.strip().lower()] = Number(integer=k.strip().lower() == "bmax", min=0).parse_one(v.strip(), f"{spec}: {k}")
+    if "w2" not in keys:
+        raise InputError(f"rule {spec!r} needs w2=X (an SMDP table is smdp:w2=X[,bmax=C][,lam=L])")
+    sizes = tuple(b for b in problem.batch_sizes if b <= keys.get("bmax", problem.bmax))
+    if not sizes:
+        raise InputError(f"rule {spec!r}: no allowed batch size is ≤ bmax = {keys['bmax']}")
+    solved = problem.replace(w2=keys["w2"], batch_sizes=sizes, **({"lam": keys["lam"]} if "lam" in keys else {}))
+    sol = solve(solved)
+    policy = np.asarray(sol.policy)[: sol.s_max + 1]
+    if not plus:
+        return table_rule(policy, sizes, spec=spec.strip())
+    key, _, rest = timer.strip().partition(":")
+    value, _, mode = rest.partition(":")
+    if key.lower() != "timer" or mode.strip().lower() not in ("", "pad"):
+        raise InputError(f"rule {spec!r}: a timer is written +timer:MS[:pad]")
+    tau = math.inf if value.strip().lower() in ("inf", "infinity") else Number(min=0).parse_one(value.strip(), f"{spec}: timer")
+    return table_timer(policy, sizes, tau, spec=spec.strip(), forced="pad" if mode.strip() else "largest")
 
 
 @click.command("compare", short_help="Least power at a latency SLO over a load range: the SMDP table + timer "
