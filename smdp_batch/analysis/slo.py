@@ -412,9 +412,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
     slo.check_reachable(problem, seed)
-    lams = [float(problem.lam)] if lams is None else [float(x) for x in lams]
-    for lam in lams:
-        problem.replace(lam=lam)  # validated: stable, within the rate limits
+    lams = [float(problem.lam)] if lams is None else [float(x) for x in lams]  # validated by _Checker's problems
     unit = None
     if arrivals is not None:
         arr = np.asarray(arrivals, dtype=np.float64)

@@ -131,13 +131,9 @@ class SojournLaw:
 
     # ------------------------------------------------------------------ transforms
     def _kernel(self, b: int, s: np.ndarray) -> np.ndarray:
-        """K_b(a; s) for a = 0..cut−1 (rows) and each s (columns)."""
-        cut = self._cut(b)
-        a = np.arange(cut)[:, None]
-        if self.kind == "det":
-            return self._arrivals(b, cut)[:, None] * np.exp(-s * self.l[b])[None, :]
-        c, r = self._geometric(b, s)
-        return c[None, :] * r[None, :] ** a
+        """Deterministic G_b: K_b(a; s) for a = 0..cut−1 (rows) and each s (columns).  (Exponential G_b
+        sums its geometric kernel by a recursion instead: :meth:`_geometric`.)"""
+        return self._arrivals(b, self._cut(b))[:, None] * np.exp(-s * self.l[b])[None, :]
 
     def _geometric(self, b: int, s: np.ndarray):
         """Exponential G_b: K_b(a; s) = c·r^a with c = μ/(λ+s+μ), r = λ/(λ+s+μ) (|r| < 1 for Re s ≥ 0)."""

@@ -56,7 +56,7 @@ from ..errors import InputError
 from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 
-__all__ = ["ServerRule", "table_rule", "table_timer", "triton_table", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+__all__ = ["ServerRule", "table_rule", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
     "static:B, greedy, control:Q, FILE.h5 (each optionally +timer:MS), triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
@@ -93,9 +93,8 @@ class ServerRule:
         """Sizes this rule can execute (after padding)."""
         if self.mode == "table":
             return sorted({int(a) for a in self.table if a > 0})
-        if self.mode in ("timer", "timer-pad"):  # the table's sizes and every allowed size ≤ its largest (forced)
-            top = int(self.table.max())
-            return sorted({int(a) for a in self.table if a > 0} | {int(a) for a in self.pref if a <= top})
+        if self.mode in ("timer", "timer-pad"):  # the table's sizes and the allowed sizes a forced batch may use
+            return sorted({int(a) for a in self.table if a > 0} | {int(a) for a in self.pref})
         if self.allowed:
             return list(self.allowed)
         return list(range(1, self.maxb + 1))
@@ -176,6 +175,23 @@ def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None, for
     name = spec if spec is not None else f"table+timer:{tau:g}" + (":pad" if forced == "pad" else "")
     return ServerRule("timer" if forced == "largest" else "timer-pad", name, base.table, base.top, base.maxb,
                       sizes[sizes <= max(top, small)], tau, allowed)
+
+
+def split_timer(spec: str) -> tuple[str, float | None, str]:
+    """``SPEC+timer:MS[:pad]`` → (SPEC, τ in ms, forced form); τ is None when there is no timer suffix."""
+    text = spec.strip()
+    head, plus, timer = text.rpartition("+")
+    if not (plus and timer.strip().lower().startswith("timer")):
+        return text, None, "largest"
+    key, colon, value = timer.strip().partition(":")
+    if key.strip().lower() != "timer" or not colon:
+        raise InputError(f"rule {spec!r}: a timer is written +timer:MS[:pad] (the oldest request's wait bound in ms)")
+    value, _, mode = value.strip().partition(":")
+    if mode.strip().lower() not in ("", "pad"):
+        raise InputError(f"rule {spec!r}: after +timer:MS only :pad may follow (forced batches padded up)")
+    value = value.strip()
+    tau = math.inf if value.lower() in ("inf", "infinity") else _time("the timer (ms)", value)
+    return head, tau, "pad" if mode.strip() else "largest"
 
 
 def triton_table(max_batch_size: int, preferred=()) -> np.ndarray:
@@ -283,22 +299,13 @@ def parse_rule(spec: str, problem) -> ServerRule:
         if "b" not in kw or "d" not in kw:
             raise InputError(f"rule {spec!r} needs batch=B and delay_ms=D")
         return torchserve(kw["b"], kw["d"], [x for x in kw.get("a", "").split("/") if x])
-    head, plus, timer = text.rpartition("+")
-    if plus and timer.strip().lower().startswith("timer"):
-        key, colon, value = timer.strip().partition(":")
-        if key.strip().lower() != "timer" or not colon:
-            raise InputError(f"rule {spec!r}: a timer is written +timer:MS[:pad] (the oldest request's wait bound in ms)")
-        value, _, mode = value.strip().partition(":")
-        if mode.strip().lower() not in ("", "pad"):
-            raise InputError(f"rule {spec!r}: after +timer:MS only :pad may follow (forced batches padded up)")
-        value = value.strip()
-        tau = math.inf if value.lower() in ("inf", "infinity") else _time("the timer (ms)", value)
+    head, tau, forced = split_timer(text)
+    if tau is not None:
         base = parse_rule(head, problem)
         if base.mode != "table":
             raise InputError(f"rule {spec!r}: +timer goes with a table (static:B, greedy, control:Q, FILE.h5), "
                              f"not with {base.spec.partition(':')[0]}'s own rule")
-        forced = "pad" if mode.strip() else "largest"
-        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}" + (":pad" if mode.strip() else ""),
+        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}" + (":pad" if forced == "pad" else ""),
                            forced=forced)
     if text.lower().endswith((".h5", ".hdf5")):
         from ..runtime.schema import read_policy

@@ -3,7 +3,6 @@ intervals) and ``compare`` (least power at a latency SLO, best-tuned servers aga
 
 from __future__ import annotations
 
-import math
 import sys
 
 import click
@@ -12,7 +11,7 @@ import numpy as np
 from ..errors import InputError
 from ..runtime.schema import read_policy
 from .options import UNITS, build_problem, emit, file_inputs, json_option, progress_line, scenario_line, scenario_options
-from .slo import load_range_options, search_options, slo_options
+from .slo import answer_lines, load_range_options, loads_for, search_options, slo_from, slo_options
 from ..limits import SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Number, OneOf, option
 
@@ -87,11 +86,10 @@ def smdp_rule(spec: str, problem):
     """``smdp:w2=X[,bmax=C][,lam=L][+timer:MS[:pad]]`` — the SMDP table of weight X (compare's answers name
     tables so), solved now with the converged rule at λ = L (default: the scenario's) and the batch sizes ≤ C,
     optionally with a timer: the rule simulated as the table + timer runs it."""
-    from ..baselines.servers import table_timer, table_rule
+    from ..baselines.servers import split_timer, table_rule, table_timer
     from ..solvers import solve
-    from .types import Number
 
-    head, plus, timer = spec.strip().partition("+")
+    head, tau, forced = split_timer(spec)
     keys = {}
     for part in filter(None, (x.strip() for x in head.partition(":")[2].split(","))):
         k, eq, v = part.partition("=")
@@ -106,14 +104,9 @@ def smdp_rule(spec: str, problem):
     solved = problem.replace(w2=keys["w2"], batch_sizes=sizes, **({"lam": keys["lam"]} if "lam" in keys else {}))
     sol = solve(solved)
     policy = np.asarray(sol.policy)[: sol.s_max + 1]
-    if not plus:
+    if tau is None:
         return table_rule(policy, sizes, spec=spec.strip())
-    key, _, rest = timer.strip().partition(":")
-    value, _, mode = rest.partition(":")
-    if key.lower() != "timer" or mode.strip().lower() not in ("", "pad"):
-        raise InputError(f"rule {spec!r}: a timer is written +timer:MS[:pad]")
-    tau = math.inf if value.strip().lower() in ("inf", "infinity") else Number(min=0).parse_one(value.strip(), f"{spec}: timer")
-    return table_timer(policy, sizes, tau, spec=spec.strip(), forced="pad" if mode.strip() else "largest")
+    return table_timer(policy, sizes, tau, spec=spec.strip(), forced=forced)
 
 
 @click.command("compare", short_help="Least power at a latency SLO over a load range: the SMDP table + timer "
@@ -130,8 +123,6 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, **opts
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import optimise
-    from .slo import answer_lines, loads_for, slo_from
-
     from .bursty import stream
 
     slo = slo_from(opts)
@@ -145,7 +136,6 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, **opts
         if arrivals.strip().lower().startswith("trace:") and not single and load_range is None and rho_range is None:
             problem = problem.replace(lam=(shape.size - 1) / float(shape[-1] - shape[0]))  # the trace's own rate
     problem, lams = loads_for(problem, load_range, rho_range, single)
-    slo.check_reachable(problem, seed)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
         ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick)

@@ -95,15 +95,13 @@ def worded_difference(ours: float, theirs: float, ci: float, name: str, who: str
     return f"{who} draws {abs(d):.3g} W ({pct:.2g} %) {'less' if d > 0 else 'more'} than {name}{tie}"
 
 
-def answer_lines(answer, families=None) -> list[str]:
+def answer_lines(answer) -> list[str]:
     """The per-family table and the savings, worded for a user."""
     slo = answer.slo
     metrics = [m for m, _ in slo.bounds]
     lines = [f"  {'family':17s}{'setting':58s}{'P̄ [W] (95%)':>17s}   worst load: " + ", ".join(
         f"{'W̄' if m == 'mean' else m} [ms]" for m in metrics)]
     for fam, s in answer.best.items():
-        if families is not None and fam not in families:
-            continue
         if s is None:
             lines.append(f"  {fam:17s}no setting meets {slo.text()} at every load")
             continue
@@ -124,7 +122,7 @@ def answer_lines(answer, families=None) -> list[str]:
             text += "" if row["meets_slo"] else "; that setting breaks the SLO"
             label = {"best tuned rule": "vs best", "table+timer": "vs table"}.get(row["against"], "vs default")
             lines.append(f"  {label:11s} {text}")
-    elif families is None or "table+timer" in families:
+    else:
         lines.append(f"  answer      no table+timer setting meets {slo.text()} at every load: relax the SLO or the range")
     return lines
 

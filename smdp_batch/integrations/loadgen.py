@@ -111,7 +111,7 @@ def simulated_run(problem, rule, arrival_ms: np.ndarray, seed: int = 0) -> Run:
 
 
 def summarise(run: Run, problem, warmup: float = 0.05, cooldown: float = 0.05) -> dict:
-    """W̄, p95, mean batch size, histogram and P̄ over the requests [warmup·N, (1 − cooldown)·N)."""
+    """W̄, p95, p99, mean batch size, histogram and P̄ over the requests [warmup·N, (1 − cooldown)·N)."""
     n = run.arrival_ms.size
     lo, hi = int(warmup * n), n - int(cooldown * n)
     if hi - lo < 10:
@@ -133,6 +133,7 @@ def summarise(run: Run, problem, warmup: float = 0.05, cooldown: float = 0.05) -
         "requests": int(hi - lo), "answered": int(answered.sum()),
         "mean_latency_ms": float(got.mean()) if got.size else math.nan,
         "p95_ms": float(np.percentile(got, 95)) if got.size else math.nan,
+        "p99_ms": float(np.percentile(got, 99)) if got.size else math.nan,
         "mean_batch_size": float(sizes.mean()) if sizes.size else math.nan,
         "batch_size_counts": {int(s): int(c) for s, c in zip(*np.unique(sizes, return_counts=True))},
         "mean_power_w": float(sum(energy[s] for s in executed) / span) if executed else math.nan,
