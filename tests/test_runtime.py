@@ -232,8 +232,13 @@ def test_rate_estimator_tracks_poisson_arrivals(mode):
     for t in np.cumsum(rng.exponential(1 / 2.0, 5000)):
         est.observe(t)
     assert est.rate == pytest.approx(2.0, rel=0.06)
-    with pytest.raises(InputError, match="must not decrease"):
-        est.observe(0.0)
+    last, count = est._last, est.count
+    est.observe(0.0)  # a clock stepped back: zero elapsed time, not an error
+    assert est._last == last and est.count == count + 1 and est.rate == pytest.approx(2.0, rel=0.06)
+    for bad in (float("nan"), float("inf"), -1.0, "5", True):
+        with pytest.raises(InputError, match="arrival time"):
+            est.observe(bad)
+    assert est._last == last and est.count == count + 1  # unchanged by the refusals
 
 
 class _FixedRate:

@@ -214,7 +214,10 @@ def test_every_fault_ends_every_request_once_and_breaks_the_batcher(fault, drain
 
         tasks = [asyncio.ensure_future(client(i)) for i in range(8)]
         if fault == "task_cancelled":
-            await asyncio.sleep(0.007)  # the second batch is running
+            for _ in range(2000):  # until the second batch is running (not a fixed sleep: robust under load)
+                if len(batches) == 2:
+                    break
+                await asyncio.sleep(0.0005)
             bt._task.cancel()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2)
         assert sorted(outcomes) == list(range(8)) and all(len(v) == 1 for v in outcomes.values())

@@ -29,18 +29,21 @@ __all__ = ["table_batch", "stub_deployment", "RayServe", "run_load"]
 
 
 def table_batch(table, max_wait_ms="auto", *, lam: float | None = None, short_batch: str = "serve",
-                pad_item: Any = None):
-    """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a path, a callable).
+                pad_item: Any = None, batch_timeout_s: float | None = None):
+    """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a PhasePolicy, a path to
+    either kind of table, a callable).
 
     Works on methods (``async def handle(self, items)``, called as ``await obj.handle(item)``) and on plain
     functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.
     """
     from ..runtime import PolicyTable
+    from ..runtime.phase import PhasePolicy
+    from ..runtime.phase_file import policy_version
 
-    if isinstance(table, str):
-        table = PolicyTable.load(table)
-    DynamicBatcher(lambda items: items, table, max_wait_ms, lam=lam, short_batch=short_batch,
-                   pad_item=pad_item)  # check the options now, not at the first request
+    if isinstance(table, str):  # a phase table (schema 2) runs with its phase filter
+        table = PhasePolicy.load(table) if policy_version(table) == 2 else PolicyTable.load(table)
+    options = dict(lam=lam, short_batch=short_batch, pad_item=pad_item, batch_timeout_s=batch_timeout_s)
+    DynamicBatcher(lambda items: items, table, max_wait_ms, **options)  # check the options now, not at the first request
 
     def wrap(func: Callable):
         batchers: dict = {}
@@ -53,8 +56,7 @@ def table_batch(table, max_wait_ms="auto", *, lam: float | None = None, short_ba
                 for k in [k for k, (lp, _, _) in batchers.items() if lp.is_closed()]:
                     del batchers[k]
                 infer = func if owner is None else functools.partial(func, owner)
-                hit = batchers[key] = (loop, owner, DynamicBatcher(infer, table, max_wait_ms, lam=lam,
-                                                                   short_batch=short_batch, pad_item=pad_item))
+                hit = batchers[key] = (loop, owner, DynamicBatcher(infer, table, max_wait_ms, **options))
             return hit[2]
 
         @functools.wraps(func)

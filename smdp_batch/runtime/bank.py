@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import deque
 
 import numpy as np
 
 from ..errors import InputError
+from .guard import check_rate, check_time_ms
 from .schema import read_bank
 from .table import PolicyTable
 
@@ -68,7 +70,9 @@ class RateEstimator:
     ``mode="window"``: (K − 1) / (span of the last K arrivals), K = ``window``.
     ``mode="ewma"``: exponentially weighted arrivals over exponentially weighted elapsed time, time
     constant ``tau_ms``: Σ_i e^{−(t−t_i)/τ} / (τ·(1 − e^{−(t−t_0)/τ})), unbiased from the first arrival on.
-    ``ready`` once ``min_arrivals`` arrivals have been seen.
+    ``ready`` once ``min_arrivals`` arrivals have been seen.  Thread-safe; an arrival time earlier than
+    the last (a clock stepped back, or two threads sharing one estimator) counts as the last (zero elapsed
+    time); NaN, ±inf and negative times raise ``InputError`` and leave the estimate unchanged.
     """
 
     def __init__(self, mode: str = "window", window: int = 256, tau_ms: float = 1000.0, min_arrivals: int = 32):
@@ -82,22 +86,24 @@ class RateEstimator:
         self._last: float | None = None
         self._first: float | None = None
         self.count = 0
+        self._lock = threading.Lock()
 
     def observe(self, t_ms: float) -> None:
-        """Record one arrival at time t (ms, non-decreasing)."""
-        t = float(t_ms)
-        if self._last is not None and t < self._last:
-            raise InputError(f"arrival times must not decrease: {t} after {self._last}")
-        if self.mode == "window":
-            self._times.append(t)
-        else:
-            if self._last is not None:
-                self._rate *= math.exp(-(t - self._last) / self.tau)
-            self._rate += 1.0 / self.tau
-        self._last = t
-        if self._first is None:
-            self._first = t
-        self.count += 1
+        """Record one arrival at time t (ms ≥ 0; an earlier time than the last counts as the last)."""
+        t = check_time_ms(t_ms)
+        with self._lock:
+            if self._last is not None and t < self._last:
+                t = self._last
+            if self.mode == "window":
+                self._times.append(t)
+            else:
+                if self._last is not None:
+                    self._rate *= math.exp(-(t - self._last) / self.tau)
+                self._rate += 1.0 / self.tau
+            self._last = t
+            if self._first is None:
+                self._first = t
+            self.count += 1
 
     @property
     def ready(self) -> bool:
@@ -106,31 +112,34 @@ class RateEstimator:
     @property
     def rate(self) -> float | None:
         """Current estimate (1/ms), or None before ``ready``."""
-        if not self.ready:
-            return None
-        if self.mode == "window":
-            span = self._times[-1] - self._times[0]
-            return (len(self._times) - 1) / span if span > 0 else None
-        elapsed = -math.expm1(-(self._last - self._first) / self.tau)
-        return self._rate / elapsed if elapsed > 0 else None
+        with self._lock:
+            if not self.ready:
+                return None
+            if self.mode == "window":
+                span = self._times[-1] - self._times[0]
+                return (len(self._times) - 1) / span if span > 0 else None
+            elapsed = -math.expm1(-(self._last - self._first) / self.tau)
+            return self._rate / elapsed if elapsed > 0 else None
 
 
 class AdaptivePolicy:
     """A table from a :class:`PolicyBank`, switched as the estimated λ moves (with hysteresis).
 
     Use it wherever a table goes: ``decide(n)``; :class:`~smdp_batch.runtime.DynamicBatcher` calls
-    ``observe_arrival(t_ms)`` for every request.
+    ``observe_arrival(t_ms)`` for every request.  Thread-safe: several batchers (threads) may share one.
     """
 
     def __init__(self, bank: PolicyBank, estimator: RateEstimator | None = None, hysteresis: float = 0.1,
                  initial_lam: float | None = None):
-        if not (0 <= hysteresis < 1):
+        if isinstance(hysteresis, bool) or not (0 <= hysteresis < 1):
             raise InputError(f"hysteresis must be in [0, 1), got {hysteresis!r}")
         self.bank = bank
         self.estimator = estimator or RateEstimator()
         self.h = float(hysteresis)
-        self.index = bank.index_for(initial_lam) if initial_lam is not None else len(bank) // 2
+        self.index = (bank.index_for(check_rate(initial_lam, "initial_lam")) if initial_lam is not None
+                      else len(bank) // 2)
         self.switches: list[tuple[float, float, float]] = []  # (time ms, λ from, λ to)
+        self._lock = threading.Lock()
 
     @property
     def table(self) -> PolicyTable:
@@ -144,18 +153,21 @@ class AdaptivePolicy:
         return self.table.decide(n)
 
     def observe_arrival(self, t_ms: float) -> None:
-        self.estimator.observe(t_ms)
-        lam = self.estimator.rate
-        if lam is None:
-            return
-        lams, i = self.bank.lams, self.index
-        while i + 1 < lams.size and lam > math.sqrt(lams[i] * lams[i + 1]) * (1.0 + self.h):
-            i += 1
-        while i > 0 and lam < math.sqrt(lams[i - 1] * lams[i]) * (1.0 - self.h):
-            i -= 1
-        if i != self.index:
-            self.switches.append((float(t_ms), float(lams[self.index]), float(lams[i])))
-            self.index = i
+        """One arrival at t (ms ≥ 0; NaN, ±inf and negative times raise ``InputError``, changing nothing)."""
+        t = check_time_ms(t_ms)
+        with self._lock:
+            self.estimator.observe(t)
+            lam = self.estimator.rate
+            if lam is None or not (math.isfinite(lam) and lam > 0):
+                return
+            lams, i = self.bank.lams, self.index
+            while i + 1 < lams.size and lam > math.sqrt(lams[i] * lams[i + 1]) * (1.0 + self.h):
+                i += 1
+            while i > 0 and lam < math.sqrt(lams[i - 1] * lams[i]) * (1.0 - self.h):
+                i -= 1
+            if i != self.index:
+                self.switches.append((t, float(lams[self.index]), float(lams[i])))
+                self.index = i
 
     def __repr__(self) -> str:
         return f"<AdaptivePolicy at λ = {self.bank.lams[self.index]:.4g}/ms of {self.bank!r}, {len(self.switches)} switches>"

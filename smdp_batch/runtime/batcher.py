@@ -19,7 +19,7 @@ class below):
   that batch;
 * a *fault* — ``infer`` raising a ``BaseException`` that is not an ``Exception`` (``CancelledError``,
   ``KeyboardInterrupt``, …), the decision callable raising or returning an impossible batch (not an
-  int, < 0, > n), or the batcher's task being cancelled — stops the batcher: the running batch and
+  int, < 0, > n), or the batcher's task being cancelled while requests are pending — stops the batcher: the running batch and
   every queued request fail with :class:`BatcherBroken` (its ``__cause__`` is the fault), later
   submissions fail with it at once, and ``close()`` returns without raising.  ``KeyboardInterrupt``
   and ``SystemExit`` are re-raised after that, so that they still stop the program, and a
@@ -36,8 +36,23 @@ class below):
   follows the table exactly: a request below the table's limit then waits for the next arrival;
 * ``close(drain=True)`` serves everything still queued (ignoring waits; short batches as
   ``short_batch`` says, and with ``"wait"`` a remainder below the smallest size fails with
-  :class:`BatcherClosed`), and ``close(drain=False)`` fails the queued callers with
-  :class:`BatcherClosed`; later submissions fail with :class:`BatcherClosed`.
+  :class:`BatcherClosed`).  ``close(drain=False)`` fails the queued callers *and the running batch's*
+  with :class:`BatcherClosed` at once and returns without waiting for ``infer`` (an ``async`` call is
+  cancelled; one that ignores cancellation, or a plain infer blocked in its thread, is abandoned and its
+  result dropped); it also ends a drain in progress.  Later submissions fail with :class:`BatcherClosed`;
+* ``batch_timeout_s`` (default None) bounds each ``infer`` call: a batch still running then fails its
+  callers with ``TimeoutError`` (``metrics.timed_out_batches``), its call is cancelled or abandoned as
+  above, and the batcher goes on (an abandoned call that ignores cancellation may run beside the next);
+* a plain (non-``async``) ``infer`` runs in a worker thread (:class:`~smdp_batch.runtime.guard.InferWorker`),
+  so the event loop keeps accepting requests; ``infer_thread=False`` calls it on the loop;
+* a policy whose decision changes with time alone (a :class:`~smdp_batch.runtime.phase.PhasePolicy`:
+  silence moves its phase belief) is asked again while requests wait, when its ``next_decision_ms(n, t_ms)``
+  says, so a burst's last requests are served when the belief says serve, not at the safety bound;
+* the batcher's clock never steps back (a step back counts as zero elapsed time);
+* after its event loop stopped (``asyncio.run`` twice), a batcher rebinds to the new loop; requests left
+  on the old one fail with :class:`BatcherClosed`.  From a second loop while the first runs (two threads)
+  it raises ``RuntimeError``: one batcher per loop (:func:`batched` makes one per loop).  Its task
+  cancelled with no request pending (``asyncio.run`` at exit) is a clean stop: the next submit restarts it.
 """
 
 from __future__ import annotations
@@ -53,18 +68,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-import numpy as np
-
+from .bound import BOUND_EPS, BOUND_SAFETY, FALLBACK_MAX_WAIT_MS, default_max_wait_ms, erlang_quantile_ms
+from .guard import InferWorker, check_max_wait_ms, check_timeout_s
 from .table import PolicyTable
 
 __all__ = ["DynamicBatcher", "BatcherClosed", "BatcherBroken", "BatcherMetrics", "batched",
-           "default_max_wait_ms", "erlang_quantile_ms", "FALLBACK_MAX_WAIT_MS"]
+           "default_max_wait_ms", "erlang_quantile_ms", "FALLBACK_MAX_WAIT_MS", "BOUND_EPS", "BOUND_SAFETY"]
 
-#: Safety bound (ms) when the arrival rate or the table's waiting states are unknown.
-FALLBACK_MAX_WAIT_MS = 1000.0
-#: The default bound is ``BOUND_SAFETY`` × the (1 − ``BOUND_EPS``) quantile of the fill time.
-BOUND_EPS = 1e-6
-BOUND_SAFETY = 2.0
 _SHORT = ("serve", "pad", "wait", "pad-up")
 _EARLY_S = 1e-4  # asyncio may run a timer up to its clock resolution early: treat that as due
 
@@ -93,6 +103,7 @@ class BatcherMetrics:
     busy: bool = False
     forced_batches: int = 0  # served because the oldest request reached max_wait_ms
     padded_batches: int = 0  # forced batches padded to the smallest allowed size (short_batch="pad")
+    timed_out_batches: int = 0  # infer calls that passed batch_timeout_s (their callers got TimeoutError)
 
     @property
     def mean_wait_ms(self) -> float:
@@ -104,80 +115,15 @@ class BatcherMetrics:
         return sum(b * c for b, c in self.batch_sizes.items()) / self.batches if self.batches else 0.0
 
 
-@functools.lru_cache(maxsize=256)
-def erlang_quantile_ms(k: int, lam: float, p: float) -> float:
-    """Time t (ms) with P(T_k ≤ t) = p, T_k the time of the k-th arrival of a Poisson stream of rate lam
-    (1/ms): T_k ~ Erlang(k, lam), and P(T_k > t) = P(Poisson(lam·t) < k).  Bisection, numpy-free."""
-    if k <= 0:
-        return 0.0
-
-    def tail(x: float) -> float:  # P(Poisson(x) < k), summed in logs
-        if x <= 0:
-            return 1.0
-        lx = math.log(x)
-        logs = [j * lx - x - math.lgamma(j + 1) for j in range(k)]
-        top = max(logs)
-        return math.exp(top) * math.fsum(math.exp(a - top) for a in logs)
-
-    q = 1.0 - p
-    lo, hi = 0.0, float(k)
-    while tail(hi) > q:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if tail(mid) > q else (lo, mid)
-        if hi - lo <= 1e-12 * hi:
-            break
-    return hi / lam
+def _is_async(fn: Any) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
-def _policy_array(table: Any) -> np.ndarray | None:
-    table = getattr(table, "table", table)  # an AdaptivePolicy: its current table
-    return table.policy if isinstance(table, PolicyTable) else None
-
-
-def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
-    """The default safety bound (ms) for ``table`` at arrival rate ``lam`` (1/ms; default: the table's λ).
-
-    Let k be the last queue length at which the table waits (for a control-limit table, k = Q − 1).
-    Once a request is the oldest waiting, k further arrivals are enough for the table to serve it at the
-    next epoch (FIFO: the requests behind it stay queued).  So the bound can fire for it only if those k
-    arrivals take longer than the bound: with Poisson arrivals at λ that time is Erlang(k, λ), whatever
-    the service times.  The bound is ``BOUND_SAFETY`` (2) × its (1 − ``BOUND_EPS``) = (1 − 10⁻⁶)
-    quantile: at the table's λ it fires for far fewer than 10⁻⁶ of the waits, and still for at most
-    10⁻⁶ of them if traffic runs at half the table's rate.  It costs one timer per idle wait and
-    otherwise nothing.  0 if the table never waits with a request queued.
-
-    A table whose ``meta["max_wait_ms"]`` records its timer (an SLO setting of a λ-bank built by
-    :func:`smdp_batch.analysis.bands.slo_bank`) is bounded by that timer instead.
-
-    Without a policy array (a plain callable) or without a rate (a table built in memory with no
-    usable ``meta["inputs"]["lam"]`` and no ``lam`` given), the bound is ``FALLBACK_MAX_WAIT_MS`` (1 s):
-    long enough for any batch-forming wait at server rates, short enough that traffic that stops
-    does not strand requests.  Pass ``max_wait_ms`` for anything else.
-    """
-    own = getattr(table, "default_max_wait_ms", None)  # a PhasePolicy knows its phases' rates
-    meta = getattr(getattr(table, "table", table), "meta", None)
-    timer = meta.get("max_wait_ms") if isinstance(meta, dict) else None
-    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(timer) and timer >= 0:
-        return float(timer)  # the table's own timer (an SLO setting, smdp_batch.analysis.bands)
-    if callable(own):
-        if lam is not None and (isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0)):
-            raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
-        return float(own(lam))
-    policy = _policy_array(table)
-    if lam is not None:
-        if isinstance(lam, bool) or not (isinstance(lam, numbers.Real) and math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a finite arrival rate > 0 (1/ms), got {lam!r}")
-    else:
-        lam = getattr(getattr(table, "table", table), "lam", None)
-        if lam is not None and not (math.isfinite(lam) and lam > 0):
-            lam = None  # a table recording no usable rate: the fallback
-    if policy is None or lam is None:
-        return FALLBACK_MAX_WAIT_MS
-    lam = float(lam)
-    k = int(np.nonzero(policy == 0)[0][-1])  # policy[0] = 0 always; policy[s_max] > 0 (validated)
-    return BOUND_SAFETY * erlang_quantile_ms(k, lam, 1.0 - BOUND_EPS)
+def _settle(waiter: asyncio.Future, how: str) -> None:
+    if not waiter.done():
+        waiter.set_result(how)
 
 
 class _Entry:
@@ -195,52 +141,58 @@ class DynamicBatcher:
     """Serve single requests through ``infer(list_of_items) -> list_of_results`` as the table says.
 
     ``table``: a :class:`PolicyTable`, an :class:`~smdp_batch.runtime.bank.AdaptivePolicy` (told of every
-    arrival, in ms), a path to an HDF5 table, or any callable n ↦ b (must return an int in 0..n).
-    ``infer`` may be ``async def`` or a plain function returning the results (or an awaitable).
+    arrival, in ms), a :class:`~smdp_batch.runtime.phase.PhasePolicy`, a path to an HDF5 table, or any
+    callable n ↦ b (must return an int in 0..n).
+    ``infer`` may be ``async def`` or a plain function returning the results (or an awaitable); a plain one
+    runs in a worker thread unless ``infer_thread=False``.
     ``max_wait_ms``: the safety bound on the oldest request's wait while the table says wait (ms);
     ``"auto"`` (default) is :func:`default_max_wait_ms` of the table (for an AdaptivePolicy, of its
-    current table) at rate ``lam`` (1/ms, default the table's λ); ``None`` or ``math.inf``: no bound.
-    ``short_batch``: ``"serve"``, ``"pad"`` (with ``pad_item``) or ``"wait"``, for a forced or drained
-    batch with fewer requests than the smallest allowed batch size; ``"pad-up"`` (with ``pad_item``):
+    current table) at rate ``lam`` (1/ms in [1e-12, 1e12], default the table's λ); ``None`` or ``math.inf``:
+    no bound.  ``short_batch``: ``"serve"``, ``"pad"`` (with ``pad_item``) or ``"wait"``, for a forced or
+    drained batch with fewer requests than the smallest allowed batch size; ``"pad-up"`` (with ``pad_item``):
     every forced batch takes up to the largest size and pads to the next allowed one (module docstring).
+    ``batch_timeout_s``: the longest one ``infer`` call may run (seconds, > 0; None: no limit); its callers
+    then get ``TimeoutError`` and the batcher goes on.
     """
 
     def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | os.PathLike | Callable[[int], int],
                  max_wait_ms: float | str | None = "auto", *, lam: float | None = None,
-                 short_batch: str = "serve", pad_item: Any = None):
+                 short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None,
+                 infer_thread: bool = True):
         if not callable(infer):
             raise TypeError("infer must be callable: infer(list_of_items) -> list_of_results")
         if isinstance(table, (str, os.PathLike)):
             table = PolicyTable.load(table)
         if not (callable(table) or callable(getattr(table, "decide", None))):
-            raise TypeError("table must be a PolicyTable, an AdaptivePolicy, a path or a callable n -> b")
+            raise TypeError("table must be a PolicyTable, an AdaptivePolicy, a PhasePolicy, a path or a callable n -> b")
         if short_batch not in _SHORT:
             raise ValueError(f"short_batch must be one of {_SHORT}, got {short_batch!r}")
         default_max_wait_ms(table, lam)  # checks lam
-        if isinstance(max_wait_ms, str):
-            if max_wait_ms != "auto":
-                raise ValueError(f"max_wait_ms must be 'auto', a number ≥ 0 (ms), None or inf; got {max_wait_ms!r}")
-            self._fixed_wait_s: float | None = None
-        elif max_wait_ms is None or (isinstance(max_wait_ms, (int, float)) and max_wait_ms == math.inf):
-            self._fixed_wait_s = math.inf
-        elif isinstance(max_wait_ms, (int, float)) and not isinstance(max_wait_ms, bool) and max_wait_ms >= 0:
-            self._fixed_wait_s = float(max_wait_ms) / 1e3
-        else:
-            raise ValueError(f"max_wait_ms must be 'auto', a number ≥ 0 (ms), None or inf; got {max_wait_ms!r}")
+        self._fixed_wait_s = check_max_wait_ms(max_wait_ms)  # None: "auto"
+        self.batch_timeout_s = check_timeout_s(batch_timeout_s, "batch_timeout_s")
+        if not isinstance(infer_thread, bool):
+            raise TypeError(f"infer_thread must be True or False, got {infer_thread!r}")
         self._decide = table.decide if callable(getattr(table, "decide", None)) else table
         self._observe = getattr(table, "observe_arrival", None)
+        redecide = getattr(table, "next_decision_ms", None)
+        self._redecide = redecide if callable(redecide) else None
         self.table = table
         self.lam = lam
         self.short_batch = short_batch
         self.pad_item = pad_item
         self._auto_cache: dict[int, tuple[Any, float]] = {}
         self._infer = infer
+        self._threaded = infer_thread and not _is_async(infer)
+        self._worker = InferWorker() if self._threaded else None
         self._queue: deque[_Entry] = deque()
         self._waiting = 0  # entries in the queue that are neither cancelled nor taken
         self._dead = 0  # cancelled entries still in the queue (dropped lazily)
         self._inflight: list[_Entry] = []
+        self._evloop: asyncio.AbstractEventLoop | None = None
         self._arrival = asyncio.Event()
+        self._batch_waiter: asyncio.Future | None = None  # settled when the running infer call ends or is given up
         self._task: asyncio.Task | None = None
+        self._clock = 0.0  # the latest time read (s): the batcher's clock never steps back
         self._closing: bool | None = None  # None: open; True: drain; False: reject
         self._broken: BaseException | None = None
         self.metrics = BatcherMetrics()
@@ -259,11 +211,14 @@ class DynamicBatcher:
 
     async def submit(self, item: Any) -> Any:
         """Queue one request and wait for its result (raises what ``infer`` raised for its batch,
-        :class:`BatcherClosed` after ``close()``, :class:`BatcherBroken` after a fault)."""
+        ``TimeoutError`` after ``batch_timeout_s``, :class:`BatcherClosed` after ``close()``,
+        :class:`BatcherBroken` after a fault)."""
+        loop = asyncio.get_running_loop()
+        self._bind(loop)
         self._refuse_if_stopped()
-        self._ensure_started()
-        fut = asyncio.get_running_loop().create_future()
-        entry = _Entry(item, fut, time.monotonic())
+        self._ensure_started(loop)
+        fut = loop.create_future()
+        entry = _Entry(item, fut, self._now())
         if self._observe is not None:
             self._observe(entry.t * 1e3)
         self._queue.append(entry)
@@ -276,11 +231,19 @@ class DynamicBatcher:
 
     async def close(self, drain: bool = True) -> None:
         """Stop accepting requests; serve (drain=True) or fail (drain=False) those still queued.
+
+        ``drain=False`` also fails the running batch's callers at once and returns without waiting for its
+        ``infer`` call (cancelled, or abandoned if it does not stop); it ends a drain in progress too.
         Never raises the fault that broke the batcher (see :attr:`broken`)."""
-        if self._closing is None:
+        self._bind(asyncio.get_running_loop())
+        if self._closing is None or not drain:
             self._closing = bool(drain)
         if not drain:
             self._reject_queued(BatcherClosed("the batcher was closed before this request was served"))
+            for e in self._inflight:
+                self._fail(e, BatcherClosed("the batcher was closed (drain=False) while this request's batch ran"))
+            if self._batch_waiter is not None:
+                _settle(self._batch_waiter, "closed")
         self._arrival.set()
         task = self._task
         if task is not None and task is not asyncio.current_task():
@@ -289,8 +252,10 @@ class DynamicBatcher:
                 task.exception()  # retrieved: a fault is reported through ``broken``, not re-raised
 
     async def __aenter__(self) -> "DynamicBatcher":
+        loop = asyncio.get_running_loop()
+        self._bind(loop)
         self._refuse_if_stopped()
-        self._ensure_started()
+        self._ensure_started(loop)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -303,9 +268,38 @@ class DynamicBatcher:
         if self._closing is not None:
             raise BatcherClosed("the batcher is closed")
 
-    def _ensure_started(self) -> None:
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve ``loop``: on a change of loop, drop what was left on the previous one (which must have stopped)."""
+        old = self._evloop
+        if old is loop:
+            return
+        if old is not None and not old.is_closed() and old.is_running():
+            raise RuntimeError("this DynamicBatcher is serving another running event loop; "
+                               "create one batcher per event loop (batched() does)")
+        left = [e for e in self._queue if not e.taken] + self._inflight
+        self._queue, self._inflight, self._waiting, self._dead = deque(), [], 0, 0
+        for e in left:
+            try:
+                self._fail(e, BatcherClosed("the event loop of this request stopped before it was served"))
+            except RuntimeError:  # its loop is closed: nobody can wait for it any more
+                pass
+        self._evloop, self._task, self._batch_waiter = loop, None, None
+        self._arrival = asyncio.Event()
+        if isinstance(self._broken, asyncio.CancelledError):  # the old loop cancelled the task: not a fault here
+            self._broken = None
+        self.metrics.queue_length, self.metrics.busy = 0, False
+
+    def _ensure_started(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = loop.create_task(self._run())
+
+    def _now(self) -> float:
+        """time.monotonic() (s), never earlier than a time read before."""
+        t = time.monotonic()
+        if t < self._clock:
+            return self._clock
+        self._clock = t
+        return t
 
     def _bound_s(self) -> float:
         if self._fixed_wait_s is not None:
@@ -391,6 +385,20 @@ class DynamicBatcher:
             return n, sizes[0] - n
         return 0, 0  # "wait"
 
+    def _wait_s(self, n: int, now: float, delay_s: float | None) -> float | None:
+        """How long to await an arrival: ``delay_s`` (None: no timer), or less where the policy says its
+        decision changes with time alone (``next_decision_ms``)."""
+        if self._redecide is None:
+            return delay_s
+        try:
+            t = self._redecide(n, now * 1e3)
+        except Exception as exc:
+            raise _Fault(f"the policy's next_decision_ms raised {exc!r} at queue length {n}") from exc
+        if t is None or isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
+            return delay_s
+        d = max(float(t) / 1e3 - now, _EARLY_S)
+        return d if delay_s is None else min(delay_s, d)
+
     async def _wake(self, delay_s: float | None) -> None:
         """Wait for the next arrival (or close()), or at most ``delay_s`` seconds."""
         self._arrival.clear()
@@ -401,10 +409,19 @@ class DynamicBatcher:
             if timer is not None:
                 timer.cancel()
 
+    def _pending(self) -> bool:
+        return any(not e.future.done() for e in self._inflight) or any(
+            not e.taken and not e.future.done() for e in self._queue)
+
     async def _run(self) -> None:
         try:
             await self._loop()
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and not self._pending():
+                if self._task is asyncio.current_task():  # cancelled while idle: a clean stop, restarted on demand
+                    self._task = None
+                self._inflight, self.metrics.busy = [], False
+                raise
             self._broken = exc
             broken = BatcherBroken(f"the batcher stopped on a fault: {exc!r}")
             broken.__cause__ = exc
@@ -435,19 +452,36 @@ class DynamicBatcher:
                         continue
                 else:
                     bound = self._bound_s()
-                    left = bound - (time.monotonic() - self._oldest().t)
+                    now = self._now()
+                    left = bound - (now - self._oldest().t)
                     if left > _EARLY_S:
-                        await self._wake(None if bound == math.inf else left)
+                        await self._wake(self._wait_s(n, now, None if bound == math.inf else left))
                         continue
                     b, pads = self._forced_batch(n)
                     if b == 0:  # overdue, but short_batch="wait": the next arrival is the next epoch
-                        await self._wake(None)
+                        await self._wake(self._wait_s(n, now, None))
                         continue
                     self.metrics.forced_batches += 1
             await self._serve(self._take(b), pads)
 
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list) -> tuple[bool, Any]:
+        """One infer call: (True, results) or (False, what it raised); nothing escapes (the batcher re-raises
+        a BaseException that is not an Exception as a fault)."""
+        try:
+            if self._threaded:
+                ok, out = await self._worker.run(loop, self._infer, items)
+                if not ok:
+                    return False, out
+            else:
+                out = self._infer(items)
+            if inspect.isawaitable(out):
+                out = await out
+            return True, out
+        except BaseException as exc:  # noqa: BLE001 - handed to _serve
+            return False, exc
+
     async def _serve(self, batch: list[_Entry], pads: int = 0) -> None:
-        now = time.monotonic()
+        now = self._now()
         m = self.metrics
         m.batches += 1
         m.batch_sizes[len(batch)] += 1
@@ -458,41 +492,66 @@ class DynamicBatcher:
             m.max_wait_ms = max(m.max_wait_ms, w)
         m.busy = True
         self._inflight = batch
-        awaited = False
+        loop = asyncio.get_running_loop()
+        call = loop.create_task(self._call(loop, [e.item for e in batch] + [self.pad_item] * pads))
+        waiter = self._batch_waiter = loop.create_future()
+        call.add_done_callback(lambda _: _settle(waiter, "done"))
+        timer = None if self.batch_timeout_s is None else loop.call_later(self.batch_timeout_s, _settle, waiter,
+                                                                           "timeout")
         try:
-            out = self._infer([e.item for e in batch] + [self.pad_item] * pads)
-            if inspect.isawaitable(out):
-                awaited = True
-                out = await out
-            results = list(out)
-            if len(results) != len(batch) + pads:
-                raise ValueError(f"infer returned {len(results)} results for a batch of {len(batch) + pads}")
-        except Exception as exc:  # reaches exactly this batch's callers; BaseException is a fault (_run)
+            how = await waiter
+        finally:  # given up (timed out, closed, or the batcher itself stopping): cancel it, never wait for it
+            if timer is not None:
+                timer.cancel()
+            self._batch_waiter = None
+            if not call.done():
+                call.cancel()
+                if self._threaded:  # its thread may be blocked for good: later calls get a fresh one
+                    self._worker = InferWorker()
+        if how == "done":
+            ok, out = call.result()
+            if ok:
+                try:
+                    results = list(out)
+                    if len(results) != len(batch) + pads:
+                        raise ValueError(f"infer returned {len(results)} results for a batch of {len(batch) + pads}")
+                except Exception as exc:
+                    ok, out = False, exc
+            if not ok and not isinstance(out, Exception):
+                raise out  # a BaseException from infer is a fault (_run)
+            if ok:
+                for e, r in zip(batch, results):
+                    if not e.future.done():
+                        e.future.set_result(r)
+                        m.completed += 1
+            else:  # reaches exactly this batch's callers
+                for e in batch:
+                    self._fail(e, out)
+        elif how == "timeout":
+            m.timed_out_batches += 1
+            exc = TimeoutError(f"infer did not return within batch_timeout_s={self.batch_timeout_s:g} s "
+                               f"(a batch of {len(batch) + pads})")
             for e in batch:
                 self._fail(e, exc)
-        else:
-            for e, r in zip(batch, results):
-                if not e.future.done():
-                    e.future.set_result(r)
-                    m.completed += 1
-        self._inflight = []
+        self._inflight = []  # how == "closed": close(drain=False) has failed them already
         m.busy = False
-        if not awaited:  # a plain infer: let callers and arrivals run before the next decision
-            await asyncio.sleep(0)
 
 
 def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,
-            lam: float | None = None, short_batch: str = "serve", pad_item: Any = None):
+            lam: float | None = None, short_batch: str = "serve", pad_item: Any = None,
+            batch_timeout_s: float | None = None, infer_thread: bool = True):
     """Decorator like Ray Serve's ``@serve.batch``: ``async def f(items: list) -> list`` becomes
     ``async def f(item) -> result`` served by a :class:`DynamicBatcher` following ``table``, with the
-    same options (``max_wait_ms`` default ``"auto"``, ``lam``, ``short_batch``, ``pad_item``).
+    same options (``max_wait_ms`` default ``"auto"``, ``lam``, ``short_batch``, ``pad_item``,
+    ``batch_timeout_s``, ``infer_thread``).
 
     One batcher per event loop (created on first call); ``f.batcher`` is the latest one.
     """
     if isinstance(table, (str, os.PathLike)):
         table = PolicyTable.load(table)
-    DynamicBatcher(lambda items: items, table, max_wait_ms, lam=lam, short_batch=short_batch,
-                   pad_item=pad_item)  # validate the options now, not at the first request
+    opts = dict(lam=lam, short_batch=short_batch, pad_item=pad_item, batch_timeout_s=batch_timeout_s,
+                infer_thread=infer_thread)
+    DynamicBatcher(lambda items: items, table, max_wait_ms, **opts)  # validate the options now, not at the first request
 
     def wrap(func: Callable[[list], Awaitable[list]]):
         batchers: dict[int, tuple[asyncio.AbstractEventLoop, DynamicBatcher]] = {}
@@ -504,7 +563,7 @@ def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_w
             if hit is None or hit[0] is not loop:
                 for key in [k for k, (lp, _) in batchers.items() if lp.is_closed()]:
                     del batchers[key]
-                bt = DynamicBatcher(func, table, max_wait_ms, lam=lam, short_batch=short_batch, pad_item=pad_item)
+                bt = DynamicBatcher(func, table, max_wait_ms, **opts)
                 hit = batchers[id(loop)] = (loop, bt)
                 single.batcher = bt
             return await hit[1].submit(item)

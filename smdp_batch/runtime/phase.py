@@ -1,4 +1,4 @@
-"""Acting on a (queue length, phase) table without seeing the phase: the MAP forward filter (issue 20).
+"""Acting on a (queue length, phase) table without seeing the phase: the MAP forward filter.
 
 A server observes arrival times, not the phase of the MAP (D0, D1).  The filter keeps the law of the
 phase given the arrivals so far (the forward recursion of the MAP likelihood; Rydén 1996):
@@ -22,12 +22,14 @@ numpy only; the functions on arrays are written so that the simulator can compil
 
 from __future__ import annotations
 
-import math
+import threading
 import time
 
 import numpy as np
 
 from ..errors import InputError
+from .bound import erlang_bound_ms
+from .guard import check_queue_length, check_rate, check_time_ms
 from .mapcheck import PHASE_LIMIT, check_map
 
 __all__ = ["PHASE_LIMIT", "PhaseFilter", "PhasePolicy", "check_map", "decide_phase", "expm_direction", "filter_step",
@@ -84,7 +86,11 @@ def _propagate(alpha: np.ndarray, D0: np.ndarray, dt: float) -> np.ndarray:
 
 
 class PhaseFilter:
-    """Online phase belief of a MAP from arrival times in ms (see the module doc); O(m²) per arrival."""
+    """Online phase belief of a MAP from arrival times in ms (see the module doc); O(m²) per arrival.
+
+    Thread-safe (one lock).  A time earlier than the last arrival (a clock stepped back, or two threads
+    sharing one filter) counts as zero elapsed time; NaN, ±inf and negative times raise ``InputError`` and
+    leave the belief unchanged."""
 
     def __init__(self, D0, D1, initial=None):
         self.D0, self.D1, pi, self.rate = check_map(D0, D1)
@@ -97,32 +103,36 @@ class PhaseFilter:
         self.alpha = a / a.sum()
         self.last: float | None = None
         self.count = 0
+        self._lock = threading.Lock()
 
     @property
     def phases(self) -> int:
         return self.D0.shape[0]
 
     def observe(self, t_ms: float) -> None:
-        """One arrival at time t (ms, non-decreasing)."""
-        t = float(t_ms)
-        if not math.isfinite(t):
-            raise InputError(f"arrival time must be finite, got {t_ms!r}")
-        if self.last is not None and t < self.last:
-            raise InputError(f"arrival times must not decrease: {t} after {self.last}")
-        dt = 0.0 if self.last is None else t - self.last
-        if self.last is None:  # the first arrival: the phase law given an arrival from the stationary start
-            v = self.alpha @ self.D1
-            self.alpha = v / v.sum() if v.sum() > 0 else self.alpha
-        else:
-            self.alpha = filter_step(self.alpha, self.D0, self.D1, dt)
-        self.last = t
-        self.count += 1
+        """One arrival at time t (ms ≥ 0; an earlier time than the last counts as the last)."""
+        t = check_time_ms(t_ms)
+        with self._lock:
+            if self.last is None:  # the first arrival: the phase law given an arrival from the stationary start
+                v = self.alpha @ self.D1
+                self.alpha = v / v.sum() if v.sum() > 0 else self.alpha
+            else:
+                t = max(t, self.last)
+                self.alpha = filter_step(self.alpha, self.D0, self.D1, t - self.last)
+            self.last = t
+            self.count += 1
+
+    def state(self) -> tuple[np.ndarray, float | None, int]:
+        """(belief just after the last arrival, its time in ms or None, arrivals seen), read together."""
+        with self._lock:
+            return self.alpha.copy(), self.last, self.count
 
     def belief(self, t_ms: float | None = None) -> np.ndarray:
-        """Phase law at time t ≥ the last arrival (default: just after it)."""
-        if t_ms is None or self.last is None:
-            return self.alpha.copy()
-        return _propagate(self.alpha, self.D0, max(float(t_ms) - self.last, 0.0))
+        """Phase law at time t ≥ the last arrival (default: just after it; an earlier t counts as it)."""
+        alpha, last, _ = self.state()
+        if t_ms is None or last is None:
+            return alpha
+        return _propagate(alpha, self.D0, max(check_time_ms(t_ms, "decision time") - last, 0.0))
 
 
 class PhasePolicy:
@@ -131,7 +141,9 @@ class PhasePolicy:
     ``table``: (levels, m) batch sizes (eq. 30 per phase beyond the last level); ``qvalues``:
     (levels_q, m, A) action values for ``rule="qmdp"`` with ``actions`` (0 then the batch sizes).
     :class:`~smdp_batch.runtime.DynamicBatcher` calls ``observe_arrival(t_ms)`` for every request and
-    ``decide(n)``; without a time, ``decide`` reads the same monotonic clock (ms).
+    ``decide(n)``; without a time, ``decide`` reads the same monotonic clock (ms).  While requests wait,
+    the batcher asks :meth:`next_decision_ms` when to decide again.  Thread-safe: several batchers (threads)
+    may share one policy.
     """
 
     def __init__(self, table, D0, D1, qvalues=None, actions=None, rule: str = "qmdp", batch_sizes=None,
@@ -178,33 +190,72 @@ class PhasePolicy:
         return self.filter.rate
 
     def default_max_wait_ms(self, lam: float | None = None) -> float:
-        """The batcher's safety bound for this table: as for a one-phase table (Erlang(k) quantile × 2,
-        :func:`~smdp_batch.runtime.batcher.default_max_wait_ms`) with k the last queue length at which any
-        phase waits and the slowest phase's arrival rate (or ``lam``)."""
-        from .batcher import BOUND_EPS, BOUND_SAFETY, FALLBACK_MAX_WAIT_MS, erlang_quantile_ms
-
+        """The batcher's safety bound for this table (ms): for each phase i, 2 × the (1 − 10⁻⁶) quantile of
+        Erlang(k_i, λ_i), k_i the last queue length at which phase i waits and λ_i its arrival rate (``lam`` if
+        given; a phase without arrivals: the slowest positive rate); the largest of these.  A phase that
+        serves at every queue length adds nothing, so a slow phase that serves does not stretch the bound
+        (as one phase: :func:`~smdp_batch.runtime.bound.default_max_wait_ms`).  While requests wait the batcher
+        also decides again as silence moves the belief (:meth:`next_decision_ms`)."""
+        if lam is not None:
+            lam = check_rate(lam)
         rates = self.filter.D1.sum(axis=1)
-        rate = float(lam) if lam is not None else float(rates[rates > 0].min())
-        waits = np.nonzero((self.phase_table == 0).any(axis=1))[0]
-        k = int(waits[-1]) if waits.size else 0
-        if k == 0:
-            return 0.0
-        return BOUND_SAFETY * erlang_quantile_ms(k, rate, 1.0 - BOUND_EPS) if rate > 0 else FALLBACK_MAX_WAIT_MS
+        slowest = float(rates[rates > 0].min())  # check_map: the mean rate is > 0, so some phase sees arrivals
+        bound = 0.0
+        for i in range(self.phases):
+            waits = np.nonzero(self.phase_table[:, i] == 0)[0]
+            k = int(waits[-1]) if waits.size else 0
+            if k > 0:
+                rate = lam if lam is not None else (float(rates[i]) if rates[i] > 0 else slowest)
+                bound = max(bound, erlang_bound_ms(k, rate))
+        return bound
 
     @property
     def max_batch(self) -> int:
         return int(self.phase_table.max())
 
     def observe_arrival(self, t_ms: float) -> None:
+        """One arrival at t (ms ≥ 0; thread-safe; a time earlier than the last counts as the last)."""
         self.filter.observe(t_ms)
 
     def decide(self, n: int, t_ms: float | None = None) -> int:
-        """Batch size for n queued requests at time t (ms; default now on the monotonic clock)."""
-        if t_ms is None:
-            t_ms = time.monotonic() * 1e3
-        beta = self.filter.belief(t_ms)
-        return decide_phase(int(n), beta, self.phase_table, self.qvalues if self.rule == "qmdp" else None,
+        """Batch size for n queued requests (an integer ≥ 0) at time t (ms; default now on the monotonic clock)."""
+        n = check_queue_length(n)
+        t = time.monotonic() * 1e3 if t_ms is None else check_time_ms(t_ms, "decision time")
+        alpha, last, _ = self.filter.state()
+        return self._decide_at(n, alpha, last, t)
+
+    def _decide_at(self, n: int, alpha: np.ndarray, last: float | None, t: float) -> int:
+        beta = alpha if last is None else _propagate(alpha, self.filter.D0, max(t - last, 0.0))
+        return decide_phase(n, beta, self.phase_table, self.qvalues if self.rule == "qmdp" else None,
                             self.actions if self.rule == "qmdp" else None)
+
+    def next_decision_ms(self, n: int, t_ms: float) -> float | None:
+        """When to decide again (ms, after ``t_ms``) if n requests wait and nothing arrives.
+
+        Silence is evidence (it moves the belief towards the slow phases), so the decision can change with
+        time alone.  Within one step 1/q of the last arrival (q the MAP's fastest total rate) the answer is
+        that step's end; later the look-ahead spans half the silence so far, and if the decision changes in
+        it the answer is the first time it does (bisection to 1/1000 of the window).  None when the belief
+        has settled (the decision no longer changes without an arrival).  Cost: one or two belief
+        propagations, plus ten when the decision changes."""
+        n = check_queue_length(n)
+        t = check_time_ms(t_ms, "decision time")
+        alpha, last, _ = self.filter.state()
+        if last is None or self.phases == 1:
+            return None
+        t = max(t, last)
+        step = 1.0 / float(np.max(-np.diag(self.filter.D0)))
+        if t - last < step:
+            return last + step
+        lo, hi = t, t + 0.5 * (t - last)
+        now = self._decide_at(n, alpha, last, lo)
+        if self._decide_at(n, alpha, last, hi) == now:
+            moved = _propagate(alpha, self.filter.D0, hi - last) - _propagate(alpha, self.filter.D0, lo - last)
+            return None if np.max(np.abs(moved)) < 1e-12 else hi
+        for _ in range(10):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if self._decide_at(n, alpha, last, mid) == now else (lo, mid)
+        return hi
 
     def __repr__(self) -> str:
         return f"<PhasePolicy {self.phase_table.shape[0]} levels × {self.phases} phases, rule {self.rule}>"
