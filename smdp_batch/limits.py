@@ -29,7 +29,8 @@ from .errors import InputError
 __all__ = [
     "MEMORY_BUDGET", "STATE_LIMIT", "SEARCH_STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
     "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT", "WEIGHT_LIMIT",
-    "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work",
+    "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work", "MAP_FILE_BYTES_LIMIT", "JSON_DEPTH_LIMIT",
+    "PHASE_TABLE_STATE_LIMIT", "PHASE_TABLE_VALUES_LIMIT", "SWITCH_RATIO_MIN",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
     "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
 ]
@@ -78,6 +79,16 @@ LINE_BYTES_LIMIT = 64 << 10
 SEED_MAX = 2**63 - 1
 #: Hard cap on iterations of loops whose count is not bounded by arithmetic alone.
 ITER_LIMIT = 10_000_000
+#: A MAP JSON file (``--arrivals map:FILE.json``): bytes read, and nesting depth of its arrays/objects.
+MAP_FILE_BYTES_LIMIT = 4 << 20
+JSON_DEPTH_LIMIT = 32
+#: What a phase table (schema_version 2) may declare, checked before any dataset is read: levels × phases
+#: (the solver writes at most 8 200) and stored action values, levels × phases × actions (float64: 128 MiB;
+#: the solver's work limit keeps its tables to a few million).
+PHASE_TABLE_STATE_LIMIT = 1 << 16
+PHASE_TABLE_VALUES_LIMIT = 1 << 24
+#: Slowest phase change over the fastest MAP event (1/ms over 1/ms) the (n, phase) SMDP is solved for.
+SWITCH_RATIO_MIN = 1e-6
 
 
 def gib(n: float) -> str:

@@ -1,4 +1,4 @@
-"""Markovian arrival processes (MAP): bursty traffic as matrices D0, D1 (issue 20).
+"""Markovian arrival processes (MAP): bursty traffic as matrices D0, D1.
 
 A MAP with m phases has a phase process with generator D = D0 + D1; D1[i, j] ≥ 0 is the rate of
 arrivals that move the phase from i to j, D0's off-diagonal entries (≥ 0) are phase changes
@@ -14,22 +14,26 @@ without an arrival, and every row of D sums to 0 (Neuts 1979; Lucantoni 1991).
 Spellings (one for ``solve`` and ``simulate``): ``poisson`` (at the scenario's λ),
 ``mmpp:L1,L2,R12,R21`` (two phases: rates L1, L2 /ms, leaving phase 1 at rate R12 /ms and phase 2
 at R21 /ms), ``map:FILE.json`` with ``{"D0": [[…]], "D1": [[…]]}`` or an MMPP as
-``{"rates": […], "generator": [[…]]}`` (what ``fit-arrivals`` writes).  Up to :data:`PHASE_LIMIT`
-phases.  Nothing named inside a file is opened.
+``{"rates": […], "generator": [[…]]}`` (what ``fit-arrivals`` writes; read by :mod:`.map_file`, which
+trusts nothing in it).  Up to :data:`PHASE_LIMIT` phases.  Nothing named inside a file is opened.
+
+Irreducibility is decided on the zero pattern of D0 + D1 (every phase reaches every other), so tiny
+positive rates are irreducible; the (n, phase) SMDP is refused by :meth:`MAP.check_conditioning` when a
+phase lasts so long, counted in events, that its linear systems lose their digits.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InputError
-from ..limits import FILE_BYTES_LIMIT, ITER_LIMIT, check_rate, check_requests
+from ..limits import ITER_LIMIT, SWITCH_RATIO_MIN, check_rate, check_requests
 from ..runtime.mapcheck import PHASE_LIMIT, check_map
+from .map_file import check_generator, load_map_json, numbers_only
 
 __all__ = ["MAP", "PHASE_LIMIT", "parse_arrivals", "read_map_file"]
 
@@ -49,7 +53,7 @@ class MAP:
     name: str = "map"
 
     def __post_init__(self):
-        D0, D1, pi, rate = check_map(self.D0, self.D1, PHASE_LIMIT)
+        D0, D1, pi, rate = check_map(numbers_only(self.D0, "D0"), numbers_only(self.D1, "D1"), PHASE_LIMIT)
         object.__setattr__(self, "D0", D0)
         object.__setattr__(self, "D1", D1)
         object.__setattr__(self, "_pi", pi)
@@ -59,14 +63,24 @@ class MAP:
     @classmethod
     def poisson(cls, lam: float) -> "MAP":
         """The Poisson process at rate λ (1/ms), as a one-phase MAP."""
-        return cls(np.array([[-float(lam)]]), np.array([[float(lam)]]), "poisson")
+        numbers_only(lam, "the Poisson rate")
+        lam = check_rate("the Poisson rate", lam)
+        return cls(np.array([[-lam]]), np.array([[lam]]), "poisson")
 
     @classmethod
     def mmpp(cls, rates, switch) -> "MAP":
-        """MMPP from its phase rates λ_i and either a generator Q (m × m) or, for two phases, the
-        two leaving rates (R12, R21)."""
-        lam = np.asarray(rates, dtype=np.float64).ravel()
-        Q = np.asarray(switch, dtype=np.float64)
+        """MMPP from its phase rates λ_i and either a generator Q (m × m: rows summing to 0, or a zero
+        diagonal, which is then filled in) or, for two phases, the two leaving rates (R12, R21)."""
+        numbers_only(rates, "MMPP rates")
+        numbers_only(switch, "MMPP switching rates")
+        try:
+            lam = np.asarray(rates, dtype=np.float64).ravel()
+            Q = np.asarray(switch, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("MMPP rates must be a list of numbers and the switching rates a square matrix (or two "
+                             "leaving rates)") from None
+        if lam.size > PHASE_LIMIT or Q.size > PHASE_LIMIT ** 2:
+            raise InputError(f"an MMPP has 1..{PHASE_LIMIT} phases, got {lam.size} rates and {Q.size} switching rates")
         if Q.ndim == 1:
             if lam.size != 2 or Q.size != 2:
                 raise InputError("an MMPP given by leaving rates needs two phases: rates L1,L2 and R12,R21")
@@ -80,6 +94,8 @@ class MAP:
         off = Q - np.diag(np.diag(Q))
         if np.any(off < 0):
             raise InputError("MMPP switching rates must be ≥ 0")
+        if np.any(np.diag(Q) != 0):
+            check_generator(Q, "the MMPP generator")
         Q = off - np.diag(off.sum(axis=1))
         return cls(Q - np.diag(lam), np.diag(lam), "mmpp")
 
@@ -115,6 +131,28 @@ class MAP:
         """((−D0)⁻¹·1, (−D0)⁻¹·D1): mean time to the next arrival (ms) and its phase law, from each phase."""
         inv = np.linalg.inv(-self.D0)
         return inv.sum(axis=1), inv @ self.D1
+
+    def conditioning(self) -> float:
+        """Slowest phase change over the fastest event: min_i Σ_{j≠i} D_ij / max_i (−D0)_ii (∞ for one phase)."""
+        if self.phases == 1:
+            return math.inf
+        D = self.D0 + self.D1
+        leave = (D - np.diag(np.diag(D))).sum(axis=1)
+        return float(leave.min() / np.max(-np.diag(self.D0)))
+
+    def check_conditioning(self) -> None:
+        """Refuse to build the (n, phase) SMDP of a MAP whose phases last over 1/:data:`SWITCH_RATIO_MIN` events:
+        its relative values grow like the inverse switching rate and the solve loses its digits (measured: W̄
+        off by 1% at 10⁻⁸ and negative at 10⁻¹⁰).  Such phases are separate loads; solve each rate alone."""
+        r = self.conditioning()
+        if r < SWITCH_RATIO_MIN:
+            D = self.D0 + self.D1
+            leave = (D - np.diag(np.diag(D))).sum(axis=1)
+            i, k = int(np.argmin(leave)), int(np.argmax(-np.diag(self.D0)))
+            raise InputError(
+                f"the MAP is too ill-conditioned to solve: phase {i} is left at {leave[i]:.3g} /ms while phase {k} has "
+                f"{-self.D0[k, k]:.3g} events/ms (ratio {r:.3g} < {SWITCH_RATIO_MIN:g}); its phases are separate loads: "
+                "solve each rate alone, or use faster switching rates")
 
     def uniformization(self) -> float:
         """q = max_i (−D0)_ii: P0 = I + D0/q and P1 = D1/q are non-negative with P0 + P1 stochastic."""
@@ -245,25 +283,16 @@ def _g(x: float) -> str:
 
 
 def read_map_file(path: str) -> MAP:
-    """A MAP from JSON: {"D0": …, "D1": …} or {"rates": […], "generator": [[…]]}."""
+    """A MAP from JSON: {"D0": …, "D1": …} or {"rates": […], "generator": [[…]]} (checked by :mod:`.map_file`)."""
+    kind, a, b = load_map_json(path)
     try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise InputError(f"cannot read MAP file {path!r}: {e.strerror or e}") from None
-    if size > FILE_BYTES_LIMIT:
-        raise InputError(f"MAP file {path!r} is {size} bytes; at most {FILE_BYTES_LIMIT} are read")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"MAP file {path!r} is not readable JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"MAP file {path!r} must hold a JSON object with D0 and D1 (or rates and generator)")
-    if "D0" in data and "D1" in data:
-        return MAP(data["D0"], data["D1"], "map")
-    if "rates" in data and "generator" in data:
-        return MAP.mmpp(data["rates"], data["generator"])
-    raise InputError(f"MAP file {path!r} needs keys D0 and D1, or rates and generator; found {sorted(data)[:6]}")
+        return MAP(a, b, "map") if kind == "map" else MAP.mmpp(a, b)
+    except InputError as e:
+        raise InputError(f"MAP file {str(path)!r}: {e}") from None
+
+
+#: A decimal number as ``mmpp:`` accepts it (no underscores, hex, NaN, inf or non-ASCII digits).
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def parse_arrivals(spec: str | MAP | None, lam: float | None = None) -> MAP | None:
@@ -279,12 +308,9 @@ def parse_arrivals(spec: str | MAP | None, lam: float | None = None) -> MAP | No
         parts = [p.strip() for p in arg.split(",")] if arg else []
         vals = []
         for p in parts:
-            try:
-                v = float(p)
-            except ValueError:
-                raise InputError(f"--arrivals {text!r}: {p!r} is not a number") from None
+            v = float(p) if _DECIMAL.fullmatch(p) else math.nan
             if not math.isfinite(v):
-                raise InputError(f"--arrivals {text!r}: {p!r} is not finite")
+                raise InputError(f"--arrivals {text!r}: {p!r} is not a finite decimal number (like 0.5 or 2e-3)")
             vals.append(v)
         if len(vals) != 4:
             raise InputError(f"--arrivals {text!r}: mmpp needs L1,L2,R12,R21 (rates /ms, switching rates /ms)")

@@ -19,9 +19,12 @@ PHASE_LIMIT = 8
 
 def _matrix(x, name: str) -> np.ndarray:
     try:
-        a = np.array(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a square matrix of numbers") from None
+        a = np.asarray(x)
+        if a.dtype.kind not in "iuf":  # bools, strings, None, ragged rows
+            raise TypeError
+        a = a.astype(np.float64)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise InputError(f"{name} must be a square matrix of numbers (not booleans, strings or ragged rows)") from None
     if a.ndim == 0:
         a = a.reshape(1, 1)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
@@ -31,17 +34,37 @@ def _matrix(x, name: str) -> np.ndarray:
     return a
 
 
-def _stationary(D: np.ndarray) -> np.ndarray | None:
-    """π with π·D = 0, π·1 = 1, all π_i > 0; None if D is not irreducible."""
+def _unreachable(support: np.ndarray) -> tuple[int, int] | None:
+    """A pair (i, j) with no path i → j in the directed graph ``support`` (m × m booleans), or None when
+    it is strongly connected: irreducibility is a property of the zero pattern, not of the numbers."""
+    m = support.shape[0]
+    for forward in (True, False):
+        seen = np.zeros(m, dtype=bool)
+        seen[0] = True
+        todo = [0]
+        while todo:
+            k = todo.pop()
+            nxt = np.nonzero((support[k] if forward else support[:, k]) & ~seen)[0]
+            seen[nxt] = True
+            todo.extend(int(j) for j in nxt)
+        if not seen.all():
+            j = int(np.nonzero(~seen)[0][0])
+            return (0, j) if forward else (j, 0)
+    return None
+
+
+def _stationary(D: np.ndarray) -> np.ndarray:
+    """π with π·D = 0, π·1 = 1 of an irreducible generator, by the subtraction-free GTH elimination
+    (Grassmann, Taksar & Heyman 1985): every π_i to full relative precision, whatever the rates' spread."""
     m = D.shape[0]
-    if m == 1:
-        return np.ones(1)
-    A = np.vstack([D.T, np.ones((1, m))])
-    rhs = np.zeros(m + 1)
-    rhs[-1] = 1.0
-    pi, *_ = np.linalg.lstsq(A, rhs, rcond=None)
-    if not np.all(np.isfinite(pi)) or np.any(pi <= 1e-14) or np.max(np.abs(pi @ D)) > 1e-9 * np.max(np.abs(D)):
-        return None
+    P = D - np.diag(np.diag(D))
+    for k in range(m - 1, 0, -1):
+        s = P[k, :k].sum()  # > 0 for an irreducible D (the chain censored on 0..k is irreducible)
+        P[:k, k] /= s
+        P[:k, :k] += np.outer(P[:k, k], P[k, :k])
+    pi = np.ones(m)
+    for k in range(1, m):
+        pi[k] = pi[:k] @ P[:k, k]
     return pi / pi.sum()
 
 
@@ -57,11 +80,11 @@ def check_map(D0, D1, max_phases: int = PHASE_LIMIT) -> tuple[np.ndarray, np.nda
         raise InputError(f"a MAP needs 1..{max_phases} phases, got {m}")
     if np.any(D1 < 0):
         i, j = np.argwhere(D1 < 0)[0]
-        raise InputError(f"D1[{i},{j}] = {D1[i, j]!r} must be ≥ 0 (a rate of arrivals)")
+        raise InputError(f"D1[{i},{j}] = {float(D1[i, j])!r} must be ≥ 0 (a rate of arrivals)")
     off = D0 - np.diag(np.diag(D0))
     if np.any(off < 0):
         i, j = np.argwhere(off < 0)[0]
-        raise InputError(f"D0[{i},{j}] = {D0[i, j]!r} must be ≥ 0 (off the diagonal: a rate of phase changes)")
+        raise InputError(f"D0[{i},{j}] = {float(D0[i, j])!r} must be ≥ 0 (off the diagonal: a rate of phase changes)")
     rows = (D0 + D1).sum(axis=1)
     bad = np.nonzero(np.abs(rows) > 1e-9 * (np.abs(np.diag(D0)) + 1e-300))[0]
     if bad.size:
@@ -75,9 +98,15 @@ def check_map(D0, D1, max_phases: int = PHASE_LIMIT) -> tuple[np.ndarray, np.nda
     if np.any(np.diag(D0) >= 0):
         i = int(np.nonzero(np.diag(D0) >= 0)[0][0])
         raise InputError(f"phase {i} neither changes nor sees arrivals (D0[{i},{i}] = 0): the MAP is degenerate")
-    pi = _stationary(D0 + D1)
-    if pi is None:
-        raise InputError("the phase process D0 + D1 is not irreducible: give every phase a way to every other")
+    D = D0 + D1
+    pair = _unreachable((D > 0) & ~np.eye(m, dtype=bool))
+    if pair is not None:
+        raise InputError(f"the phase process D0 + D1 is not irreducible: phase {pair[1]} cannot be reached from phase "
+                         f"{pair[0]}; give every phase a path to every other (a positive rate off the diagonal)")
+    pi = _stationary(D)
+    if not (np.all(np.isfinite(pi)) and np.all(pi > 0)):
+        raise InputError(f"the MAP is too ill-conditioned: its stationary phase law {pi.tolist()} underflows "
+                         f"(rates from {np.min(np.abs(D[D != 0])):.3g} to {np.max(np.abs(D)):.3g} /ms)")
     rate = float(pi @ D1.sum(axis=1))
     if not rate >= RATE_MIN:
         raise InputError(f"the MAP's mean arrival rate {rate:.3g} /ms is below {RATE_MIN:g}: no arrivals")

@@ -272,6 +272,9 @@ _META_TEXT = ("creator", "created", "units_time", "units_energy", "units_power",
 def _open(path: str, fmt: str, versions: tuple[int, ...] = (SCHEMA_VERSION,)):
     """Open an smdp-batch HDF5 file and check its format and schema version (one of ``versions``)."""
     if not os.path.isfile(path):
+        if os.path.exists(path):
+            raise PolicyFileError(f"policy file {path!r} is not a regular file (a directory, FIFO or device); "
+                                  "expected an HDF5 file written by smdp-batch")
         raise PolicyFileError(f"policy file {path!r} does not exist")
     try:
         f = h5py.File(path, "r")
@@ -295,7 +298,7 @@ def _open(path: str, fmt: str, versions: tuple[int, ...] = (SCHEMA_VERSION,)):
             version = _attr(w, f, "schema_version", "int", None)
         if version == PHASE_SCHEMA_VERSION and fmt == FORMAT and PHASE_SCHEMA_VERSION not in versions:
             raise PolicyFileError(
-                f"{path!r} is a phase table (schema_version=2: a policy per queue length and MAP phase, issue 20); "
+                f"{path!r} is a phase table (schema_version=2: a policy per queue length and MAP phase); "
                 "a one-column reader cannot serve it: load it with PhasePolicy.load or run it with "
                 "`smdp-batch simulate --policy FILE`")
         if not isinstance(version, int) or version < 1 or version > PHASE_SCHEMA_VERSION:
