@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..measure import DEFAULT_SIZES, measure
-from .options import emit, json_option, prepare_outputs, sizes_text
+from ..errors import InputError
+from ..measure import (CALLS_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings, measure,
+                       module_sources)
+from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, option
 
 
@@ -14,17 +16,19 @@ from .types import Grid, Number, OneOf, OutputPath, option
 @option("--make-batch", metavar="MODULE:FUNCTION", show_default="a list of b zeros",
         help="Builds the batch of size b that FUNCTION takes (called once per size, not timed).")
 @option("--sizes", type=Grid(integer=True, min=1), show_default=",".join(map(str, DEFAULT_SIZES)),
-        help="Batch sizes to measure.")
+        help="Batch sizes to measure (each at most 4096).")
 @option("--warmup", type=Number(integer=True, min=0), default=3, show_default=True,
-        help="Untimed calls per size before the timed ones.")
-@option("--repeats", type=Number(integer=True, min=1), default=10, show_default=True, help="Timed calls per size.")
+        help=f"Untimed calls per size before the timed ones (0..{WARMUP_MAX}).")
+@option("--repeats", type=Number(integer=True, min=1), default=10, show_default=True,
+        help=f"Timed calls per size (1..{REPEATS_MAX}; at most {CALLS_MAX} in all).")
 @option("--budget-s", type=Number(min=0, min_open=True), show_default="none",
-        help="Time budget in seconds for the whole run; when it runs out, what was measured is written.")
+        help="Time budget in seconds for the calls (a call that hangs is stopped); importing MODULE gets as long "
+             "again. When it runs out, what was measured is written.")
 @option("--energy", "energy_source", type=OneOf(("auto", "nvml", "zeus", "none"), "energy source"), default="auto",
         show_default=True, help="Energy counter: NVML total energy, zeus, or none (auto: the first available).")
 @option("--power-w", type=Number(min=0, min_open=True),
-        help="A constant power in W instead of a counter: ζ(b) = P·l(b) per call.")
-@option("--device-index", type=Number(integer=True, min=0), default=0, show_default=True,
+        help=f"A constant power in W (at most {POWER_MAX_W:g}) instead of a counter: ζ(b) = P·l(b) per call.")
+@option("--device-index", type=Number(integer=True, min=0, max=65535), default=0, show_default=True,
         help="GPU whose energy counter is read.")
 @option("-o", "--output", type=OutputPath(), required=True,
         help="Profile CSV to write (batch_size,latency_ms[,energy_mj]); the sidecar is OUTPUT.json.")
@@ -35,18 +39,29 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     """Time FUNCTION(make_batch(b)) at each batch size and write the profile CSV the solver reads.
 
     FUNCTION is your code named as module:function (imported from the current folder or sys.path,
-    as uvicorn names apps), e.g. examples.onnx_mlp:infer.  Each size gets --warmup untimed calls,
-    then --repeats timed ones (wall time, CUDA synchronised when your code uses torch).  Energy
-    comes from NVML or zeus when there is a GPU; otherwise the profile has latency only unless
-    --power-w is given.  Then: smdp-batch profile OUTPUT; smdp-batch solve --latency csv:OUTPUT.
+    as uvicorn names apps), e.g. examples.onnx_mlp:infer; it runs in a child process, stopped when
+    --budget-s runs out.  Each size gets --warmup untimed calls, then --repeats timed ones (wall time,
+    CUDA synchronised when your code uses torch).  Energy comes from NVML or zeus when there is a GPU;
+    otherwise the profile has latency only unless --power-w is given.  If a size fails (an exception,
+    out of memory, a call that does not return in the budget), the sizes before it are written and a
+    warning names the failure.  Then: smdp-batch profile OUTPUT; smdp-batch solve --latency csv:OUTPUT.
     """
-    prepare_outputs([("-o", output), ("-o's sidecar", f"{output}.json")])  # both checked before measuring
-    m = measure(function, make_batch, sizes=sizes or DEFAULT_SIZES, warmup=warmup, repeats=repeats,
-                budget_s=budget_s, energy=energy_source, power_w=power_w, device_index=device_index,
-                progress=False if quiet else None)
-    path, sidecar = m.write(output)
+    sizes = check_settings(sizes or DEFAULT_SIZES, warmup, repeats, budget_s, power_w, flags=True)[0]
+    inputs = [(f"source of {spec} ({path})", path) for spec in (function, make_batch) for path in module_sources(spec)]
+    # -o and its sidecar checked before measuring: neither may be the measured code, the sidecar (a name
+    # derived from -o) never a symlink written through
+    prepare_outputs([("-o", output), ("-o's sidecar", f"{output}.json", False)], inputs)
+    m = measure(function, make_batch, sizes=sizes, warmup=warmup, repeats=repeats, budget_s=budget_s,
+                energy=energy_source, power_w=power_w, device_index=device_index, progress=False if quiet else None,
+                warn=False)
+    if not m.batch.size:
+        raise InputError(f"nothing was measured: {m.note or 'no sizes'}; {output} not written")
+    path, sidecar = m.write(output, "-o")
+    if m.failure:
+        NOTICES.append(f"{m.note}; {path} holds b = {sizes_text(m.meta['measured_sizes'])}")
     summary = m.summary()
     data = {"path": path, "sidecar": sidecar, "rows": int(m.batch.size), "complete": m.complete, "note": m.note,
+            "stopped_at": m.meta["stopped_at"], "failure": m.failure,
             "energy_source": m.meta["energy_source"], "device": m.meta["device"], "sizes": summary}
     lines = [f"{path}: {m.batch.size} measurements of {len(summary)} batch sizes "
              f"({sizes_text([r['batch_size'] for r in summary])}) on {m.meta['device']}, energy: "

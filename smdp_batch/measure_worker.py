@@ -1,0 +1,586 @@
+"""Where ``smdp-batch measure`` runs the user's code (:mod:`smdp_batch.measure` is the API): importing it,
+the energy counters, the measuring loop, and the child process that the caller stops at its deadline.
+
+* :func:`run_in_child` starts ``python -c`` with the working folder off ``sys.path``, loads this package
+  from its own location, imports the energy libraries (installed packages only: :func:`energy_source`
+  hides the working folder and the measured module's folder from ``sys.path`` meanwhile), then the
+  user's module (its folder on ``sys.path`` for that import only), and runs :func:`_loop`.  Reports are
+  JSON lines on a pipe; the caller kills the process group at the deadline, so a call that hangs or
+  spins — in Python or in compiled code — is stopped, and what was measured before it is kept.
+* :func:`run_here` runs the same loop in this process, for Python callables.
+* Whatever the user's code raises — ``MemoryError``, ``SystemExit``, ``KeyboardInterrupt``,
+  ``GeneratorExit`` included — ends the run at that size as a failure named in :class:`Run`; a real
+  signal to the caller is not swallowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+import os
+import platform
+import queue
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .errors import InputError
+from .files import Terminated
+
+__all__ = ["load_callable", "default_make_batch", "loaded_sources", "describe", "synchronize", "energy_source",
+           "untrusted_folders", "versions", "Run", "run_here", "run_in_child", "NAME", "GRACE_S"]
+
+GRACE_S = 0.5  # after the budget, for a call in flight to return before the worker is stopped
+_EXIT_NOMEM = 86  # the child's exit status when even reporting a MemoryError failed
+NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+#: libraries whose version the sidecar records when the measured code has imported them
+_LIBRARIES = ("numpy", "onnxruntime", "onnx", "torch", "tensorflow", "jax", "tensorrt", "pynvml", "zeus")
+_PROBES = ("pynvml", "zeus")
+
+
+# ------------------------------------------------------------------------------------ user callables
+def _real(p) -> str:
+    try:
+        return os.path.realpath(os.fspath(p) or os.curdir)
+    except (TypeError, ValueError):
+        return ""
+
+
+def _on_path(folder: str) -> bool:
+    return _real(folder) in {_real(p) for p in sys.path}
+
+
+def load_callable(spec: str, what: str = "function", folder: str | None = None) -> Callable:
+    """``module:attr[.attr…]`` → the callable.  ``folder`` (default: the current one) is searched first for
+    the module, and is on ``sys.path`` only while the module is imported."""
+    module_name, sep, attr = str(spec).partition(":")
+    if not sep or not NAME.match(module_name) or not NAME.match(attr):
+        raise InputError(f"{what} {spec!r} must be written module:function (e.g. examples.onnx_mlp:infer)")
+    folder = os.path.abspath(folder or os.getcwd())
+    added = not _on_path(folder)
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise InputError(f"{what} {spec!r}: no module named {e.name!r} (from {folder} or sys.path)") from None
+        raise InputError(f"{what} {spec!r}: importing {module_name} failed: {describe(e)}") from None
+    except (Exception, SystemExit, GeneratorExit) as e:  # the user's module raised while importing
+        raise InputError(f"{what} {spec!r}: importing {module_name} raised {describe(e)}") from None
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"{what} {spec!r}: module {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(f"{what} {spec!r} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+def loaded_sources(obj) -> list[str]:
+    """The files of an imported callable's module and its packages."""
+    name = getattr(obj, "__module__", None)
+    if not isinstance(name, str):
+        return []
+    parts = name.split(".")
+    mods = [sys.modules.get(".".join(parts[:i + 1])) for i in range(len(parts))]
+    files = [getattr(m, "__file__", None) for m in mods]
+    return [os.path.abspath(f) for f in files if isinstance(f, str) and os.path.isfile(f)]
+
+
+def default_make_batch(b: int) -> list:
+    """A list of b items (zeros): for functions that take a list of requests, as ``DynamicBatcher``'s do."""
+    return [0.0] * b
+
+
+def describe(e: BaseException) -> str:
+    """``Type: message`` on one line; a MemoryError as ``out of memory (MemoryError…)``."""
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # a user exception whose __str__ raises
+        text = ""
+    text = text if len(text) <= 300 else text[:300] + "…"
+    named = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return f"out of memory ({named})" if isinstance(e, MemoryError) else named
+
+
+# ------------------------------------------------------------------------------------ device and energy
+def synchronize() -> Callable[[], None]:
+    """``torch.cuda.synchronize`` when the user's code uses torch on CUDA, else nothing to wait for."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.synchronize
+    except Exception:  # pragma: no cover - a torch without a working CUDA runtime
+        pass
+    return lambda: None
+
+
+class _Nvml:
+    """NVML's total-energy counter (mJ since the driver loaded; Volta and later)."""
+
+    name = "nvml"
+
+    def __init__(self, index: int):
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        self._nvml, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(self._h)  # NVMLError_NotSupported before Volta
+        name = pynvml.nvmlDeviceGetName(self._h)
+        self.device = name.decode() if isinstance(name, bytes) else str(name)
+        self.note = f"NVML total-energy counter of GPU {index} ({self.device})"
+
+    def begin(self) -> None:
+        self._e0 = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h))
+
+    def end(self) -> float:
+        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h)) - self._e0
+
+
+class _Zeus:
+    """zeus's energy window (J) of one GPU."""
+
+    name = "zeus"
+
+    def __init__(self, index: int):
+        from zeus.monitor import ZeusMonitor
+
+        self._m = ZeusMonitor(gpu_indices=[index])
+        self.device, self.note = f"GPU {index}", f"zeus ZeusMonitor energy window of GPU {index}"
+
+    def begin(self) -> None:
+        self._m.begin_window("smdp-batch")
+
+    def end(self) -> float:
+        return 1e3 * float(self._m.end_window("smdp-batch").total_energy)  # J → mJ
+
+
+def _installed_roots() -> list[str]:
+    """Where installed code lives: the interpreter's prefixes (stdlib, lib-dynload, site-packages of a venv)
+    and the site-packages folders."""
+    import site
+
+    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    with contextlib.suppress(Exception):
+        roots += site.getsitepackages()
+    with contextlib.suppress(Exception):
+        roots.append(site.getusersitepackages())
+    return [real for r in roots if r and len(real := _real(r)) > 1]  # never "/": that would trust everything
+
+
+def untrusted_folders(sources: Sequence[str]) -> list[str]:
+    """Folders no energy library may come from: the current one and the measured modules' own (a module's
+    folder, and for a package the folder holding it), unless that is where installed code lives."""
+    roots, out = _installed_roots(), ["", os.getcwd()]
+    for f in sources:
+        d = os.path.dirname(f)
+        for folder in (d, os.path.dirname(d)) if os.path.basename(f).startswith("__init__.") else (d,):
+            real = _real(folder)
+            if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+                out.append(folder)
+    return out
+
+
+def _entry(mod) -> str | None:
+    """The sys.path folder a top-level module was imported from."""
+    f = getattr(mod, "__file__", None)
+    if not isinstance(f, str):
+        return None
+    d = os.path.dirname(os.path.abspath(f))
+    return _real(os.path.dirname(d) if os.path.basename(f).startswith("__init__.") else d)
+
+
+@contextlib.contextmanager
+def _installed_only(untrusted: Sequence[str]):
+    """``sys.path`` without the untrusted folders for the block; then every energy library loaded must
+    come from elsewhere (one loaded earlier from such a folder is refused, not used)."""
+    bad = {_real(p) for p in untrusted}
+
+    def check():
+        for name in _PROBES:
+            if name in sys.modules and _entry(sys.modules[name]) in bad:
+                raise ImportError(f"{name} was loaded from {sys.modules[name].__file__}, the working or the measured "
+                                  "module's folder, not from an installed package; not used")
+
+    check()  # loaded before: never called
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if _real(p) not in bad]
+    try:
+        yield
+        check()
+    finally:
+        sys.path[:] = saved
+
+
+def energy_source(energy: str, power_w: float | None, device_index: int, untrusted: Sequence[str] = ()):
+    """The counter to read, None for a constant power, or a string saying why there is no counter;
+    ``energy``: auto | nvml | zeus | none."""
+    if energy not in ("auto", "nvml", "zeus", "none"):
+        raise InputError(f"energy source {energy!r} is unknown; valid: auto, nvml, zeus, none")
+    if power_w is not None:
+        if energy in ("nvml", "zeus"):
+            raise InputError(f"give either a constant power or an energy counter ({energy}), not both")
+        return None
+    tried: list[str] = []
+    for name, cls in (("nvml", _Nvml), ("zeus", _Zeus)):
+        if energy not in ("auto", name):
+            continue
+        try:
+            with _installed_only(untrusted):
+                return cls(device_index)
+        except Exception as e:  # not installed, no GPU, no counter on this GPU, not an installed package
+            tried.append(f"{name}: {describe(e)}")
+    if energy in ("nvml", "zeus"):
+        raise InputError(f"no {energy} energy counter here ({'; '.join(tried)})")
+    return "; ".join(tried) or "energy none"
+
+
+def versions() -> dict:
+    from . import __version__
+
+    out = {"python": platform.python_version(), "smdp_batch": __version__}
+    for name in _LIBRARIES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out[name] = str(getattr(mod, "__version__", "unknown"))
+    return out
+
+
+# ------------------------------------------------------------------------------------ the measuring loop
+def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=lambda e: False, calls=False,
+          stop: threading.Event | None = None) -> None:
+    """Measure every size, reporting through ``send``: {"begin": b}, {"made": b}, {"calls": 1} (``calls``),
+    then {"size": b, "times": [ns…], "energy": mJ|None, "cut": bool}, and at the end {"done": True} or
+    {"fail": b, "stage": make|call|energy, "error": text}.  Whatever the user's code raises is a failure of
+    its size, except what ``real`` says a signal raised."""
+    for b in sizes:
+        send({"begin": b})
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            return send({"size": b, "times": [], "energy": None, "cut": True})  # before building its batch
+        stage, times, cut, begun, block = "make", [], False, False, None
+        try:
+            data = make(b)
+            stage = "call"
+            send({"made": b})
+            for k in range(warmup + repeats):
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                    cut = True
+                    break
+                if k == warmup and counter is not None:
+                    sync()
+                    counter.begin()
+                    begun = True
+                sync()
+                t0 = time.perf_counter_ns()
+                fn(data)
+                sync()
+                t1 = time.perf_counter_ns()
+                if k >= warmup:
+                    times.append(t1 - t0)
+                if calls:
+                    send({"calls": 1})
+            stage = "energy"
+            if begun:
+                block = float(counter.end())
+                if not math.isfinite(block):
+                    raise ValueError(f"the {counter.name} counter read {block}")
+            del data
+        except BaseException as e:
+            if real(e):
+                raise
+            data = None  # noqa: F841 - drop the batch before reporting (a MemoryError needs the room)
+            send({"fail": b, "stage": stage, "error": describe(e)})
+            return
+        send({"size": b, "times": times, "energy": block, "cut": cut})
+        if cut:
+            return
+    send({"done": True})
+
+
+@contextlib.contextmanager
+def _signal_flag():
+    """``real(e)``: e was raised by a SIGINT/SIGTERM handler while the block ran (so it is the caller's, not
+    the measured code's).  Only the main thread receives signals; elsewhere nothing is real."""
+    hit: list[int] = []
+    old: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            h = signal.getsignal(s)
+            if callable(h):
+                def wrapper(signum, frame, h=h):
+                    hit.append(signum)
+                    return h(signum, frame)
+                old[s] = h
+                signal.signal(s, wrapper)
+    try:
+        yield lambda e: isinstance(e, Terminated) or (bool(hit) and not isinstance(e, Exception))
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ------------------------------------------------------------------------------------ the run's record
+class Run:
+    """What the loop reported, wherever it ran; and how it stopped."""
+
+    def __init__(self, fn_name: str, sizes, repeats: int, budget_s, bar):
+        self.fn_name, self.sizes, self.repeats, self.budget_s, self.bar = fn_name, sizes, repeats, budget_s, bar
+        self.blocks: list = []  # (b, times in ns, energy mJ | None)
+        self.current, self.stage, self.finished = None, "make", False
+        self.note, self.failure, self.stopped_at = "", "", None
+        self.info: dict = {"libraries": {}, "cuda_sync": False, "sources": []}
+
+    def handle(self, msg: dict) -> None:
+        if "libraries" in msg:
+            self.info["libraries"] = msg["libraries"]
+        if "begin" in msg:
+            self.current, self.stage = msg["begin"], "make"
+        elif "made" in msg:
+            self.stage = "call"
+        elif "calls" in msg:
+            if self.bar is not None:
+                self.bar.update(msg["calls"])
+        elif "size" in msg:
+            b, times = msg["size"], msg["times"]
+            if times:
+                self.blocks.append((b, times, msg.get("energy")))
+            if msg.get("cut"):
+                self.stopped_at, self.finished = b, True
+                self.note = (f"time budget of {self.budget_s:g} s ran out at b = {b} ({len(times)} of {self.repeats} "
+                             f"timed calls); sizes {[s for s in self.sizes if s > b] or 'none'} not measured")
+        elif "fail" in msg:
+            self.current, self.stage = msg["fail"], msg["stage"]
+            err = msg["error"]
+            oom = err.startswith("out of memory")
+            self._stop(f"out of memory in {self._where()}{err[len('out of memory'):]}" if oom
+                       else f"{self._where()} raised {err}")
+        elif "crash" in msg:
+            self._stop(f"the measurement failed: {msg['crash']}")
+        self.finished = self.finished or bool(msg.keys() & {"done", "fail", "crash"})
+
+    def _where(self) -> str:
+        return {"make": f"make_batch({self.current})", "call": self.fn_name}.get(self.stage, "the energy counter")
+
+    def _stop(self, reason: str) -> None:
+        b = self.current if self.current is not None else self.sizes[0]
+        self.stopped_at, self.failure, self.finished = b, reason, True
+        rest = ", ".join(str(s) for s in self.sizes if s >= b)
+        self.note = f"stopped at b = {b}: {reason}; b = {rest} not measured"
+
+    def timed_out(self) -> None:
+        self._stop(f"{self._where()} timed out after {self.budget_s:g} s, the time budget (it was stopped)")
+
+    def died(self, how: str) -> None:
+        self._stop(f"the measuring process {how} in {self._where()}")
+
+
+def run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run: Run) -> None:
+    """The loop in this process: in the calling thread, or with a budget in a worker thread it can leave."""
+    calls = run.bar is not None
+    if budget_s is None:
+        with _signal_flag() as real:
+            _loop(fn, make, sizes, warmup, repeats, math.inf, counter, sync, run.handle, real, calls)
+        return
+    box: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+    deadline = time.monotonic() + budget_s
+
+    def work():
+        try:
+            _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, box.put, calls=calls, stop=stop)
+        except BaseException as e:  # only a failure to report: the loop catches the user's code
+            box.put({"crash": describe(e)})
+
+    threading.Thread(target=work, name="smdp-batch measure", daemon=True).start()
+    try:
+        while not run.finished:
+            left = deadline + GRACE_S - time.monotonic()
+            try:
+                msg = box.get(timeout=min(max(left, 0.001), 3600.0))
+            except queue.Empty:
+                if left <= 0:
+                    run.timed_out()
+                continue
+            run.handle(msg)
+    finally:
+        stop.set()  # a call still running is abandoned; the loop ends after it returns
+
+
+# ------------------------------------------------------------------------------------ the child process
+_BOOT = """\
+import os, sys
+os.dup2(2, 1)  # the measured code's prints go to stderr: stdout is the caller's (--json)
+if sys.path and sys.path[0] == '':
+    del sys.path[0]  # python -c would search the working folder first
+import importlib.util as u
+p = sys.argv[1]
+s = u.spec_from_file_location('smdp_batch', os.path.join(p, '__init__.py'), submodule_search_locations=[p])
+m = u.module_from_spec(s); sys.modules['smdp_batch'] = m; s.loader.exec_module(m)
+from smdp_batch.measure_worker import _child
+_child(int(sys.argv[2]), int(sys.argv[3]))
+"""
+
+
+def _child(fd: int, ctl: int) -> None:
+    """The measuring process: settings, then "go", as JSON lines on ``ctl``; reports as JSON lines on ``fd``."""
+    def send(msg):
+        if msg.keys() & {"done", "fail"} or msg.get("cut"):
+            msg["libraries"] = versions()
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data):]
+
+    control = os.fdopen(ctl, "r", encoding="utf-8")
+    try:
+        cfg = json.loads(control.readline())
+        with contextlib.suppress(Exception):  # Linux: die with the caller
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != cfg["ppid"]:
+            return
+        sys.path[:] = cfg["path"]
+        try:
+            counter = energy_source(cfg["energy"], cfg["power_w"], cfg["device_index"], cfg["untrusted"])
+            fn = load_callable(cfg["fn"], "function", cfg["folder"])
+            make = (load_callable(cfg["make_batch"], "--make-batch", cfg["folder"]) if cfg["make_batch"]
+                    else default_make_batch)
+        except InputError as e:
+            return send({"error": str(e)})
+        except BaseException as e:
+            return send({"error": f"function {cfg['fn']!r}: importing raised {describe(e)}"})
+        why, counter = (counter, None) if isinstance(counter, str) else ("", counter)
+        sync = synchronize()
+        send({"ready": {"libraries": versions(), "cuda_sync": sync.__name__ == "synchronize", "no_counter": why,
+                        "sources": loaded_sources(fn) + (loaded_sources(make) if cfg["make_batch"] else []),
+                        "counter": None if counter is None else [counter.name, counter.device, counter.note]}})
+        go = control.readline()
+        if not go:
+            return
+        budget = json.loads(go)["budget_s"]
+        threading.Thread(target=lambda: (control.read(), os._exit(1)), daemon=True).start()  # caller gone: stop
+        deadline = time.monotonic() + budget if budget else math.inf
+        _loop(fn, make, cfg["sizes"], cfg["warmup"], cfg["repeats"], deadline, counter, sync, send,
+              calls=cfg["progress"])
+    except MemoryError:
+        os._exit(_EXIT_NOMEM)
+    except BaseException as e:  # noqa: BLE001 - a report that failed; the caller sees the process end
+        with contextlib.suppress(BaseException):
+            send({"crash": describe(e)})
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+class _Lines:
+    """JSON lines from a pipe, each awaited until a deadline (time.monotonic)."""
+
+    TIMEOUT = object()
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, b""
+
+    def next(self, deadline: float):
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.TIMEOUT
+            ready, _, _ = select.select([self.fd], [], [], min(left, 3600.0))
+            if ready:
+                chunk = os.read(self.fd, 1 << 20)
+                if not chunk:
+                    return None
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+
+def _status(proc: subprocess.Popen) -> str:
+    """How the measuring process ended, in words."""
+    try:
+        rc = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return "stopped answering"
+    if rc == _EXIT_NOMEM:
+        return "ran out of memory (MemoryError)"
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        return f"was killed by {name}" + (" (out of memory?)" if -rc == signal.SIGKILL else "")
+    return f"exited with status {rc}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            proc.kill()
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=10)
+
+
+def run_in_child(cfg: dict, budget_s, run: Run) -> None:
+    """The loop in a child process (see _child), stopped at the deadline; fills ``run``."""
+    r, w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.dirname(os.path.abspath(__file__)), str(w),
+                                 str(ctl_r)], stdin=subprocess.DEVNULL, pass_fds=(w, ctl_r), start_new_session=True)
+    except OSError as e:
+        os.close(r)
+        os.close(ctl_w)
+        raise InputError(f"cannot start the measuring process: {e.strerror or e}") from None
+    finally:
+        os.close(w)
+        os.close(ctl_r)
+    lines, what = _Lines(r), f"{cfg['fn']}" + (f" and {cfg['make_batch']}" if cfg["make_batch"] else "")
+    control = os.fdopen(ctl_w, "w", encoding="utf-8")
+
+    def tell(msg: dict) -> None:
+        with contextlib.suppress(OSError):  # it ended already: said below
+            control.write(json.dumps(msg) + "\n")
+            control.flush()
+
+    try:
+        tell(cfg)
+        msg = lines.next(time.monotonic() + budget_s if budget_s else math.inf)
+        if msg is _Lines.TIMEOUT:
+            raise InputError(f"importing {what} did not finish within the time budget of {budget_s:g} s; "
+                             "nothing was measured")
+        if msg is None or "error" in msg or "ready" not in msg:
+            raise InputError((msg or {}).get("error")
+                             or f"the measuring process {_status(proc)} while importing {what}")
+        run.info.update(msg["ready"])
+        tell({"budget_s": budget_s})
+        end = time.monotonic() + budget_s + GRACE_S if budget_s else math.inf
+        while not run.finished:
+            msg = lines.next(end)
+            if msg is _Lines.TIMEOUT:
+                run.timed_out()
+            elif msg is None:
+                run.died(_status(proc))
+            else:
+                run.handle(msg)
+    finally:
+        _kill(proc)
+        os.close(r)
+        with contextlib.suppress(OSError):
+            control.close()
