@@ -1,7 +1,7 @@
-"""``python -m smdp_batch``: the command line (:mod:`smdp_batch.cli`)."""
+"""``python -m smdp_batch``: the command line, as the ``smdp-batch`` console script runs it (:mod:`smdp_batch.console`)."""
 
 import sys
 
-from .cli import main
+from .console import main
 
 sys.exit(main())

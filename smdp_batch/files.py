@@ -40,7 +40,10 @@ from .errors import InputError
 
 __all__ = ["Target", "check_output", "check_output_dir", "same_file", "check_collisions", "validate_outputs",
            "OutputPlan", "current_plan",
-           "atomic_outputs", "atomic_output", "Terminated"]
+           "atomic_outputs", "atomic_output", "Terminated", "journal", "JOURNAL_ENV"]
+
+#: set by the console entry (:mod:`smdp_batch.console`) in the process that runs a command: ``"PID:FD"``
+JOURNAL_ENV = "SMDP_BATCH_JOURNAL"
 
 
 class Terminated(BaseException):
@@ -96,10 +99,14 @@ def _writable_folder(folder: str, label: str, pending: Iterable[str] = ()) -> No
         raise InputError(f"{label}: output folder {folder!r} is not writable")
 
 
-def check_output(path: str | os.PathLike, flag: str = "-o", pending_dirs: Iterable[str] = ()) -> Target:
+def check_output(path: str | os.PathLike, flag: str = "-o", pending_dirs: Iterable[str] = (),
+                 follow_symlinks: bool = True) -> Target:
     """Validate one output file (see the module docstring) without opening it; raise a one-line InputError.
 
     ``pending_dirs``: folders that do not exist yet but will be created before writing (tables' -o DIR).
+    ``follow_symlinks=False`` (a name the command derives, such as ``-o``'s sidecar ``FILE.json``, which the
+    user never named): a symlink there is refused, never written through; a link that appears after this
+    check is replaced by the rename, not followed.
     """
     path = os.fspath(path)
     label = f"{flag} {path}" if flag else str(path)
@@ -114,6 +121,9 @@ def check_output(path: str | os.PathLike, flag: str = "-o", pending_dirs: Iterab
     except OSError as e:
         raise InputError(f"{label}: {e.strerror}") from None
     target = os.path.abspath(path)
+    if st is not None and stat.S_ISLNK(st.st_mode) and not follow_symlinks:
+        raise InputError(f"{label} is a symlink (to {os.readlink(path)}); this name is derived from another "
+                         "output and is never written through a link — remove the link or choose another name")
     if st is not None and stat.S_ISLNK(st.st_mode):
         try:
             target = os.path.realpath(path, strict=True)
@@ -191,15 +201,16 @@ def validate_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable
                      folder: tuple[str, str, Sequence[str]] | None = None) -> tuple[list[Target], list[str]]:
     """Validate ``outputs`` (``(flag, path)`` pairs, None skipped) and ``folder`` (``(flag, dir, file names)``:
     files the command writes into a folder, created if missing) against ``inputs`` (``(role, path)``) and
-    each other; return the targets and the folders still to create.  Creates nothing."""
-    outputs = [(flag, os.fspath(p)) for flag, p in outputs if p is not None]
+    each other; return the targets and the folders still to create.  Creates nothing.  An output may be
+    ``(flag, path, False)``: a derived name, checked with ``follow_symlinks=False``."""
+    outputs = [(o[0], os.fspath(o[1]), *o[2:]) for o in outputs if o[1] is not None]
     pending: list[str] = []
     if folder is not None:
         dflag, dpath, names = folder
         if not check_output_dir(dpath, dflag):
             pending.append(os.fspath(dpath))
         outputs += [(dflag, os.path.join(dpath, n)) for n in names]
-    targets = [check_output(p, flag, pending) for flag, p in outputs]
+    targets = [check_output(o[1], o[0], pending, *o[2:]) for o in outputs]
     check_collisions(targets, inputs)
     return targets, pending
 
@@ -222,6 +233,7 @@ class OutputPlan:
 
     entries: dict[str, _Entry] = field(default_factory=dict)
     made_dirs: list[str] = field(default_factory=list)
+    committed: bool = False  # every output renamed into place (a signal held during the renames may follow)
 
     def prepare(self, outputs: Iterable[tuple[str, str | None]], inputs: Iterable[tuple[str, str]] = (),
                 folder: tuple[str, str, Sequence[str]] | None = None) -> list[Target]:
@@ -229,6 +241,7 @@ class OutputPlan:
         targets, pending = validate_outputs(outputs, inputs, folder)
         for d in pending:
             os.mkdir(d)
+            journal("d", d)
             self.made_dirs.append(d)
         for t in targets:
             self.reserve(t)
@@ -247,6 +260,7 @@ class OutputPlan:
             except OSError as e:
                 raise InputError(f"cannot write {target.label}: {e.strerror}") from None
             os.close(fd)
+            journal("+", tmp)
             entry = self.entries[key] = _Entry(target, tmp)
         return entry
 
@@ -263,6 +277,7 @@ class OutputPlan:
                     if e.written:
                         os.chmod(e.tmp, e.target.mode)
                         os.replace(e.tmp, e.target.target)
+                        journal("-", e.tmp)
                     else:
                         _unlink(e.tmp)
             except BaseException as err:
@@ -272,6 +287,7 @@ class OutputPlan:
                 raise
             self.entries.clear()
             self.made_dirs.clear()
+            self.committed = True
 
     def rollback(self) -> None:
         """Remove every temporary file, then every folder this plan created (when left empty)."""
@@ -304,6 +320,21 @@ def _signals_held() -> Iterator[None]:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+    journal("-", path)
+
+
+def journal(op: str, path: str) -> None:
+    """Tell the console's supervisor about a temporary file (``+`` created, ``-`` gone) or a created folder
+    (``d``), so that it can remove them if it must kill this process; a no-op elsewhere.
+
+    The journal is a pipe named by :data:`JOURNAL_ENV` as ``PID:FD``; only that process writes to it
+    (a subprocess inheriting the variable does not own the descriptor)."""
+    spec = os.environ.get(JOURNAL_ENV, "")
+    pid, _, fd = spec.partition(":")
+    if not (pid.isdigit() and fd.isdigit() and int(pid) == os.getpid()):
+        return
+    with contextlib.suppress(OSError):
+        os.write(int(fd), f"{op}{os.path.abspath(path)}\0".encode("utf-8", "surrogateescape"))
 
 
 _PLANS: list[OutputPlan] = []
@@ -331,7 +362,8 @@ def _write_error(err: OSError, entry: _Entry) -> InputError:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, suffix: str = ".tmp", flag: str = "") -> Iterator[str]:
+def atomic_output(path: str | os.PathLike, suffix: str = ".tmp", flag: str = "",
+                  follow_symlinks: bool = True) -> Iterator[str]:
     """Yield a temporary path to write ``path``'s content to.
 
     Inside :func:`atomic_outputs` the rename waits for the end of that block (the path's temporary
@@ -341,7 +373,7 @@ def atomic_output(path: str | os.PathLike, suffix: str = ".tmp", flag: str = "")
     """
     plan = _PLANS[-1] if _PLANS else None
     if plan is not None:
-        entry = plan.lookup(path) or plan.reserve(check_output(path, flag), suffix)
+        entry = plan.lookup(path) or plan.reserve(check_output(path, flag, (), follow_symlinks), suffix)
         entry.written = False
         try:
             yield entry.tmp
@@ -350,7 +382,7 @@ def atomic_output(path: str | os.PathLike, suffix: str = ".tmp", flag: str = "")
         entry.written = True
         return
     own = OutputPlan()
-    entry = own.reserve(check_output(path, flag), suffix)
+    entry = own.reserve(check_output(path, flag, (), follow_symlinks), suffix)
     try:
         yield entry.tmp
         entry.written = True

@@ -73,18 +73,38 @@ def _error(message: str) -> int:
     return 2
 
 
-def _terminate(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the cleanup
-    raise Terminated()
+def _first_signal(signum, frame):
+    """SIGINT raises KeyboardInterrupt, SIGTERM :class:`Terminated`; a repeat is ignored, so that it cannot
+    interrupt the cleanup the first one started."""
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
-def _on_sigterm_raise():
-    """Make SIGTERM raise :class:`Terminated` (temporary files are removed as on Ctrl-C); the old handler,
-    or None where no handler can be installed (not the main thread)."""
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _install_handlers() -> dict | None:
+    """Install :func:`_first_signal` for SIGINT and SIGTERM; the old handlers, or None where no handler can
+    be installed (not the main thread)."""
     try:
-        return signal.signal(signal.SIGTERM, _terminate)
+        return {s: signal.signal(s, _first_signal) for s in _SIGNALS}
     except ValueError:
         return None
+
+
+def _signalled(exc: BaseException) -> int | None:
+    """128 + the signal behind ``exc`` — an interrupt wrapped by a compiled call (numba's SystemError "returned
+    a result with an exception set"), by click (Abort) or by a library's own error — else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return 128 + int(signal.SIGINT)
+        if isinstance(exc, Terminated):
+            return 128 + int(signal.SIGTERM)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,17 +117,38 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0
-    previous = _on_sigterm_raise()
+    previous = _install_handlers()
+    plan = None
     try:
         import numpy as np
 
         # outputs are renamed into place together, or none is; an overflow in a user's curve is
         # reported by validation, not as a numpy warning block
-        with atomic_outputs(), np.errstate(all="ignore"):
+        with atomic_outputs() as plan, np.errstate(all="ignore"):
             rc = cli.main(args=args, prog_name="smdp-batch", standalone_mode=False)
-    except Terminated:
-        click.echo("smdp-batch: terminated", err=True)
-        return 128 + int(signal.SIGTERM)
+    except BaseException as e:
+        code = _signalled(e)
+        if code is None:
+            return _failed(e)
+        if plan is None or not plan.committed:
+            click.echo(f"smdp-batch: {'interrupted' if code == 128 + int(signal.SIGINT) else 'terminated'}", err=True)
+            return code
+        rc = 0  # the signal waited for the final renames: the command had finished, its outputs are complete
+    finally:
+        if previous is not None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    for line in dict.fromkeys(NOTICES_INFO):
+        click.echo(f"smdp-batch: note: {line}", err=True)
+    for line in NOTICES:
+        click.echo(f"smdp-batch: warning: {line}", err=True)
+    return rc if isinstance(rc, int) else 0
+
+
+def _failed(e: BaseException) -> int:
+    """The exit code and one stderr line of a run that raised ``e`` (no signal behind it)."""
+    try:
+        raise e
     except InputError as e:
         return _error(str(e))
     except click.ClickException as e:  # BadParameter, UsageError, NoSuchOption…: one line, not click's block
@@ -120,18 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"{e.strerror or e}{where}")
     except MemoryError:
         return _error("out of memory: the input asks for more memory than this machine has; use smaller sizes")
-    except KeyboardInterrupt:
-        click.echo("smdp-batch: interrupted", err=True)
-        return 130
     except Exception as e:  # last line of defence: a bug, reported on one line (exit 70, EX_SOFTWARE)
         text = " ".join(str(e).split())[:500]
         click.echo(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)", err=True)
         return 70
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    for line in dict.fromkeys(NOTICES_INFO):
-        click.echo(f"smdp-batch: note: {line}", err=True)
-    for line in NOTICES:
-        click.echo(f"smdp-batch: warning: {line}", err=True)
-    return rc if isinstance(rc, int) else 0

@@ -1,0 +1,238 @@
+"""The ``smdp-batch`` console entry: the command runs in a child process, so that Ctrl-C and SIGTERM act at once.
+
+Contract: SIGINT (Ctrl-C) ends a command with exit code 130 and the line ``smdp-batch: interrupted``,
+SIGTERM with 143 and ``smdp-batch: terminated``, within a second, leaving no partial output file.
+
+Why a child process.  A Python signal handler runs only between bytecodes, so a signal that lands
+inside a long compiled call — a numba kernel, numpy's text parser, LLVM compiling a kernel on a cold
+cache — waits until that call returns, which can be seconds.  The parent here imports nothing heavy
+and sits in a 50 ms polling loop, so it acts at once:
+
+1. it forwards the signal to the child, whose handler (:func:`smdp_batch.cli.main`) unwinds every
+   ``finally``, removes the temporary files of its outputs (:mod:`smdp_batch.files`) and exits 130 / 143
+   with its one line;
+2. if the child is still running :data:`GRACE_S` seconds later (stuck in a compiled call), the parent
+   kills it and its descendants, removes the temporary files and folders the child recorded in its
+   journal (a pipe: :func:`smdp_batch.files.journal`), prints the line and exits 130 / 143 itself.
+
+Outputs are renamed into place only at the end of a command, with the signals blocked for the
+renames, so a kill either leaves the previous files or the new complete ones.  Where ``os.fork`` is
+missing (Windows) the command runs in this process, with the in-process handlers only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from .files import JOURNAL_ENV
+
+__all__ = ["main", "GRACE_S"]
+
+#: seconds the child gets to clean up after a forwarded signal before it is killed
+GRACE_S = 0.6
+_POLL_S = 0.05
+_LINES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
+    from .files import Terminated
+
+    def first_signal(signum, frame):  # the first one unwinds; a repeat must not interrupt the cleanup
+        for s in _LINES:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+    def unraisable(info, default=sys.unraisablehook):  # an interrupt swallowed by a callback is not news
+        if not isinstance(info.exc_value, (KeyboardInterrupt, Terminated)):
+            default(info)
+
+    sys.unraisablehook = unraisable
+    for s in _LINES:
+        signal.signal(s, first_signal)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.environ[JOURNAL_ENV] = f"{os.getpid()}:{journal_fd}"
+    try:
+        from .cli import main as run  # the imports take a moment: a signal here must not print a traceback
+
+        code = run(argv)
+    except KeyboardInterrupt:  # during the imports, or between the command's own handlers and its return
+        code = _say(signal.SIGINT)
+    except Terminated:
+        code = _say(signal.SIGTERM)
+    for s in _LINES:  # the command is done (its outputs in place, or none): a signal now changes nothing
+        signal.signal(s, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _mark_done(journal_fd, code)
+    return code
+
+
+def _mark_done(journal_fd: int, code) -> None:
+    """Tell the supervisor the command finished with ``code``: should the interpreter's teardown hang or
+    crash (a half-imported extension after an interrupt), the command still exits with that code."""
+    try:
+        os.write(journal_fd, f"={int(code) if isinstance(code, int) else 0}\0".encode())
+    except OSError:
+        pass
+
+
+def _say(signum: int) -> int:
+    try:
+        sys.stderr.write(f"smdp-batch: {_LINES[signum]}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return 128 + int(signum)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty where it cannot be read)."""
+    children: dict[int, list[int]] = {}
+    try:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat", "rb") as fh:
+                        fields = fh.read().rsplit(b")", 1)[1].split()
+                    children.setdefault(int(fields[1]), []).append(int(name))
+                except (OSError, IndexError, ValueError):
+                    continue
+    except OSError:
+        return []
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _done_code(journal: bytes) -> int | None:
+    """The exit code the child recorded when its command finished, or None."""
+    for line in journal.decode("utf-8", "surrogateescape").split("\0"):
+        if line[:1] == "=" and line[1:].lstrip("-").isdigit():
+            return int(line[1:])
+    return None
+
+
+def _clean(journal: bytes) -> None:
+    """Remove the temporary files and folders the child created and did not resolve (see files.journal)."""
+    files: dict[str, bool] = {}
+    folders: list[str] = []
+    for line in journal.decode("utf-8", "surrogateescape").split("\0"):
+        if len(line) < 2:
+            continue
+        op, path = line[0], line[1:]
+        if op == "+":
+            files[path] = True
+        elif op == "-":
+            files.pop(path, None)
+        elif op == "d":
+            folders.append(path)
+    for path in files:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    for path in reversed(folders):
+        try:
+            os.rmdir(path)  # only when left empty
+        except OSError:
+            pass
+
+
+def _supervise(pid: int, journal_fd: int, mask) -> int:
+    import select
+
+    received: list[int] = []
+
+    def forward(signum, frame):
+        if not received:
+            received.append(signum)
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in _LINES:
+        signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    journal = bytearray()
+    deadline = None
+    while True:
+        ready, _, _ = select.select([journal_fd], [], [], _POLL_S)
+        if ready:
+            try:
+                journal += os.read(journal_fd, 65536)
+            except OSError:
+                pass
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if received and deadline is None:
+            deadline = time.monotonic() + GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            victims = _descendants(pid)
+            for p in [pid, *victims]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            os.waitpid(pid, 0)
+            journal += _drain(journal_fd)
+            done = _done_code(bytes(journal))
+            if done is not None:  # stuck in its teardown, after the command had finished
+                return done
+            _clean(bytes(journal))
+            return _say(received[0])
+    journal += _drain(journal_fd)
+    done = _done_code(bytes(journal))
+    if os.WIFEXITED(status) or done is not None:
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else done
+        if received and code not in (0, 128 + received[0]):
+            _clean(bytes(journal))
+        return code
+    _clean(bytes(journal))
+    signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
+    if received or signum in _LINES:
+        return _say(received[0] if received else signum)
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+    sys.stderr.write(f"smdp-batch: error: the command was killed by {name}"
+                     f"{' (out of memory?)' if signum == signal.SIGKILL else ''}\n")
+    return 128 + int(signum)
+
+
+def _drain(fd: int) -> bytes:
+    out = bytearray()
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (``smdp-batch``); returns the exit code."""
+    if not hasattr(os, "fork"):
+        from .cli import main as run
+
+        return run(argv)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(_LINES))  # no signal falls between fork and handlers
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        return _child(w, argv, old)
+    os.close(w)
+    return _supervise(pid, r, old)
