@@ -10,6 +10,7 @@ can break a latency target when traffic falls).  With an SLO (``--slo-p99-ms X``
 from __future__ import annotations
 
 import click
+import numpy as np
 
 from ..errors import InputError
 from ..export.configs import SLO_FAMILY, TARGETS
@@ -42,21 +43,42 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
-    pf = read_policy(path)
-    # the scenario comes from the values stored in the file: no path recorded in it is read
-    problem = build_problem({}, file_inputs(pf, how="export cannot rebuild it (evaluate or simulate the file with --service LAW)"))
+    how = "export cannot rebuild it (evaluate or simulate the file with --service LAW)"
+    phases = _phase_table(path, how)
+    if phases is None:
+        pf = read_policy(path)
+        # the scenario comes from the values stored in the file: no path recorded in it is read
+        problem = build_problem({}, file_inputs(pf, how=how))
+    else:
+        pf, problem, arrival_map = phases
     if slo is not None:
-        _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json)
+        _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
+                       None if phases is None else arrival_map)
         return
     from ..export.configs import export_policy
 
-    ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
-    off = _off_peak(problem, ex.rule, ex.gap["export"]["p99_ms"], requests, seed)
+    if phases is None:
+        ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
+        runtime = None
+    else:
+        from .bursty import phase_file_rule, stream
+
+        arr, _ = stream(arrival_map.spec(), requests, seed)
+        ex = export_policy(problem, None, target, requests=requests, seed=seed, arrivals=arr,
+                           reference=phase_file_rule(pf, arrival_map, "qmdp", None))
+        runtime = _phase_runtime(path, target)
+    off = _off_peak(problem, ex.rule, ex.gap["export"]["p99_ms"], requests, seed,
+                    None if phases is None else arrival_map)
     if output:
         write_text_atomically(output, ex.text)
     g = ex.gap
-    lines = [f"smdp-batch — {target} settings for {path}", scenario_line(problem), "", ex.text.rstrip(), ""]
+    lines = [f"smdp-batch — {target} settings for {path}", scenario_line(problem)]
+    if phases is not None:
+        lines.append(f"  arrivals    {arrival_map.spec()} (the phase table's MAP), mean λ̄ = {arrival_map.rate:.6g} /ms")
+    lines += ["", ex.text.rstrip(), ""]
     lines += [f"  fidelity    {x}" for x in ex.limitations]
+    if runtime is not None:
+        lines.append(f"  runs as is  {runtime}")
     lines.append(
         f"  simulated gap ({g['requests']} requests, same arrivals): table W̄ {g['table']['mean_latency_ms']:.4g} ms, "
         f"P̄ {g['table']['mean_power_w']:.4g} W; export W̄ {g['export']['mean_latency_ms']:.4g} ms, "
@@ -69,8 +91,31 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
         click.echo(f"smdp-batch: warning: {off['warning']}", err=True)
     if output:
         lines.append(f"  written     {output}")
-    emit({**ex.as_dict(), "policy_file": path, "off_peak": off, **({"output": output} if output else {})}, as_json,
+    emit({**ex.as_dict(), "policy_file": path, "off_peak": off, **({"output": output} if output else {}),
+          **({} if phases is None else {"arrivals": arrival_map.spec(), "runtime": runtime})}, as_json,
          "\n".join(lines))
+
+
+def _phase_table(path: str, how: str):
+    """(file, problem at the MAP's mean rate, MAP) for a phase table (schema 2), else None."""
+    from ..model.arrivals import MAP
+    from ..runtime.phase_file import policy_version, read_phase_policy
+
+    if policy_version(path) != 2:
+        return None
+    pf = read_phase_policy(path)
+    arrival_map = MAP(pf.D0, pf.D1)
+    return pf, build_problem({}, file_inputs(pf, how=how)), arrival_map
+
+
+def _phase_runtime(path: str, target: str) -> str:
+    """How the phase table itself runs in ``target``'s world: the runtime batcher with the phase filter."""
+    if target == "ray":
+        return (f"the table itself runs in Ray Serve with its phase filter: "
+                f"@table_batch({path!r}) from smdp_batch.integrations.ray_serve (replaces "
+                "@serve.batch) — the setting above is for a plain @serve.batch")
+    return (f"the table itself runs in a Python server (PyTriton, FastAPI) with its phase filter: "
+            f"DynamicBatcher(infer, PhasePolicy.load({path!r})) from smdp_batch.runtime")
 
 
 def _objective_words(pct: float) -> str:
@@ -82,15 +127,18 @@ def _objective_words(pct: float) -> str:
     return f"objective {abs(pct):.3g} % {'higher' if pct > 0 else 'lower'} than the table's"
 
 
-def _off_peak(problem, rule, planned: float, requests: int, seed: int) -> dict:
+def _off_peak(problem, rule, planned: float, requests: int, seed: int, arrival_map=None) -> dict:
     """p99 of the exported rule at :data:`OFF_PEAK` shares of the table's load, beside ``planned`` (its p99 at
     the table's load, from the export's own simulation), with a warning when the tail grows past
-    :data:`TAIL_GROWTH`× the planned value."""
+    :data:`TAIL_GROWTH`× the planned value.  ``arrival_map``: a MAP whose rates are scaled (else Poisson)."""
     from ..analysis.simulate import simulate
 
     rows = []
     for share in OFF_PEAK:
-        res = simulate(problem.replace(lam=problem.lam * share), rule, requests=requests, seed=seed)
+        arr = None
+        if arrival_map is not None:
+            arr = arrival_map.scaled(share).sample(requests, np.random.default_rng([seed, 1]))[0]
+        res = simulate(problem.replace(lam=problem.lam * share), rule, requests=requests, seed=seed, arrivals=arr)
         rows.append({"share": share, "lam": problem.lam * share, "p99_ms": res.percentiles["p99_ms"],
                      "mean_power_w": res.mean_power_w})
     worst = max(rows, key=lambda r: r["p99_ms"])
@@ -102,13 +150,18 @@ def _off_peak(problem, rule, planned: float, requests: int, seed: int) -> dict:
     return {"planned_p99_ms": planned, "loads": rows, "warning": warning}
 
 
-def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json) -> None:
+def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
+                   arrival_map=None) -> None:
     from ..analysis.slo import optimise
     from ..export.configs import rule_config
 
     problem, lams = loads_for(problem, load_range, rho_range)
     family = SLO_FAMILY[target]
-    ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False)
+    shape = None  # a phase table's bursty traffic, scaled to each load
+    if arrival_map is not None:
+        shape = arrival_map.sample(requests, np.random.default_rng([seed, 1]))[0]
+    ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False,
+                   arrivals=shape)
     s = ans.best[family]
     where = (f"{lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
              f"every load of {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
@@ -122,7 +175,10 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
         write_text_atomically(output, text)
     metrics = [m for m, _ in slo.bounds]
     lines = [f"smdp-batch — {target} settings meeting {slo.text()} at {where} (the scenario of {path}; "
-             f"{ans.requests} simulated requests per load, seed {seed})", scenario_line(problem), "", text.rstrip(), ""]
+             f"{ans.requests} simulated requests per load, seed {seed})", scenario_line(problem)]
+    if arrival_map is not None:
+        lines.append(f"  arrivals    {arrival_map.spec()} (the phase table's MAP), its rates scaled to each load")
+    lines += ["", text.rstrip(), ""]
     for x in s.loads:
         vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ± {x.ci[m]:.2g} ms" for m in metrics)
         lines.append(f"  load        {x.lam * 1e3:9.5g} req/s: {vals}; P̄ {x.power_w:.4g} ± {x.power_ci:.2g} W, "
@@ -132,4 +188,5 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     if output:
         lines.append(f"  written     {output}")
     emit({"target": target, "settings": settings, "config": text, "rule": s.rule.spec, "policy_file": path,
-          "slo_search": ans.as_dict(), **({"output": output} if output else {})}, as_json, "\n".join(lines))
+          "slo_search": ans.as_dict(), **({"output": output} if output else {}),
+          **({} if arrival_map is None else {"arrivals": arrival_map.spec()})}, as_json, "\n".join(lines))

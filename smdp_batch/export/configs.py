@@ -103,25 +103,35 @@ def _objective(problem: BatchingProblem, res) -> float:
     return problem.w1 * res.mean_latency_ms + problem.w2 * res.mean_power_w
 
 
-def export_policy(problem: BatchingProblem, policy, target: str, requests: int = 200_000, seed: int = 0) -> Export:
-    """Export ``policy`` (states 0..s_max, or a Solution) for ``target``; settings tuned by simulation."""
+def export_policy(problem: BatchingProblem, policy, target: str, requests: int = 200_000, seed: int = 0, *,
+                  reference: ServerRule | None = None, arrivals: np.ndarray | None = None) -> Export:
+    """Export ``policy`` (states 0..s_max, or a Solution) for ``target``; settings tuned by simulation.
+
+    ``reference``: the rule the table runs as, instead of ``policy`` as a pure table (a phase table passes
+    its filter rule, :func:`smdp_batch.analysis.phased.phase_rule`, with ``policy`` None); ``arrivals``: the
+    stream (ms) both run on, instead of Poisson at ``problem.lam`` (a phase table: a sample of its MAP)."""
     from ..analysis.simulate import poisson_arrivals, simulate
 
     if target not in TARGETS:
         raise InputError(f"unknown export target {target!r}; valid: {', '.join(TARGETS)}")
-    if hasattr(policy, "policy") and hasattr(policy, "s_max"):
-        policy = np.asarray(policy.policy)[: policy.s_max + 1]
-    table = table_rule(policy, problem.batch_sizes, spec="table")
-    p = table.table
     sizes = problem.batch_sizes
-    b = int(p.max())
-    arr = poisson_arrivals(problem.lam, int(requests), np.random.default_rng(seed))
+    if reference is None:
+        if hasattr(policy, "policy") and hasattr(policy, "s_max"):
+            policy = np.asarray(policy.policy)[: policy.s_max + 1]
+        table = table_rule(policy, sizes, spec="table")
+        p = table.table
+        b = int(p.max())
+        q = control_limit(p, sizes)
+        served = sorted({int(a) for a in p if a > 0})
+    else:  # a rule that looks at more than the queue length: no single control limit
+        table = reference
+        served = [int(x) for x in reference.executed_sizes()]
+        b, q = max(served), None
+    arr = poisson_arrivals(problem.lam, int(requests), np.random.default_rng(seed)) if arrivals is None else arrivals
     run = lambda rule: simulate(problem, rule, arrivals=arr, seed=seed)
     base = run(table)
     base_obj = _objective(problem, base)
     lmax = float(problem.latency_ms()[-1])
-    q = control_limit(p, sizes)
-    served = sorted({int(a) for a in p if a > 0})
     limits: list[str] = []
     contiguous = list(sizes) == list(range(sizes[0], sizes[-1] + 1))
     # Triton, Ray Serve and TorchServe form any batch size ≤ their maximum; with a set of sizes (TensorRT
@@ -190,6 +200,10 @@ def export_policy(problem: BatchingProblem, policy, target: str, requests: int =
         if pad:
             limits.append(pad_note)
     settings, text = rule_config(target, rule)
+    if reference is not None:
+        limits.insert(0, f"the table's decision changes with the arrival phase its filter estimates; {target}'s rule "
+                         "sees only the queue and the time, so this is its best single setting for the table's bursty "
+                         "traffic (both simulated on the same sample of it)")
     if target in MEASURED:
         limits.append(MEASURED[target])
     rule.check(sizes)
