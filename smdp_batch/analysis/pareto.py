@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
+from ..limits import REQUESTS_LIMIT, WEIGHT_LIMIT
 from ..model.problem import BatchingProblem
 from .parallel import Mapper, local_map
 from ..solvers import solve
@@ -197,6 +198,8 @@ class Front:
     def power_at(self, latency_ms: float) -> float:
         """F(W) of the module doc: the least power the front achieves at mean latency W (W)."""
         pts = sorted(self.points, key=lambda p: p.mean_latency_ms)
+        if not pts:
+            return math.inf
         w = np.array([p.mean_latency_ms for p in pts])
         pw = np.array([p.mean_power_w for p in pts])
         if latency_ms < w[0]:
@@ -261,8 +264,12 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
             sol = solve(p, hint=hint)
             pol, s_max, c_o = sol.policy, sol.s_max, sol.model.abstract_cost
         # eq. 19's boundary: at light tails exact to round-off at any s_max, so equal policies get equal metrics
-        # and the sweep's tie test (_improves, 1e-9) closes intervals; the tail boundary's doubling stops at tol
-        ev = evaluate_deployed(p, pol, tol=NEAR_OVERFLOW, boundary="overflow")
+        # and the sweep's tie test (_improves, 1e-9) closes intervals; the tail boundary's doubling stops at tol.
+        # Near ρ = 1 eq. 19 needs more states than allowed: the tail boundary (exact to 1e-10) evaluates it then
+        try:
+            ev = evaluate_deployed(p, pol, tol=NEAR_OVERFLOW, boundary="overflow")
+        except InputError:
+            ev = evaluate_deployed(p, pol)
     except InputError as e:
         return {"error": str(e)}
     table = np.asarray(pol[:-1])
@@ -280,6 +287,17 @@ def _point(w2: float, r: dict) -> FrontPoint:
 
 def _simulate_point(problem: BatchingProblem, point: FrontPoint, settings: dict) -> None:
     s = _simulate_job(problem, point.policy, settings["requests"], settings["seed"], settings["within_ms"])
+    _set_simulated(problem, point, s, settings["requests"])
+
+
+def _set_simulated(problem: BatchingProblem, point: FrontPoint, s: dict, requests: int) -> None:
+    """Store a front point's simulated percentiles; a simulation that failed (a run too short to settle near
+    ρ = 1: the exact evaluation says the policy is stable) is refused on one line naming the load and the fix."""
+    if "error" in s:
+        raise InputError(
+            f"simulating the front's policy at w2 = {point.w2_lo:.6g} (ρ = {problem.rho:.6g}, exact W̄ = "
+            f"{point.mean_latency_ms:.6g} ms) with {requests} requests failed: {s['error']}; simulate more requests "
+            f"(--requests, ≤ {REQUESTS_LIMIT}) or use a lower load, or drop the simulated percentiles")
     point.percentiles, point.within = s["percentiles"], s["within"]
 
 
@@ -344,6 +362,8 @@ def _check_sweep(w2_min: float, w2_max: float, points: int, rtol: float, ftol: f
         raise InputError(f"the front tolerance ftol must lie in [0, 0.1) (a share of the objective), got {ftol!r}")
     if not (0 < w2_min < w2_max and math.isfinite(w2_max)):
         raise InputError(f"need 0 < w2_min < w2_max < ∞, got {w2_min!r}, {w2_max!r}")
+    if w2_max > WEIGHT_LIMIT:  # only the ratio w2/w1 shapes the policy: beyond it the costs overflow
+        raise InputError(f"w2_max must be ≤ {WEIGHT_LIMIT:g}, got {w2_max!r}; only w2/w1 shapes the policy: scale both down")
     if int(points) < 2:
         raise InputError(f"need at least 2 grid points of w2, got {points!r}")
     if not (RTOL_MIN <= rtol < 1):  # each halving of rtol costs one more solve per policy boundary
@@ -415,9 +435,14 @@ def sweep_fronts(problems: list[BatchingProblem], w2_min: float = 0.01, w2_max: 
             break
         open_ends = {i: 2 * w for i, w in open_ends.items()}
         run(list(open_ends.items()))
-    for cache in caches:  # a failed solve (a truncation at very large w2) ends that front's extension
-        for w in [w for w, r in cache.items() if "error" in r]:
+    for i, cache in enumerate(caches):  # a failed solve (a truncation at very large w2) ends that front's extension
+        failed = {w: r["error"] for w, r in cache.items() if "error" in r}
+        for w in failed:
             del cache[w]
+        if not cache:  # not one policy of this front could be solved: refuse, naming the load and the reason
+            label = f" ({labels[i]})" if labels and labels[i] else ""
+            raise InputError(f"no policy of the front at ρ = {problems[i].rho:.6g}, λ = {problems[i].lam:.6g} /ms{label} "
+                             f"could be solved: {failed[min(failed)]}")
     intervals = [(i, lo, hi) for i in range(len(problems)) for lo, hi in zip(sorted(caches[i])[:-1], sorted(caches[i])[1:])]
     open_gaps: list[list[tuple[float, float]]] = [[] for _ in problems]
     ties: list[list[float]] = [[] for _ in problems]
@@ -467,8 +492,8 @@ def sweep_fronts(problems: list[BatchingProblem], w2_min: float = 0.01, w2_max: 
         jobs = [(f.problem, p) for f in fronts for p in f.points]
         sims = mapper(_simulate_job, [j[0] for j in jobs], [j[1].policy for j in jobs], [int(simulate_requests)] * len(jobs),
                       [int(seed)] * len(jobs), [tuple(float(b) for b in within_ms)] * len(jobs))
-        for (_, p), s in zip(jobs, sims):
-            p.percentiles, p.within = s["percentiles"], s["within"]
+        for (f, p), s in zip(jobs, sims):
+            _set_simulated(f, p, s, int(simulate_requests))
         if progress is not None:
             progress(len(jobs))
     return fronts
@@ -521,8 +546,14 @@ def baseline_points(problem: BatchingProblem, statics=None, timeouts: bool = Tru
     if simulate_tables and points:
         sims = mapper(_simulate_job, [problem] * len(tables), [t.tolist() for t in tables], [int(requests)] * len(tables),
                       [int(seed)] * len(tables), [within] * len(tables))
-        for p, s in zip(points, sims):
+        kept = []
+        for p, s in zip(points, sims):  # a table the short run cannot settle is skipped, like a timeout rule
+            if "error" in s:
+                skipped.append((p.setting, s["error"]))
+                continue
             p.percentiles, p.within = s["percentiles"], s["within"]
+            kept.append(p)
+        points = kept
     if timeouts:
         rules = [make(problem.bmax, d) for make in MAKERS.values() for d in timeout_delays(problem, delays)]
         sims = mapper(_simulate_job, [problem] * len(rules), rules, [int(requests)] * len(rules),

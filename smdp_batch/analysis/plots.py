@@ -87,8 +87,17 @@ def save(fig, path: str) -> str:
 
 
 def _front_label(front) -> str:
-    rho = f"ρ = {front.problem.rho:.3g}"
+    rho = f"ρ = {_rho_text(front.problem.rho)}"
     return f"{front.label}, {rho}" if front.label else rho
+
+
+def _rho_text(rho: float) -> str:
+    """ρ in the fewest digits (3 to 6) that tell it apart; next to 1, as 1 − (1 − ρ)."""
+    for digits in (3, 4, 5, 6):
+        text = f"{rho:.{digits}g}"
+        if abs(float(text) - rho) <= 1e-9 * rho:
+            break
+    return f"1 − {1 - rho:.2g}" if text == "1" and rho < 1 else text
 
 
 def plot_policies(grid: dict, batch_sizes, max_queue: int | None = None, *, ncols: int | None = None,

@@ -128,8 +128,9 @@ def pareto_cmd(rho_grid, lam_grid, w2_min, w2_max, points, ftol, rtol, extend, b
                 base[i], skipped[i] = baseline_points(
                     f.problem, static_sizes if baselines else [], timeouts, n_base, sd,
                     simulate_tables=bool(n_sim), within_ms=() if within is None else (within,), mapper=mapper)
-                if not baselines:
+                if not baselines:  # greedy is the tables' reference: kept out of the report with them
                     base[i] = [b for b in base[i] if b.family != "greedy"]
+                    skipped[i] = [(s_, r) for s_, r in skipped[i] if s_ != "greedy"]
                 if tick:
                     tick(len(base[i]))
     finish()

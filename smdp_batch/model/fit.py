@@ -1,8 +1,11 @@
-"""Fitting a 1–4 phase MMPP to an arrival trace (issue 20, item 4): counts-per-window HMM, then the exact
-likelihood.
+"""Fitting a 1–4 phase MMPP to an arrival trace: counts-per-window HMM, then the exact likelihood.
 
 An MMPP with m phases (rates λ_i /ms, phase generator Q) is the MAP D0 = Q − Λ, D1 = Λ = diag(λ_i)
 (:mod:`smdp_batch.model.arrivals`).  Given arrival times t_0 ≤ … ≤ t_{n−1} (ms), :func:`fit_mmpp`:
+
+0. **Ties and quantised timestamps** (:mod:`.trace_clean`): times on a grid (whole ms, 10 ms, …) are
+   spread uniformly within their quantum, seeded, so that zero gaps do not pull the fit to a phase of
+   enormous rate; the report's note says what was done.  Steps 1–3 see the spread times.
 
 1. **Start: a Poisson HMM on counts per window** (Rydén 1996 §2; hmmlearn's ``PoissonHMM``).  The
    trace is cut into windows of w ms; N_j, the count of window j, is Poisson(λ_i·w) given the phase i
@@ -42,6 +45,10 @@ An MMPP with m phases (rates λ_i /ms, phase generator Q) is the MAP D0 = Q − 
    log L = N(ln λ − 1)); AIC = 2k − 2 log L is reported too.  In auto mode the m-phase refinement
    starts from the better (by exact likelihood) of the HMM estimate and each split of one phase of the
    (m − 1)-phase fit into two with rates ×0.9 and ×1.1.
+4. **Mean rate.**  A candidate whose mean rate π·λ is more than :data:`RATE_TOL` off the trace's
+   (n − 1)/(t_last − t_first) (a short trace that visits a phase a few times leaves it loose) is refitted
+   with the rates scaled so that π·λ equals it (the exact likelihood maximised on that surface; m = 1:
+   λ = the trace's rate).  The kept model is checked once more; a miss is refused.
 
 The report compares the trace with the model: mean rates, and the index of dispersion of counts
 IDC(L) = Var N(L)/E N(L) over windows of L = w, 10w, 100w, 1000w (those with ≥ 20 windows in the
@@ -69,13 +76,12 @@ import numpy as np
 from ..errors import InputError
 from ..limits import RATE_MAX, RATE_MIN
 from .arrivals import MAP
+from .trace_clean import MIN_ARRIVALS, RATE_TOL, check_rate, check_times, clean_trace, trace_idc, window_counts
 
 __all__ = ["MmppFit", "fit_mmpp", "map_loglik", "default_window", "trace_idc", "PHASES_MAX", "MIN_ARRIVALS"]
 
 #: Most phases fitted (``auto`` tries 1..PHASES_MAX).
 PHASES_MAX = 4
-#: Fewest arrivals accepted.
-MIN_ARRIVALS = 200
 #: Mean arrivals per window of the default window.
 TARGET_COUNT = 10.0
 #: Windows of the count HMM: at least MIN_WINDOWS; the default window keeps at most HMM_WINDOWS, a given
@@ -195,40 +201,14 @@ def _loglik(D0: np.ndarray, D1: np.ndarray, x0: np.ndarray, segments: list, fast
 def map_loglik(arrivals: MAP, times_ms) -> float:
     """Exact log-likelihood of the inter-arrival times of ``times_ms`` (ms, sorted) under a MAP, given an
     arrival at ``times_ms[0]`` in the event-stationary phase law π·D1/λ̄ (module docstring, step 2)."""
-    t = _check_times(times_ms, least=2)
+    t = check_times(times_ms, least=2)
     return _loglik(arrivals.D0, arrivals.D1, arrivals.after_arrival(), [np.diff(t)])
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def _check_times(times_ms, least: int = MIN_ARRIVALS) -> np.ndarray:
-    try:
-        t = np.asarray(times_ms, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InputError("arrival times must be numbers (ms)") from None
-    if t.ndim != 1:
-        raise InputError(f"arrival times must be a 1-D sequence of ms, got shape {t.shape}")
-    if t.size < least:
-        raise InputError(f"a trace needs at least {least} arrivals to fit an MMPP, got {t.size}")
-    bad = np.nonzero(~np.isfinite(t))[0]
-    if bad.size:
-        raise InputError(f"arrival time #{int(bad[0])} is {float(t[bad[0]])!r}; times must be finite numbers in ms")
-    down = np.nonzero(np.diff(t) < 0)[0]
-    if down.size:
-        i = int(down[0])
-        raise InputError(f"arrival times must be sorted: #{i} = {t[i]:g} ms is followed by {t[i + 1]:g} ms")
-    span = float(t[-1] - t[0])
-    if not span > 0:
-        raise InputError(f"the trace spans 0 ms (all {t.size} arrivals at {t[0]:g} ms); times must spread over time")
-    rate = (t.size - 1) / span
-    if not RATE_MIN * 1e3 <= rate <= RATE_MAX * 1e-3:
-        raise InputError(f"the trace's mean rate {rate:.3g} /ms is outside [{RATE_MIN * 1e3:g}, {RATE_MAX * 1e-3:g}] /ms; "
-                         "give the times in ms")
-    return t
-
-
 def default_window(times_ms) -> float:
     """The default count window (ms): ~TARGET_COUNT arrivals on average, MIN_WINDOWS..HMM_WINDOWS windows."""
-    t = _check_times(times_ms)
+    t = check_times(times_ms)
     span = float(t[-1] - t[0])
     w = TARGET_COUNT * span / (t.size - 1)
     return float(min(max(w, span / HMM_WINDOWS), span / MIN_WINDOWS))
@@ -244,20 +224,6 @@ def _check_window(window_ms, span: float) -> float:
         raise InputError(f"window {window_ms!r} ms is not valid for a trace of {span:g} ms: use {lo:.4g}..{hi:.4g} ms "
                          f"({MIN_WINDOWS}..{WINDOWS_MAX} windows)")
     return w
-
-
-def _counts(t: np.ndarray, window: float) -> np.ndarray:
-    """Arrivals in each full window [t_0 + jw, t_0 + (j + 1)w)."""
-    full = int((t[-1] - t[0]) // window)
-    idx = ((t - t[0]) // window).astype(np.int64)
-    return np.bincount(idx[idx < full], minlength=full)
-
-
-def trace_idc(times_ms, window_ms: float) -> float:
-    """Index of dispersion of counts of the trace over consecutive full windows of ``window_ms`` ms."""
-    c = _counts(np.asarray(times_ms, dtype=np.float64), float(window_ms))
-    mean = c.mean() if c.size else 0.0
-    return float(c.var(ddof=1) / mean) if c.size >= 2 and mean > 0 else math.nan
 
 
 # ------------------------------------------------------------------------------------------ the fit
@@ -288,6 +254,7 @@ class MmppFit:
     seed: int
     seconds: float
     notes: list = field(default_factory=list)
+    timestamps: dict = field(default_factory=dict)  # ties and quantisation found, and what was spread (CleanTrace)
 
     @property
     def phases(self) -> int:
@@ -325,7 +292,7 @@ class MmppFit:
             "estimate": self.estimate, "optimizer": dict(self.optimizer),
             "window_ms": self.window_ms, "arrivals": self.arrivals, "span_ms": self.span_ms,
             "blocks": [{"first": f, "arrivals": c} for f, c in self.blocks], "seed": self.seed, "seconds": self.seconds,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "timestamps": dict(self.timestamps), "rate_tolerance": RATE_TOL,
         }
 
     def to_json(self) -> str:
@@ -355,12 +322,17 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
     (2, [1.0, 4.0])
     """
     t0 = time.perf_counter()
-    t = _check_times(times_ms)
+    raw = check_times(times_ms)
     choices = _check_phases(phases)
     seed = _check_seed(seed)
-    span = float(t[-1] - t[0])
-    window = default_window(t) if window_ms is None else _check_window(window_ms, span)
-    notes = []
+    clean = clean_trace(raw, seed)  # step 0: tied or quantised times spread within their quantum
+    t, span = clean.times, float(raw[-1] - raw[0])
+    rate = (raw.size - 1) / span
+    if window_ms is None:  # a window no shorter than a quantum: shorter ones count the spread, not the trace
+        window = max(default_window(t), clean.quantum_ms if clean.spread == "quantum" else 0.0)
+    else:
+        window = _check_window(window_ms, float(t[-1] - t[0]))
+    notes = [clean.note] if clean.note else []
     if t.size > REFINE_BLOCK:
         size = REFINE_BLOCK // REFINE_PIECES
         firsts = np.linspace(0, t.size - size, REFINE_PIECES).round().astype(np.int64)
@@ -370,15 +342,18 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
         size, firsts = t.size, [0]
     blocks = tuple((int(f), int(size)) for f in firsts)
     gaps = [np.diff(t[f:f + c]) for f, c in blocks]
-    counts = _counts(t, window).reshape(-1, 1)
+    counts = window_counts(t, window).reshape(-1, 1)
     cands = []
     for m in choices:  # auto: each m also starts from splits of the (m − 1)-phase fit
-        cands.append(_fit_one(m, gaps, counts, window, seed, cands[-1]["_map"] if cands else None))
+        cands.append(_fit_one(m, gaps, counts, window, seed, cands[-1]["_map"] if cands else None, rate))
     auto = len(choices) > 1
     best = min(cands, key=lambda c: c["bic"]) if auto else cands[0]
     fitted = best.pop("_map")
+    notes += [best["_note"]] if best.get("_note") else []
     for c in cands:
         c.pop("_map", None)
+        c.pop("_note", None)
+    check_rate(fitted.rate, rate, f"{fitted.phases}-phase MMPP fit")  # step 4's guard
     if best["phases"] > 1:
         short = float(np.min(1.0 / np.maximum(-np.diag(fitted.D0 + fitted.D1), 1e-300)))
         if short < 5 * window:
@@ -390,8 +365,8 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
         map=fitted, loglik=best["loglik"], bic=best["bic"], aic=best["aic"], n_params=best["n_params"],
         candidates=cands, selection="auto (least BIC)" if auto else "given",
         estimate=best["estimate"], optimizer=best["optimizer"], window_ms=window, arrivals=int(t.size),
-        span_ms=span, blocks=blocks, trace_rate=(t.size - 1) / span, idc=idc, seed=seed,
-        seconds=time.perf_counter() - t0, notes=notes)
+        span_ms=span, blocks=blocks, trace_rate=rate, idc=idc, seed=seed,
+        seconds=time.perf_counter() - t0, notes=notes, timestamps=clean.as_dict())
 
 
 def _check_phases(phases) -> list[int]:
@@ -408,14 +383,18 @@ def _check_seed(seed) -> int:
     raise InputError(f"seed must be an integer in 0..{2**32 - RESTARTS - 1}, got {seed!r}")
 
 
-def _fit_one(m: int, gaps: list, counts: np.ndarray, window: float, seed: int, previous: MAP | None) -> dict:
+def _fit_one(m: int, gaps: list, counts: np.ndarray, window: float, seed: int, previous: MAP | None,
+             target: float) -> dict:
     """One candidate: the m-phase fit to the blocks' ``gaps`` (exact likelihood), started from the count HMM or,
-    when it is better, from a split of ``previous`` (an (m − 1)-phase fit)."""
+    when it is better, from a split of ``previous`` (an (m − 1)-phase fit); refitted at the mean rate ``target``
+    (1/ms) when its own is more than RATE_TOL off (module docstring, step 4)."""
     n = sum(g.size for g in gaps)
     span = float(sum(g.sum() for g in gaps))
-    lam_bar = n / span
+    lam_bar, note = n / span, None
     if m == 1:
-        mp, ll, est, opt = MAP.poisson(lam_bar), n * (math.log(lam_bar) - 1.0), "closed form (MLE)", {}
+        lam = lam_bar if abs(lam_bar / target - 1) <= RATE_TOL else target
+        mp, ll, opt = MAP.poisson(lam), n * math.log(lam) - lam * span, {}
+        est = "closed form (MLE)" if lam == lam_bar else "the trace's mean rate"
     else:
         lo, hi = _bounds(m, lam_bar, span)
         starts = {"counts HMM": _theta(*_hmm_start(counts, m, window, seed), lo, hi)}
@@ -429,13 +408,21 @@ def _fit_one(m: int, gaps: list, counts: np.ndarray, window: float, seed: int, p
         est = "refined" if ll > ll0 else start
         if ll <= ll0:
             theta, ll = theta0, ll0
-        lam, Q = _unpack(theta, m)
+        lam, Q, pi = _params(theta, m)
+        off = float(pi @ lam) / target - 1
+        if abs(off) > RATE_TOL:  # step 4: the likelihood's optimum on the surface π·λ = target
+            note = (f"the {m}-phase likelihood optimum's mean rate {pi @ lam:.4g} /ms is {100 * abs(off):.3g} % off the "
+                    f"trace's {target:.4g} /ms: refitted with the mean rate held at the trace's")
+            held = (target, math.exp(lo[0]), math.exp(hi[0]))  # the rates stay in the box: no runaway phase
+            theta, ll, opt_c = _refine(theta, _theta_loglik(theta, m, gaps, held), m, gaps, lo, hi, held)
+            opt, est = {**opt_c, "start": opt["start"]}, "refined at the trace's mean rate"
+            lam, Q, pi = _params(theta, m, held)
         order = np.argsort(lam, kind="stable")
         mp = MAP.mmpp(lam[order], Q[np.ix_(order, order)])
         ll = _loglik(mp.D0, mp.D1, mp.after_arrival(), gaps)  # the reported value, from the validated MAP
     k = m * m
     return {"phases": m, "loglik": ll, "n_params": k, "bic": k * math.log(n) - 2 * ll, "aic": 2 * k - 2 * ll,
-            "estimate": est, "optimizer": opt, "_map": mp}
+            "estimate": est, "optimizer": opt, "_map": mp, "_note": note}
 
 
 def _hmm_start(counts: np.ndarray, m: int, window: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -535,10 +522,20 @@ def _unpack(theta: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     return p[:m], Q
 
 
-def _theta_loglik(theta: np.ndarray, m: int, gaps: list) -> float:
+def _params(theta: np.ndarray, m: int, held: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(λ, Q, π) of the log-parameters; with ``held`` = (target, lo, hi) (1/ms) the rates scaled so that
+    π·λ = target, then kept in [lo, hi]."""
     lam, Q = _unpack(theta, m)
     A = np.vstack([Q.T, np.ones((1, m))])
     pi = np.linalg.lstsq(A, np.r_[np.zeros(m), 1.0], rcond=None)[0]
+    mean = float(np.clip(pi, 0.0, None) @ lam)
+    if held is not None and mean > 0:
+        lam = np.clip(lam * (held[0] / mean), held[1], held[2])
+    return lam, Q, pi
+
+
+def _theta_loglik(theta: np.ndarray, m: int, gaps: list, held: tuple | None = None) -> float:
+    lam, Q, pi = _params(theta, m, held)
     x0 = np.clip(pi * lam, 0.0, None)
     if not x0.sum() > 0:
         return -math.inf
@@ -549,8 +546,9 @@ class _Budget(Exception):
     pass
 
 
-def _refine(theta0, ll0, m, gaps, lo, hi):
-    """L-BFGS-B on −log L/n over the box; stops after REFINE_EVALS evaluations, keeping the best point seen."""
+def _refine(theta0, ll0, m, gaps, lo, hi, held=None):
+    """L-BFGS-B on −log L/n over the box (rates held at a mean rate, :func:`_params`); stops after REFINE_EVALS
+    evaluations, keeping the best point seen."""
     from scipy.optimize import minimize
 
     n = sum(g.size for g in gaps)
@@ -561,7 +559,7 @@ def _refine(theta0, ll0, m, gaps, lo, hi):
         if evals[0] >= REFINE_EVALS:
             raise _Budget
         evals[0] += 1
-        ll = _theta_loglik(th, m, gaps)
+        ll = _theta_loglik(th, m, gaps, held)
         if ll > best[0]:
             best[:] = [ll, th.copy()]
         return -ll / n if np.isfinite(ll) else 1e10
