@@ -14,6 +14,13 @@ overflow``, the rule before the tail boundary) S_o's share of the cost (eq. 22);
 settings (no simulated baselines), at the default front tolerance ftol = 1e-3 and, where it is quick,
 at ftol = 0 (every distinct policy).  A case that cannot be solved prints the one-line refusal the CLI
 would print.
+
+``--side-by-side`` (also part of the default run) times two cases against the search as it was before the
+long-queue action of :mod:`smdp_batch.solvers.limit`: the tail boundary fixed at B = Bmax (no move to a tied
+size the table settles on) and no reach check before work.  Columns: seconds and outcome of each, and the
+ratio old/new::
+
+    python benchmarks/bench_hard.py --side-by-side
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import warnings
 from smdp_batch import BatchingProblem, InputError, solve
 from smdp_batch.analysis.pareto import sweep_w2
 from smdp_batch.solvers.pi import warm_up_pi
-from smdp_batch.solvers.search import PROBABLE_MASS
+from smdp_batch.solvers.limit import reach
+from smdp_batch.solvers.search import (PROBABLE_MASS, PROBABLE_START, SMAX_LIMIT, Candidates, _search_probable,
+                                       _search_tail, limiting_actions)
 
 AFF, LIN = "affine:0.3051,1.0524", "affine:19.899,19.603"
 
@@ -60,14 +69,69 @@ FRONTS = [  # (name, problem, ftol): the default front tolerance, and ftol = 0 (
 ]
 
 
+SIDE_BY_SIDE = [
+    ("ties: --latency affine:0.25,0 --rho 0.5", lambda: basic(0.5, latency="affine:0.25,0")),
+    ("--bmax 1024 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 1025), service="exp")),
+]
+
+
+def _outcome(run) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = run()
+    except InputError as e:
+        return time.perf_counter() - t0, f"refused: {str(e)[:60]}…"
+    dt = time.perf_counter() - t0
+    R, pol = found.converged_upto, found.policy
+    kind = "probable range" if found.probable else "converged"
+    return dt, f"R = {R} ({kind}), serve {int(pol[R])} beyond, table of {len(pol)} entries"
+
+
+def _old_search(p: BatchingProblem):
+    """The converged search before the long-queue action module: B = Bmax fixed, no reach check."""
+    cands = Candidates(p, 1e-3, tail=max(limiting_actions(p)))
+    cands.tried = set(limiting_actions(p))  # never move the boundary to a tied size
+    t0 = time.perf_counter()
+    try:
+        cands.check_work(4 * p.bmax)
+    except InputError:
+        return _search_probable(cands, t0)
+    return _search_tail(cands, 4 * p.bmax, SMAX_LIMIT, t0)
+
+
+def _new_search(p: BatchingProblem):
+    s = solve(p)
+    return type("Found", (), {"converged_upto": s.converged_upto, "policy": s.policy,
+                              "probable": s.converged_to_limit is False})
+
+
+def side_by_side() -> None:
+    print("| case | new: seconds | new: outcome | old path: seconds | old path: outcome | old/new |")
+    print("|---|---|---|---|---|---|")
+    for name, make in SIDE_BY_SIDE:
+        p = make()
+        t_new, new = _outcome(lambda: _new_search(p))
+        t_old, old = _outcome(lambda: _old_search(p))
+        print(f"| {name} | {t_new:.3f} | {new} | {t_old:.3f} | {old} | {t_old / t_new:.0f}× |", flush=True)
+    r = reach(SIDE_BY_SIDE[1][1](), SMAX_LIMIT, PROBABLE_START)
+    print(f"\nexp Bmax 1024 ρ 0.9: the limit action's run starts near n ≈ {r.onset:.0f} (n*(0)), a converged table needs "
+          f"a truncation ≥ {4 * r.onset:.0f}; the probable range reaches n ≈ {r.floor:.0f}; longest truncation within "
+          f"the limits: {r.fit}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="solve cases only")
+    ap.add_argument("--side-by-side", action="store_true", help="only the new/old search comparison")
     ap.add_argument("--s-max", default="auto", help="auto (default) or minimal")
     ap.add_argument("--boundary", default=None, choices=("tail", "overflow"),
                     help="the converged rule's truncation boundary (default: tail)")
     args = ap.parse_args()
     warm_up_pi()
+    if args.side_by_side:
+        return side_by_side()
     print("| case | seconds | s_max | Δ | converged up to R | truncations |")
     print("|---|---|---|---|---|---|")
     for name, make in SOLVES:
@@ -86,6 +150,8 @@ def main() -> None:
         print(f"| {name} | {dt:.2f} | {s.s_max} | {s.evaluation.delta:.1e} | {R} | {s.candidates} |", flush=True)
     if args.quick:
         return
+    print()
+    side_by_side()
     print()
     print("| front | seconds | solves | points (policies) | gaps left within ftol |")
     print("|---|---|---|---|---|")

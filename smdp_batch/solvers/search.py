@@ -13,7 +13,12 @@ infinite queue.  By default it is searched on the *tail boundary* (``Candidates(
 throughput, and each jump past s_max is charged its excursion's exact cost and time, so the truncation
 error falls with the geometric terms of the bias, not with the queue tail.  Only stage 3 below is
 needed there (:func:`_search_tail`), with S ≥ 4·Bmax, B required at R, and Δ reported as
-|ĝ(S) − ĝ(S/2)| < δ: gamma:0.5 service at ρ = 0.9 converges at S = 1 024 instead of 8 134.  On eq. 19's
+|ĝ(S) − ĝ(S/2)| < δ: gamma:0.5 service at ρ = 0.9 converges at S = 1 024 instead of 8 134.  When several
+sizes tie for the greatest throughput (l(b) ∝ b) the table may settle on any of them; B then moves to that
+size (:func:`~.limit.retarget`).  A problem whose converged and probable-range tables (below) are both beyond
+the state or work limit is refused before any truncation is solved (:func:`~.limit.check_reach`: the onset
+of the limit action from the quadratic bias of eq. 20, e.g. n ≈ 1.5·10⁵ for exponential service at Bmax 1 024,
+ρ = 0.9).  On eq. 19's
 overflow boundary (RVI, JAX, ``boundary="overflow"``) the rule has three stages (:func:`search_converged`):
 
 1. *Overflow cost.*  The abstract cost makes the overflow state S_o cost at least c_o per ms
@@ -64,6 +69,7 @@ from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
 from ..baselines.simple import greedy_policy
 from .evaluation import Evaluation, evaluate_deployed, evaluate_policy, resize_policy, tail_stable
+from .limit import PROBABLE_MASS, check_reach, estimated_width, limiting_sizes, retarget
 from .pi import policy_iteration
 from .result import SolveResult
 
@@ -98,7 +104,7 @@ class Candidate:
 
 
 class Candidates:
-    """Solved truncations of one problem, keyed by (s_max, c_o), sharing one arrival table."""
+    """Solved truncations of one problem, keyed by (s_max, c_o, tail action), sharing one arrival table."""
 
     def __init__(self, problem: BatchingProblem, tol: float, progress: Progress | None = None,
                  max_iter: int = SCAN_PI_ITER, tail: int | None = None):
@@ -111,6 +117,7 @@ class Candidates:
         self.progress = progress
         self.max_iter = max_iter
         self.stage = "truncation"
+        self.tried: set[int] = set()  # tail actions left for a tied size the table settles on (:func:`.limit.retarget`)
 
     def tail_at(self, s: int) -> int:
         """The tail action of truncation s: B, or below B (s < B, the probable-range search) the batch size
@@ -153,7 +160,7 @@ class Candidates:
         return out
 
     def get(self, s: int, c_o: float) -> Candidate:
-        key = (int(s), float(c_o))
+        key = (int(s), float(c_o), self.tail)
         if key in self.cache:
             return self.cache[key]
         self.check_work(s)
@@ -185,16 +192,6 @@ class Candidates:
         if self.progress is not None:
             self.progress(self.stage, int(s), len(self.cache))
         return cand
-
-
-def estimated_width(problem: BatchingProblem, s: int) -> float:
-    """Mean support width of the arrival-count laws of the batch sizes ≤ s before any is built: 18
-    standard deviations of K (Var K = λl + λ²Var G, eqs. 4–6) + 20, at most s + 1 — an upper estimate
-    for light tails."""
-    usable = max(1, int(np.searchsorted(problem.batch_sizes, s, side="right")))
-    l = problem.latency_ms()[:usable]
-    var = problem.lam * l + problem.lam ** 2 * np.maximum(problem.second_moments()[:usable] - l * l, 0.0)
-    return float(np.mean(np.minimum(18.0 * np.sqrt(var) + 20.0, s + 1.0))) + 1.0
 
 
 def _next_smax(s: int) -> int:
@@ -307,17 +304,11 @@ def tail_action_at(problem: BatchingProblem, s: int) -> int:
 
 def limiting_actions(problem: BatchingProblem) -> set[int]:
     """Batch sizes of greatest throughput b/l(b) (to 1e-9 relative): the action of the infinite queue at
-    long queue lengths.  There the holding cost of draining n requests grows as n² against the rate
-    b/l(b) − λ, the energy only as n, so every other action loses (a fluid argument; the search also
-    checks it by comparing truncations)."""
+    long queue lengths is one of them.  There the holding cost of draining n requests grows as n² against
+    the rate b/l(b) − λ, the energy only as n, so every other action loses (a fluid argument, made exact by
+    :func:`~.limit.limit_onset`; the search also checks it by comparing truncations).  Among tied sizes the
+    constant terms decide, and the table may settle on any of them (:func:`~.limit.retarget`)."""
     return limiting_sizes(problem.batch_sizes, problem.latency_ms())
-
-
-def limiting_sizes(batch_sizes, latency_ms) -> set[int]:
-    """:func:`limiting_actions` from the batch sizes and their l(b) in ms (as a table file stores them)."""
-    sizes = np.asarray(batch_sizes, dtype=np.int64)
-    rate = sizes / np.asarray(latency_ms, dtype=np.float64)
-    return {int(b) for b in sizes[rate >= rate.max() * (1 - 1e-9)]}
 
 
 @dataclass
@@ -420,6 +411,8 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
     t0 = time.perf_counter()
     problem = cands.problem
     s0 = max(4 * problem.bmax, int(start or 0))
+    if cands.tail:  # neither a converged nor a probable-range table within the limits: refused before any work
+        check_reach(problem, max_smax, PROBABLE_START)
     try:
         cands.check_work(s0)
     except InputError:
@@ -483,7 +476,8 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
 
     The tail boundary's truncation error falls with the geometric terms of the bias (module doc of
     :mod:`~smdp_batch.model.truncation`), not with the queue tail, so there is no Δ stage: Δ is reported
-    as |ĝ(S) − ĝ(S/2)| (cost per ms, the role eq. 22's Δ plays for S_o).
+    as |ĝ(S) − ĝ(S/2)| (cost per ms, the role eq. 22's Δ plays for S_o).  The pair must settle on the tail
+    action B; when it settles on another size of greatest throughput (a tie), B becomes that size.
     """
     problem = cands.problem
     cands.stage = "convergence"
@@ -496,6 +490,8 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
             gap = abs(big.res.gain - small.res.gain)
             if R is not None and int(big.res.policy[R]) == cands.tail and gap < cands.tol:
                 break
+            if R is not None and retarget(cands, big.res.policy, R):  # settled on a tied size: the pair again,
+                continue  # with that size above s_max (an exact model of "the table, then serve it")
             R = None
         if not _can_double(cands, S, max_smax):
             found = _probable_pair(cands, big, small, S, t0)  # the limit is out of reach: the probable range
@@ -510,9 +506,6 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
     return Converged(big, 0.0, R, pol, ev, time.perf_counter() - t0)
 
 
-#: The probable-range table (:func:`_search_probable`) is accepted when the queue exceeds its verified
-#: range R with probability below this (at decision epochs, under the table's policy).
-PROBABLE_MASS = 1e-12
 #: The probable-range search's first truncation (then ×2): short enough to be cheap at any Bmax.
 PROBABLE_START = 64
 
