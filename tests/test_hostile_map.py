@@ -267,11 +267,20 @@ def test_tiny_positive_switching_rates_are_irreducible(spec):
     assert a.rate == pytest.approx(a.stationary @ rates[:2], rel=1e-12)
 
 
-@pytest.mark.parametrize("spec", ["mmpp:1,1,1e-9,1e-9", "mmpp:0.5,1.5,1e-10,1e-10", "mmpp:1,2,1e-7,1"])
+@pytest.mark.parametrize("spec", ["mmpp:0.9,1.1,1e-9,1e-9", "mmpp:0.5,1.5,1e-10,1e-10", "mmpp:1,2,1e-7,1"])
 def test_solving_with_tiny_switching_rates_names_the_conditioning(capsys, spec):
     """The solve would lose its digits (measured: a negative W̄ at 1e-10): refused with the numbers, not as reducible."""
     err = cli(capsys, ["solve", "--arrivals", spec], "ill-conditioned", f"< {SWITCH_RATIO_MIN:g}")
     assert "irreducible" not in err
+
+
+def test_equal_phase_rates_with_tiny_switching_are_poisson(capsys):
+    """Equal phase rates make the arrivals exactly Poisson, however slowly the phases change: solved as such."""
+    assert main(["solve", "--arrivals", "mmpp:1,1,1e-9,1e-9", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["solve", "--lam", "1", "--json"]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    assert got["avg_cost"] == pytest.approx(ref["avg_cost"], rel=1e-9)
 
 
 # ----------------------------------------------------------------------------------------- mmpp: spellings

@@ -1,4 +1,4 @@
-"""Bursty traffic: the MAP table with the phase filter against today's rules, on the same streams (issue 20).
+"""Bursty traffic: the MAP table with the phase filter against today's rules, on the same streams.
 
 For a MAP (an MMPP, or a fit of a trace) and the weights (w1, w2), every candidate serves **the same
 arrival stream** (and the same service-time draws) in the simulator:
@@ -25,7 +25,9 @@ import numpy as np
 
 from ..baselines.servers import ray_serve, torchserve, triton
 from ..errors import InputError
+from ..limits import check_requests
 from ..model.arrivals import MAP
+from ..model.map_work import FAST_EPS, poisson_gap
 from ..model.problem import BatchingProblem
 from ..runtime.bank import PolicyBank
 from ..runtime.table import PolicyTable
@@ -112,6 +114,10 @@ def compare_bursty(arrivals: MAP, w2: float = 1.0, requests: int = 1_000_000, se
     """
     kw = dict(problem_kw or {})
     problem = map_problem(arrivals, w2=w2, **kw)
+    if stream is None and arrivals.phases > 1 and poisson_gap(arrivals) <= FAST_EPS:
+        # the MAP's Poisson limit (solve_map's too): a Poisson stream at λ̄, no phase path (no true-phase bound)
+        rng = np.random.default_rng([seed, 20])
+        stream = (np.cumsum(rng.exponential(1.0 / arrivals.rate, check_requests(requests))), None, None)
     if stream is None:
         stream = arrivals.sample(requests, np.random.default_rng([seed, 20]))
     times, sw_t, sw_p = stream

@@ -1,4 +1,4 @@
-"""The batching SMDP under MAP arrivals (issue 20): state (queue length n, phase i), truncated.
+"""The batching SMDP under MAP arrivals: state (queue length n, phase i), truncated.
 
 Paper 004's model (§III–V) with Poisson arrivals replaced by a MAP (D0, D1) of m phases
 (:mod:`.arrivals`).  Decision epochs are batch completions and arrivals to an idle server, as in
@@ -11,7 +11,11 @@ paper 004 §IV; the state adds the phase at the epoch.
   law's own mixed-Poisson count at rate q (eq. 4 with λ → q) and U_{n,k} = [z^k](P0 + z·P1)ⁿ
   (U_{n+1,k} = U_{n,k}P0 + U_{n,k−1}P1).  Every term is non-negative, so nothing cancels; the mass
   with k > kmax is carried in its own bucket, so tails P(K > k) are sums, not differences.
-  With m = 1 (Poisson) P0 = 0, P1 = 1 and A_k = w_k exactly: the scalar table of eq. 4.
+  With m = 1 (Poisson) P0 = 0, P1 = 1 and A_k = w_k exactly: the scalar table of eq. 4.  One recursion
+  over n serves every batch size, on the band of k where U_n has mass (:func:`.map_work.band_edges`), so
+  its work is known before it runs.  A batch time that is a mixture of Erlang laws (exp, hyperexp,
+  erlang:k, integer gamma) is computed instead from E[e^{X·D(z)}] = Σ_c p_c (I − θ_c D(z))^{−k_c}: each
+  factor solves (I − θD0)X_k = Y_k + θD1·X_{k−1}, all terms ≥ 0, in O(k·kmax·m³) whatever the rates.
 * **Waiting** at (n, i): the next epoch is the next arrival, after a mean (−D0)⁻¹·1 from phase i,
   in phase j with probability ((−D0)⁻¹D1)_{ij}; the state becomes (n + 1, j).
 * **Cost** (eqs. 9–13 with the matrix laws; W̄ = L̄/λ̄ by Little's law, λ̄ the MAP's mean rate):
@@ -23,7 +27,8 @@ paper 004 §IV; the state adds the phase at the epoch.
   mass beyond s_max lands on (S_o, j); at S_o the cost gains c_o·y.
 
 States are numbered n·m + i (n = s_max + 1 is S_o).  Memory: the blocks A_k^[b] for k ≤ the
-count support, O(|𝓑|·K·m²).
+count support, O(|𝓑|·K·m²).  Work, memory and states are estimated and refused before they are spent
+(:mod:`.map_work`).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ import numpy as np
 from numba import njit
 
 from ..errors import InputError
-from ..limits import check_memory
 from .arrivals import MAP
+from .map_work import BlockPlan, check_truncation_work, plan_blocks
 from .problem import BatchingProblem
 from .truncation import check_truncation
 
@@ -53,64 +58,170 @@ def check_map_problem(problem: BatchingProblem, arrivals: MAP) -> None:
         raise InputError(
             f"the problem's λ = {problem.lam:.10g} /ms must be the MAP's mean rate {arrivals.rate:.10g} /ms "
             "(build it with map_problem or BatchingProblem(lam=arrivals.rate, …))")
+    arrivals.check_conditioning()
 
 
 @njit(cache=True)
-def _blocks(w, sf_last, P0, P1, kmax):
-    """A_k = Σ_n w_n U_{n,k} (k ≤ kmax) and the mass of k > kmax, by the recursion of the module doc
-    (explicit loops: m ≤ 8, no temporaries)."""
+def _blocks(weights, offsets, wlo, whi, tails, P0, P1, diag, kmax, band_lo, band_hi):
+    """A_k^[b] = Σ_n w_n^[b] U_{n,k} (k ≤ kmax) for every batch size at once, and the mass of k > kmax, by one
+    recursion over n shared by the batch sizes (module doc), on the band of k where U_n has mass
+    (:func:`.map_work.band_edges`).  Flat rows of m·m, updated in place for descending k."""
+    B = wlo.shape[0]
     m = P0.shape[0]
-    N = w.shape[0] - 1
-    K = min(kmax, N)
-    U = np.zeros((K + 1, m, m))
-    for i in range(m):
-        U[0, i, i] = 1.0
+    mm = m * m
+    N = 0
+    for b in range(B):
+        N = max(N, whi[b])
+    A = np.zeros((B, kmax + 1, m, m))
+    Af = A.reshape(B, (kmax + 1) * mm)
+    A_over = np.zeros((B, m, m))
+    U = np.zeros((kmax + 1) * mm)
     over = np.zeros((m, m))  # U_{n, >kmax}
     tmp = np.zeros((m, m))
-    A = np.zeros((kmax + 1, m, m))
-    A_over = np.zeros((m, m))
+    row = np.zeros(m)
     P = P0 + P1
-    top = 0  # highest k with U_{n,k} ≠ 0
+    p1 = np.zeros(m)
+    for j in range(m):
+        p1[j] = P1[j, j]
+    for i in range(m):
+        U[i * m + i] = 1.0
+    lo, hi, empty = 0, 0, False
     for n in range(N + 1):
-        wn = w[n]
-        for k in range(top + 1):
+        for b in range(B):
+            if n < wlo[b] or n > whi[b]:
+                continue
+            wn = weights[offsets[b] + n - wlo[b]]
+            if wn == 0.0:
+                continue
+            if not empty:
+                for x in range(lo * mm, (hi + 1) * mm):
+                    Af[b, x] += wn * U[x]
             for i in range(m):
                 for j in range(m):
-                    A[k, i, j] += wn * U[k, i, j]
-        for i in range(m):
-            for j in range(m):
-                A_over[i, j] += wn * over[i, j]
+                    A_over[b, i, j] += wn * over[i, j]
         if n == N:
             break
-        # advance n → n + 1: over ← over·P + U_K·P1 (when K = kmax), then U_k ← U_k·P0 + U_{k−1}·P1, descending k
+        # over ← over·P + U_kmax·P1 (the mass crossing kmax), before U moves on
         for i in range(m):
             for j in range(m):
                 acc = 0.0
                 for l in range(m):
                     acc += over[i, l] * P[l, j]
-                if top == K and K == kmax:
-                    for l in range(m):
-                        acc += U[K, i, l] * P1[l, j]
                 tmp[i, j] = acc
-        over[:, :] = tmp
-        newtop = min(top + 1, K)
-        for k in range(newtop, -1, -1):
+        if not empty and hi == kmax:
+            top = kmax * mm
+            for i in range(m):
+                for j in range(m):
+                    if diag:
+                        tmp[i, j] += U[top + i * m + j] * p1[j]
+                    else:
+                        acc = 0.0
+                        for l in range(m):
+                            acc += U[top + i * m + l] * P1[l, j]
+                        tmp[i, j] += acc
+        for i in range(m):
+            for j in range(m):
+                over[i, j] = tmp[i, j]
+        if empty:
+            continue
+        # the band of n + 1, then U_k ← U_k·P0 + U_{k−1}·P1 on it, descending k (row i needs only row i)
+        nhi = min(band_hi[n + 1], n + 1, hi + 1, kmax)
+        nlo = max(lo, band_lo[n + 1])
+        if nlo > kmax:
+            empty = True
+            continue
+        for k in range(nhi, nlo - 1, -1):
+            base = k * mm
+            has0 = lo <= k <= hi
+            has1 = lo <= k - 1 <= hi
+            for i in range(m):
+                r = base + i * m
+                for l in range(m):
+                    row[l] = U[r + l] if has0 else 0.0
+                for j in range(m):
+                    acc = 0.0
+                    if has0:
+                        for l in range(m):
+                            acc += row[l] * P0[l, j]
+                    if has1:
+                        if diag:
+                            acc += U[r - mm + j] * p1[j]
+                        else:
+                            for l in range(m):
+                                acc += U[r - mm + l] * P1[l, j]
+                    U[r + j] = acc
+        lo, hi = nlo, nhi
+    # the weight mass outside [wlo, whi] (below 1e-20): counted as many arrivals, end phase as one more step
+    for b in range(B):
+        for i in range(m):
+            for j in range(m):
+                A_over[b, i, j] += tails[b] * P[i, j]
+    return A, A_over
+
+
+@njit(cache=True)
+def _resolvent(Minv, Ninv, T1, stages, prob, kmax, A, A_over):
+    """Adds prob·[(I − θD(z))⁻¹]^stages (counts 0..kmax, and the mass beyond) to A, A_over: each stage solves
+    (I − θD0)X_k = Y_k + θD1·X_{k−1} for ascending k (in place: X_{k−1} is already the new one) and carries
+    X_{>kmax} = (I − θD)⁻¹(Y_{>kmax} + θD1·X_kmax); Minv = (I − θD0)⁻¹, Ninv = (I − θD)⁻¹ and T1 = θD1 are ≥ 0."""
+    m = Minv.shape[0]
+    X = np.zeros((kmax + 1, m, m))
+    Xo = np.zeros((m, m))
+    R = np.zeros((m, m))
+    for i in range(m):
+        X[0, i, i] = 1.0
+    for _ in range(stages):
+        for k in range(kmax + 1):
+            for i in range(m):
+                for j in range(m):
+                    acc = X[k, i, j]
+                    if k > 0:
+                        for l in range(m):
+                            acc += T1[i, l] * X[k - 1, l, j]
+                    R[i, j] = acc
             for i in range(m):
                 for j in range(m):
                     acc = 0.0
-                    if k <= top:
-                        for l in range(m):
-                            acc += U[k, i, l] * P0[l, j]
-                    if k >= 1:
-                        for l in range(m):
-                            acc += U[k - 1, i, l] * P1[l, j]
-                    tmp[i, j] = acc
-            U[k] = tmp
-        top = newtop
-    # the weight mass beyond N (below 1e-17): counted as many arrivals, end phase as the mixing law
+                    for l in range(m):
+                        acc += Minv[i, l] * R[l, j]
+                    X[k, i, j] = acc
+        for i in range(m):
+            for j in range(m):
+                acc = Xo[i, j]
+                for l in range(m):
+                    acc += T1[i, l] * X[kmax, l, j]
+                R[i, j] = acc
+        for i in range(m):
+            for j in range(m):
+                acc = 0.0
+                for l in range(m):
+                    acc += Ninv[i, l] * R[l, j]
+                Xo[i, j] = acc
+    for k in range(kmax + 1):
+        for i in range(m):
+            for j in range(m):
+                A[k, i, j] += prob * X[k, i, j]
     for i in range(m):
         for j in range(m):
-            A_over[i, j] += sf_last * P[i, j]
+            A_over[i, j] += prob * Xo[i, j]
+
+
+def _resolvent_blocks(plan: BlockPlan, arrivals: MAP, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """A_k^[b] for a batch time that is a mixture of Erlang laws (:func:`.map_work.erlang_mixture`):
+    E[e^{X·D(z)}] = Σ_c p_c (I − θ_c D(z))^{−k_c}, exact, in O(k_c·kmax·m³) whatever the rates."""
+    probs, theta, stages = plan.resolvent
+    m = arrivals.phases
+    B = theta.shape[0]
+    D0, D1 = arrivals.D0, arrivals.D1
+    eye = np.eye(m)
+    A = np.zeros((B, kmax + 1, m, m))
+    A_over = np.zeros((B, m, m))
+    for bi in range(B):
+        for c in range(probs.size):
+            t = float(theta[bi, c])
+            Minv = np.maximum(np.linalg.inv(eye - t * D0), 0.0)  # M-matrix inverses: ≥ 0 up to round-off
+            Ninv = np.maximum(np.linalg.inv(eye - t * (D0 + D1)), 0.0)
+            _resolvent(Minv, Ninv, t * D1, int(stages[c]), float(probs[c]), kmax, A[bi], A_over[bi])
     return A, A_over
 
 
@@ -127,55 +238,42 @@ class MapBlocks:
     def kmax(self) -> int:
         return self.pmf.shape[1] - 1
 
+    @property
+    def complete(self) -> bool:
+        """Every block's mass beyond kmax is below SUPPORT_EPS: the table serves any truncation."""
+        return bool(np.all(self.khi < self.kmax))
 
-#: Most uniformized events per batch (terms w_n) computed; a law needing more is refused.
-EVENTS_LIMIT = 1 << 17
-
-
-def _weights(law, x: float, b: int) -> tuple[np.ndarray, float]:
-    """Mixed-Poisson weights w_n at mean count x up to where their tail is below 1e-17 (and that tail)."""
-    n = max(64, int(x + 12.0 * np.sqrt(x + 1.0) + 32))
-    while True:
-        pmf, sf = law.arrival(x, n, b)
-        if sf[-1] < 1e-17:
-            return np.asarray(pmf, dtype=np.float64), float(max(sf[-1], 0.0))
-        if n >= EVENTS_LIMIT:
-            raise InputError(
-                f"service law {law.spec()}: a batch of {b} sees more than {EVENTS_LIMIT} MAP events with probability "
-                f"{sf[-1]:.2g}; its tail is too heavy for MAP arrivals (use a lighter-tailed law)")
-        n = min(2 * n, EVENTS_LIMIT)
+    def covers(self, s_max: int) -> bool:
+        return self.kmax >= s_max or self.complete
 
 
-def map_blocks(problem: BatchingProblem, arrivals: MAP, kmax: int) -> MapBlocks:
-    """The matrix arrival-count laws A_k^[b] (module doc) for k = 0..kmax."""
+def map_blocks(problem: BatchingProblem, arrivals: MAP, kmax: int, plan: BlockPlan | None = None) -> MapBlocks:
+    """The matrix arrival-count laws A_k^[b] (module doc) for k = 0..kmax; their work and memory are estimated
+    and refused before any of it is done (:class:`.map_work.BlockPlan`, reused when given)."""
     check_map_problem(problem, arrivals)
-    m = arrivals.phases
-    B = len(problem.batch_sizes)
-    check_memory(2.0 * B * (kmax + 1) * m * m * 8, f"the MAP arrival blocks for {B} batch sizes and k ≤ {kmax}",
-                 "use fewer batch sizes or a smaller s_max")
-    q = arrivals.uniformization()
-    P0 = np.eye(m) + arrivals.D0 / q
-    P1 = arrivals.D1 / q
-    P0[P0 < 0] = 0.0  # round-off on the diagonal
-    law = problem.service
-    pmf = np.zeros((B, kmax + 1, m, m))
-    sf = np.zeros_like(pmf)
-    total = np.zeros((B, m, m))
-    khi = np.zeros(B, dtype=np.int64)
-    for bi, (b, l) in enumerate(zip(problem.batch_sizes, problem.latency_ms())):
-        w, tail = _weights(law, q * float(l), int(b))
-        A, A_over = _blocks(w, tail, P0, P1, int(kmax))
-        pmf[bi] = A
-        # sf_k = Σ_{k<k'≤kmax} A_k' + A_over, summed from the top (no cancellation)
-        rev = np.cumsum(A[::-1], axis=0)[::-1]
-        sf[bi, :-1] = rev[1:] + A_over
-        sf[bi, -1] = A_over
-        total[bi] = rev[0] + A_over
-        mass = sf[bi].sum(axis=2).max(axis=1)
-        above = np.nonzero(mass >= SUPPORT_EPS)[0]
+    kmax = int(kmax)
+    if plan is None:
+        plan = plan_blocks(problem, arrivals)
+    plan.check(kmax)
+    if plan.resolvent is not None:
+        pmf, A_over = _resolvent_blocks(plan, arrivals, kmax)
+    else:
+        pmf, A_over = _blocks(plan.weights, plan.offsets, plan.wlo, plan.whi, plan.tails, plan.P0, plan.P1,
+                              plan.diagonal, kmax, plan.lo, plan.hi)
+    # sf_k = Σ_{k<k'≤kmax} A_k' + A_over, summed from the top (no cancellation)
+    sf = np.empty_like(pmf)
+    sf[:, -1] = 0.0
+    if kmax > 0:
+        np.cumsum(pmf[:, :0:-1], axis=1, out=sf[:, -2::-1])
+    sf += A_over[:, None]
+    total = sf[:, 0] + pmf[:, 0]
+    mass = sf.sum(axis=3).max(axis=2)  # (B, kmax+1)
+    khi = np.zeros(pmf.shape[0], dtype=np.int64)
+    for bi in range(pmf.shape[0]):
+        above = np.nonzero(mass[bi] >= SUPPORT_EPS)[0]
         khi[bi] = min(int(above[-1]) + 1, kmax) if above.size else 0
     if not (np.all(np.isfinite(pmf)) and np.all(pmf >= 0)):
-        raise InputError(f"service law {law.spec()} produced invalid MAP arrival probabilities")
+        raise InputError(f"service law {problem.service.spec()} produced invalid MAP arrival probabilities")
     return MapBlocks(pmf, sf, total, khi)
 
 
@@ -241,12 +339,20 @@ class MapSMDP:
 
 
 def truncate_map(problem: BatchingProblem, arrivals: MAP, s_max: int, abstract_cost: float = 100.0,
-                 blocks: MapBlocks | None = None) -> MapSMDP:
-    """The truncated MAP SMDP with levels 0..s_max, S_o and abstract cost c_o (module doc)."""
+                 blocks: MapBlocks | None = None, solvable: bool = True) -> MapSMDP:
+    """The truncated MAP SMDP with levels 0..s_max, S_o and abstract cost c_o (module doc).  ``solvable``:
+    refuse, before building it, a truncation whose states or evaluation LU are over the limits of
+    :mod:`.map_work` (False: for the Q-values of known relative values only, no linear system)."""
     check_map_problem(problem, arrivals)
     s, c_o = check_truncation(problem, s_max, abstract_cost, (len(problem.batch_sizes) + 1) * arrivals.phases ** 2)
-    if blocks is None or blocks.kmax < s:
+    fix = "use a smaller s_max, fewer phases or batch sizes, or a lower load"
+    n_act = len(problem.batch_sizes) + 1
+    if solvable:
+        check_truncation_work(s, arrivals.phases, problem.bmax, n_act, 0, fix)  # before the blocks
+    if blocks is None or not blocks.covers(s):
         blocks = map_blocks(problem, arrivals, s)
+    if solvable:
+        check_truncation_work(s, arrivals.phases, problem.bmax, n_act, int(blocks.khi.max()), fix)
     m = arrivals.phases
     lam = arrivals.rate
     w1, w2 = problem.w1, problem.w2

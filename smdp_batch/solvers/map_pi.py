@@ -1,4 +1,4 @@
-"""Policy iteration and exact evaluation for the MAP batching SMDP (issue 20; paper 004 eqs. 20–22).
+"""Policy iteration and exact evaluation for the MAP batching SMDP (paper 004 eqs. 20–22).
 
 The model is :class:`smdp_batch.model.map_truncation.MapSMDP`: states (n, i), n = 0..s_max and S_o.
 
@@ -226,21 +226,27 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
     t0 = time.perf_counter()
     costs = model.costs()
     with single_blas():
+        # one sparse LU alive at a time (SuperLU reserves ~730 bytes per matrix entry: .map_work.LU_MEMORY)
+        fac = None
         if policy0 is not None:
             pol = model.action_index(policy0)
             g, h, fac = _eq20(model, pol, costs)
         else:
             best = None
             for p in _starts(model):
+                fac = None
                 try:
                     got = _eq20(model, p, costs)
                 except InputError:
                     continue
                 if best is None or got[0] < best[1]:
-                    best = (p, *got)
+                    best, fac = (p, got[0], got[1]), got[2]
+                del got
             if best is None:
                 raise InputError("no starting policy of the MAP SMDP evaluates (s_max too small?)")
-            pol, g, h, fac = best
+            pol, g, h = best
+            if fac is None:  # the first start was the better one: its factorization was let go
+                _, _, fac = _eq20(model, pol, costs)
         filters = window_filters(model)
         converged = False
         it = 0
@@ -251,6 +257,7 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
                 converged = True
                 break
             changed = np.argwhere(new != pol)
+            fac = None
             while True:  # a subset of improving switches still improves (see pi._improve)
                 trial = pol.copy()
                 trial[changed[:, 0], changed[:, 1]] = new[changed[:, 0], changed[:, 1]]
