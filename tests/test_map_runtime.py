@@ -54,7 +54,7 @@ def test_filter_is_the_forward_recursion(a):
         assert np.allclose(b[k + 1], g.belief(), atol=1e-12)
 
 
-@pytest.mark.parametrize("t", [0.0, 1e-4, 0.3, 4.0, 200.0, 1e5])
+@pytest.mark.parametrize("t", [0.0, 1e-4, 0.3, 4.0, 200.0, 1e5, 1e300, 1.7e308, float("inf")])
 def test_expm_twins(t):
     for a in (BURSTY, GENERAL):
         E = expm(a.D0 * t) if t < 1e3 else None

@@ -1,4 +1,4 @@
-"""Rules that look at more than the queue length, for the simulator (issue 20).
+"""Rules that look at more than the queue length, for the simulator.
 
 * :func:`phase_rule` — a (queue length, phase) table of :func:`smdp_batch.solvers.map_solution.solve_map`
   acting on the **true** phase (a bound: no server sees it) or on the **filter**'s belief
@@ -9,7 +9,9 @@
   depends on arrivals only), then the simulator applies the indexed table.
 
 Both are :class:`ContextRule`\\ s: a stack of tables and, per run, the context that picks one at each
-decision epoch (:func:`smdp_batch.analysis.sim_kernels._context_kernel`).
+decision epoch (:func:`smdp_batch.analysis.sim_kernels._context_kernel`).  The compiled kernel indexes the
+tables by that context, so :func:`phase_rule` refuses, before any run, a table whose phase count is not the
+MAP's or a phase path that visits a phase the table lacks (the kernel also checks each index).
 """
 
 from __future__ import annotations
@@ -62,13 +64,19 @@ def phase_rule(table: np.ndarray, arrivals, source: str = "qmdp", qvalues: np.nd
     if source not in SOURCES:
         raise InputError(f"phase source must be one of {', '.join(SOURCES)}, got {source!r}")
     tables = np.ascontiguousarray(np.asarray(table, dtype=np.int64).T)  # (m, R + 1)
-    m = tables.shape[0]
+    m = tables.shape[0] if tables.ndim == 2 else -1
     D0, D1, pi = arrivals.D0, arrivals.D1, arrivals.stationary
+    if m < 1 or tables.shape[1] < 1 or D0.shape[0] != m:  # refused here, before the compiled kernel would stop on it
+        raise InputError(f"{spec}: a table of shape {tuple(np.shape(table))} does not fit a MAP of {D0.shape[0]} phases "
+                         "(one column per phase)")
     if source == "qmdp":
         if qvalues is None or actions is None:
             raise InputError("the qmdp rule needs the table's action values and actions")
         qv = np.ascontiguousarray(qvalues, dtype=np.float64)[: tables.shape[1]]
         actions = np.asarray(actions, dtype=np.int64)
+        if qv.ndim != 3 or qv.shape[1] != m or qv.shape[2] != actions.size or actions.ndim != 1:
+            raise InputError(f"{spec}: action values of shape {qv.shape} do not fit {m} phases and "
+                             f"{actions.size} actions")
     else:
         qv, actions = np.zeros((0, m, 1)), _NO_I
     if source == "true":
@@ -77,6 +85,13 @@ def phase_rule(table: np.ndarray, arrivals, source: str = "qmdp", qvalues: np.nd
                              "times and phases); a trace has none: use the filter (qmdp or likely)")
         sw_t = np.asarray(path[0], dtype=np.float64)
         sw_p = np.asarray(path[1], dtype=np.int64)
+        if sw_t.ndim != 1 or sw_t.shape != sw_p.shape or sw_p.size < 1:
+            raise InputError(f"{spec}: a phase path needs as many switch times as phases, at least one; got "
+                             f"{sw_t.shape} and {sw_p.shape}")
+        if sw_p.min() < 0 or sw_p.max() >= m:  # the compiled kernel indexes the table by this phase
+            raise InputError(f"{spec}: the arrival stream visits phase {int(sw_p.max() if sw_p.max() >= m else sw_p.min())} "
+                             f"but the table has {m} phase(s); --phase-rule true needs arrivals with {m} phases "
+                             "(the filter, qmdp or likely, runs on any arrivals)")
 
         def make(arr):
             return (CTX_PATH, tables, tables.shape[1] - 1, _NO_I, 0, sw_t, sw_p, np.zeros((1, m)), D0, qv, actions)

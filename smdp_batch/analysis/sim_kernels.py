@@ -4,7 +4,7 @@
   request's wait, as :class:`~smdp_batch.runtime.DynamicBatcher` runs it) and the servers' timeout rules
   (modes of :data:`MODES`);
 * :func:`_context_kernel` — a table chosen at each epoch by a context: the λ-bank's index after the
-  last arrival, the true MAP phase, or the phase filter's belief (:data:`CTX_ARRIVAL` …, issue 20);
+  last arrival, the true MAP phase, or the phase filter's belief (:data:`CTX_ARRIVAL` …);
 * :func:`phase_beliefs` — the filter of :mod:`smdp_batch.runtime.phase` over a whole stream (its
   exponential :func:`_expm` is the runtime's, written with loops for numba).
 
@@ -227,8 +227,9 @@ def _expm(D0, t):
     if q <= 0.0 or t <= 0.0:
         return E
     s = 0
-    x = q * t
-    while x > 0.5:
+    # the runtime's horizon (QT_HORIZON = 2⁶⁰): past it the direction has converged, and the loop stays bounded
+    x = q * t if t < 1152921504606846976.0 / q else 1152921504606846976.0
+    while x > 0.5 and s < 64:
         x *= 0.5
         s += 1
     P = np.empty((m, m))
@@ -296,16 +297,31 @@ def _context_action(n, tau, nxt, arr, ctx_mode, tables, top, ctx_arr, init_ctx, 
                     actions):
     """The batch size at an epoch τ with n queued and arrivals 0..nxt−1 seen; (action, new sw_ptr)."""
     row = n if n < top else top
+    if row < 0 or row >= tables.shape[1]:
+        raise IndexError("context table: queue row outside the table")
     if ctx_mode == 0:
+        if nxt > ctx_arr.size:
+            raise IndexError("context table: fewer contexts than arrivals")
         c = ctx_arr[nxt - 1] if nxt > 0 else init_ctx
+        if c < 0 or c >= tables.shape[0]:
+            raise IndexError("context table: context index outside the tables")
         return tables[c, row], sw_ptr
     if ctx_mode == 1:
         while sw_ptr + 1 < sw_t.size and sw_t[sw_ptr + 1] <= tau:
             sw_ptr += 1
-        return tables[sw_p[sw_ptr], row], sw_ptr
+        if sw_ptr >= sw_p.size or sw_t.size != sw_p.size:
+            raise IndexError("phase table: the phase path is empty or its arrays differ in length")
+        c = sw_p[sw_ptr]
+        if c < 0 or c >= tables.shape[0]:
+            raise IndexError("phase table: the stream's phase is outside the table's phases")
+        return tables[c, row], sw_ptr
+    if D0.shape[0] != tables.shape[0] or nxt >= alpha.shape[0] or alpha.shape[1] != D0.shape[0]:
+        raise IndexError("phase table: the filter's phases do not match the table's")
     t_ref = arr[nxt - 1] if nxt > 0 else 0.0
     beta = alpha[nxt] @ _expm(D0, tau - t_ref)
     if ctx_mode == 3 and n < qv.shape[0]:
+        if qv.shape[1] != beta.size or qv.shape[2] < actions.size:
+            raise IndexError("phase table: action values do not match the phases or actions")
         best = np.inf
         at = 0
         for ai in range(actions.size):  # Σ_i β_i Q((n, i), a) over the feasible actions (a ≤ n)

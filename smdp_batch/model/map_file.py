@@ -31,7 +31,10 @@ __all__ = ["check_generator", "load_map_json", "numbers_only"]
 #: Tolerance of a generator's row sums, relative to the row's largest rate.
 ROW_SUM_TOL = 1e-9
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+#: A JSON string, or an unterminated one up to the end (with a lone trailing backslash): every quote it starts
+#: at matches at once, so the scan is linear (a pattern that must find the closing quote backtracks from each
+#: quote of an unterminated string to the end: quadratic).
+_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*(?:"|\\?\Z)', re.S)
 
 
 class _Refuse(Exception):
