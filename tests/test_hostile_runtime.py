@@ -9,7 +9,9 @@ with ``asyncio.wait_for``, so a regression fails instead of hanging the suite.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
+import sys
 import threading
 import time
 import types
@@ -600,3 +602,441 @@ def test_a_table_recording_an_unusable_rate_keeps_a_finite_bound(recorded):
     t = PolicyTable([0, 0, 0, 3, 4], meta={"inputs": {"lam": recorded}})
     assert default_max_wait_ms(t) == FALLBACK_MAX_WAIT_MS
     assert DynamicBatcher(lambda x: x, t).max_wait_ms == FALLBACK_MAX_WAIT_MS
+
+
+# ------------------------------------------------------------------ helpers for calls that might never return
+def _returns_within(fn, timeout=5.0):
+    """``fn()`` in a daemon thread; its value or exception, or a failure (not a hang) after ``timeout`` s."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), f"the call did not return within {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+# ------------------------------------------------------------------ huge finite times in the phase filter
+@pytest.fixture(scope="module")
+def phase_file(tmp_path_factory):
+    """A phase table solved by the command line (a two-phase MMPP, Bmax 16)."""
+    from smdp_batch.cli import main
+
+    path = tmp_path_factory.mktemp("phase") / "ph.h5"
+    rc = main(["solve", "--arrivals", "mmpp:1,3,0.05,0.05", "--bmax", "16", "-o", str(path)])
+    assert rc in (None, 0) and path.exists()
+    return path
+
+
+HUGE_TIMES = [1e300, 1e308, 1.7e308, sys.float_info.max]
+
+
+@pytest.mark.parametrize("t", HUGE_TIMES, ids=repr)
+@pytest.mark.parametrize("call", ["decide", "next_decision_ms", "observe_arrival", "belief"])
+def test_a_huge_finite_time_returns_at_once(phase_file, call, t):
+    """Large finite times (q·t overflows to inf) used to loop for ever in expm_direction, holding the lock."""
+    pol = PhasePolicy.load(phase_file)
+    pol.observe_arrival(0.0)
+    t0 = time.monotonic()
+    if call == "decide":
+        b = _returns_within(lambda: pol.decide(3, t))
+        assert b in (0, *pol.batch_sizes) and b <= 3
+    elif call == "next_decision_ms":
+        nxt = _returns_within(lambda: pol.next_decision_ms(3, t))
+        assert nxt is None or (math.isfinite(nxt) and nxt >= t)
+    elif call == "observe_arrival":
+        _returns_within(lambda: pol.observe_arrival(t))
+        alpha, last, count = pol.filter.state()
+        assert last == t and count == 2 and np.all(np.isfinite(alpha)) and alpha.sum() == pytest.approx(1.0)
+        assert _returns_within(lambda: pol.decide(5, t)) in range(6)
+    else:
+        beta = _returns_within(lambda: pol.filter.belief(t))
+        assert np.all(np.isfinite(beta)) and beta.sum() == pytest.approx(1.0)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_huge_time_does_not_block_threads_sharing_the_policy(phase_file):
+    pol = PhasePolicy.load(phase_file)
+    pol.observe_arrival(0.0)
+    answers = []
+
+    def hammer():
+        for k in range(50):
+            answers.append(pol.decide(3, float(k)))
+
+    other = threading.Thread(target=hammer, daemon=True)
+    other.start()
+    _returns_within(lambda: pol.observe_arrival(1.7e308))
+    other.join(5.0)
+    assert not other.is_alive() and len(answers) == 50
+
+
+def _dominant_left(D0):
+    w, v = np.linalg.eig(D0.T)
+    u = np.abs(np.real(v[:, int(np.argmax(np.real(w)))]))
+    return u / u.sum()
+
+
+FAST_D0 = [np.array([[-1.05, 0.05], [0.05, -3.05]]),
+           np.array([[-1e12, 0.5e12], [1.0, -3.0]]),  # a MAP rate of 1e12: q·t overflows from t ≈ 2e296
+           np.array([[-3.0, 1.0, 0.5], [0.5, -2.0, 0.2], [0.1, 0.1, -1.0]])]
+
+
+@pytest.mark.parametrize("D0", FAST_D0, ids=["mmpp", "fast", "three"])
+@pytest.mark.parametrize("t", [1e4, 1e20, 2e296, 1e308, sys.float_info.max, math.inf], ids=repr)
+def test_expm_direction_is_bounded_and_converges_to_the_eigen_direction(D0, t):
+    from smdp_batch.runtime.phase import QT_HORIZON, expm_direction
+
+    E = _returns_within(lambda: expm_direction(D0, t))
+    assert np.all(np.isfinite(E)) and E.max() == pytest.approx(1.0)
+    u = _dominant_left(D0)
+    for row in E:
+        assert np.allclose(row / row.sum(), u, atol=1e-9)
+    q = float(np.max(-np.diag(D0)))
+    if t >= QT_HORIZON / q:  # past the horizon: exactly the horizon's answer
+        assert np.array_equal(E, expm_direction(D0, QT_HORIZON / q))
+
+
+# ------------------------------------------------------------------ what infer may return
+def _endless_generator(items):
+    while True:
+        time.sleep(0.01)
+        yield 0
+
+
+BAD_RESULTS = {
+    "sleeping generator": _endless_generator,
+    "repeat": lambda items: itertools.repeat(0),
+    "count": lambda items: itertools.count(),
+    "iterator": lambda items: iter(list(items)),
+    "map": lambda items: map(str, items),
+    "str": lambda items: "ab",
+    "bytes": lambda items: b"ab",
+    "bytearray": lambda items: bytearray(b"ab"),
+    "dict": lambda items: {i: x for i, x in enumerate(items)},
+    "set": lambda items: set(items),
+    "frozenset": lambda items: frozenset(items),
+    "none": lambda items: None,
+    "int": lambda items: 2,
+    "0-d array": lambda items: np.array(7),
+}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("bad", list(BAD_RESULTS))
+def test_a_result_that_is_not_a_sized_sequence_fails_only_its_batch(bad, asynchronous):
+    """Not a sized sequence: both callers get one TypeError naming what infer returned; the loop never
+    freezes (no iteration of an endless iterator), and the next batch is served."""
+    make = BAD_RESULTS[bad]
+    calls = []
+
+    def answer(items):
+        calls.append(len(items))
+        return make(items) if len(calls) == 1 else [x * 2 for x in items]
+
+    async def async_infer(items):
+        return answer(items)
+
+    async def main():
+        dog = _Watchdog()
+        bt = DynamicBatcher(async_infer if asynchronous else answer, PolicyTable([0, 0, 2]), max_wait_ms=None)
+        first = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in (1, 2)], 2.0)
+        second = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in (3, 4)], 2.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        await dog.stop()
+        return first, second, dog.max_gap, bt.metrics
+
+    first, second, gap, m = _in_thread(main, 10.0)
+    for out in first:
+        assert isinstance(out, TypeError) and "infer returned a" in str(out) and "sequence of 2 results" in str(out)
+    assert second == [6, 8] and m.failed == 2 and m.completed == 2
+    assert gap < 0.5
+
+
+class _Rows:
+    """A sized sequence without __iter__ (the old sequence protocol), whose __getitem__ never ends."""
+
+    def __init__(self, n, length=None):
+        self.n, self.length = n, n if length is None else length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return i * 10  # never raises IndexError: only len() bounds it
+
+
+GOOD_RESULTS = {
+    "list": (lambda items: [x * 10 for x in items], [0, 10, 20]),
+    "tuple": (lambda items: tuple(x * 10 for x in items), [0, 10, 20]),
+    "array": (lambda items: np.array(items) * 10, [0, 10, 20]),
+    "range": (lambda items: range(0, 30, 10), [0, 10, 20]),
+    "sequence protocol": (lambda items: _Rows(len(items)), [0, 10, 20]),
+}
+
+
+@pytest.mark.parametrize("good", list(GOOD_RESULTS))
+def test_a_sized_sequence_of_the_batch_length_is_served(good):
+    infer, want = GOOD_RESULTS[good]
+
+    async def main():
+        bt = DynamicBatcher(infer, PolicyTable([0, 0, 0, 3]), max_wait_ms=None)
+        out = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in range(3)], 2.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        return out
+
+    assert [int(x) for x in _in_thread(main)] == want
+
+
+@pytest.mark.parametrize("length", [0, 2, 4, 10**6])
+def test_the_length_is_checked_before_anything_is_read(length):
+    """A wrong length fails the batch with ValueError without reading a single item."""
+    read = []
+
+    class Spy(_Rows):
+        def __getitem__(self, i):
+            read.append(i)
+            return i
+
+    async def main():
+        bt = DynamicBatcher(lambda items: Spy(3, length), PolicyTable([0, 0, 0, 3]), max_wait_ms=None)
+        out = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in range(3)], 2.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        return out
+
+    out = _in_thread(main)
+    assert all(isinstance(o, ValueError) and f"returned {length} results for a batch of 3" in str(o) for o in out)
+    assert read == []
+
+
+# ------------------------------------------------------------------ close() from inside infer
+@pytest.mark.parametrize("how", ["await", "task", "sync-thread", "sync-on-loop"])
+def test_close_awaited_from_infer_drains_and_does_not_deadlock(how):
+    """close(drain=True) from the batcher's own infer returns at once; this batch and everything queued are
+    served, later submissions are refused, and an outside close() returns too."""
+    box = {}
+
+    async def async_infer(items):
+        if not box["closed"]:
+            box["closed"] = True
+            if how == "await":
+                await asyncio.wait_for(box["bt"].close(), 2.0)
+            else:
+                await asyncio.wait_for(asyncio.ensure_future(box["bt"].close()), 2.0)
+        return [x + 100 for x in items]
+
+    def sync_infer(items):
+        if not box["closed"]:
+            box["closed"] = True
+            if how == "sync-thread":
+                asyncio.run_coroutine_threadsafe(box["bt"].close(), box["loop"]).result(2.0)
+            else:
+                box["pending"] = asyncio.ensure_future(box["bt"].close())
+        return [x + 100 for x in items]
+
+    async def main():
+        box.update(closed=False, loop=asyncio.get_running_loop())
+        infer = async_infer if how in ("await", "task") else sync_infer
+        bt = box["bt"] = DynamicBatcher(infer, PolicyTable([0, 1, 2]), max_wait_ms=None,
+                                        infer_thread=how != "sync-on-loop")
+        tasks = [asyncio.ensure_future(bt.submit(i)) for i in range(5)]
+        out = await _outcomes(tasks, 3.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        if "pending" in box:
+            await asyncio.wait_for(box["pending"], 2.0)
+        with pytest.raises(BatcherClosed):
+            await asyncio.wait_for(bt.submit(9), 1.0)
+        return out
+
+    assert _in_thread(main) == [100, 101, 102, 103, 104]
+
+
+def test_close_without_drain_from_infer_fails_the_rest_and_returns():
+    box = {}
+
+    async def infer(items):
+        await asyncio.wait_for(box["bt"].close(drain=False), 2.0)
+        return [x + 100 for x in items]
+
+    async def main():
+        bt = box["bt"] = DynamicBatcher(infer, PolicyTable([0, 1]), max_wait_ms=None)
+        out = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in range(4)], 3.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        return out
+
+    out = _in_thread(main)
+    assert all(isinstance(o, BatcherClosed) for o in out)
+
+
+def test_closing_another_batcher_from_infer_still_waits_for_its_drain():
+    """The mark is per batcher: A's infer closing B waits until B's queue is drained."""
+    box = {}
+
+    async def infer_b(items):
+        await asyncio.sleep(0.05)
+        return [x * 2 for x in items]
+
+    async def infer_a(items):
+        await asyncio.wait_for(box["b"].close(), 2.0)
+        box["b_done"] = box["b"].metrics.completed
+        return items
+
+    async def main():
+        b = box["b"] = DynamicBatcher(infer_b, PolicyTable([0, 1]), max_wait_ms=None)
+        a = DynamicBatcher(infer_a, PolicyTable([0, 1]), max_wait_ms=None)
+        queued = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        got = await asyncio.wait_for(a.submit(7), 3.0)
+        out = await _outcomes(queued, 2.0)
+        await asyncio.wait_for(a.close(), 2.0)
+        return got, out
+
+    got, out = _in_thread(main)
+    assert got == 7 and out == [0, 2, 4] and box["b_done"] == 3
+
+
+# ------------------------------------------------------------------ numbers beyond the float range
+HUGE = [10**400, -(10**400)]
+
+
+def _huge_entry_points(phase):
+    table = PolicyTable([0, 0, 2, 3])
+    return {
+        "DynamicBatcher max_wait_ms": lambda x: DynamicBatcher(lambda i: i, table, max_wait_ms=x),
+        "DynamicBatcher batch_timeout_s": lambda x: DynamicBatcher(lambda i: i, table, batch_timeout_s=x),
+        "DynamicBatcher lam": lambda x: DynamicBatcher(lambda i: i, table, lam=x),
+        "batched max_wait_ms": lambda x: batched(table, max_wait_ms=x),
+        "batched lam": lambda x: batched(table, lam=x),
+        "default_max_wait_ms lam": lambda x: default_max_wait_ms(table, x),
+        "PhasePolicy.observe_arrival": phase.observe_arrival,
+        "PhasePolicy.decide": lambda x: phase.decide(3, x),
+        "PhasePolicy.next_decision_ms": lambda x: phase.next_decision_ms(3, x),
+        "PhasePolicy.default_max_wait_ms": phase.default_max_wait_ms,
+        "PhaseFilter.belief": phase.filter.belief,
+        "PhaseFilter initial": lambda x: PhaseFilter(phase.filter.D0, phase.filter.D1, initial=[x, 1.0]),
+        "RateEstimator window": lambda x: RateEstimator(window=x),
+        "RateEstimator tau_ms": lambda x: RateEstimator(tau_ms=x),
+        "RateEstimator min_arrivals": lambda x: RateEstimator(min_arrivals=x),
+        "RateEstimator.observe": RateEstimator().observe,
+        "AdaptivePolicy initial_lam": lambda x: AdaptivePolicy(_bank(), initial_lam=x),
+        "AdaptivePolicy hysteresis": lambda x: AdaptivePolicy(_bank(), hysteresis=x),
+        "AdaptivePolicy.observe_arrival": AdaptivePolicy(_bank()).observe_arrival,
+        "PolicyBank.index_for": _bank().index_for,
+        "PolicyTable entry": lambda x: PolicyTable([0, x]),
+    }
+
+
+@pytest.mark.parametrize("x", HUGE, ids=["1e400", "-1e400"])
+@pytest.mark.parametrize("entry", list(_huge_entry_points(_burst_policy())))
+def test_an_int_beyond_the_float_range_is_a_one_line_value_error(entry, x):
+    fn = _huge_entry_points(_burst_policy())[entry]
+    with pytest.raises(ValueError) as info:
+        _returns_within(lambda: fn(x))
+    assert not isinstance(info.value, OverflowError)
+    msg = str(info.value)
+    assert "\n" not in msg and len(msg) < 400
+
+
+def test_a_table_recording_a_huge_int_keeps_a_finite_bound():
+    for meta in ({"inputs": {"lam": 10**400}}, {"max_wait_ms": 10**400}, {"max_wait_ms": -(10**400)}):
+        t = PolicyTable([0, 0, 0, 3, 4], meta=meta)
+        assert default_max_wait_ms(t) == FALLBACK_MAX_WAIT_MS
+        assert DynamicBatcher(lambda x: x, t).max_wait_ms == FALLBACK_MAX_WAIT_MS
+
+
+def test_huge_but_finite_floats_are_still_accepted():
+    async def main():
+        bt = DynamicBatcher(lambda items: items, PolicyTable([0, 0, 2]), max_wait_ms=1e308, batch_timeout_s=1e308)
+        out = await _outcomes([asyncio.ensure_future(bt.submit(i)) for i in range(2)], 2.0)
+        await asyncio.wait_for(bt.close(), 2.0)
+        return out, bt.max_wait_ms
+
+    out, bound = _in_thread(main)
+    assert out == [0, 1] and bound == 1e308
+
+
+# ------------------------------------------------------------------ re-decision times that are not ahead
+PAST_ANSWERS = {
+    "past": lambda n, t: t - 5.0,
+    "now": lambda n, t: t,
+    "a microsecond ahead": lambda n, t: t + 1e-3,
+    "zero": lambda n, t: 0.0,
+    "-1e308": lambda n, t: -1e308,
+    "numpy past": lambda n, t: np.float64(t - 1.0),
+    "int 0": lambda n, t: 0,
+}
+
+
+@pytest.mark.parametrize("answer", list(PAST_ANSWERS))
+def test_a_redecision_time_not_ahead_never_spins(answer):
+    """decide used to be called ~450 times in 0.5 s; now the step backs off from 1 ms to 0.1 s."""
+    calls = []
+
+    class Policy:
+        def decide(self, n):
+            calls.append(n)
+            return 0
+
+        next_decision_ms = staticmethod(PAST_ANSWERS[answer])
+
+    async def main():
+        bt = DynamicBatcher(lambda items: items, Policy(), max_wait_ms=None)
+        fut = asyncio.ensure_future(bt.submit(1))
+        await asyncio.sleep(0.5)
+        n_calls = len(calls)
+        await asyncio.wait_for(bt.close(drain=True), 2.0)  # the drain serves it
+        return n_calls, await _outcomes([fut], 1.0)
+
+    n_calls, out = _in_thread(main)
+    assert 2 <= n_calls <= 20 and out == [1]
+
+
+@pytest.mark.parametrize("change_ms", [20.0, 60.0, 200.0])
+def test_a_policy_answering_now_is_still_asked_again_until_it_serves(change_ms):
+    """A policy that serves only change_ms after the first arrival and always answers 'now': the back-off
+    (≤ 0.1 s) still serves the request soon after it changes its mind, with few decisions."""
+    calls = []
+
+    class Policy:
+        start = None
+
+        def decide(self, n):
+            calls.append(n)
+            now = time.monotonic() * 1e3
+            self.start = self.start or now
+            return n if now - self.start >= change_ms else 0
+
+        def next_decision_ms(self, n, t):
+            return t
+
+    async def main():
+        bt = DynamicBatcher(lambda items: items, Policy(), max_wait_ms=None)
+        t0 = time.monotonic()
+        out = await _outcomes([asyncio.ensure_future(bt.submit(5))], 2.0)
+        waited = time.monotonic() - t0
+        await asyncio.wait_for(bt.close(), 1.0)
+        return out, waited
+
+    out, waited = _in_thread(main)
+    assert out == [5] and change_ms / 1e3 <= waited < change_ms / 1e3 + 0.25 and len(calls) <= 15
+
+
+def test_redecide_delay_backs_off_and_resets():
+    from smdp_batch.runtime.guard import REDECIDE_MAX_S, REDECIDE_MIN_S, redecide_delay
+
+    soon, delays = 0, []
+    for _ in range(12):
+        d, soon = redecide_delay(0.0, 10.0, soon)
+        delays.append(d)
+    assert delays[0] == REDECIDE_MIN_S and delays == sorted(delays) and delays[-1] == REDECIDE_MAX_S
+    assert redecide_delay(10_050.0, 10.0, soon) == (pytest.approx(0.05), 0)  # a time ahead resets the back-off
+    for bad in (None, math.nan, math.inf, 10**400, "5", True):
+        assert redecide_delay(bad, 10.0, soon) == (None, 0)

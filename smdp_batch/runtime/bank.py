@@ -10,6 +10,7 @@ rate sitting near a boundary does not make the policy flap.  numpy and h5py only
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import threading
 from collections import deque
@@ -17,7 +18,7 @@ from collections import deque
 import numpy as np
 
 from ..errors import InputError
-from .guard import check_rate, check_time_ms
+from .guard import check_rate, check_time_ms, real
 from .schema import read_bank
 from .table import PolicyTable
 
@@ -50,9 +51,10 @@ class PolicyBank:
 
     def index_for(self, lam: float) -> int:
         """Index of the grid rate nearest to ``lam`` in log λ."""
-        if not (math.isfinite(lam) and lam > 0):
-            raise InputError(f"arrival rate must be finite and > 0, got {lam!r}")
-        return int(np.argmin(np.abs(np.log(self.lams) - math.log(lam))))
+        x = math.nan if isinstance(lam, bool) or not isinstance(lam, numbers.Real) else real(lam)
+        if not (math.isfinite(x) and x > 0):
+            raise InputError(f"arrival rate must be a finite number > 0 (1/ms), got {lam!r:.60}")
+        return int(np.argmin(np.abs(np.log(self.lams) - math.log(x))))
 
     def table_for(self, lam: float) -> PolicyTable:
         return self.tables[self.index_for(lam)]
@@ -75,12 +77,17 @@ class RateEstimator:
     time); NaN, ±inf and negative times raise ``InputError`` and leave the estimate unchanged.
     """
 
+    WINDOW_MAX = 10**7  # arrival times kept in window mode (8 bytes each)
+
     def __init__(self, mode: str = "window", window: int = 256, tau_ms: float = 1000.0, min_arrivals: int = 32):
         if mode not in ("window", "ewma"):
             raise InputError(f"rate estimator mode must be 'window' or 'ewma', got {mode!r}")
-        if int(window) < 2 or not (math.isfinite(tau_ms) and tau_ms > 0) or int(min_arrivals) < 2:
-            raise InputError("need window ≥ 2, tau_ms > 0 and min_arrivals ≥ 2")
-        self.mode, self.window, self.tau, self.min_arrivals = mode, int(window), float(tau_ms), int(min_arrivals)
+        tau = math.nan if isinstance(tau_ms, bool) or not isinstance(tau_ms, numbers.Real) else real(tau_ms)
+        if not (_count(window, self.WINDOW_MAX) and math.isfinite(tau) and tau > 0 and _count(min_arrivals)):
+            raise InputError(f"need an integer window in [2, {self.WINDOW_MAX}], a finite tau_ms > 0 (ms) and an "
+                             f"integer min_arrivals ≥ 2; got window={window!r:.40}, tau_ms={tau_ms!r:.40}, "
+                             f"min_arrivals={min_arrivals!r:.40}")
+        self.mode, self.window, self.tau, self.min_arrivals = mode, int(window), tau, int(min_arrivals)
         self._times: deque[float] = deque(maxlen=self.window)
         self._rate = 0.0
         self._last: float | None = None
@@ -122,6 +129,14 @@ class RateEstimator:
             return self._rate / elapsed if elapsed > 0 else None
 
 
+def _count(x, top: float = math.inf) -> bool:
+    """x is an integer (int, numpy integer, or an integral float) in [2, top]."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return False
+    v = real(x)
+    return math.isfinite(v) and v == int(v) and 2 <= x <= top
+
+
 class AdaptivePolicy:
     """A table from a :class:`PolicyBank`, switched as the estimated λ moves (with hysteresis).
 
@@ -131,8 +146,8 @@ class AdaptivePolicy:
 
     def __init__(self, bank: PolicyBank, estimator: RateEstimator | None = None, hysteresis: float = 0.1,
                  initial_lam: float | None = None):
-        if isinstance(hysteresis, bool) or not (0 <= hysteresis < 1):
-            raise InputError(f"hysteresis must be in [0, 1), got {hysteresis!r}")
+        if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Real) or not (0 <= hysteresis < 1):
+            raise InputError(f"hysteresis must be in [0, 1), got {hysteresis!r:.60}")
         self.bank = bank
         self.estimator = estimator or RateEstimator()
         self.h = float(hysteresis)

@@ -15,8 +15,11 @@ class below):
 * a caller cancelled while waiting leaves the queue at once (it no longer counts in n; its entry is
   dropped lazily, so the queue holds at most 2·n + 32 entries); one cancelled while its batch runs
   gets nothing, and the others in the batch are unaffected;
-* an exception from ``infer``, or a result list of the wrong length, reaches exactly the callers of
-  that batch;
+* ``infer`` returns a sized sequence with one result per item, in order (a list, tuple, numpy array, or
+  anything with ``__len__`` and ``__getitem__`` but not a str, bytes, dict or set;
+  :func:`~smdp_batch.runtime.guard.batch_results`); its length is checked before it is read, so a generator
+  or an endless iterator is refused, not consumed.  An exception from ``infer``, or a result of the wrong kind (``TypeError``) or
+  length (``ValueError``), reaches exactly the callers of that batch;
 * a *fault* — ``infer`` raising a ``BaseException`` that is not an ``Exception`` (``CancelledError``,
   ``KeyboardInterrupt``, …), the decision callable raising or returning an impossible batch (not an
   int, < 0, > n), or the batcher's task being cancelled while requests are pending — stops the batcher: the running batch and
@@ -39,7 +42,9 @@ class below):
   :class:`BatcherClosed`).  ``close(drain=False)`` fails the queued callers *and the running batch's*
   with :class:`BatcherClosed` at once and returns without waiting for ``infer`` (an ``async`` call is
   cancelled; one that ignores cancellation, or a plain infer blocked in its thread, is abandoned and its
-  result dropped); it also ends a drain in progress.  Later submissions fail with :class:`BatcherClosed`;
+  result dropped); it also ends a drain in progress.  Later submissions fail with :class:`BatcherClosed`.
+  Awaited from the batcher's own ``infer`` (or a task or thread it started), ``close()`` does not wait for
+  that ``infer``: it closes as ``drain`` says and returns (what is queued is drained after this batch);
 * ``batch_timeout_s`` (default None) bounds each ``infer`` call: a batch still running then fails its
   callers with ``TimeoutError`` (``metrics.timed_out_batches``), its call is cancelled or abandoned as
   above, and the batcher goes on (an abandoned call that ignores cancellation may run beside the next);
@@ -47,7 +52,8 @@ class below):
   so the event loop keeps accepting requests; ``infer_thread=False`` calls it on the loop;
 * a policy whose decision changes with time alone (a :class:`~smdp_batch.runtime.phase.PhasePolicy`:
   silence moves its phase belief) is asked again while requests wait, when its ``next_decision_ms(n, t_ms)``
-  says, so a burst's last requests are served when the belief says serve, not at the safety bound;
+  says, so a burst's last requests are served when the belief says serve, not at the safety bound (never
+  sooner than 1 ms, backing off to 0.1 s while it answers "now" or a past time: no busy loop);
 * the batcher's clock never steps back (a step back counts as zero elapsed time);
 * after its event loop stopped (``asyncio.run`` twice), a batcher rebinds to the new loop; requests left
   on the old one fail with :class:`BatcherClosed`.  From a second loop while the first runs (two threads)
@@ -69,7 +75,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from .bound import BOUND_EPS, BOUND_SAFETY, FALLBACK_MAX_WAIT_MS, default_max_wait_ms, erlang_quantile_ms
-from .guard import InferWorker, check_max_wait_ms, check_timeout_s
+from .guard import (InferWorker, batch_results, call_marked, check_max_wait_ms, check_timeout_s, inside_infer,
+                    redecide_delay, running_infer)
 from .table import PolicyTable
 
 __all__ = ["DynamicBatcher", "BatcherClosed", "BatcherBroken", "BatcherMetrics", "batched",
@@ -176,6 +183,7 @@ class DynamicBatcher:
         self._observe = getattr(table, "observe_arrival", None)
         redecide = getattr(table, "next_decision_ms", None)
         self._redecide = redecide if callable(redecide) else None
+        self._soon = 0  # re-decision times in a row that were not ahead (redecide_delay backs off)
         self.table = table
         self.lam = lam
         self.short_batch = short_batch
@@ -234,6 +242,7 @@ class DynamicBatcher:
 
         ``drain=False`` also fails the running batch's callers at once and returns without waiting for its
         ``infer`` call (cancelled, or abandoned if it does not stop); it ends a drain in progress too.
+        Awaited from this batcher's own ``infer``, it closes as ``drain`` says and returns at once.
         Never raises the fault that broke the batcher (see :attr:`broken`)."""
         self._bind(asyncio.get_running_loop())
         if self._closing is None or not drain:
@@ -246,6 +255,8 @@ class DynamicBatcher:
                 _settle(self._batch_waiter, "closed")
         self._arrival.set()
         task = self._task
+        if inside_infer(self):  # from this batcher's own infer: the batch cannot end before close() returns
+            return
         if task is not None and task is not asyncio.current_task():
             await asyncio.wait({task})
             if not task.cancelled():
@@ -394,9 +405,9 @@ class DynamicBatcher:
             t = self._redecide(n, now * 1e3)
         except Exception as exc:
             raise _Fault(f"the policy's next_decision_ms raised {exc!r} at queue length {n}") from exc
-        if t is None or isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
+        d, self._soon = redecide_delay(t, now, self._soon)
+        if d is None:
             return delay_s
-        d = max(float(t) / 1e3 - now, _EARLY_S)
         return d if delay_s is None else min(delay_s, d)
 
     async def _wake(self, delay_s: float | None) -> None:
@@ -468,14 +479,15 @@ class DynamicBatcher:
         """One infer call: (True, results) or (False, what it raised); nothing escapes (the batcher re-raises
         a BaseException that is not an Exception as a fault)."""
         try:
-            if self._threaded:
-                ok, out = await self._worker.run(loop, self._infer, items)
-                if not ok:
-                    return False, out
-            else:
-                out = self._infer(items)
-            if inspect.isawaitable(out):
-                out = await out
+            with running_infer(self):  # close() from within infer does not wait for it
+                if self._threaded:
+                    ok, out = await self._worker.run(loop, functools.partial(call_marked, self, self._infer), items)
+                    if not ok:
+                        return False, out
+                else:
+                    out = self._infer(items)
+                if inspect.isawaitable(out):
+                    out = await out
             return True, out
         except BaseException as exc:  # noqa: BLE001 - handed to _serve
             return False, exc
@@ -512,9 +524,7 @@ class DynamicBatcher:
             ok, out = call.result()
             if ok:
                 try:
-                    results = list(out)
-                    if len(results) != len(batch) + pads:
-                        raise ValueError(f"infer returned {len(results)} results for a batch of {len(batch) + pads}")
+                    results = batch_results(out, len(batch) + pads)
                 except Exception as exc:
                     ok, out = False, exc
             if not ok and not isinstance(out, Exception):

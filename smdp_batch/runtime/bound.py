@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..limits import RATE_MAX, RATE_MIN
-from .guard import check_rate
+from .guard import check_rate, real
 from .table import PolicyTable
 
 __all__ = ["BOUND_EPS", "BOUND_SAFETY", "FALLBACK_MAX_WAIT_MS", "default_max_wait_ms", "erlang_bound_ms",
@@ -90,8 +90,8 @@ def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
     own = getattr(table, "default_max_wait_ms", None)  # a PhasePolicy knows its phases' rates
     meta = getattr(getattr(table, "table", table), "meta", None)
     timer = meta.get("max_wait_ms") if isinstance(meta, dict) else None
-    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(timer) and timer >= 0:
-        return float(timer)  # the table's own timer (an SLO setting, smdp_batch.analysis.bands)
+    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(real(timer)) and timer >= 0:
+        return real(timer)  # the table's own timer (an SLO setting, smdp_batch.analysis.bands)
     if callable(own):
         return float(own(lam))
     policy = _policy_array(table)

@@ -9,7 +9,10 @@ phase given the arrivals so far (the forward recursion of the MAP likelihood; Ry
 
 Each step is O(m²) plus one m × m exponential of a sub-generator, computed by uniformization
 (e^{D0·t} = e^{−qt}·Σ (qt)ⁿ/n!·(I + D0/q)ⁿ, all terms ≥ 0) on t/2^s with q·t/2^s ≤ ½, then squared
-s times; only the direction matters, so every step is rescaled and no time underflows.
+s times; only the direction matters, so every step is rescaled and no time underflows.  Beyond
+q·t = ``QT_HORIZON`` (2⁶⁰) the direction has converged to double precision (to the dominant left eigenvector
+of D0, for MAPs whose rates span less than ~10¹⁶), so a longer time — up to 1.8e308 ms, or one whose q·t
+overflows — counts as that horizon: at most 61 squarings, whatever the time.
 
 Two rules turn the belief into a batch size (:class:`PhasePolicy`):
 
@@ -22,6 +25,7 @@ numpy only; the functions on arrays are written so that the simulator can compil
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -32,12 +36,17 @@ from .bound import erlang_bound_ms
 from .guard import check_queue_length, check_rate, check_time_ms
 from .mapcheck import PHASE_LIMIT, check_map
 
-__all__ = ["PHASE_LIMIT", "PhaseFilter", "PhasePolicy", "check_map", "decide_phase", "expm_direction", "filter_step",
-           "RULES"]
+__all__ = ["PHASE_LIMIT", "QT_HORIZON", "PhaseFilter", "PhasePolicy", "check_map", "decide_phase", "expm_direction",
+           "filter_step", "RULES"]
 
 RULES = ("qmdp", "likely")
+#: q·t (q the fastest total rate of D0) beyond which e^{D0·t}'s direction is taken as converged.
+QT_HORIZON = 2.0 ** 60
+
+
 def expm_direction(D0: np.ndarray, t: float) -> np.ndarray:
-    """e^{D0·t} up to a positive factor (largest entry 1), for a sub-generator D0 and t ≥ 0."""
+    """e^{D0·t} up to a positive factor (largest entry 1), for a sub-generator D0 and t ≥ 0 (ms; a time with
+    q·t > ``QT_HORIZON``, inf included, counts as the horizon: the loops below are bounded)."""
     m = D0.shape[0]
     q = 0.0
     for i in range(m):
@@ -46,8 +55,9 @@ def expm_direction(D0: np.ndarray, t: float) -> np.ndarray:
     if q <= 0.0 or t <= 0.0:
         return np.eye(m)
     s = 0
-    x = q * t
-    while x > 0.5:
+    # past the horizon (q·t would even overflow for a huge t): the direction has converged
+    x = q * t if t < QT_HORIZON / q else QT_HORIZON
+    while x > 0.5 and s < 64:  # s ≤ 61
         x *= 0.5
         s += 1
     P = np.eye(m) + D0 / q
@@ -97,9 +107,12 @@ class PhaseFilter:
         m = self.D0.shape[0]
         if initial is None:
             initial = pi
-        a = np.asarray(initial, dtype=np.float64)
-        if a.shape != (m,) or np.any(a < 0) or not a.sum() > 0:
-            raise InputError(f"the initial phase law must be {m} non-negative numbers with a positive sum")
+        try:
+            a = np.asarray(initial, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            a = np.full(1, np.nan)
+        if a.shape != (m,) or not np.all(np.isfinite(a)) or np.any(a < 0) or not a.sum() > 0:
+            raise InputError(f"the initial phase law must be {m} finite numbers ≥ 0 with a positive sum")
         self.alpha = a / a.sum()
         self.last: float | None = None
         self.count = 0
@@ -129,10 +142,11 @@ class PhaseFilter:
 
     def belief(self, t_ms: float | None = None) -> np.ndarray:
         """Phase law at time t ≥ the last arrival (default: just after it; an earlier t counts as it)."""
+        t = None if t_ms is None else check_time_ms(t_ms, "decision time")
         alpha, last, _ = self.state()
-        if t_ms is None or last is None:
+        if t is None or last is None:
             return alpha
-        return _propagate(alpha, self.D0, max(check_time_ms(t_ms, "decision time") - last, 0.0))
+        return _propagate(alpha, self.D0, max(t - last, 0.0))
 
 
 class PhasePolicy:
@@ -160,8 +174,11 @@ class PhasePolicy:
         if rule == "qmdp":
             if qvalues is None or actions is None:
                 raise InputError("rule 'qmdp' needs the table's action values (qvalues) and actions")
-            qv = np.asarray(qvalues, dtype=np.float64)
-            acts = np.asarray(actions, dtype=np.int64)
+            try:
+                qv = np.asarray(qvalues, dtype=np.float64)
+                acts = np.asarray(actions, dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                raise InputError("qvalues and actions must be arrays of numbers (action values, batch sizes)") from None
             if qv.ndim != 3 or qv.shape[1] != self.filter.phases or qv.shape[2] != acts.size:
                 raise InputError(f"qvalues must have shape (levels, {self.filter.phases}, {acts.size}), got {qv.shape}")
             self.qvalues, self.actions = qv, acts
@@ -247,7 +264,7 @@ class PhasePolicy:
         step = 1.0 / float(np.max(-np.diag(self.filter.D0)))
         if t - last < step:
             return last + step
-        lo, hi = t, t + 0.5 * (t - last)
+        lo, hi = t, min(t + 0.5 * (t - last), sys.float_info.max)  # a finite time, even near 1.8e308 ms
         now = self._decide_at(n, alpha, last, lo)
         if self._decide_at(n, alpha, last, hi) == now:
             moved = _propagate(alpha, self.filter.D0, hi - last) - _propagate(alpha, self.filter.D0, lo - last)

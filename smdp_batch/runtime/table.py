@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..errors import InputError
+from .guard import real
 from .schema import eq30, read_policy
 
 __all__ = ["PolicyTable", "control_limit"]
@@ -37,6 +38,8 @@ class PolicyTable:
 
     def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None):
         p = np.asarray(policy)
+        if p.dtype.kind not in "biuf":  # ints beyond int64 (object arrays), strings, None, ragged rows
+            raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length 0..s_max")
         if p.ndim != 1 or p.size < 1 or not np.all(np.isfinite(p)) or np.any(p != np.round(p)):
             raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length 0..s_max")
         p = p.astype(np.int64)
@@ -79,7 +82,7 @@ class PolicyTable:
     def lam(self) -> float | None:
         """The arrival rate (1/ms) the table was solved for, if known."""
         v = self.meta.get("inputs", {}).get("lam")
-        return None if v is None else float(v)
+        return None if v is None else real(v)  # an int beyond the float range: inf (unusable, see bound)
 
     @property
     def max_batch(self) -> int:
