@@ -62,6 +62,10 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
         code = _say(signal.SIGINT)
     except Terminated:
         code = _say(signal.SIGTERM)
+    except Exception as e:  # a broken installation (the command line cannot even be imported): one line
+        text = " ".join(str(e).split())[:500]
+        sys.stderr.write(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)\n")
+        code = 70
     for s in _LINES:  # the command is done (its outputs in place, or none): a signal now changes nothing
         signal.signal(s, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):

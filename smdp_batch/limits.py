@@ -30,7 +30,7 @@ __all__ = [
     "MEMORY_BUDGET", "STATE_LIMIT", "SEARCH_STATE_LIMIT", "WORK_LIMIT", "BMAX_LIMIT", "REQUESTS_LIMIT", "GRID_LIMIT", "NESTING_LIMIT",
     "RATE_MIN", "RATE_MAX", "SEED_MAX", "FILE_BYTES_LIMIT", "LINE_BYTES_LIMIT", "ITER_LIMIT", "WEIGHT_LIMIT",
     "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work", "MAP_FILE_BYTES_LIMIT", "JSON_DEPTH_LIMIT",
-    "PHASE_TABLE_STATE_LIMIT", "PHASE_TABLE_VALUES_LIMIT", "SWITCH_RATIO_MIN",
+    "PHASE_TABLE_STATE_LIMIT", "PHASE_TABLE_VALUES_LIMIT", "SWITCH_RATIO_MIN", "SLO_MAX_MS",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
     "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
 ]
@@ -279,3 +279,7 @@ def check_llm_work(requests: int, loads: int, schemes: int) -> None:
             f"(≈ {LLM_REQUESTS_PER_S:.0f} requests/s); at most {LLM_SECONDS_LIMIT / 60:.0f} min is run: use "
             f"--requests ≤ {fit}, or fewer loads or schemes"
         )
+
+#: The largest latency bound an SLO may give (ms; 10⁶ ms ≈ 17 min): beyond it the timers a search tunes no
+#: longer fit the servers' integer settings (Triton's µs, TorchServe's ms).
+SLO_MAX_MS = 1e6

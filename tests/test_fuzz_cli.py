@@ -95,7 +95,7 @@ def check(worker, argv, outputs=(), files=None, expect_rc=(0, 2)):
     assert res["rc"] in expect_rc, where
     assert "Traceback" not in err and "internal error" not in err and "out of memory" not in err, where
     if res["rc"] == 2:
-        lines = [ln for ln in err.splitlines() if not ln.startswith("smdp-batch: compiling")]
+        lines = [ln for ln in err.splitlines() if not ln.startswith("smdp-batch: note: compiling")]
         assert len(lines) == 1 and lines[0].startswith("smdp-batch: error: "), where
     assert not left, f"leftover files {left}: {where}"
     assert res["elapsed"] < 45, where

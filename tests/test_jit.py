@@ -52,7 +52,7 @@ def test_cli_says_compiling_on_a_cold_cache_only(tmp_path):
     runs = [subprocess.run([sys.executable, "-m", "smdp_batch", "solve"], capture_output=True, text=True, env=env,
                            timeout=600) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0]
-    assert runs[0].stderr.splitlines() == [f"smdp-batch: compiling kernels (first run only, ~{round(COLD_SECONDS)} s)"]
+    assert runs[0].stderr.splitlines() == [f"smdp-batch: note: compiling kernels (first run only, ~{round(COLD_SECONDS)} s)"]
     assert runs[1].stderr == ""
     policy = [[line for line in r.stdout.splitlines() if line.lstrip().startswith("policy")] for r in runs]
     assert policy[0] == policy[1] and len(policy[0]) == 1

@@ -177,7 +177,7 @@ def test_no_energy_counter_gives_one_notice_and_latency_only(tmp_path, capsys):
     assert main(["measure", "math:fsum", "--sizes", "1,2", "--repeats", "3", "--warmup", "0", "-o", str(out)]) == 0
     err = capsys.readouterr().err
     notices = [line for line in err.splitlines() if line]
-    assert len(notices) == 1 and notices[0].startswith("smdp-batch: no energy counter") and "--power-w" in notices[0]
+    assert len(notices) == 1 and notices[0].startswith("smdp-batch: note: no energy counter") and "--power-w" in notices[0]
     assert out.read_text().splitlines()[0] == "batch_size,latency_ms" and len(out.read_text().splitlines()) == 7
     assert json.loads(Path(f"{out}.json").read_text())["energy_source"] == "none"
 

@@ -122,3 +122,36 @@ def test_table_batch_runs_a_phase_table_from_its_path(phase_file):
         return type(infer.batcher_for(None).table)
 
     assert asyncio.run(policy_kind()) is PhasePolicy
+
+
+def test_export_of_a_general_map_table_opens_no_file_named_by_its_map(capsys, tmp_path, monkeypatch):
+    """A MAP that is not an MMPP spells itself "map:2 phases": the export samples the stored MAP itself and never
+    opens a file of that name (one planted in the working folder must change nothing)."""
+    spec = tmp_path / "map2.json"
+    spec.write_text(json.dumps({"D0": [[-1.2, 0.1], [0.05, -2.2]], "D1": [[0.8, 0.3], [0.15, 2.0]]}))
+    table = tmp_path / "m2.h5"
+    assert main(["solve", "--arrivals", f"map:{spec}", "--bmax", "8", "-o", str(table)]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    first = _run(capsys, ["export", str(table), "--to", "triton", "--requests", "20000", "--json"])
+    (tmp_path / "2 phases").write_text(json.dumps({"D0": [[-9.0, 1.0], [1.0, -9.0]], "D1": [[8.0, 0.0], [0.0, 8.0]]}))
+    second = _run(capsys, ["export", str(table), "--to", "triton", "--requests", "20000", "--json"])
+    assert first["gap"] == second["gap"] and first["settings"] == second["settings"]
+    assert first["arrivals"] == "map:2 phases"
+
+
+def test_simulate_never_ignores_a_load_given_with_bursty_arrivals(capsys, phase_file):
+    """With a MAP or trace stream, the reported λ is the stream's; a load given scales the stream to it (as compare
+    does), and a phase table refuses one."""
+    free = _run(capsys, ["simulate", "--policy", "greedy", "--arrivals", "mmpp:0.2,1.8,0.05,0.05", "--requests", "50000",
+                         "--json"])
+    assert free["lam"] == pytest.approx(1.0) and free["throughput"] == pytest.approx(1.0, rel=0.1)
+    code = main(["simulate", "--policy", "greedy", "--arrivals", "mmpp:0.2,1.8,0.05,0.05", "--rho", "0.9",
+                 "--requests", "50000", "--json"])
+    out, err = capsys.readouterr()
+    scaled = json.loads(out)
+    assert code == 0 and scaled["throughput"] == pytest.approx(scaled["lam"], rel=0.1) and scaled["rho"] == pytest.approx(0.9)
+    assert "scaled to the load given" in err
+    code = main(["simulate", "--policy", str(phase_file), "--lam", "0.1", "--requests", "5000"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "drop --lam/--rho/--rps" in err

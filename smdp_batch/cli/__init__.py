@@ -54,7 +54,8 @@ class _StderrNotice(logging.Handler):
     """The library's notices (e.g. numba compiling on a cold cache) as ``smdp-batch: …`` lines on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        click.echo(f"smdp-batch: {record.getMessage()}", err=True)
+        kind = "note" if record.levelno <= logging.INFO else "warning"
+        click.echo(f"smdp-batch: {kind}: {record.getMessage()}", err=True)
 
 
 def _notices_to_stderr() -> None:

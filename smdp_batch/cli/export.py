@@ -19,7 +19,11 @@ from .options import (
     build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
 from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
-from .types import InputFile, OneOf, OutputPath, option
+from .types import InputFile, OneOf, OutputPath, check_extension, option
+
+#: The file extensions of each target's config text (-o).
+CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "ray": (".py", ".txt"),
+               "torchserve": (".json", ".txt")}
 
 #: Off-peak loads checked after an export without an SLO (shares of the table's λ), and the growth of the
 #: tail that draws a warning.
@@ -34,11 +38,15 @@ TAIL_GROWTH = 2.0
 @slo_options
 @load_range_options
 @search_options
-@option("-o", "--output", type=OutputPath(), default=None, help="Write the config text to this file.")
+@option("-o", "--output", type=OutputPath(), default=None,
+        help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
+             ".json or .txt).")
 @json_option
 def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_range, **kw):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost;
     with --slo-…, the least-power setting of the server's rule that meets the SLO at every load."""
+    if output:  # the config's format is the target's
+        check_extension(output, "-o", CONFIG_EXTS[target])
     prepare_outputs([("-o", output)], [("FILE (the policy table)", path)])
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
@@ -61,9 +69,10 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
         ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
         runtime = None
     else:
-        from .bursty import phase_file_rule, stream
+        from .bursty import phase_file_rule
 
-        arr, _ = stream(arrival_map.spec(), requests, seed)
+        # the stream `simulate --policy FILE` runs the table on (never a file named by the table's MAP spelling)
+        arr = arrival_map.sample(requests, np.random.default_rng([seed, 1]))[0]
         ex = export_policy(problem, None, target, requests=requests, seed=seed, arrivals=arr,
                            reference=phase_file_rule(pf, arrival_map, "qmdp", None))
         runtime = _phase_runtime(path, target)

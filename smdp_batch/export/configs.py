@@ -68,6 +68,9 @@ def rule_config(target: str, rule: ServerRule) -> tuple[dict, str]:
     """(settings, config text) of a server rule in its target's own format."""
     b = rule.maxb
     pad = tuple(rule.allowed)
+    if not (math.isfinite(rule.delay) and 0.0 <= rule.delay * 1000.0 < 2.0 ** 63):
+        raise InputError(f"{rule.spec}: a waiting time of {rule.delay:g} ms has no {target} setting (its timers are "
+                         "whole µs or ms below 2⁶³); give a finite, smaller bound")
     head = f"# the model pads each batch up to the next of {list(pad)}\n" if pad and target == "triton" else ""
     if target == "triton":
         us = int(round(rule.delay * 1000.0))
