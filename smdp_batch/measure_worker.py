@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .errors import InputError
+from .extras import require
 from .files import Terminated
 
 __all__ = ["load_callable", "default_make_batch", "loaded_sources", "describe", "synchronize", "energy_source",
@@ -134,7 +135,7 @@ class _Nvml:
     name = "nvml"
 
     def __init__(self, index: int):
-        import pynvml  # nvidia-ml-py
+        pynvml = require("pynvml", "the NVML energy counter")
 
         pynvml.nvmlInit()
         self._nvml, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -156,7 +157,7 @@ class _Zeus:
     name = "zeus"
 
     def __init__(self, index: int):
-        from zeus.monitor import ZeusMonitor
+        ZeusMonitor = require("zeus.monitor", "the zeus energy counter").ZeusMonitor
 
         self._m = ZeusMonitor(gpu_indices=[index])
         self.device, self.note = f"GPU {index}", f"zeus ZeusMonitor energy window of GPU {index}"
@@ -242,7 +243,7 @@ def energy_source(energy: str, power_w: float | None, device_index: int, untrust
             with _installed_only(untrusted):
                 return cls(device_index)
         except Exception as e:  # not installed, no GPU, no counter on this GPU, not an installed package
-            tried.append(f"{name}: {describe(e)}")
+            tried.append(f"{name}: {e if isinstance(e, InputError) else describe(e)}")
     if energy in ("nvml", "zeus"):
         raise InputError(f"no {energy} energy counter here ({'; '.join(tried)})")
     return "; ".join(tried) or "energy none"

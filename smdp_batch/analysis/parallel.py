@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from ..errors import InputError
+from ..extras import require
 
 __all__ = ["Mapper", "local_map", "dask_mapper"]
 
@@ -33,10 +34,8 @@ def local_map(fn, *iterables) -> list:
 def dask_mapper(address: str = "local", workers: int | None = None) -> Iterator[Mapper]:
     """A mapper on Dask: ``address`` "local" starts a LocalCluster (``workers`` processes, one thread
     each; default: the CPU count), else it is a scheduler address such as ``tcp://host:8786``."""
-    try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise InputError("Dask sweeps need the dask extra: pip install 'smdp-batch[dask]'") from None
+    distributed = require("dask.distributed", "a Dask sweep (--dask)")
+    Client, LocalCluster = distributed.Client, distributed.LocalCluster
     if workers is not None and int(workers) < 1:
         raise InputError(f"a LocalCluster needs at least 1 worker, got {workers!r}")
     if not isinstance(address, str) or not address.strip():

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import InputError
+from ..extras import require
 from ..runtime import DynamicBatcher
 
 __all__ = ["table_batch", "stub_deployment", "RayServe", "run_load"]
@@ -81,7 +82,7 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
     ``serve_batch`` is in model seconds (× scale here).  ``max_wait_ms`` (model ms) is the table's safety
     bound (× scale).  Calls return (entered, b, executed size, start, end) in ``time.time()`` seconds.
     """
-    from ray import serve
+    serve = require("ray.serve", "stub_deployment")
 
     if (table is None) == (serve_batch is None):
         raise InputError("stub_deployment needs exactly one of table= or serve_batch=")
@@ -129,11 +130,7 @@ class RayServe:
         self.num_cpus = int(num_cpus)
 
     def __enter__(self) -> "RayServe":
-        try:
-            import ray
-            from ray import serve
-        except ImportError:
-            raise InputError('Ray Serve needs the ray extra: pip install -e ".[ray]"') from None
+        ray, serve = require("ray", "RayServe"), require("ray.serve", "RayServe")
         ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
                  configure_logging=False)
         serve.start(proxy_location="Disabled")

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from ..extras import require
 
 __all__ = ["TritonDistribution", "find_distribution", "ModelSpec", "model_config", "TritonServer", "loader_path"]
 
@@ -62,10 +63,7 @@ class TritonDistribution:
 
 def find_distribution() -> TritonDistribution:
     """The Triton binary, its libraries and the Python-backend stub for this interpreter, from PyTriton."""
-    try:
-        import pytriton
-    except ImportError:
-        raise InputError('Triton needs the triton extra: pip install -e ".[triton]" (nvidia-pytriton)') from None
+    pytriton = require("pytriton", "the real Triton server")
     root = Path(pytriton.__file__).parent
     dist = root / "tritonserver"
     libs = root.parent / "nvidia_pytriton.libs"
@@ -250,7 +248,7 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
     import asyncio
 
     import numpy as np
-    import tritonclient.grpc.aio as grpcclient
+    grpcclient = require("tritonclient.grpc.aio", "replaying to Triton")
 
     from .loadgen import Run, replay
 

@@ -31,29 +31,35 @@ import warnings
 import numpy as np
 
 from ..errors import InputError, NotConvergedWarning
+from ..extras import require
 from .kernels import window_filters
 from ..model.truncation import TruncatedSMDP
 from .pi import _initial_policy
 from .result import SolveResult
 
-try:  # optional dependency
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-except ImportError:  # pragma: no cover - exercised where JAX is absent
-    jax = None
+jax = jnp = lax = None  # the optional dependency, bound by _require() on first use
 
 __all__ = ["available", "device", "pi_batch", "rvi_batch"]
 
 
 def available() -> bool:
     """True when JAX is importable."""
-    return jax is not None
+    try:
+        _require()
+    except InputError:
+        return False
+    return True
 
 
 def _require():
+    """Bind jax, jax.numpy and jax.lax, or raise the one-line InputError naming the jax extra."""
+    global jax, jnp, lax
+    try:
+        mod = require("jax", "backend 'jax'")  # checked on each use: a JAX blocked since counts too
+    except InputError as e:
+        raise InputError(f"{e} (GPU: also jax[cuda12]); valid: numba, jax") from None
     if jax is None:
-        raise InputError("backend 'jax' needs JAX: pip install 'smdp-batch[jax]' (GPU: also jax[cuda12]); valid: numba, jax")
+        jax, jnp, lax = mod, require("jax.numpy", "backend 'jax'"), mod.lax
 
 
 def device() -> str:
