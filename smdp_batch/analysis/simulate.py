@@ -115,28 +115,41 @@ def mmpp_arrivals(rates: tuple[float, float], switch: tuple[float, float], n: in
     return MAP.mmpp(r, q).sample(n, rng)[0]
 
 
-def read_trace(path: str) -> np.ndarray:
-    """Arrival timestamps (ms) from a CSV: one column, or a column named arrival_ms; sorted, ≥ 0."""
+def read_trace(path: str, time_unit: str | None = None) -> np.ndarray:
+    """Arrival timestamps in ms from a CSV: one column, or a column named arrival_ms (arrival_s, arrival_us,
+    arrival_ns); sorted, ≥ 0.  ``time_unit`` (s, ms, us, ns) is the unit of the times; None: the header's,
+    else ms, refusing a trace whose gaps look like another unit (:func:`smdp_batch.model.units.check_trace_unit`)."""
+    from ..model.units import TIME_UNITS, check_trace_unit, to_ms
+
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise InputError(f"unknown time unit {time_unit!r}; valid: s, ms, us, ns")
     rows = [r for r in read_csv_rows(path, "trace") if r and any(c.strip() for c in r)]
-    col, start = 0, 0
+    col, start, unit = 0, 0, time_unit
     if rows and not _is_number(rows[0][0]):
         header = [c.strip().lower() for c in rows[0]]
-        if "arrival_ms" not in header:
-            raise InputError(f"trace {path}: expected a column arrival_ms (or one unnamed column of ms), found {header}")
-        col, start = header.index("arrival_ms"), 1
-    vals = []
+        named = [u for u in ("ms", "s", "us", "ns") if f"arrival_{u}" in header]
+        if not named:
+            raise InputError(f"trace {path}: expected a column arrival_ms, arrival_s, arrival_us or arrival_ns "
+                             f"(or one unnamed column of times), found {header}")
+        col, start = header.index(f"arrival_{named[0]}"), 1
+        if time_unit is not None and TIME_UNITS[time_unit] != TIME_UNITS[named[0]]:
+            raise InputError(f"trace {path}: its column arrival_{named[0]} says {named[0]}, but --time-unit {time_unit} "
+                             "was given; drop one")
+        unit = named[0]
+    cells = []
     for i in range(start, len(rows)):
         cell = rows[i][col].strip() if col < len(rows[i]) else ""
         if not _is_number(cell) or not math.isfinite(float(cell)) or float(cell) < 0:
-            raise InputError(f"trace {path} line {i + 1}: {cell!r} is not a time ≥ 0 in ms")
-        vals.append(float(cell))
-    if not vals:
+            raise InputError(f"trace {path} line {i + 1}: {cell!r} is not a time ≥ 0 in {unit or 'ms'}")
+        cells.append(cell)
+    if not cells:
         raise InputError(f"trace {path} holds no arrival times")
-    t = np.asarray(vals)
+    t = to_ms(cells, unit or "ms")
     bad = np.nonzero(np.diff(t) < 0)[0]
     if bad.size:
         i = int(bad[0])
         raise InputError(f"trace {path}: timestamps must be sorted; {t[i]:g} is followed by {t[i + 1]:g}")
+    check_trace_unit(path, t, unit)
     return t
 
 

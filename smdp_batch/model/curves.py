@@ -11,6 +11,10 @@ string that round-trips through :func:`smdp_batch.model.spec.parse_curve` (the C
 * ``csv:FILE[:monotone|interp|affine|power]``  from a measured profile (:mod:`smdp_batch.model.profile`)
 * ``max:…`` / ``empirical:FILE``  l(b) defined by that service law (the mean of the max of b request
                                   times; the measured per-b means)
+* ``power:SPEC``   ζ(b) = P(b)·l(b): a power curve P(b) in W (any closed form above, or ``csv:FILE``
+                   with a ``power_w`` column) times the problem's l(b) in ms (W·ms = mJ)
+
+Numbers may carry units of their quantity (``60mJ``, ``0.06J``, ``800us``, ``60W``; :mod:`.units`).
 
 Validation of the values over the allowed batch sizes (positive, finite, l non-decreasing)
 happens in :class:`smdp_batch.model.problem.BatchingProblem`.
@@ -32,7 +36,7 @@ def _fmt(x: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-__all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table"]
+__all__ = ["Curve", "Affine", "Constant", "Logarithmic", "Table", "PowerEnergy"]
 
 
 def _finite(name: str, *values: float) -> tuple[float, ...]:
@@ -128,3 +132,33 @@ class Table(Curve):
 
     def spec(self):
         return "table:" + ",".join(f"{b}={_fmt(v)}" for b, v in zip(self.sizes, self.values))
+
+
+class PowerEnergy(Curve):
+    """ζ(b) = P(b)·l(b) in mJ: a power curve P(b) in W while a batch is served, times the batch time l(b) in ms.
+
+    Spelled ``power:SPEC``; :class:`smdp_batch.model.problem.BatchingProblem` binds it to its own l(b)
+    (again on every ``replace``), so a changed l(b) changes ζ(b) at the same power."""
+
+    def __init__(self, power: Curve, latency: Curve | None = None):
+        if isinstance(power, PowerEnergy):
+            raise InputError("power:SPEC takes a power curve in W (affine, const, log, table, csv), not another power:")
+        self.power, self.latency = power, latency
+
+    def bind(self, latency: Curve) -> "PowerEnergy":
+        """The same power curve times ``latency``."""
+        return PowerEnergy(self.power, latency)
+
+    def __call__(self, b):
+        if self.latency is None:
+            raise InputError(f"energy {self.spec()!r} is P(b)·l(b) and needs l(b): use it in a BatchingProblem")
+        return np.asarray(self.power(b), dtype=np.float64) * np.asarray(self.latency(b), dtype=np.float64)
+
+    def __eq__(self, other):
+        return isinstance(other, PowerEnergy) and other.power == self.power and other.latency == self.latency
+
+    def __hash__(self):
+        return hash(("power", self.power.spec()))
+
+    def spec(self):
+        return f"power:{self.power.spec()}"

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, WEIGHT_LIMIT, check_int, check_rate
-from .curves import Affine, Curve
+from .curves import Affine, Curve, PowerEnergy
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
 
@@ -93,7 +93,8 @@ class BatchingProblem:
     latency : mean batch time l(b) in ms (positive, finite, non-decreasing on 𝓑).  Default: the
         service law's own l(b) where it defines one (max of b request times, a measured profile),
         else the paper's GoogLeNet/P4 model.
-    energy : batch energy ζ(b) in mJ (non-negative, finite).
+    energy : batch energy ζ(b) in mJ (non-negative, finite); ``"power:SPEC"`` gives it as a power P(b) in
+        W while a batch is served, ζ(b) = P(b)·l(b).  Numbers in specs may carry units (``0.06J``, ``800us``).
     service : shape of the batch-time law G_b with mean l(b).
     w1, w2 : weights of mean latency (per ms) and mean power (per W); w1 > 0, w2 ≥ 0.
     """
@@ -111,7 +112,10 @@ class BatchingProblem:
         object.__setattr__(self, "batch_sizes", sizes)
         object.__setattr__(self, "service", parse_service(self.service))
         object.__setattr__(self, "latency", _latency_curve(self.latency, self.service))
-        object.__setattr__(self, "energy", parse_curve(self.energy, "energy model"))
+        energy = parse_curve(self.energy, "energy model")
+        if isinstance(energy, PowerEnergy):  # ζ(b) = P(b)·l(b) with this problem's l(b)
+            energy = energy.bind(self.latency)
+        object.__setattr__(self, "energy", energy)
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
         lam = _finite_number("λ (lam)", self.lam, positive=True)

@@ -49,9 +49,9 @@ from .laws import ServiceLaw
 __all__ = ["Profile", "read_profile", "ProfileCurve", "EmpiricalProfile", "FITS", "DEFAULT_FIT", "isotonic"]
 
 FITS = ("monotone", "interp", "affine", "power")
-_QUANTITIES = {"latency": "latency_ms", "energy": "energy_mj"}
-#: the fit ``csv:FILE`` means: l(b) must be non-decreasing (problem.py), ζ(b) only ≥ 0
-DEFAULT_FIT = {"latency": "monotone", "energy": "interp"}
+_QUANTITIES = {"latency": "latency_ms", "energy": "energy_mj", "power": "power_w"}
+#: the fit ``csv:FILE`` means: l(b) must be non-decreasing (problem.py), ζ(b) and P(b) only ≥ 0
+DEFAULT_FIT = {"latency": "monotone", "energy": "interp", "power": "interp"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,8 @@ class Profile:
     latency: np.ndarray  # ms per row
     energy: np.ndarray | None  # mJ per row
     lines: np.ndarray  # CSV line number of each row (for messages)
+    power: np.ndarray | None = None  # W per row (the power_w column), or None
+
 
     @property
     def sizes(self) -> np.ndarray:
@@ -70,6 +72,13 @@ class Profile:
         return np.unique(self.batch)
 
     def values(self, quantity: str) -> np.ndarray:
+        if quantity == "power":
+            if self.power is None:
+                raise InputError(
+                    f"profile {self.path}: no power_w column (W while a batch runs) for --power csv:FILE; "
+                    "for an energy_mj column use --energy csv:FILE"
+                )
+            return self.power
         if quantity == "energy":
             if self.energy is None:
                 raise InputError(
@@ -223,16 +232,18 @@ def _parse(path: str) -> Profile:
         energy = np.asarray(data["power_w"], dtype=np.float64) * latency  # W · ms = mJ
     else:
         energy = None
-    return Profile(path=path, batch=batch, latency=latency, energy=energy, lines=np.asarray(lines))
+    power = np.asarray(data["power_w"], dtype=np.float64) if "power_w" in data else None
+    return Profile(path=path, batch=batch, latency=latency, energy=energy, lines=np.asarray(lines), power=power)
 
 
 class ProfileCurve(Curve):
-    """l(b) (``quantity='latency'``, ms) or ζ(b) (``'energy'``, mJ) from a profile CSV; see the module doc."""
+    """l(b) (``quantity='latency'``, ms), ζ(b) (``'energy'``, mJ) or P(b) (``'power'``, W, the power_w column)
+    from a profile CSV; see the module doc."""
 
     def __init__(self, path: str, quantity: str = "latency", fit: str | None = None, profile: Profile | None = None):
         """``fit=None``: the quantity's default (:data:`DEFAULT_FIT`)."""
         if quantity not in _QUANTITIES:
-            raise InputError(f"profile quantity must be latency or energy, got {quantity!r}")
+            raise InputError(f"profile quantity must be latency, energy or power, got {quantity!r}")
         fit = DEFAULT_FIT[quantity] if fit is None else fit
         if fit not in FITS:
             raise InputError(f"profile fit {fit!r} is unknown; valid: {', '.join(FITS)}")

@@ -16,10 +16,11 @@ import re
 
 from ..errors import InputError
 from ..limits import NESTING_LIMIT
-from .curves import Affine, Constant, Curve, Logarithmic, Table
+from .curves import Affine, Constant, Curve, Logarithmic, PowerEnergy, Table
 from .families import LogNormal, MaxOf, Mixture, ShiftedExponential, Uniform
 from .laws import Deterministic, Erlang, Exponential, Gamma, HyperExponential, ServiceLaw
 from .profile import EmpiricalProfile, parse_profile_curve
+from .units import quantity, quantity_of
 
 __all__ = ["CURVE_FORMS", "SERVICE_FORMS", "parse_curve", "parse_service"]
 
@@ -124,10 +125,7 @@ def _family(kind: str, arg: str, spec: str) -> ServiceLaw | None:
         base, at, mean = arg.rpartition("@") if "@" in arg else (arg, "", "")
         if not base:
             raise InputError(f"service law {spec!r}: max needs a request-time law, e.g. 'max:uniform:1,20' or 'max:exp@5'")
-        try:
-            rm = float(mean) if at else None
-        except ValueError:
-            raise InputError(f"service law {spec!r}: the mean after '@' must be a number of ms") from None
+        rm = quantity(mean, "time", f"service law {spec!r}: the mean after '@'") if at else None
         if base.lower().startswith("empirical:"):
             raise InputError(f"service law {spec!r}: for measured request times use Python: MaxOf(Empirical(samples))")
         return MaxOf(parse_service(base), rm)
@@ -140,45 +138,53 @@ def _family(kind: str, arg: str, spec: str) -> ServiceLaw | None:
 
 CURVE_FORMS = (
     "affine:A,C (A·b+C), const:C, log:A,C (A·ln b + C), table:1=V1,2=V2,…, csv:FILE[:monotone|interp|affine|power], "
-    "max:LAW (mean of the max of b request times), empirical:FILE (measured per-b means)"
+    "max:LAW (mean of the max of b request times), empirical:FILE (measured per-b means), "
+    "power:SPEC (energy only: ζ(b) = P(b)·l(b), P in W); numbers may carry units (1.2ms, 800us, 60mJ, 0.06J, 60W)"
 )
 
 
-def _numbers(spec: str, arg: str, count: int) -> list[float]:
-    parts = [p for p in arg.split(",")]
-    try:
-        vals = [float(p) for p in parts]
-    except ValueError:
-        raise InputError(f"{spec!r}: expected {count} comma-separated number(s); valid forms: {CURVE_FORMS}") from None
-    if len(vals) != count:
-        raise InputError(f"{spec!r}: expected {count} number(s), got {len(vals)}; valid forms: {CURVE_FORMS}")
-    return vals
+def _numbers(spec: str, arg: str, count: int, kind: str | None, where: str) -> list[float]:
+    """``count`` comma-separated numbers in the base unit of ``kind`` (:func:`.units.quantity`)."""
+    parts = arg.split(",")
+    if len(parts) != count:
+        raise InputError(f"{spec!r}: expected {count} number(s), got {len(parts)}; valid forms: {CURVE_FORMS}")
+    return [quantity(p, kind, where) for p in parts]
 
 
 def parse_curve(spec: str | Curve, what: str = "model") -> Curve:
-    """Parse ``affine:A,C`` / ``const:C`` / ``log:A,C`` / ``table:b=v,…`` into a :class:`Curve`."""
+    """Parse ``affine:A,C`` / ``const:C`` / ``log:A,C`` / ``table:b=v,…`` into a :class:`Curve`.
+
+    ``what`` names the quantity ("latency model": ms, "energy model": mJ, "power model": W); its numbers
+    may carry units of that quantity (``800us``, ``0.06J``, ``60W``).  An energy may be ``power:SPEC``
+    (:class:`PowerEnergy`, bound to l(b) by the problem)."""
     if isinstance(spec, Curve):
         return spec
     if not isinstance(spec, str):
         raise InputError(f"{what} must be a string such as 'affine:0.3051,1.0524', got {spec!r}")
     kind, _, arg = spec.strip().partition(":")
-    kind = kind.lower()
+    kind, unit = kind.lower(), quantity_of(what)
+    where = f"{what.removesuffix(' model')} {spec.strip()!r}"
     if kind == "affine":
-        return Affine(*_numbers(spec, arg, 2))
+        return Affine(*_numbers(spec, arg, 2, unit, where))
     if kind in ("const", "constant"):
-        return Constant(*_numbers(spec, arg, 1))
+        return Constant(*_numbers(spec, arg, 1, unit, where))
     if kind in ("log", "logarithmic"):
-        return Logarithmic(*_numbers(spec, arg, 2))
+        return Logarithmic(*_numbers(spec, arg, 2, unit, where))
     if kind == "table":
         try:
             pairs = [item.split("=") for item in arg.split(",")]
             sizes = tuple(int(b) for b, _ in pairs)
-            values = tuple(float(v) for _, v in pairs)
+            texts = [v for _, v in pairs]
         except ValueError:
             raise InputError(f"{what} {spec!r}: table needs b=value pairs, e.g. 'table:1=1.3,2=1.6'") from None
-        return Table(sizes, values)
+        return Table(sizes, tuple(quantity(v, unit, where) for v in texts))
     if kind == "csv":
-        return parse_profile_curve(spec.strip()[4:], "energy" if "energy" in what else "latency")
-    if kind in ("max", "empirical") and "energy" not in what:
+        return parse_profile_curve(spec.strip()[4:], unit if unit in ("energy", "power") else "latency")
+    if kind in ("max", "empirical") and unit not in ("energy", "power"):
         return parse_service(spec).natural_latency()
+    if kind == "power" and unit == "energy":
+        return PowerEnergy(parse_curve(arg, "power model"))
+    if unit == "power":
+        raise InputError(f"unknown {what} {spec!r}; valid forms: const:P, affine:A,C, log:A,C, table:1=P1,2=P2,…, "
+                         "csv:FILE[:fit] (its power_w column); numbers in W, or with a unit: 60W, 0.06kW, 500mW")
     raise InputError(f"unknown {what} {spec!r}; valid forms: {CURVE_FORMS}")
