@@ -172,7 +172,8 @@ def test_cli_writes_a_file_arrivals_can_read(tmp_path, trace, capsys):
     (["ok.csv", "--window-ms", "-1"], "--window-ms must be > 0"),
     (["ok.csv", "--window-ms", "1e9"], "is not valid for a trace"),
     (["ok.csv", "--seed", "-3"], "--seed must be ≥ 0"),
-    (["ok.csv", "-o", "ok.csv"], "is also the input TRACE"),
+    (["ok.csv", "-o", "ok.csv"], "-o ok.csv: .csv is the extension of CSV files, but -o writes JSON"),
+    (["trace", "-o", "trace"], "is also the input TRACE"),
     (["ok.csv", "-o", "."], "write to a regular file"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle, capsys, monkeypatch):
@@ -180,6 +181,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle, capsys, monkeypat
     _write(tmp_path / "few.csv", np.arange(50.0))
     _write(tmp_path / "unsorted.csv", np.r_[np.arange(300.0), 1.0], header=False)
     _write(tmp_path / "ok.csv", _poisson(400))
+    _write(tmp_path / "trace", _poisson(400))  # no extension: a name the JSON output may take
     before = set(os.listdir(tmp_path))
     assert main(["fit-arrivals", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from ..errors import InputError
+from ..extras import require
 
 __all__ = ["FORMATS", "FAMILY_STYLE", "family_style", "plot_policies", "plot_tradeoff", "plot_percentiles", "save"]
 
@@ -48,10 +49,7 @@ def family_style(family: str) -> dict:
 
 
 def _figure(ncols: int, nrows: int = 1, width: float = 4.6, height: float = 3.6, total_width: float | None = None):
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise InputError("figures need matplotlib: pip install 'smdp-batch[plot]'") from None
+    Figure = require("matplotlib.figure", "figures").Figure
     w = total_width if total_width is not None else width * ncols
     return Figure(figsize=(w, height * nrows), layout="constrained")
 
@@ -110,10 +108,10 @@ def plot_policies(grid: dict, batch_sizes, max_queue: int | None = None, *, ncol
     wide enough to read (``annotate`` forces it on or off); otherwise only the boxed control-limit
     cells print theirs, and the colour bar gives the rest.  Wait cells (action 0) stay blank.
     """
+    matplotlib = require("matplotlib", "figures")
     from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch, Rectangle
-    import matplotlib
 
     rhos = sorted({r for r, _ in grid})
     w2s = sorted({w for _, w in grid})
@@ -304,7 +302,7 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     if slo_mean_ms is not None:
         for ax in (ax_p, ax_e):
             bound_handle = ax.axvline(slo_mean_ms, color="0.35", linestyle=(0, (4, 2)), linewidth=1.0,
-                                      label=f"SLO bound W̄ = {slo_mean_ms:g} ms")
+                                      label=f"SLO W̄ ≤ {slo_mean_ms:g} ms")
     cur = _current(current)
     cur_handle = None
     if cur is not None:
@@ -417,14 +415,15 @@ def _cdf_style(label: str, k: int) -> dict:
 
 def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: float | None = None,
                      percentile: str = "p95_ms", *, chosen=None, slo: str | None = None,
-                     slo_ms: float | None = None):
+                     slo_ms: float | None = None, current=None):
     """Fig. 6: (a) latency CDFs, (b) simulated percentile vs P̄, (c) share within ``bound_ms`` vs P̄.
 
     Baselines take their family's colour and marker (:data:`FAMILY_STYLE`); ``chosen`` (the SLO's
     pick, a FrontPoint) is starred on (b) and (c) and labelled with ``slo``; ``slo_ms`` draws the
-    percentile bound on (b), ``bound_ms`` the latency bound on (a) and (c).
+    percentile bound on (b), ``bound_ms`` the latency bound on (a) and (c).  ``current``: your current setting
+    (a BaselinePoint with simulated percentiles), drawn as a pink ring on (b).
     """
-    from matplotlib.lines import Line2D
+    Line2D = require("matplotlib.lines", "figures").Line2D
 
     panels = (1 if cdfs else 0) + 1 + (1 if bound_ms is not None else 0)
     fig = _figure(panels, height=4.2, total_width=11.0 if panels == 3 else WIDTH_IN)
@@ -455,15 +454,21 @@ def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: fl
     extra = []
     if slo_ms is not None:
         extra.append(ax.axvline(slo_ms, color="0.35", linestyle=(0, (4, 2)), linewidth=1.0,
-                                label=f"SLO bound {name} = {slo_ms:g} ms"))
+                                label=f"SLO {name} ≤ {slo_ms:g} ms"))
     elif bound_ms is not None:
         extra.append(ax.axvline(bound_ms, color="0.35", linestyle=(0, (4, 2)), linewidth=1.0,
                                 label=f"bound {bound_ms:g} ms"))
     if chosen is not None and percentile in chosen.percentiles:
         extra += ax.plot([chosen.percentiles[percentile]], [chosen.mean_power_w], label=pick_label, gid="slo-pick",
                          **PICK_STYLE)
+    cur_xy = None
+    if current is not None and current.percentiles.get(percentile) is not None:
+        cur_xy = (current.percentiles[percentile], current.mean_power_w)
+        extra += ax.plot([cur_xy[0]], [cur_xy[1]], label=f"your setting {current.setting}", gid="current-setting",
+                         **CURRENT_STYLE)
+    if chosen is not None and percentile in chosen.percentiles:
         _note(ax, f"{chosen.mean_power_w:.4g} W, {name} {chosen.percentiles[percentile]:.3g} ms",
-                  (chosen.percentiles[percentile], chosen.mean_power_w), "#ffbf00")
+                  (chosen.percentiles[percentile], chosen.mean_power_w), "#ffbf00", avoid=[cur_xy] if cur_xy else ())
     smdp_h = Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])
     if bound_ms is None:  # no panel (c): the families go here
         ax.legend(handles=[smdp_h, *fam_handles.values(), *extra], fontsize=FONT["legend"], loc="upper right",

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..baselines.servers import ServerRule, ray_serve, table_timer, tf_serving, torchserve, triton, triton_table
 from ..errors import InputError
+from ..limits import SLO_MAX_MS
 from ..model.problem import BatchingProblem
 
 __all__ = ["METRICS", "SLO", "LoadResult", "Setting", "SLOAnswer", "optimise", "load_grid", "RULE_FAMILIES",
@@ -94,6 +95,8 @@ class SLO:
                 raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}") from None
             if not (math.isfinite(b) and b > 0):
                 raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}")
+            if b > SLO_MAX_MS:
+                raise InputError(f"the {m} SLO must be at most {SLO_MAX_MS:g} ms (about 17 minutes), got {bound!r}")
             if m in out and out[m] != b:
                 raise InputError(f"conflicting SLOs: {m} ≤ {out[m]:g} ms and {m} ≤ {b:g} ms; give each metric once")
             out[m] = b
@@ -199,6 +202,7 @@ class SLOAnswer:
     seed: int
     evaluations: int
     seconds: float
+    current: Setting | None = None  # the user's own rule (``compare --current``), simulated at every load
 
     @property
     def recommended(self) -> Setting | None:
@@ -227,11 +231,18 @@ class SLOAnswer:
         for what, s in others:
             if s is None or s is rec:
                 continue
-            p = float(np.mean([x.power_w for x in s.loads]))
-            out.append({"against": what, "setting": s.spec, "family": s.family, "meets_slo": s.meets,
-                        "power_w": p, "saved_w": p - rec.power_w, "saved_pct": 100.0 * (p - rec.power_w) / p,
-                        "ci_w": math.hypot(s.power_ci, rec.power_ci)})
+            out.append({"against": what, **self.versus(s)})
         return out
+
+    def versus(self, s: Setting) -> dict:
+        """``s`` against the recommendation: its power and what the recommendation saves (W, %)."""
+        rec = self.recommended
+        p = float(np.mean([x.power_w for x in s.loads]))
+        d = {"setting": s.spec, "family": s.family, "meets_slo": s.meets, "power_w": p}
+        if rec is None:
+            return {**d, "saved_w": None, "saved_pct": None, "ci_w": None}
+        return {**d, "saved_w": p - rec.power_w, "saved_pct": 100.0 * (p - rec.power_w) / p,
+                "ci_w": math.hypot(s.power_ci, rec.power_ci)}
 
     def as_dict(self) -> dict:
         rec = self.recommended
@@ -240,7 +251,9 @@ class SLOAnswer:
                 "recommended": rec.as_dict(self.slo) if rec else None,
                 "best": {f: (s.as_dict(self.slo) if s else None) for f, s in self.best.items()},
                 "defaults": [s.as_dict(self.slo) for s in self.defaults],
-                "savings": self.savings(), "evaluations": self.evaluations, "optimise_seconds": self.seconds}
+                "savings": self.savings(), "evaluations": self.evaluations, "optimise_seconds": self.seconds,
+                **({} if self.current is None else
+                   {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
 
 
 # ------------------------------------------------------------------------------------------ loads
@@ -401,13 +414,14 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
 
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
-             solve_lam: float | None = None, defaults: bool = True, progress=None) -> SLOAnswer:
+             solve_lam: float | None = None, defaults: bool = True, progress=None, current=None) -> SLOAnswer:
     """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
 
     ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
     ``arrivals``: a trace or MAP sample (ms) to use instead of Poisson arrivals; it is scaled to each load.
     ``solve_lam``: the load the SMDP tables are solved at (default: the top load).  ``families``: which to
     search (``table+timer`` needs ``smdp`` and the Triton forms, and searches them).  ``requests``: per load.
+    ``current``: the user's own rule (a ServerRule), simulated at every load on the same arrivals.
     """
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
@@ -507,8 +521,10 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             except InputError:  # e.g. Ray's max_batch_size 10 is not an allowed size here
                 continue
             dflt.append(chk.run(spec.split(":")[0], rule, {"default": True}, full=True))
+    cur = None if current is None else chk.run(current.spec.partition(":")[0].partition("+")[0], current,
+                                               {"current": True}, full=True)
     return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
-                     int(seed), chk.count, time.perf_counter() - t0)
+                     int(seed), chk.count, time.perf_counter() - t0, cur)
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:

@@ -1,4 +1,4 @@
-"""The MAP (bursty arrivals) side of ``solve`` and ``simulate`` (issue 20): ``solve --arrivals mmpp:…|map:FILE``
+"""The MAP (bursty arrivals) side of ``solve`` and ``simulate``: ``solve --arrivals mmpp:…|map:FILE``
 solves the (queue length, phase) table; ``simulate --policy PHASE.h5`` runs it with the phase filter (or the
 true phase, a bound)."""
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.report import describe_policy
 from ..errors import InputError, NotConvergedWarning, TableNotConvergedWarning
+from ..limits import check_requests
 from ..model.arrivals import MAP, parse_arrivals
 from .options import build_problem, cost_line, emit, integrity_text, metrics_line, scenario_line, solve_progress
 
@@ -43,10 +44,11 @@ def solve_map_cmd(spec, s_max, abstract_cost, tol_delta, max_iter, output, as_js
         try:
             sol = solve_map(problem, arrivals, s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta,
                             max_iter=int(max_iter) if max_iter is not None else 200, progress=report)
+            sol.deployed  # noqa: B018 - its warnings (a truncated evaluation) are reported with the solve's
         finally:
             finish()
     for w in caught:
-        click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
+        click.echo(f"smdp-batch: warning: {w.message}", err=True)
     d = sol.to_dict()
     if output:
         write_phase_policy(sol, output)
@@ -55,8 +57,9 @@ def solve_map_cmd(spec, s_max, abstract_cost, tol_delta, max_iter, output, as_js
     R = sol.converged_upto
     table = (f"converged up to n = {R} in every phase (verified against s_max = {sol.s_max // 2}); π(R, i) beyond"
              if R is not None else f"not verified as converged; eq. 30 per phase beyond s_max = {sol.s_max}")
-    lines = ["smdp-batch — optimal batching policy under MAP arrivals (queue length × phase; issue 20)",
+    lines = ["smdp-batch — optimal batching policy under MAP arrivals (queue length × phase)",
              scenario_line(problem), arrivals_line(arrivals),
+             *([f"  note        {sol.note}"] if sol.note else []),
              f"  truncation  s_max = {sol.s_max} ({sol.rule}), c_o = {sol.model.abstract_cost:.6g}, "
              f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g}), {sol.candidates} truncations",
              f"  table       {table}",
@@ -74,20 +77,37 @@ def solve_map_cmd(spec, s_max, abstract_cost, tol_delta, max_iter, output, as_js
     emit(d, as_json, "\n".join(lines))
 
 
-def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None):
+def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None, time_unit: str | None = None,
+           phases: int | None = None):
     """(times, phase path or None) for ``simulate --arrivals``: poisson → None (or the phase table's own MAP),
-    trace:FILE → the trace (no phase path), mmpp:…/map:FILE → a sampled stream with its path."""
+    trace:FILE → the trace in ms (no phase path; ``time_unit``: its times' unit, --time-unit),
+    mmpp:…/map:FILE → a sampled stream with its path.  ``phases``: the phase count the true-phase rule of a
+    table needs (a MAP with another count is refused before any draw)."""
     from ..analysis.simulate import read_trace
 
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "trace" and arg:
-        return read_trace(arg), None
+        return read_trace(arg, time_unit), None
+    if time_unit is not None:
+        raise InputError(f"--time-unit {time_unit} is the unit of a trace's times; --arrivals {spec} is not a trace:FILE")
+    from ..model.map_work import FAST_EPS, poisson_gap
+
     arrivals = parse_arrivals(spec)
     if arrivals is None:
         if table_map is None:
             return None, None
         arrivals = table_map
+    if phases is not None and arrivals.phases != phases:
+        raise InputError(f"--phase-rule true acts on the stream's own phase, but --arrivals {spec} has {arrivals.phases} "
+                         f"phase(s) and the phase table {phases}; use --phase-rule qmdp or likely (the table's filter "
+                         f"runs on any arrivals), or arrivals with {phases} phases")
+    if arrivals.phases > 1 and phases is None and poisson_gap(arrivals) <= FAST_EPS:
+        # its Poisson limit (what solve uses): switching this fast would take millions of phase changes to sample,
+        # and the stream is Poisson at the mean rate to within FAST_EPS requests; no phase path (the filter acts;
+        # the true phase needs the path: sampled, within MAP.check_sampling's bound)
+        rng = np.random.default_rng([seed, 1])
+        return np.cumsum(rng.exponential(1.0 / arrivals.rate, check_requests(requests, "requests"))), None
     t, sw_t, sw_p = arrivals.sample(requests, np.random.default_rng([seed, 1]))
     return t, (sw_t, sw_p)
 

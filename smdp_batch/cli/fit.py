@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from .options import emit, json_option, prepare_outputs, write_text_atomically
+from ..extras import require
+from .options import emit, json_option, prepare_outputs, progress_line, time_unit_option, write_text_atomically
 from .types import InputFile, Number, OneOf, OutputPath, option
 
 PHASE_CHOICES = ("1", "2", "3", "4", "auto")
@@ -19,14 +22,15 @@ PHASE_CHOICES = ("1", "2", "3", "4", "auto")
         help="Count window of the HMM start (ms); the exact refinement does not use it.")
 @option("--seed", type=Number(integer=True, min=0, max=2**32 - 5), default="0", show_default=True,
         help="Seed of the HMM's random restarts (fits are reproducible).")
-@option("-o", "--output", type=OutputPath(), default=None,
+@option("-o", "--output", type=OutputPath(".json"), default=None,
         help="Write the fit to FIT.json ({rates, generator, fit}); use it as --arrivals map:FIT.json.")
+@time_unit_option
 @json_option
-def fit_arrivals_cmd(trace, phases, window_ms, seed, output, as_json):
+def fit_arrivals_cmd(trace, phases, window_ms, seed, output, time_unit, as_json):
     """Fit a Markov-modulated Poisson process to the arrival times of TRACE.
 
-    TRACE is a CSV of arrival times in ms (one column, or a column named arrival_ms), sorted, at least
-    200 arrivals.  The fit starts from a Poisson HMM on counts per window and maximises the exact
+    TRACE is a CSV of arrival times (one column, or a column named arrival_ms, arrival_s, arrival_us or
+    arrival_ns), sorted, at least 200 arrivals; unnamed times are ms unless --time-unit says otherwise.  The fit starts from a Poisson HMM on counts per window and maximises the exact
     likelihood of the inter-arrival times; the report compares the trace's mean rate and index of
     dispersion of counts (IDC) with the model's.  Tied or quantised timestamps (whole ms, 10 ms, 1 us)
     are spread uniformly within their quantum first (seeded; a note says so), and the model's mean rate
@@ -35,8 +39,15 @@ def fit_arrivals_cmd(trace, phases, window_ms, seed, output, as_json):
     from ..analysis.simulate import read_trace
     from ..model.fit import fit_mmpp
 
+    if phases != "1":  # the HMM start of a 2–4 phase fit; a Poisson fit is closed-form
+        require("hmmlearn", "fit-arrivals")
     prepare_outputs([("-o", output)], [("TRACE", trace)])
-    fit = fit_mmpp(read_trace(trace), phases if phases == "auto" else int(phases), window_ms, seed)
+    times = read_trace(trace, time_unit)
+    tick, finish = progress_line(sys.stderr.isatty(), "phase counts fitted", 4 if phases == "auto" else 1)
+    try:
+        fit = fit_mmpp(times, phases if phases == "auto" else int(phases), window_ms, seed, progress=tick)
+    finally:
+        finish()
     if output:
         write_text_atomically(output, fit.to_json() + "\n")
     use = f"--arrivals map:{output}" if output else None

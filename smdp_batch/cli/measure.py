@@ -30,12 +30,16 @@ from .types import Grid, Number, OneOf, OutputPath, option
         help=f"A constant power in W (at most {POWER_MAX_W:g}) instead of a counter: ζ(b) = P·l(b) per call.")
 @option("--device-index", type=Number(integer=True, min=0, max=65535), default=0, show_default=True,
         help="GPU whose energy counter is read.")
-@option("-o", "--output", type=OutputPath(), required=True,
+@option("-o", "--output", type=OutputPath(".csv"), required=True,
         help="Profile CSV to write (batch_size,latency_ms[,energy_mj]); the sidecar is OUTPUT.json.")
 @option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
+@option("--lam", type=Number(min=0, min_open=True), default=None,
+        help="Your load in requests/ms, for the next-step command (instead of --rps).")
+@option("--rps", type=Number(min=0, min_open=True), default=None,
+        help="Your load in requests/s, for the next-step command.")
 @json_option
 def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_source, power_w, device_index, output,
-                quiet, as_json):
+                quiet, lam, rps, as_json):
     """Time FUNCTION(make_batch(b)) at each batch size and write the profile CSV the solver reads.
 
     FUNCTION is your code named as module:function (imported from the current folder or sys.path,
@@ -46,6 +50,8 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     out of memory, a call that does not return in the budget), the sizes before it are written and a
     warning names the failure.  Then: smdp-batch profile OUTPUT; smdp-batch solve --latency csv:OUTPUT.
     """
+    if lam is not None and rps is not None:
+        raise InputError("give either --rps or --lam, not both")
     sizes = check_settings(sizes or DEFAULT_SIZES, warmup, repeats, budget_s, power_w, flags=True)[0]
     inputs = [(f"source of {spec} ({path})", path) for spec in (function, make_batch) for path in module_sources(spec)]
     # -o and its sidecar checked before measuring: neither may be the measured code, the sidecar (a name
@@ -73,5 +79,23 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     if m.note:
         lines.append(f"  incomplete  {m.note}")
     lines.append(f"  sidecar     {sidecar}")
-    lines.append(f"  next        smdp-batch profile {path}; smdp-batch solve --latency csv:{path}")
+    nxt = next_command(path, m.meta["measured_sizes"], bool(summary) and "mean_energy_mj" in summary[0], lam, rps)
+    data["next"] = nxt
+    lines.append(f"  next        smdp-batch profile {path}; {nxt}")
+    if lam is None and rps is None:
+        lines.append("              (give your load: replace YOUR_LOAD by your requests per second)")
+    if not ("mean_energy_mj" in summary[0] if summary else False):
+        lines.append("              (no energy was measured: add --power const:WATTS, your device's power while a batch "
+                     "runs; without it ζ(b) is the paper's GPU's)")
     emit(data, as_json, "\n".join(lines))
+
+
+def next_command(path: str, sizes, has_energy: bool, lam: float | None, rps: float | None) -> str:
+    """The solve command that plans with the profile just written: its l(b), its ζ(b) when measured, the measured
+    batch sizes and the user's load (``--rps YOUR_LOAD`` when not given)."""
+    import shlex
+
+    q = shlex.quote(f"csv:{path}")
+    load = f"--lam {lam:g}" if lam is not None else f"--rps {rps:g}" if rps is not None else "--rps YOUR_LOAD"
+    return (f"smdp-batch solve --latency {q}" + (f" --energy {q}" if has_energy else "")
+            + f" --batch-sizes {','.join(str(int(b)) for b in sizes)} {load}")

@@ -21,7 +21,7 @@ from ..model.curves import Table
 from ..model.spec import parse_curve
 from ..model.problem import BatchingProblem, batch_size_set
 from ..limits import BMAX_LIMIT
-from .types import Grid, Number, option
+from .types import Grid, Number, OneOf, option
 
 ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
 NOTICES: list[str] = []  # warning lines of this invocation (deprecations, planning caveats; printed by main)
@@ -36,6 +36,20 @@ UNITS = {"time": "ms", "energy": "mJ", "power": "W", "lam": "1/ms", "throughput"
 
 json_option = option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (keys: docs/json.md).")
 
+time_unit_option = option(
+    "--time-unit", type=OneOf(("s", "ms", "us", "µs", "ns"), "time unit"), default=None, show_default="ms",
+    help="Unit of the trace's arrival times (a header arrival_s, arrival_ms, arrival_us or arrival_ns names it too). "
+         "Without it, a trace read as ms whose median gap is below 1 µs (seconds?) or above 100 s (µs?) is refused.")
+
+
+def note_energy(problem: BatchingProblem, opts: dict) -> None:
+    """When --energy or --power was given: one note saying how ζ(b) reads (mJ per batch, W while a batch runs)."""
+    from ..model.units import energy_text
+
+    if opts.get("energy") is not None or opts.get("power") is not None:
+        bare = opts.get("energy") is not None and not re.search(r"\d\s*(?![eE][+-]?\d)[A-Za-zµμ]", str(opts["energy"]))
+        NOTICES_INFO.append(energy_text(problem.energy, problem.latency, problem.batch_sizes, hint=bare))
+
 
 def scenario_options(f):
     """Options describing the batching problem (shared by solve, evaluate, simulate, compare, pareto, tables).
@@ -45,24 +59,48 @@ def scenario_options(f):
     """
     opts = [
         option("--lam", type=Number(), help="Arrival rate λ in requests/ms (exclusive with --rho)."),
+        option("--rps", type=Number(min=0, min_open=True),
+               help="Arrival rate in requests/s, = 1000·λ (instead of --lam or --rho)."),
         option("--rho", type=Number(), show_default="0.5", help="Load ρ = λ·l(Bmax)/Bmax in (0, 1)."),
         option("--bmin", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="1", help="Smallest batch size."),
         option("--bmax", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="32", help="Largest batch size."),
         option("--batch-sizes", metavar="B,B,…", help="Explicit allowed batch sizes, e.g. 1,2,4,8,16,32."),
         option("--preset", metavar="NAME", help=f"A paper 004 scenario: {', '.join(PRESETS)} (other options override it)."),
         option("--latency", metavar="SPEC", show_default="the law's own l(b), else the paper's GoogLeNet/P4",
-                     help="l(b) in ms: affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:monotone|interp|affine|power]."),
+                     help="l(b): affine:A,C | const:C | log:A,C | table:1=V,… | csv:FILE[:monotone|interp|affine|power]; "
+                          "numbers in ms, or with a unit: 1.2ms, 800us, 0.0012s."),
         option("--energy", metavar="SPEC", show_default=DEFAULTS["energy"],
-                     help="ζ(b) in mJ: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj or power_w)."),
+                     help="ζ(b), energy per batch: affine:A,C | const:C | log:A,C | table:… | csv:FILE[:fit] (energy_mj "
+                          "or power_w); numbers in mJ, or with a unit: 60mJ, 0.06J, 60000uJ."),
+        option("--power", metavar="SPEC",
+                     help="Instead of --energy: power P(b) while a batch runs, ζ(b) = P(b)·l(b): const:P | affine:A,C | "
+                          "log:A,C | table:… | csv:FILE[:fit] (power_w); numbers in W, or 60W, 0.06kW, 500mW."),
         option("--service", metavar="LAW", show_default="det; with --latency csv:PROFILE, gamma of its measured CV",
                      help="Batch-time law: det | exp | erlang:K | gamma:A | hyperexp:P/C,… | uniform:A,B | shiftexp:F | "
                           "lognormal:S | mix:W*LAW@C;… | max:LAW[@MEAN] | empirical:FILE."),
         option("--w1", type=Number(), show_default="1", help="Weight of mean latency (per ms)."),
         option("--w2", type=Number(), show_default="1", help="Weight of mean power (per W)."),
     ]
+    f = _rps_as_lam(f)
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def _rps_as_lam(f):
+    """The command sees ``--rps R`` as ``lam = R/1000`` (requests/ms); given with --lam or --rho it is refused."""
+
+    @functools.wraps(f)
+    def wrapper(**kwargs):
+        rps = kwargs.pop("rps", None)
+        if rps is not None:
+            for other in ("lam", "rho"):
+                if kwargs.get(other) is not None:
+                    raise InputError(f"give either --rps or --{other}, not both")
+            kwargs["lam"] = rps / 1e3
+        return f(**kwargs)
+
+    return wrapper
 
 
 SCENARIO_KEYS = ("lam", "rho", "bmin", "bmax", "batch_sizes", "latency", "energy", "service", "w1", "w2")
@@ -86,9 +124,14 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
         v.pop("batch_sizes", None)  # --bmin/--bmax override a stored batch-size set
     if v.get("batch_sizes") is not None:
         sizes = batch_size_set(sizes=v["batch_sizes"])
+        _check_size_bounds(given, sizes)
     else:
         integer = Number(integer=True)
         sizes = batch_size_set(*(integer.parse_one(str(v[k]), f"--{k}") for k in ("bmin", "bmax")))
+    if opts.get("power") is not None:
+        if opts.get("energy") is not None:
+            raise InputError("give either --energy (mJ per batch) or --power (W while a batch runs), not both")
+        v["energy"] = f"power:{opts['power']}"
     v["service"] = _service_for_profile(v, opts, base)
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
@@ -96,6 +139,25 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     if v.get("lam") is not None:
         return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
+
+
+def _check_size_bounds(given: dict, sizes: tuple[int, ...]) -> None:
+    """``--bmin``/``--bmax`` beside ``--batch-sizes`` must name its smallest/largest size (else one is ignored)."""
+    if given["batch_sizes"] is None:
+        return
+    for key, end, word in (("bmax", max(sizes), "largest"), ("bmin", min(sizes), "smallest")):
+        if given[key] is not None and int(given[key]) != end:
+            raise InputError(f"--{key} {given[key]} disagrees with --batch-sizes {given['batch_sizes']} (its {word} "
+                             f"size is {end}); give --batch-sizes alone, or --{key} {end}")
+
+
+def refuse_swept(opts: dict, keys: tuple[str, ...], why: str) -> None:
+    """Refuse scenario options a command sets itself (``pareto`` sweeps w2): given, they would be ignored."""
+    for key in keys:
+        if opts.get(key) is not None:
+            v = opts[key]
+            raise InputError(f"--{key.replace('_', '-')} {v:g} would be ignored: {why}" if isinstance(v, float) else
+                             f"--{key.replace('_', '-')} {v} would be ignored: {why}")
 
 
 #: A measured profile whose batch times vary more than this (coefficient of variation at some size) has a
@@ -160,9 +222,12 @@ def _stored_curve(pf, what: str, values_name: str):
     """A file's l(b) or ζ(b): its closed-form spec if that gives the values stored per batch size,
     else a table of those values (a spec naming a file is provenance text only)."""
     spec, sizes, values = pf.inputs[what], pf.inputs["batch_sizes"], np.asarray(pf.inputs[values_name])
-    if spec.strip().partition(":")[0].lower() in _CLOSED_CURVES and not _NAMES_A_FILE.search(spec):
-        curve = parse_curve(spec, what)
-        if not np.allclose(np.asarray(curve(np.asarray(sizes)), dtype=np.float64), values, rtol=1e-9, atol=0):
+    power = what == "energy" and spec.strip().lower().startswith("power:")  # ζ(b) = P(b)·l(b): P(b) in W
+    inner = spec.strip()[6:] if power else spec
+    if inner.strip().partition(":")[0].lower() in _CLOSED_CURVES and not _NAMES_A_FILE.search(inner):
+        curve = parse_curve(inner, "power" if power else what)
+        factor = np.asarray(pf.inputs["latency_ms"], dtype=np.float64) if power else 1.0
+        if not np.allclose(np.asarray(curve(np.asarray(sizes)), dtype=np.float64) * factor, values, rtol=1e-9, atol=0):
             raise InputError(f"{pf.path}: /inputs@{what} = {spec[:80]!r} disagrees with the values stored in "
                              f"/inputs/{values_name}: a damaged policy file")
         return spec
@@ -302,9 +367,11 @@ def sizes_text(sizes) -> str:
 def scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:
     """Two lines describing the scenario; ``w2`` replaces the weight's value (e.g. "swept")."""
     rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g})"
+    power = getattr(p.energy, "power", None)  # ζ(b) = P(b)·l(b) (--power)
+    energy = f"ζ(b) = P(b)·l(b), P(b) = {power.spec()} W" if power is not None else f"ζ(b) = {p.energy.spec()} mJ"
     return (
         f"  scenario    {rate}, batch sizes {sizes_text(p.batch_sizes)}\n"
-        f"              l(b) = {p.latency.spec()} ms, ζ(b) = {p.energy.spec()} mJ, service {p.service.spec()}, "
+        f"              l(b) = {p.latency.spec()} ms, {energy}, service {p.service.spec()}, "
         f"w1 = {p.w1:g}, w2 = {w2 or format(p.w2, 'g')}"
     )
 
@@ -393,6 +460,8 @@ def spec_files(spec, role: str) -> list[tuple[str, str]]:
         return [(label, arg)]
     if kind == "trace":  # simulate reads trace:FILE, multibin trace:FILE[:COLUMN]
         return [(label, arg)] + ([(label, arg.partition(":")[0])] if ":" in arg else [])
+    if kind == "power":  # power:SPEC (an energy given as P(b)·l(b))
+        return [(label, p) for _, p in spec_files(arg, role)]
     if kind in ("mix", "mixture"):
         found = []
         for part in arg.split(";"):
@@ -406,7 +475,7 @@ def spec_files(spec, role: str) -> list[tuple[str, str]]:
 
 def scenario_files(opts: dict) -> list[tuple[str, str]]:
     """Files the scenario options read (a policy file's recorded specs are never read: :func:`file_inputs`)."""
-    return [f for key in ("latency", "energy", "service") for f in spec_files(opts.get(key), f"--{key}")]
+    return [f for key in ("latency", "energy", "power", "service") for f in spec_files(opts.get(key), f"--{key}")]
 
 
 def prepare_outputs(outputs, inputs=(), folder=None) -> None:

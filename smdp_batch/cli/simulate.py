@@ -6,14 +6,30 @@ from __future__ import annotations
 import sys
 
 import click
-import numpy as np
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
-from .options import UNITS, build_problem, emit, file_inputs, json_option, progress_line, scenario_line, scenario_options
-from .slo import answer_lines, load_range_options, loads_for, search_options, slo_from, slo_options
+from .options import (UNITS, build_problem, emit, file_inputs, json_option, progress_line, refuse_swept, scenario_line,
+                      scenario_options)
+from .slo import (answer_lines, current_line, current_option, current_rule, load_range_options, loads_for, search_options,
+                  slo_from, slo_options, smdp_rule)
+from .options import NOTICES_INFO, note_energy, time_unit_option
 from ..limits import SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Number, OneOf, option
+
+
+_LOAD_KEYS = ("lam", "rho", "rps")
+
+
+def _stream_rate(spec: str, arr) -> float:
+    """Mean arrival rate (1/ms) of a ``--arrivals`` stream: a MAP's exact mean rate, else the trace's own."""
+    from ..model.arrivals import parse_arrivals
+
+    if not spec.strip().lower().startswith("trace:"):
+        a = parse_arrivals(spec)
+        if a is not None:
+            return float(a.rate)
+    return float((arr.size - 1) / (arr[-1] - arr[0]))
 
 
 @click.command("simulate", short_help="Simulate a policy or a server's batching rule, with 95% intervals.")
@@ -27,6 +43,7 @@ from .types import Grid, Number, OneOf, option
               help="Random seed (runs are reproducible).")
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
               help="poisson (a phase table: its own MAP) | trace:FILE.csv | mmpp:L1,L2,R12,R21 | map:FILE.json")
+@time_unit_option
 @option("--phase-rule", type=OneOf(("qmdp", "likely", "true"), "phase rule"), default="qmdp", show_default=True,
         help="A phase table (solve --arrivals … -o): act on the filter's belief (qmdp: belief-weighted action "
              "values; likely: the most likely phase) or on the true phase (a bound; MAP arrivals only).")
@@ -37,7 +54,7 @@ from .types import Grid, Number, OneOf, option
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress bar on stderr.")
 @json_option
-def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batches, within_ms, progress, as_json,
+def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, warmup, batches, within_ms, progress, as_json,
                  **opts):
     """Simulate a policy or a server's batching rule: latency percentiles, power, 95% intervals."""
     from ..analysis.simulate import simulate
@@ -45,6 +62,8 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
     from ..runtime.phase_file import policy_version
     from .bursty import phase_file_rule, stream
 
+    refuse_swept(opts, ("w1", "w2"), "simulate reports W̄ and P̄, not a weighted cost (an SMDP table's weight goes "
+                                     "in the rule: --policy smdp:w2=X)")
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
     if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
@@ -52,15 +71,26 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
         from ..model.arrivals import MAP
 
         pf = read_phase_policy(policy_spec)
+        if any(opts.get(k) is not None for k in _LOAD_KEYS):
+            raise InputError(f"{policy_spec} is a phase table: the arrivals set the load (its own MAP's mean rate, or "
+                             "the --arrivals stream's); drop --lam/--rho/--rps")
         problem = build_problem(opts, file_inputs(pf, opts))
         table_map = MAP(pf.D0, pf.D1)
-        arr, path = stream(arrivals, n, sd, table_map)
+        arr, path = stream(arrivals, n, sd, table_map, time_unit, pf.phases if phase_rule == "true" else None)
         rule = phase_file_rule(pf, table_map, phase_rule, path)
     else:
+        arr, _ = stream(arrivals, n, sd, time_unit=time_unit)
+        given = any(opts.get(k) is not None for k in _LOAD_KEYS)
+        rate = None if arr is None else _stream_rate(arrivals, arr)
+        if rate is not None and not given:  # the stream sets the load
+            opts = {**opts, "lam": rate}
         problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
+        if rate is not None and given:  # the load given: the stream's shape, scaled to it (as compare does)
+            arr = arr * (rate / problem.lam)
+            NOTICES_INFO.append(f"--arrivals {arrivals} (λ = {rate:.6g} /ms) scaled to the load given, "
+                                f"λ = {problem.lam:.6g} /ms (times ×{rate / problem.lam:.6g})")
         rule = smdp_rule(policy_spec, problem) if policy_spec.strip().lower().startswith("smdp:") else \
             parse_rule(policy_spec, problem)
-        arr, _ = stream(arrivals, n, sd)
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
               within_ms=() if within_ms is None else tuple(within_ms))
     if sys.stderr.isatty() if progress is None else progress:
@@ -82,33 +112,6 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, phase_rule, warmup, batc
     emit(d, as_json, text)
 
 
-def smdp_rule(spec: str, problem):
-    """``smdp:w2=X[,bmax=C][,lam=L][+timer:MS[:pad]]`` — the SMDP table of weight X (compare's answers name
-    tables so), solved now with the converged rule at λ = L (default: the scenario's) and the batch sizes ≤ C,
-    optionally with a timer: the rule simulated as the table + timer runs it."""
-    from ..baselines.servers import split_timer, table_rule, table_timer
-    from ..solvers import solve
-
-    head, tau, forced = split_timer(spec)
-    keys = {}
-    for part in filter(None, (x.strip() for x in head.partition(":")[2].split(","))):
-        k, eq, v = part.partition("=")
-        if not eq or k.strip().lower() not in ("w2", "bmax", "lam"):
-            raise InputError(f"rule {spec!r}: unknown setting {part!r}; an SMDP table is smdp:w2=X[,bmax=C][,lam=L]")
-        keys[k.strip().lower()] = Number(integer=k.strip().lower() == "bmax", min=0).parse_one(v.strip(), f"{spec}: {k}")
-    if "w2" not in keys:
-        raise InputError(f"rule {spec!r} needs w2=X (an SMDP table is smdp:w2=X[,bmax=C][,lam=L])")
-    sizes = tuple(b for b in problem.batch_sizes if b <= keys.get("bmax", problem.bmax))
-    if not sizes:
-        raise InputError(f"rule {spec!r}: no allowed batch size is ≤ bmax = {keys['bmax']}")
-    solved = problem.replace(w2=keys["w2"], batch_sizes=sizes, **({"lam": keys["lam"]} if "lam" in keys else {}))
-    sol = solve(solved)
-    policy = np.asarray(sol.policy)[: sol.s_max + 1]
-    if tau is None:
-        return table_rule(policy, sizes, spec=spec.strip())
-    return table_timer(policy, sizes, tau, spec=spec.strip(), forced=forced)
-
-
 @click.command("compare", short_help="Least power at a latency SLO over a load range: the SMDP table + timer "
                                      "against tuned and default server batchers.")
 @scenario_options
@@ -118,27 +121,32 @@ def smdp_rule(spec: str, problem):
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
         help="poisson | trace:FILE.csv | mmpp:L1,L2,R12,R21 | map:FILE.json: the stream's burstiness, scaled to each "
              "load checked (a trace alone: its own mean rate).")
+@time_unit_option
+@current_option
 @json_option
-def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, **opts):
+def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import optimise
     from .bursty import stream
 
     slo = slo_from(opts)
+    refuse_swept(opts, ("w1", "w2"), "compare searches over the weights (the SMDP tables of the whole w2 front)")
     problem = build_problem(opts)
+    note_energy(problem, opts)
     single = opts.get("lam") is not None or opts.get("rho") is not None
     shape = None
-    if arrivals.strip().lower() != "poisson":
-        shape, _ = stream(arrivals, requests, seed)
+    if arrivals.strip().lower() != "poisson" or time_unit is not None:
+        shape, _ = stream(arrivals, requests, seed, time_unit=time_unit)
         if shape is None or shape.size < 1000:
             raise InputError(f"--arrivals {arrivals}: the SLO search needs a stream of ≥ 1000 arrivals")
         if arrivals.strip().lower().startswith("trace:") and not single and load_range is None and rho_range is None:
             problem = problem.replace(lam=(shape.size - 1) / float(shape[-1] - shape[0]))  # the trace's own rate
     problem, lams = loads_for(problem, load_range, rho_range, single)
+    mine = current_rule(current, problem)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
-        ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick)
+        ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick, current=mine)
     finally:
         finish()
     d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS)}
@@ -148,4 +156,6 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, **opts
              f"{seed}, {arrivals} arrivals; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
              scenario_line(problem, w2="searched")]
     lines += answer_lines(ans)
+    if mine is not None:
+        lines.append(current_line(ans))
     emit(d, as_json, "\n".join(lines))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from ..errors import InputError
-from ..limits import REQUESTS_LIMIT, SEED_MAX
+from ..limits import REQUESTS_LIMIT, SEED_MAX, SLO_MAX_MS
 from .types import Number, Range, SloBound, option
 
 __all__ = ["slo_options", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines",
-           "worded_difference"]
+           "worded_difference", "current_option", "current_rule", "current_line", "smdp_rule"]
 
 _SLO_FLAGS = (("mean", "slo_mean_ms"), ("p50", "slo_p50_ms"), ("p90", "slo_p90_ms"), ("p95", "slo_p95_ms"),
               ("p99", "slo_p99_ms"))
@@ -18,7 +18,7 @@ _SLO_FLAGS = (("mean", "slo_mean_ms"), ("p50", "slo_p50_ms"), ("p90", "slo_p90_m
 
 def slo_options(f):
     """``--slo-mean-ms``, ``--slo-p50-ms`` … ``--slo-p99-ms`` and the repeatable ``--slo METRIC:MS``."""
-    opts = [option(f"--slo-{m}-ms", key, type=Number(min=0, min_open=True), default=None,
+    opts = [option(f"--slo-{m}-ms", key, type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
                    help=f"SLO: {'mean' if m == 'mean' else m[1:] + 'th-percentile'} latency ≤ X ms.") for m, key in _SLO_FLAGS]
     opts.append(option("--slo", "slo_list", type=SloBound(), multiple=True,
                        help="SLO as METRIC:MS (mean, p50, p90, p95, p99); repeat for several at once, e.g. "
@@ -43,6 +43,84 @@ def search_options(f):
                help="Random seed (the same arrivals for every candidate).")(f)
     return option("--requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default="200000",
                   show_default=True, help="Requests simulated per candidate and load.")(f)
+
+
+def current_option(f):
+    """``--current SPEC``: the user's own setting, priced and marked beside the answer."""
+    return option("--current", "current", metavar="SPEC", default=None,
+                  help="Your current setting, priced and marked: any rule simulate --policy accepts, e.g. "
+                       "triton:max=32,delay_us=1000, ray:max=16,timeout_s=0.005, static:8.")(f)
+
+
+def current_rule(spec: str | None, problem):
+    """The ServerRule of ``--current`` for ``problem`` (None when not given); a size it executes must be allowed."""
+    if spec is None:
+        return None
+    from ..baselines.servers import parse_rule
+
+    if not spec.strip():
+        raise InputError("--current needs a rule, e.g. triton:max=32,delay_us=1000 or static:8")
+    if spec.strip().lower().startswith("smdp:"):
+        return smdp_rule(spec, problem)
+    rule = parse_rule(spec, problem)
+    rule.check(problem.batch_sizes)
+    return rule
+
+
+def smdp_rule(spec: str, problem):
+    """``smdp:w2=X[,bmax=C][,lam=L][+timer:MS[:pad]]`` — the SMDP table of weight X (compare's answers name
+    tables so), solved now with the converged rule at λ = L (default: the scenario's) and the batch sizes ≤ C,
+    optionally with a timer: the rule simulated as the table + timer runs it."""
+    import numpy as np
+
+    from ..baselines.servers import split_timer, table_rule, table_timer
+    from ..solvers import solve
+
+    head, tau, forced = split_timer(spec)
+    keys = {}
+    for part in filter(None, (x.strip() for x in head.partition(":")[2].split(","))):
+        k, eq, v = part.partition("=")
+        if not eq or k.strip().lower() not in ("w2", "bmax", "lam"):
+            raise InputError(f"rule {spec!r}: unknown setting {part!r}; an SMDP table is smdp:w2=X[,bmax=C][,lam=L]")
+        keys[k.strip().lower()] = Number(integer=k.strip().lower() == "bmax", min=0).parse_one(v.strip(), f"{spec}: {k}")
+    if "w2" not in keys:
+        raise InputError(f"rule {spec!r} needs w2=X (an SMDP table is smdp:w2=X[,bmax=C][,lam=L])")
+    sizes = tuple(b for b in problem.batch_sizes if b <= keys.get("bmax", problem.bmax))
+    if not sizes:
+        raise InputError(f"rule {spec!r}: no allowed batch size is ≤ bmax = {keys['bmax']}")
+    solved = problem.replace(w2=keys["w2"], batch_sizes=sizes, **({"lam": keys["lam"]} if "lam" in keys else {}))
+    sol = solve(solved)
+    policy = np.asarray(sol.policy)[: sol.s_max + 1]
+    if tau is None:
+        return table_rule(policy, sizes, spec=spec.strip())
+    return table_timer(policy, sizes, tau, spec=spec.strip(), forced=forced)
+
+
+def current_line(answer) -> str | None:
+    """"your setting …: P̄, the SLO's metrics at each load; meets/breaks the SLO; what the recommendation saves"."""
+    cur = answer.current
+    if cur is None:
+        return None
+    metrics = [m for m, _ in answer.slo.bounds]
+    at = []
+    for x in cur.loads:
+        if not math.isfinite(x.power_w):
+            at.append(f"cannot carry {_rate(x.lam)}")
+            continue
+        vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ms" for m in metrics)
+        at.append(f"P̄ {x.power_w:.4g} W, {vals} at {_rate(x.lam)}")
+    verdict = "meets the SLO" if cur.meets else "breaks the SLO"
+    rec = answer.recommended
+    if rec is None:
+        tail = "no recommendation to compare with"
+    elif rec.spec == cur.spec:
+        tail = "it is the recommendation"
+    elif not all(math.isfinite(x.power_w) for x in cur.loads):
+        tail = f"the recommendation, {rec.spec}, carries every load"
+    else:
+        v = answer.versus(cur)
+        tail = worded_difference(rec.power_w, v["power_w"], v["ci_w"], "your setting", "the recommendation")
+    return f"  your setting {cur.spec}: {'; '.join(at)}; {verdict}; {tail}"
 
 
 def slo_from(kw: dict, required: bool = True):

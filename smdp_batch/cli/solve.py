@@ -23,8 +23,8 @@ from ..solvers.search import PROBABLE_MASS, limiting_actions, limiting_sizes
 from ..solvers.solution import check_backend
 from .options import (
     ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
-    load_grids, metrics_line, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
-    progress_line, solve_progress, spec_files, integrity_text,
+    load_grids, metrics_line, note_energy, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
+    progress_line, refuse_swept, solve_progress, spec_files, integrity_text,
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
@@ -51,7 +51,7 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
         help="poisson | mmpp:L1,L2,R12,R21 | map:FILE.json (bursty arrivals: a table per queue length and phase; "
              "the load is the MAP's mean rate).")
-@option("-o", "--output", type=OutputPath(), default=None, help="Write the policy table (or bank) to FILE.h5.")
+@option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
 def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, output,
@@ -75,6 +75,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
     if lam_grid is not None or rho_grid is not None:
         return _solve_bank(opts, lam_grid, rho_grid, settings, output, as_json)
     problem = build_problem(opts)
+    note_energy(problem, opts)
     report, finish = solve_progress(sys.stderr.isatty())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
@@ -86,7 +87,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
             finish()
     for w in caught:
         if issubclass(w.category, (NotConvergedWarning, DegenerateTruncationWarning, TableNotConvergedWarning)):
-            click.echo(f"smdp-batch: WARNING: {w.message}", err=True)
+            click.echo(f"smdp-batch: warning: {w.message}", err=True)
     if sol.degenerate:
         raise InputError(
             f"the truncation s_max={sol.s_max} is degenerate (its policy waits on long queues, Δ = "
@@ -133,7 +134,7 @@ def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json)
             if tick:
                 tick(1)
             for w in caught:
-                click.echo(f"smdp-batch: WARNING: λ = {problem.lam:.6g}: {w.message}", err=True)
+                click.echo(f"smdp-batch: warning: λ = {problem.lam:.6g}: {w.message}", err=True)
             if sol.degenerate:
                 raise InputError(f"λ = {problem.lam:.6g}: the truncation s_max={sol.s_max} is degenerate; use --s-max auto")
             sols.append(sol)
@@ -311,6 +312,7 @@ def tables_cmd(rho_grid, lam_grid, w2_grid, outdir, plot_path, max_queue, as_jso
 
     if opts.get("preset") and "," in opts["preset"]:
         raise InputError("tables takes one --preset")
+    refuse_swept(opts, ("w2",), "tables solves one table per --w2-grid value")
     problems, _ = problems_over(opts, rho_grid, lam_grid)
     w2s = w2_grid
     cases = [p.replace(w2=w2) for p in problems for w2 in w2s]

@@ -15,7 +15,7 @@ import click
 from ..errors import InputError
 from ..limits import GRID_LIMIT, STATE_LIMIT
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "SloBound", "Range", "OutputPath", "OutputDir", "FigurePath",
+__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "SloBound", "Range", "OutputPath", "OutputDir", "FigurePath", "check_extension",
            "InputFile"]
 
 
@@ -239,19 +239,55 @@ def _out_flag(param) -> str:
     return "-o" if "-o" in getattr(param, "opts", []) else _flag(param)
 
 
+#: File formats known by their extension: an output option refuses an extension naming a format it
+#: does not write (``solve -o t.json``), and one that writes several follows the extension.
+FORMAT_NAMES = {".h5": "HDF5", ".hdf5": "HDF5", ".csv": "CSV", ".tsv": "TSV", ".json": "JSON", ".png": "PNG",
+                ".svg": "SVG", ".pdf": "PDF", ".jpg": "JPEG", ".jpeg": "JPEG", ".gif": "GIF", ".eps": "EPS",
+                ".ps": "PostScript", ".tif": "TIFF", ".tiff": "TIFF", ".webp": "WebP", ".txt": "text",
+                ".pbtxt": "protobuf text", ".md": "Markdown", ".html": "HTML", ".xml": "XML", ".py": "Python",
+                ".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".npy": "NumPy", ".npz": "NumPy",
+                ".pkl": "pickle", ".parquet": "Parquet", ".xlsx": "Excel"}
+
+
+def check_extension(path: str, flag: str, exts: tuple[str, ...], strict: bool = False) -> str:
+    """``path``'s extension (lower case) if ``flag`` can write it: one of ``exts``, or (``strict`` False) none or
+    one naming no known format; an extension naming another format is refused with the valid ones."""
+    import os
+
+    ext = os.path.splitext(str(path))[1].lower()
+    if ext in exts or not exts:
+        return ext
+    valid = ", ".join(exts)
+    if ext in FORMAT_NAMES:
+        names = list(dict.fromkeys(FORMAT_NAMES.get(e, e) for e in exts))
+        kinds = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        raise InputError(f"{flag} {path}: {ext} is the extension of {FORMAT_NAMES[ext]} files, but {flag} writes {kinds}; "
+                         f"the name must end in one of {valid}")
+    if strict:
+        raise InputError(f"{flag} {path}: the name must end in one of {valid} (the format follows the extension)")
+    return ext
+
+
 class OutputPath(_Type):
     """A file to write: a regular file, a symlink to one, or a new name in a writable folder
     (:func:`smdp_batch.files.check_output`); nothing is opened or created while parsing.  Each command
-    checks its outputs against its inputs and each other before any work (``options.prepare_outputs``)."""
+    checks its outputs against its inputs and each other before any work (``options.prepare_outputs``).
+
+    ``exts``: the extensions the option writes (``OutputPath(".h5", ".hdf5")``); an extension naming another
+    format is refused (:func:`check_extension`); none given: any name (the command checks it itself)."""
 
     name = "output"
 
+    def __init__(self, *exts: str):
+        self.exts = tuple(e.lower() for e in exts)
+
     def get_metavar(self, param, ctx=None) -> str:
-        return "PATH"
+        return "FILE" + self.exts[0] if self.exts else "PATH"
 
     def check(self, text: str, flag: str):
         from ..files import check_output
 
+        check_extension(text, flag, self.exts)
         check_output(text, flag)
         return text
 
@@ -284,14 +320,28 @@ class FigurePath(OutputPath):
 
     name = "figure"
 
+    def __init__(self):
+        super().__init__(".png", ".svg", ".pdf")
+
     def get_metavar(self, param, ctx=None) -> str:
         return "FILE.png|svg|pdf"
 
     def check(self, text: str, flag: str):
         from ..analysis.plots import check_path
 
+        check_extension(text, flag, self.exts, strict=True)
         check_path(text, flag)
         return text
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):  # matplotlib (the plot extra) is checked before any work
+            from ..extras import require
+
+            try:
+                require("matplotlib", " ".join(filter(None, (getattr(ctx, "info_name", None), _flag(param)))))
+            except InputError as e:
+                raise OneLineError(str(e), ctx=ctx, param=param) from None
+        return super().convert(value, param, ctx)
 
 
 def InputFile() -> click.Path:  # noqa: N802 - reads like a type

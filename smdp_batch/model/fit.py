@@ -74,6 +74,7 @@ import numba as nb
 import numpy as np
 
 from ..errors import InputError
+from ..extras import require
 from ..limits import RATE_MAX, RATE_MIN
 from .arrivals import MAP
 from .trace_clean import MIN_ARRIVALS, RATE_TOL, check_rate, check_times, clean_trace, trace_idc, window_counts
@@ -311,9 +312,11 @@ def _finite(o):
     return None if isinstance(o, float) and not math.isfinite(o) else o
 
 
-def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, seed: int = 0) -> MmppFit:
+def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, seed: int = 0,
+             progress=None) -> MmppFit:
     """Fit an MMPP with ``phases`` = 1..4 phases (or ``"auto"``: the least BIC of 1..4) to sorted arrival
-    times (ms); ``window_ms`` the count window of the HMM start (default: :func:`default_window`).
+    times (ms); ``window_ms`` the count window of the HMM start (default: :func:`default_window`);
+    ``progress(1)`` is called after each number of phases fitted.
 
     >>> import numpy as np
     >>> t, _, _ = MAP.mmpp([1.0, 4.0], [0.01, 0.02]).sample(20_000, np.random.default_rng(1))
@@ -346,6 +349,8 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
     cands = []
     for m in choices:  # auto: each m also starts from splits of the (m − 1)-phase fit
         cands.append(_fit_one(m, gaps, counts, window, seed, cands[-1]["_map"] if cands else None, rate))
+        if progress is not None:
+            progress(1)
     auto = len(choices) > 1
     best = min(cands, key=lambda c: c["bic"]) if auto else cands[0]
     fitted = best.pop("_map")
@@ -427,7 +432,7 @@ def _fit_one(m: int, gaps: list, counts: np.ndarray, window: float, seed: int, p
 
 def _hmm_start(counts: np.ndarray, m: int, window: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(λ_i, Q) from the best of RESTARTS Poisson-HMM EM runs on the window counts (module docstring, step 1)."""
-    from hmmlearn.hmm import PoissonHMM
+    PoissonHMM = require("hmmlearn.hmm", "fit_mmpp with 2–4 phases").PoissonHMM
 
     best, best_score = None, -math.inf
     log = logging.getLogger("hmmlearn")
