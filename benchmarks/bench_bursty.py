@@ -1,4 +1,4 @@
-"""Bursty traffic (issue 20): the MAP table with the phase filter against the Poisson table, the λ-bank and
+"""Bursty traffic: the MAP table with the phase filter against the Poisson table, the λ-bank and
 best-tuned server timeouts, on the same streams — the README's table and front figure.
 
     python benchmarks/bench_bursty.py [--requests 1000000] [--front-requests 300000] [--figure docs/figures/bursty_front.png]

@@ -1,4 +1,4 @@
-"""Size limits and cost estimates checked *before* work (issue 17 items 8, 9).
+"""Size limits and cost estimates checked *before* work.
 
 Every entry point whose memory or time grows with an input (the truncated model and its arrival
 table, the auto-s_max scan, the simulator, grids, law nesting, llm sizes) calls a ``check_*``

@@ -152,3 +152,22 @@ def test_layout_docs_name_every_module():
         assert name in layout, f"README's layout does not name {mod} ({name})"
         if path.parent.name in ("model", "solvers", "runtime", "export", "analysis"):
             assert name in arch, f"docs/architecture.md does not name {mod} ({name})"
+
+
+def test_product_text_names_no_work_items():
+    """Users read the code, docs, notebooks, examples and benchmarks: no internal work-item numbers ("issue 17"),
+    and no path into the development workspace (``../shared``), which a user of the package does not have."""
+    import re
+
+    repo = ROOT.parent
+    pattern = re.compile(r"\bissues? #?[0-9]+|\.\./shared", re.IGNORECASE)
+    found = []
+    for top in ("smdp_batch", "docs", "notebooks", "examples", "benchmarks", "README.md"):
+        paths = [repo / top] if (repo / top).is_file() else sorted((repo / top).rglob("*"))
+        for path in paths:
+            if path.suffix not in (".py", ".md", ".ipynb", ".txt", ".toml") or "__pycache__" in path.parts:
+                continue
+            for k, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if pattern.search(line):
+                    found.append(f"{path.relative_to(repo)}:{k}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)
