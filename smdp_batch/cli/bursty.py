@@ -91,8 +91,6 @@ def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None, ti
         return read_trace(arg, time_unit), None
     if time_unit is not None:
         raise InputError(f"--time-unit {time_unit} is the unit of a trace's times; --arrivals {spec} is not a trace:FILE")
-    from ..model.map_work import FAST_EPS, poisson_gap
-
     arrivals = parse_arrivals(spec)
     if arrivals is None:
         if table_map is None:
@@ -102,13 +100,20 @@ def stream(spec: str, requests: int, seed: int, table_map: MAP | None = None, ti
         raise InputError(f"--phase-rule true acts on the stream's own phase, but --arrivals {spec} has {arrivals.phases} "
                          f"phase(s) and the phase table {phases}; use --phase-rule qmdp or likely (the table's filter "
                          f"runs on any arrivals), or arrivals with {phases} phases")
-    if arrivals.phases > 1 and phases is None and poisson_gap(arrivals) <= FAST_EPS:
-        # its Poisson limit (what solve uses): switching this fast would take millions of phase changes to sample,
-        # and the stream is Poisson at the mean rate to within FAST_EPS requests; no phase path (the filter acts;
-        # the true phase needs the path: sampled, within MAP.check_sampling's bound)
-        rng = np.random.default_rng([seed, 1])
+    return sample_map(arrivals, requests, seed, need_path=phases is not None)
+
+
+def sample_map(arrivals: MAP, requests: int, seed: int, need_path: bool = False):
+    """(times in ms, phase path or None) of ``requests`` arrivals of ``arrivals``, seeded as every command
+    samples a MAP (``default_rng([seed, 1])``).  Unless the path is needed, a MAP within FAST_EPS requests of
+    Poisson is sampled as its Poisson limit (what solve uses): switching that fast would take millions of phase
+    changes to sample; the true phase needs the path, sampled within MAP.check_sampling's bound."""
+    from ..model.map_work import FAST_EPS, poisson_gap
+
+    rng = np.random.default_rng([seed, 1])
+    if arrivals.phases > 1 and not need_path and poisson_gap(arrivals) <= FAST_EPS:
         return np.cumsum(rng.exponential(1.0 / arrivals.rate, check_requests(requests, "requests"))), None
-    t, sw_t, sw_p = arrivals.sample(requests, np.random.default_rng([seed, 1]))
+    t, sw_t, sw_p = arrivals.sample(requests, rng)
     return t, (sw_t, sw_p)
 
 

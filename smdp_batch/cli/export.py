@@ -10,7 +10,6 @@ can break a latency target when traffic falls).  With an SLO (``--slo-p99-ms X``
 from __future__ import annotations
 
 import click
-import numpy as np
 
 from ..errors import InputError
 from ..export.configs import SLO_FAMILY, TARGETS
@@ -69,10 +68,10 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
         ex = export_policy(problem, pf.policy[:-1], target, requests=requests, seed=seed)
         runtime = None
     else:
-        from .bursty import phase_file_rule
+        from .bursty import phase_file_rule, sample_map
 
         # the stream `simulate --policy FILE` runs the table on (never a file named by the table's MAP spelling)
-        arr = arrival_map.sample(requests, np.random.default_rng([seed, 1]))[0]
+        arr, _ = sample_map(arrival_map, requests, seed)
         ex = export_policy(problem, None, target, requests=requests, seed=seed, arrivals=arr,
                            reference=phase_file_rule(pf, arrival_map, "qmdp", None))
         runtime = _phase_runtime(path, target)
@@ -146,7 +145,9 @@ def _off_peak(problem, rule, planned: float, requests: int, seed: int, arrival_m
     for share in OFF_PEAK:
         arr = None
         if arrival_map is not None:
-            arr = arrival_map.scaled(share).sample(requests, np.random.default_rng([seed, 1]))[0]
+            from .bursty import sample_map
+
+            arr, _ = sample_map(arrival_map.scaled(share), requests, seed)
         res = simulate(problem.replace(lam=problem.lam * share), rule, requests=requests, seed=seed, arrivals=arr)
         rows.append({"share": share, "lam": problem.lam * share, "p99_ms": res.percentiles["p99_ms"],
                      "mean_power_w": res.mean_power_w})
@@ -168,7 +169,9 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     family = SLO_FAMILY[target]
     shape = None  # a phase table's bursty traffic, scaled to each load
     if arrival_map is not None:
-        shape = arrival_map.sample(requests, np.random.default_rng([seed, 1]))[0]
+        from .bursty import sample_map
+
+        shape, _ = sample_map(arrival_map, requests, seed)
     ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False,
                    arrivals=shape)
     s = ans.best[family]

@@ -141,7 +141,7 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
         if shape is None or shape.size < 1000:
             raise InputError(f"--arrivals {arrivals}: the SLO search needs a stream of ≥ 1000 arrivals")
         if arrivals.strip().lower().startswith("trace:") and not single and load_range is None and rho_range is None:
-            problem = problem.replace(lam=(shape.size - 1) / float(shape[-1] - shape[0]))  # the trace's own rate
+            problem = problem.replace(lam=_stream_rate(arrivals, shape))  # the trace's own rate
     problem, lams = loads_for(problem, load_range, rho_range, single)
     mine = current_rule(current, problem)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
