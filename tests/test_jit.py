@@ -42,7 +42,7 @@ def test_real_kernels_are_cached_after_a_solve():
     assert warm_up_pi() == 0.0  # once per process
     from smdp_batch.solvers import banded, pi
 
-    assert jit.cache_is_warm([pi.pi_loop, banded.evaluate_policy_banded])
+    assert jit.cache_is_warm([banded.evaluate_policy_banded, banded.stationary_banded, pi.improve_step])
 
 
 @pytest.mark.slow

@@ -282,7 +282,7 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     M = np.zeros((2, 3))
     M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[1, 0], 1.0
     M[1, 0], M[1, 1] = D[0, 1], D[1, 1]
-    ok, x0, x1 = _solve_border(M, U.T, X)
+    ok, x0, x1 = _solve_border(M, np.ascontiguousarray(U.T), X)  # one layout: one compile
     if not ok:
         return False, mu
     big = 0.0

@@ -77,35 +77,26 @@ def policy_residual(h, g, c, py, pol_idx, P, SF, klo, khi, actions, s_max):
     return worst
 
 
-@njit(cache=True)
-def usable_actions(actions, s_max):
+def usable_actions(actions: np.ndarray, s_max: int) -> int:
     """How many of ``actions`` (ascending, waiting first) are feasible somewhere on 0..s_max (a ≤ s_max).
 
     The others are infeasible at every state of the truncation (a > n), so the sweeps skip them: a
     truncation shorter than Bmax (the probable-range search of :mod:`.search`) pays only for its own
     batch sizes."""
-    A = 1
-    while A < actions.shape[0] and actions[A] <= s_max:
-        A += 1
-    return A
+    return 1 + int(np.searchsorted(actions[1:], s_max, side="right"))
 
 
-@njit(cache=True)
-def window_span(klo, khi, actions, s_max):
+def window_span(klo: np.ndarray, khi: np.ndarray, actions: np.ndarray, s_max: int) -> tuple[int, int]:
     """(jmin, jmax): the range of next − level over every usable action's support (waiting: +1);
     W = jmax − jmin + 1."""
-    jmin = 1
-    jmax = 1
-    for ai in range(1, usable_actions(actions, s_max)):
-        if klo[ai] - actions[ai] < jmin:
-            jmin = klo[ai] - actions[ai]
-        if khi[ai] - actions[ai] > jmax:
-            jmax = khi[ai] - actions[ai]
-    return jmin, jmax
+    Au = usable_actions(actions, s_max)
+    lo = klo[1:Au] - actions[1:Au]
+    hi = khi[1:Au] - actions[1:Au]
+    return min(1, int(lo.min(initial=1))), max(1, int(hi.max(initial=1)))
 
 
-@njit(cache=True)
-def window_filters(P, SF, klo, khi, actions, s_max):
+def window_filters(P: np.ndarray, SF: np.ndarray, klo: np.ndarray, khi: np.ndarray, actions: np.ndarray,
+                   s_max: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Every action's transition law in one frame j = next − level ∈ [jmin, jmax]; (F, tail, jmin).
 
     Column a of F (W × Au) holds p^[a]_{j+a} over the kernels' support [klo, khi] (waiting: a 1 at
@@ -114,17 +105,15 @@ def window_filters(P, SF, klo, khi, actions, s_max):
     So Σ_j F[j−jmin, a]·h̄(s + j) + tail[a]·h(S_o) = Σ_j m̂(j|s,a) h(j) when h̄ extends h by h(S_o)
     past s_max: all mass beyond s_max lands on S_o, as in eq. 18.
     """
-    A = actions.shape[0]
     Au = usable_actions(actions, s_max)
     jmin, jmax = window_span(klo, khi, actions, s_max)
     F = np.zeros((jmax - jmin + 1, Au))
-    tail = np.zeros(A)
+    tail = np.zeros(actions.shape[0])
     F[1 - jmin, 0] = 1.0
     for ai in range(1, Au):
-        a = actions[ai]
-        for k in range(klo[ai], khi[ai] + 1):
-            F[k - a - jmin, ai] = P[ai, k]
-        tail[ai] = SF[ai, khi[ai]]
+        a, lo, hi = int(actions[ai]), int(klo[ai]), int(khi[ai])
+        F[lo - a - jmin : hi - a - jmin + 1, ai] = P[ai, lo : hi + 1]
+        tail[ai] = SF[ai, hi]
     return F, tail, jmin
 
 
@@ -159,8 +148,8 @@ def improve_step(pol, g, EH, costs, Y, s_max):
 BLOCK = 8192
 
 
-@njit(cache=True)
-def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
+def improve(pol: np.ndarray, g: float, h: np.ndarray, costs: np.ndarray, F: np.ndarray, tail: np.ndarray,
+            jmin: int, Y: np.ndarray, s_max: int) -> np.ndarray:
     """:func:`improve_step` with the expectations for all (s, a) from one matrix product (BLAS).
 
     The (S, W) windows of h̄ times the filters F of :func:`window_filters` — O(S·W·A) flops at
@@ -168,25 +157,22 @@ def improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     exponential service the whole window matrix would be 11 GB).  Its sums are grouped differently from
     :func:`expected_next`'s: equal to round-off, which matters only where |h| is astronomically
     large (a near-multichain policy), and that is the pivoting loop's job, which uses the sliding
-    :func:`expected_next_table` instead.
+    :func:`expected_next_table` instead.  NumPy drives the blocks (a few per sweep); only the
+    improvement rule is a kernel, so a first run compiles nothing here but :func:`improve_step`.
     """
     S = s_max + 2
     n = s_max + 1
     Wd, Au = F.shape  # the usable actions; the rest (above s_max) are +inf in ``costs``: EH stays 0 there
-    A = costs.shape[1]
-    hbar = np.empty(n + Wd)  # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
-    for i in range(n + Wd):
-        j = i + jmin
-        hbar[i] = 0.0 if j < 0 else (h[j] if j <= s_max else h[S - 1])
-    EH = np.zeros((n, A))
+    # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
+    j = np.arange(jmin, jmin + n + Wd)
+    hbar = np.where(j < 0, 0.0, h[np.clip(j, 0, S - 1)])
+    windows = np.lib.stride_tricks.sliding_window_view(hbar, Wd)
+    EH = np.empty((n, costs.shape[1]))
+    EH[:, Au:] = 0.0
     Hw = np.empty((min(n, BLOCK), Wd))
     for s0 in range(0, n, BLOCK):
         m = min(n, s0 + BLOCK) - s0
-        for r in range(m):
-            Hw[r, :] = hbar[s0 + r : s0 + r + Wd]
-        EH[s0 : s0 + m, :Au] = Hw[:m] @ F
-    hso = h[S - 1]
-    for s in range(n):
-        for ai in range(A):
-            EH[s, ai] += tail[ai] * hso
+        np.copyto(Hw[:m], windows[s0 : s0 + m])  # BLAS wants a contiguous block, not the strided view
+        np.matmul(Hw[:m], F, out=EH[s0 : s0 + m, :Au])
+    EH += tail[None, :] * h[S - 1]
     return improve_step(pol, g, EH, costs, Y, s_max)

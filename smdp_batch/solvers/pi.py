@@ -7,9 +7,9 @@ argmin_a ĉ(s,a) − g·y(a) + Σ_j m̂(j|s,a)h(j), keeping the current action u
 by more than a round-off tolerance; the loop ends when the policy repeats, which certifies
 optimality of the truncated SMDP (no ε).
 
-The loop runs in one numba call (:func:`pi_loop`): evaluation by the banded LU without pivoting
-of :mod:`.banded`, certified by the residual of eq. 20; improvement by the BLAS product of
-:func:`.kernels.improve`.  If a policy does not evaluate there, the loop continues here from the
+The loop (:func:`pi_loop`, a handful of iterations) calls two kernels: evaluation by the numba
+banded LU without pivoting of :mod:`.banded`, certified by the residual of eq. 20; improvement by
+the BLAS product of :func:`.kernels.improve`.  If a policy does not evaluate there, the loop continues here from the
 last evaluated policy with the pivoting LAPACK solve (:func:`.banded.gain_bias`), the sliding
 expectations of :func:`.kernels.expected_next_table` and the same improvement rule
 (:func:`.kernels.improve_step`), which also recovers from numerically multichain switches.
@@ -101,15 +101,6 @@ def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_i
     return pol, g, h, it, False
 
 
-@njit(cache=True)
-def _policy_costs(pol, costs):
-    pc = np.empty(pol.shape[0])
-    for s in range(pol.shape[0]):
-        pc[s] = costs[s, pol[s]]
-    return pc
-
-
-@njit(cache=True)
 def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     """Policy iteration from the best of ``starts`` (C × S action indices; the lowest gain).
 
@@ -117,13 +108,17 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
     (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
     which also handles numerically multichain switches.
+
+    The loop itself is Python (a handful of iterations); its two steps are numba kernels, so a first
+    run compiles only them and never a third copy of their bodies inside a compiled loop.
     """
+    rows = np.arange(costs.shape[0])
     F, tail, jmin = window_filters(P, SF, klo, khi, actions, s_max)
     pol = starts[0].copy()
     g = np.inf
     h = np.zeros(s_max + 2)
     for c in range(starts.shape[0]):
-        ok, gc, hc = evaluate_policy_banded(starts[c], _policy_costs(starts[c], costs), _policy_costs(starts[c], Y),
+        ok, gc, hc = evaluate_policy_banded(starts[c], costs[rows, starts[c]], Y[rows, starts[c]],
                                             P, SF, klo, khi, actions, s_max)
         if ok and gc < g:
             pol, g, h = starts[c].copy(), gc, hc
@@ -131,10 +126,9 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
         return EVAL_FAILED, starts[0].copy(), np.nan, h, 0
     for it in range(1, max_iter + 1):
         new = improve(pol, g, h, costs, F, tail, jmin, Y, s_max)
-        if not np.any(new != pol):
+        if np.array_equal(new, pol):
             return CONVERGED, pol, g, h, it
-        ok, g2, h2 = evaluate_policy_banded(new, _policy_costs(new, costs), _policy_costs(new, Y),
-                                            P, SF, klo, khi, actions, s_max)
+        ok, g2, h2 = evaluate_policy_banded(new, costs[rows, new], Y[rows, new], P, SF, klo, khi, actions, s_max)
         if not ok:
             return EVAL_FAILED, pol, g, h, it - 1
         pol, g, h = new, g2, h2
@@ -201,22 +195,26 @@ def policy_iteration(
     )
 
 
-#: Cold compile of the kernels below (s): a fresh venv on the 2-core development machine, 20.4 s for the
-#: first `smdp-batch solve` against 1.8 s with the cache warm.
-COLD_SECONDS = 18.0
+#: Cold compile of the kernels below (s): the first `smdp-batch solve` after a fresh core install takes 4–5 s on
+#: the 2-core development machine (benchmarks/bench_install.py), against 0.9 s with the cache warm.
+COLD_SECONDS = 4.0
+
+
+def _tiny_model() -> TruncatedSMDP:
+    return truncate(BatchingProblem(lam=0.5, batch_sizes=(1, 2), latency="affine:1,1"), 4)
 
 
 def _tiny_run() -> None:
-    model = truncate(BatchingProblem(lam=0.5, batch_sizes=(1, 2), latency="affine:1,1"), 4)
-    res = policy_iteration(model)
-    pol = model.action_index(res.policy)
-    costs = model.costs()
-    _pi_pivoting(model, pol, costs, 1)
-    stationary(model, pol)
+    policy_iteration(_tiny_model())
+
+
+def _tiny_stationary() -> None:
+    """The stationary law's kernels (the warm-up's side part, :func:`.jit.warm_up`)."""
+    model = _tiny_model()
+    stationary(model, _initial_policy(model))
 
 
 def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
-    kernels = (pi_loop, evaluate_policy_banded, assemble, band_widths, improve, improve_step, window_filters,
-               window_span, usable_actions, expected_next_table, policy_residual, stationary_banded)
-    return warm_up("pi", kernels, _tiny_run, COLD_SECONDS)
+    kernels = (evaluate_policy_banded, assemble, band_widths, improve_step, policy_residual, stationary_banded)
+    return warm_up("pi", kernels, _tiny_run, COLD_SECONDS, side=(__name__, "_tiny_stationary"))
