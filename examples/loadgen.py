@@ -18,6 +18,16 @@ import httpx
 import numpy as np
 
 
+def batch_means_se(x: np.ndarray, batches: int = 10) -> float:
+    """Standard error of the mean of ``x`` (in arrival order) by batch means: consecutive requests share a
+    queue, so their latencies are correlated and the naive σ/√n understates the run's own noise."""
+    x = x[~np.isnan(x)]
+    if x.size < 2 * batches:
+        return float("inf")
+    means = np.array([part.mean() for part in np.array_split(x, batches)])
+    return float(means.std(ddof=1) / np.sqrt(batches))
+
+
 async def run_load(url: str, lam: float, requests: int, scale: float, seed: int = 0, warmup: float = 0.1,
                    cooldown: float = 0.05, max_seconds: float = 300.0) -> dict:
     """Send ``requests`` requests with Poisson arrivals; return latencies and energy in model units.
@@ -31,6 +41,7 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
     send_at = np.cumsum(gaps_s)
     server_ms = np.full(requests, np.nan)
     client_ms = np.full(requests, np.nan)
+    energy_mj = np.full(requests, np.nan)
     errors = 0
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
@@ -42,7 +53,9 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
             try:
                 r = await client.post("/infer", json={"x": float(i)})
                 r.raise_for_status()
-                server_ms[i] = r.json()["server_ms"] / scale
+                body = r.json()
+                server_ms[i] = body["server_ms"] / scale
+                energy_mj[i] = body.get("energy_mj", np.nan)
                 client_ms[i] = (time.perf_counter() - start) * 1e3 / scale
             except httpx.HTTPError:
                 errors += 1
@@ -60,11 +73,17 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
         metrics = (await client.get("/metrics")).json()
     w, e = int(warmup * len(tasks)), len(tasks) - int(cooldown * len(tasks))
     s, c = server_ms[w:e], client_ms[w:e]
+    power = float(metrics["energy_mj"] / span_model_ms)
+    # the run's own noise in P̄ = (N / span)·(mean energy share): the shares' batch means, and the span of N
+    # Poisson arrivals (relative σ 1/√N)
+    shares = energy_mj[: len(tasks)]
+    rel = np.hypot(batch_means_se(shares) / np.nanmean(shares), 1.0 / np.sqrt(max(len(tasks) - 1, 1)))
     return {
+        "latency_se_ms": batch_means_se(s), "power_se_w": float(power * rel),
         "requests": len(tasks), "errors": errors, "measured": int(np.sum(~np.isnan(s))),
         "mean_latency_ms": float(np.nanmean(s)), "p95_latency_ms": float(np.nanpercentile(s, 95)),
         "mean_client_latency_ms": float(np.nanmean(c)),
-        "mean_power_w": metrics["energy_mj"] / span_model_ms, "mean_batch_size": metrics["served"] / max(metrics["batches"], 1),
+        "mean_power_w": power, "mean_batch_size": metrics["served"] / max(metrics["batches"], 1),
         "server": metrics,
     }
 

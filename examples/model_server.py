@@ -10,7 +10,8 @@ when compared with the model.
     python examples/model_server.py --policy policy.h5 --port 8000 [--scale 50]
     python examples/model_server.py --policy policy.h5 --ray-max 32 --ray-timeout-s 0.002 --port 8001
 
-Endpoints: POST /infer {"x": <anything>} → {"y": …, "server_ms": …}; GET /metrics; GET /health.
+Endpoints: POST /infer {"x": <anything>} → {"y": …, "server_ms": …, "energy_mj": the request's share of its batch's
+energy}; GET /metrics; GET /health.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def build_app(policy_path: str, scale: float, seed: int, ray: tuple[int, float] 
     energy = dict(zip(sizes, inputs["energy_mj"]))
     law = parse_service(inputs["service"])
     rng = np.random.default_rng(seed)
-    stats = {"energy_mj": 0.0, "batches": 0, "served": 0, "started": None, "server_ms": []}
+    stats = {"energy_mj": 0.0, "batches": 0, "served": 0, "started": None, "server_ms": [], "overrun_ms": 0.0}
 
     async def infer(xs: list) -> list:
         b = len(xs)
@@ -96,11 +97,13 @@ def build_app(policy_path: str, scale: float, seed: int, ray: tuple[int, float] 
         if stats["started"] is None:
             stats["started"] = time.perf_counter()
         ms = float(law.sample(rng, lat[b], 1, b)[0]) * scale
+        t_sleep = time.perf_counter()
         await asyncio.sleep(ms / 1000.0)
+        stats["overrun_ms"] += (time.perf_counter() - t_sleep) * 1e3 - ms  # the event loop's lateness
         stats["energy_mj"] += energy[b]
         stats["batches"] += 1
         stats["served"] += b
-        return [2.0 * x for x in xs]
+        return [(2.0 * x, energy[b] / b) for x in xs]  # each request's result and its share of the batch's energy
 
     # safety bound for traffic that stops (the table alone would wait for the next arrival for ever)
     max_wait = 20.0 * float(max(lat.values())) * scale
@@ -110,10 +113,10 @@ def build_app(policy_path: str, scale: float, seed: int, ray: tuple[int, float] 
     @app.post("/infer")
     async def do_infer(item: Item):
         t0 = time.perf_counter()
-        y = await batcher.submit(item.x)
+        y, energy_mj = await batcher.submit(item.x)
         ms = (time.perf_counter() - t0) * 1e3
         stats["server_ms"].append(ms)
-        return {"y": y, "server_ms": ms}
+        return {"y": y, "server_ms": ms, "energy_mj": energy_mj}
 
     @app.get("/metrics")
     async def metrics():
@@ -122,6 +125,7 @@ def build_app(policy_path: str, scale: float, seed: int, ray: tuple[int, float] 
         return {
             "batcher": "ray-style" if ray else "smdp-table", "scale": scale, "served": stats["served"],
             "batches": stats["batches"], "energy_mj": stats["energy_mj"], "elapsed_s": elapsed,
+            "mean_overrun_ms": stats["overrun_ms"] / max(stats["batches"], 1),
             "forced_batches": getattr(getattr(batcher, "metrics", None), "forced_batches", 0),
             "mean_server_ms": float(s.mean()) if s.size else None,
             "p95_server_ms": float(np.percentile(s, 95)) if s.size else None,

@@ -83,10 +83,11 @@ def run(rhos, requests: int, scale: float, seed: int, with_ray: bool, w2: float 
                         proc.wait()
                 rows.append({"rho": rho, "batcher": name, "requests": m["requests"], "errors": m["errors"],
                              "measured_latency_ms": m["mean_latency_ms"], "model_latency_ms": model_w,
-                             "latency_ratio": m["mean_latency_ms"] / model_w,
+                             "latency_ratio": m["mean_latency_ms"] / model_w, "latency_se_ms": m["latency_se_ms"],
                              "measured_power_w": m["mean_power_w"], "model_power_w": model_p,
-                             "power_ratio": m["mean_power_w"] / model_p, "client_latency_ms": m["mean_client_latency_ms"],
-                             "p95_latency_ms": m["p95_latency_ms"], "mean_batch_size": m["mean_batch_size"]})
+                             "power_ratio": m["mean_power_w"] / model_p, "power_se_w": m["power_se_w"], "client_latency_ms": m["mean_client_latency_ms"],
+                             "p95_latency_ms": m["p95_latency_ms"], "mean_batch_size": m["mean_batch_size"],
+                             "overrun_ms": m["server"].get("mean_overrun_ms", 0.0) / scale})
     return rows
 
 

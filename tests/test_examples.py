@@ -10,12 +10,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 @pytest.mark.slow
 def test_example_server_follows_the_model():
-    """300 Poisson requests at ρ = 0.5 through FastAPI + DynamicBatcher: no errors, and mean latency and
-    power near the table's exact W̄ and P̄ (loose bounds for a short run on a shared machine; the README
-    reports the 2000-request run)."""
+    """300 Poisson requests at ρ = 0.5 through FastAPI + DynamicBatcher: no errors, and mean latency and power
+    within the run's own noise of the table's exact W̄ and P̄.
+
+    The bounds come from the run, not a fixed factor: 4 standard errors (batch means over arrival order for
+    W̄; energy shares and the Poisson span for P̄), plus, for W̄, four times the event loop's mean lateness per
+    batch (a late batch delays its own requests and the queue behind it; the server measures it).  The noise
+    itself must be small, so a run too short to say anything fails."""
     import run_demo
 
     (row,) = run_demo.run([0.5], requests=300, scale=20.0, seed=1, with_ray=False)
     assert row["errors"] == 0 and row["requests"] == 300
-    assert 0.8 < row["latency_ratio"] < 1.25
-    assert 0.8 < row["power_ratio"] < 1.2
+    w, p = row["model_latency_ms"], row["model_power_w"]
+    assert row["latency_se_ms"] < 0.1 * w and row["power_se_w"] < 0.15 * p
+    assert abs(row["measured_latency_ms"] - w) <= 4 * row["latency_se_ms"] + 4 * max(row["overrun_ms"], 0.0), row
+    assert abs(row["measured_power_w"] - p) <= 4 * row["power_se_w"], row
