@@ -163,5 +163,8 @@ def test_every_emitted_key_is_documented(files, capsys):
 
 
 def test_readme_points_at_the_contract():
+    """The README links the contract, and the docs site lists it in its navigation."""
     readme = (DOC.parent.parent / "README.md").read_text(encoding="utf-8")
-    assert "docs/json.md" in readme
+    assert "(docs/json.md)" in readme
+    nav = (DOC.parent.parent / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "json.md" in nav[nav.index("\nnav:"):]
