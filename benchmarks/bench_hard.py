@@ -1,6 +1,6 @@
 """Hard inputs for the automatic truncation: seconds, s_max, Δ and the converged range per case.
 
-Not a timed test: run it and read the table (the README quotes its output)::
+Not a timed test: run it and read the table (docs/benchmarks.md quotes its output)::
 
     python benchmarks/bench_hard.py            # every case, converged tables (s_max "auto")
     python benchmarks/bench_hard.py --quick    # the solve cases only, no fronts
@@ -112,8 +112,8 @@ def side_by_side() -> None:
     print("|---|---|---|---|---|---|")
     for name, make in SIDE_BY_SIDE:
         p = make()
-        t_new, new = _outcome(lambda: _new_search(p))
-        t_old, old = _outcome(lambda: _old_search(p))
+        t_new, new = _outcome(lambda: _new_search(p))  # noqa: B023 - called in this iteration
+        t_old, old = _outcome(lambda: _old_search(p))  # noqa: B023 - called in this iteration
         print(f"| {name} | {t_new:.3f} | {new} | {t_old:.3f} | {old} | {t_old / t_new:.0f}× |", flush=True)
     r = reach(SIDE_BY_SIDE[1][1](), SMAX_LIMIT, PROBABLE_START)
     print(f"\nexp Bmax 1024 ρ 0.9: the limit action's run starts near n ≈ {r.onset:.0f} (n*(0)), a converged table needs "

@@ -34,7 +34,7 @@ __all__ = ["main", "GRACE_S"]
 #: seconds the child gets to clean up after a forwarded signal before it is killed
 GRACE_S = 0.6
 _POLL_S = 0.05
-_LINES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+_LINES: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 
 def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
@@ -169,6 +169,7 @@ def _supervise(pid: int, journal_fd: int, mask) -> int:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     journal = bytearray()
     deadline = None
+    done: int | None  # a pid from waitpid, then the journal's exit code
     while True:
         ready, _, _ = select.select([journal_fd], [], [], _POLL_S)
         if ready:
@@ -201,7 +202,7 @@ def _supervise(pid: int, journal_fd: int, mask) -> int:
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else done
         if received and code not in (0, 128 + received[0]):
             _clean(bytes(journal))
-        return code
+        return code  # type: ignore[return-value]  # done is set when the child did not exit normally
     _clean(bytes(journal))
     signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
     if received or signum in _LINES:

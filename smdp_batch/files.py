@@ -35,6 +35,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InputError
 
@@ -197,20 +198,20 @@ def check_collisions(targets: Sequence[Target], inputs: Iterable[tuple[str, str]
                 raise InputError(f"{a.label} and {b.label} are the same file; give each output its own path")
 
 
-def validate_outputs(outputs: Iterable[tuple[str, str | None]], inputs: Iterable[tuple[str, str]] = (),
+def validate_outputs(outputs: Iterable[tuple[str, str | None] | tuple[str, str | None, bool]], inputs: Iterable[tuple[str, str]] = (),
                      folder: tuple[str, str, Sequence[str]] | None = None) -> tuple[list[Target], list[str]]:
     """Validate ``outputs`` (``(flag, path)`` pairs, None skipped) and ``folder`` (``(flag, dir, file names)``:
     files the command writes into a folder, created if missing) against ``inputs`` (``(role, path)``) and
     each other; return the targets and the folders still to create.  Creates nothing.  An output may be
     ``(flag, path, False)``: a derived name, checked with ``follow_symlinks=False``."""
-    outputs = [(o[0], os.fspath(o[1]), *o[2:]) for o in outputs if o[1] is not None]
+    given: list[tuple[Any, ...]] = [(o[0], os.fspath(o[1]), *o[2:]) for o in outputs if o[1] is not None]
     pending: list[str] = []
     if folder is not None:
         dflag, dpath, names = folder
         if not check_output_dir(dpath, dflag):
             pending.append(os.fspath(dpath))
-        outputs += [(dflag, os.path.join(dpath, n)) for n in names]
-    targets = [check_output(o[1], o[0], pending, *o[2:]) for o in outputs]
+        given += [(dflag, os.path.join(dpath, n)) for n in names]
+    targets = [check_output(o[1], o[0], pending, *o[2:]) for o in given]
     check_collisions(targets, inputs)
     return targets, pending
 
@@ -235,7 +236,7 @@ class OutputPlan:
     made_dirs: list[str] = field(default_factory=list)
     committed: bool = False  # every output renamed into place (a signal held during the renames may follow)
 
-    def prepare(self, outputs: Iterable[tuple[str, str | None]], inputs: Iterable[tuple[str, str]] = (),
+    def prepare(self, outputs: Iterable[tuple[str, str | None] | tuple[str, str | None, bool]], inputs: Iterable[tuple[str, str]] = (),
                 folder: tuple[str, str, Sequence[str]] | None = None) -> list[Target]:
         """:func:`validate_outputs`, then create the missing folder and every output's temporary file."""
         targets, pending = validate_outputs(outputs, inputs, folder)

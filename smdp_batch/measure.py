@@ -76,6 +76,7 @@ def check_settings(sizes=DEFAULT_SIZES, warmup=3, repeats=10, budget_s=None, pow
     if not items or bad:
         got = repr(items) if len(repr(items)) <= 80 else repr(items)[:80] + "…"
         raise InputError(f"{name('--sizes', 'batch sizes')} must be integers in 1..{BMAX_LIMIT}, got {got}")
+    hi: float  # an int bound below, then a float one
     for flag, v, lo, hi in (("warmup", warmup, 0, WARMUP_MAX), ("repeats", repeats, 1, REPEATS_MAX)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
             raise InputError(f"{name('--' + flag, flag)} must be an integer in {lo}..{hi}, got {v!r}")
@@ -259,7 +260,8 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
     try:
         if child:
             folder = os.getcwd()
-            statics = module_sources(fn, folder) + module_sources(make_batch, folder)
+            # names here (child): fn is a str and make_batch a str or None
+            statics = module_sources(fn, folder) + module_sources(make_batch, folder)  # type: ignore[arg-type]
             cfg = {"fn": fn, "make_batch": make_batch, "folder": folder, "ppid": os.getpid(), "sizes": sizes,
                    "warmup": warmup, "repeats": repeats, "energy": energy, "power_w": power_w,
                    "device_index": int(device_index), "progress": bar is not None,

@@ -175,7 +175,7 @@ def test_fit_arrivals_auto_reports_progress(tmp_path, monkeypatch, capsys):
     trace.write_text("arrival_ms\n" + "\n".join(f"{x:.6f}" for x in t) + "\n")
     monkeypatch.setattr(options, "PROGRESS_AFTER_S", 0.0)
     for tty in (False, True):
-        monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)  # noqa: B023 - replaced each iteration
         rc, _, err = run(["fit-arrivals", trace, "--phases", "auto"], capsys)
         assert rc == 0, err
         assert ("phase counts fitted: 4/4 done" in err) == tty, err

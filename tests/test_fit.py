@@ -111,7 +111,7 @@ def test_map_idc_matches_quadrature():
     assert MAP.poisson(2.0).idc(5.0) == pytest.approx(1.0)
     D, pi, d, lam = TRUE.D0 + TRUE.D1, TRUE.stationary, TRUE.phase_rates, TRUE.rate
     for t in (1.0, 50.0):
-        cov = quad(lambda u: (t - u) * (pi @ TRUE.D1 @ expm(D * u) @ d - lam**2), 0, t, limit=200)[0]
+        cov = quad(lambda u: (t - u) * (pi @ TRUE.D1 @ expm(D * u) @ d - lam**2), 0, t, limit=200)[0]  # noqa: B023
         assert TRUE.idc(t) == pytest.approx(1 + 2 * cov / (lam * t), rel=1e-8)
     assert trace_idc(_poisson(20_000), 5.0) == pytest.approx(1.0, abs=0.1)
 

@@ -49,7 +49,7 @@ def refused(capsys, path, *match, timeout: float = 20.0) -> str:
     """``map:path`` refused by read_map_file, parse_arrivals and ``solve --arrivals``: one line naming the file."""
     for load in (read_map_file, lambda p: parse_arrivals(f"map:{p}")):
         with pytest.raises(InputError) as e:
-            within(timeout, lambda: load(str(path)))
+            within(timeout, lambda: load(str(path)))  # noqa: B023 - called in this iteration
         msg = str(e.value)
         assert "\n" not in msg and repr(str(path)) in msg, msg
         for m in match:

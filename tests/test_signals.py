@@ -192,3 +192,31 @@ def test_in_process_main_maps_wrapped_interrupts():
     assert _signalled(wrapped(Terminated())) == 143
     assert _signalled(wrapped(ValueError("x"))) is None
     assert _signalled(RuntimeError("plain")) is None
+
+
+def test_a_signal_that_a_c_extension_replaced_still_ends_as_the_signal(monkeypatch):
+    """numba's ``_devicearray`` import turns the exception our handler raised into an ImportError of its own,
+    with no chain (seen once: SIGTERM at 0.5 s into fit-arrivals, exit 70 "internal error"): the handler
+    records the signal, so the run still exits 143 with one line."""
+    import signal as sig
+
+    from smdp_batch import cli
+    from smdp_batch.files import Terminated
+
+    def command(*args, **kwargs):
+        try:
+            cli._first_signal(sig.SIGTERM, None)
+        except Terminated:
+            pass
+        raise ImportError("numba._devicearray failed to import")  # the chain is lost, as in C
+
+    monkeypatch.setattr(cli.cli, "main", command)
+    previous = {s: sig.getsignal(s) for s in (sig.SIGINT, sig.SIGTERM)}
+    try:
+        assert cli.main(["solve"]) == 143
+    finally:
+        for s, h in previous.items():
+            sig.signal(s, h)
+    assert cli._signalled(ImportError("x")) == 143  # until the next run clears it
+    cli._RECEIVED.clear()
+    assert cli._signalled(ImportError("x")) is None

@@ -116,13 +116,13 @@ class Front:
         if len(given) != 1:
             raise InputError("give exactly one SLO: mean, p95 or p99 latency bound in ms, or a satisfaction share")
         if given[0] == "within":
-            bound, share = (float(x) for x in slo_within)
+            bound, share = (float(x) for x in slo_within)  # type: ignore[union-attr]  # the one SLO given
             if not (0 < share <= 1):
                 raise InputError(f"the satisfaction share must lie in (0, 1], got {share!r}")
 
         def meets(p: FrontPoint) -> bool:
             if given[0] == "mean":
-                return p.mean_latency_ms <= slo_mean_ms
+                return p.mean_latency_ms <= slo_mean_ms  # type: ignore[operator]  # the one SLO given
             if given[0] == "within":
                 if bound not in p.within:
                     raise InputError(f"the sweep has no simulated share within {bound:g} ms; sweep with within_ms=({bound:g},)")
@@ -259,7 +259,7 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
             c_o = max(100.0, float(hint["abstract_cost"]))  # at least solve()'s default c_o (paper 004 Table II)
             cand = search_near(cands, int(hint["s_max"]), c_o, 2 * int(hint["s_max"]))
         if cand is not None:
-            pol, s_max, c_o = cand.res.policy, cand.model.s_max, cand.model.abstract_cost
+            pol, s_max, c_o = cand.res.policy, cand.model.s_max, cand.model.abstract_cost  # type: ignore[union-attr]  # search_near returns solved ones
         else:
             sol = solve(p, hint=hint)
             pol, s_max, c_o = sol.policy, sol.s_max, sol.model.abstract_cost

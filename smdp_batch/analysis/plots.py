@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 
@@ -168,7 +169,7 @@ def plot_policies(grid: dict, batch_sizes, max_queue: int | None = None, *, ncol
     step = max(1, int(round(bmax / 8)))
     cb.set_ticks(sorted({1, bmax, *range(step, bmax + 1, step)}))
     cb.ax.tick_params(labelsize=FONT["tick"])
-    handles = [Patch(facecolor="white", edgecolor="0.6", label="blank: wait (serve nothing)"),
+    handles: list[Patch | Line2D] = [Patch(facecolor="white", edgecolor="0.6", label="blank: wait (serve nothing)"),
                Patch(facecolor="none", edgecolor="#e377c2", linewidth=2, label="box: control limit (Prop. 3–4)")]
     if not annotate:
         handles.append(Line2D([], [], linestyle="none", label="Q=…, b=…: control limit and the batch served there"))
@@ -289,7 +290,7 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
                                   fontsize=FONT["note"] - 1, xytext=(3, 3), textcoords="offset points", color=st["color"])
     picks = _per_front(chosen, len(fronts))
     pick_handle, picked = None, []
-    for front, pt in zip(fronts, picks):
+    for _front, pt in zip(fronts, picks):
         if pt is None:
             continue
         what = f"SLO {slo}: " if slo else "SLO pick: "
@@ -306,11 +307,11 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     cur = _current(current)
     cur_handle = None
     if cur is not None:
-        w, p, label = cur
-        cur_handle = ax_p.plot([w], [p], label=label, gid="current-setting", **CURRENT_STYLE)[0]
+        cw, cp, label = cur
+        cur_handle = ax_p.plot([cw], [cp], label=label, gid="current-setting", **CURRENT_STYLE)[0]
         lams = {f.problem.lam for f in fronts}
         if len(lams) == 1:  # efficiency λ/P̄ needs the load; drawn when the fronts share one
-            ax_e.plot([w], [1e3 * lams.pop() / p], gid="current-setting", **CURRENT_STYLE)
+            ax_e.plot([cw], [1e3 * lams.pop() / cp], gid="current-setting", **CURRENT_STYLE)
     for ax in (ax_p, ax_e):
         ax.set_xlabel("mean latency W̄ [ms]")
         ax.grid(True, alpha=0.3)
@@ -341,7 +342,7 @@ _SCENARIO_COLORS = ("#17becf", "#8c564b", "#bcbd22", "#393b79", "#e7969c", "#637
 
 
 def _model_panel(ax, fronts) -> None:
-    probs = []
+    probs: list[tuple[tuple, Any]] = []  # (curve specs and label, BatchingProblem)
     for f in fronts:
         key = (f.problem.latency.spec(), f.problem.energy.spec(), f.problem.service.spec(), f.label)
         if key[:3] not in [k[:3] for k, _ in probs]:

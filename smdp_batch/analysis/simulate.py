@@ -57,11 +57,12 @@ class SimulationResult:
     queue_at_start: np.ndarray  # histogram of the queue length when a batch starts
     seconds: float
     seed: int | None
-    response_ms: np.ndarray = field(repr=False, default=None)
+    response_ms: np.ndarray | None = field(repr=False, default=None)
     within: dict = field(default_factory=dict)  # bound (ms) → share of requests served within it
     within_ci: dict = field(default_factory=dict)
-    group_latency: np.ndarray = field(repr=False, default=None)  # W̄ of each batch-means group (ms)
-    group_power: np.ndarray = field(repr=False, default=None)  # P̄ of each group (W)
+    # the groups are always given (by simulate): their None defaults only follow the fields above
+    group_latency: np.ndarray = field(repr=False, default=None)  # type: ignore[arg-type]  # W̄ of each batch-means group (ms)
+    group_power: np.ndarray = field(repr=False, default=None)  # type: ignore[arg-type]  # P̄ of each group (W)
 
     def objective_ci(self, w1: float, w2: float, other: "SimulationResult | None" = None) -> float:
         """95 % half-width of w1·W̄ + w2·P̄ from the groups; with ``other`` (a run on the same stream and

@@ -164,7 +164,7 @@ class Setting:
     knobs: dict  # the searched values: w2 range, tau_ms, delay_us, Q, …
     loads: list[LoadResult]
     meets: bool
-    rule: ServerRule = field(repr=False, default=None)
+    rule: ServerRule | None = field(repr=False, default=None)
     policy: list | None = field(repr=False, default=None)  # the SMDP table (queue lengths 0..s_max)
 
     @property
@@ -222,7 +222,7 @@ class SLOAnswer:
         """The recommendation against the table + timer family's best (when a rule beat it), the best tuned
         rule, and each default setting (W; positive = the recommendation saves)."""
         rec = self.recommended
-        out = []
+        out: list[dict] = []
         if rec is None:
             return out
         tt = self.best.get("table+timer")
@@ -463,11 +463,12 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         def by_q(q: int) -> float:
             pref = [s for s in sizes if s >= q]
             near = [found[k] for k in sorted(found, key=lambda k: abs(k - q)) if found[k] is not None]
-            guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None
+            # near holds no None (filtered above)
+            guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None  # type: ignore[union-attr]
             found[q] = _largest_delay(
                 lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
                                                                                "preferred": pref}), cap, guess)
-            return found[q].power_w if found[q] is not None else math.inf
+            return found[q].power_w if found[q] is not None else math.inf  # type: ignore[union-attr]  # checked
 
         for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
             by_q(q)
@@ -573,10 +574,10 @@ def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
         for form in forms:
             suffix = ":pad" if form == "pad" else ""
 
-            def check(t: float, form=form, suffix=suffix) -> Setting:
+            def check(t: float, form=form, suffix=suffix) -> Setting:  # searched within this iteration (B023)
                 t = float(f"{t:.6g}")  # as the spelling writes it
-                return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),
-                               {**knobs, "tau_ms": t, "forced": form}, policy=p.policy)
+                return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
+                               {**knobs, "tau_ms": t, "forced": form}, policy=p.policy)  # noqa: B023
 
             s = _largest_delay(check, cap, guess[form])
             if s is not None:

@@ -16,8 +16,8 @@ Times are given in each server's own unit and converted to ms.  Semantics, and w
   preferred sizes and with delay = timeout.  ``allowed_batch_sizes`` pads a batch up to the next
   allowed size: the padded size's time and energy are paid.
 * **Ray Serve** ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` (ray/serve/batching.py of Ray 2.60,
-  ``_BatchQueue.wait_for_batch`` and ``_process_batches``; measured on a real deployment, README "model vs
-  real server").  Batches are formed independently of the model: a batch opens when its first request is
+  ``_BatchQueue.wait_for_batch`` and ``_process_batches``; measured on a real deployment: docs
+  how-to/ray-serve.md, "What the real Ray Serve showed").  Batches are formed independently of the model: a batch opens when its first request is
   taken from the queue, closes batch_wait_timeout_s later or when it holds max_batch_size requests, and
   the next batch opens with the next arrival at once — ``_process_batches`` hands each batch to a task and
   loops without waiting for it; the task waits on a semaphore of ``max_concurrent_batches`` (1) permits,

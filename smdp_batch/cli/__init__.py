@@ -79,7 +79,13 @@ def _first_signal(signum, frame):
     interrupt the cleanup the first one started."""
     for s in _SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    _RECEIVED[:] = [int(signum)]
     raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+#: the signal :func:`_first_signal` raised for, this run: a C extension that turns the raised exception into
+#: an error of its own, without a chain (numba's ``_devicearray`` import: ImportError), still ends as a signal
+_RECEIVED: list[int] = []
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -94,9 +100,11 @@ def _install_handlers() -> dict | None:
         return None
 
 
-def _signalled(exc: BaseException) -> int | None:
+def _signalled(exc: BaseException | None) -> int | None:
     """128 + the signal behind ``exc`` — an interrupt wrapped by a compiled call (numba's SystemError "returned
     a result with an exception set"), by click (Abort) or by a library's own error — else None."""
+    if _RECEIVED:
+        return 128 + _RECEIVED[0]
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ARGV[:] = args
     NOTICES.clear()
     NOTICES_INFO.clear()
+    _RECEIVED.clear()
     _notices_to_stderr()
     if not args:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))

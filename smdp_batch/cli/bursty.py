@@ -28,6 +28,8 @@ def map_scenario(spec: str, opts: dict):
     if opts.get("lam") is not None or opts.get("rho") is not None:
         raise InputError(f"--arrivals {spec} sets the load (λ = the MAP's mean rate); drop --lam/--rho")
     arrivals = parse_arrivals(spec)
+    if arrivals is None:  # a Poisson spelling other than "poisson" (e.g. "poisson:"), which solve did not route
+        raise InputError(f"--arrivals {spec!r}: write the Poisson process as 'poisson'")
     problem = build_problem({**opts, "lam": arrivals.rate})
     return arrivals, problem
 

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import time
+from typing import Any
 
 import click
 import numpy as np
@@ -108,7 +109,7 @@ SCENARIO_KEYS = ("lam", "rho", "bmin", "bmax", "batch_sizes", "latency", "energy
 
 def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     """BatchingProblem from CLI options; ``base`` supplies values not given (a policy file's inputs)."""
-    v = dict(DEFAULTS)
+    v: dict[str, Any] = dict(DEFAULTS)
     if base:
         v.update(base)
     if opts.get("preset") is not None:
@@ -270,7 +271,7 @@ def problems_over(opts: dict, rho_grid, lam_grid) -> tuple[list[BatchingProblem]
     for name in presets:
         for v in loads:
             problems.append(build_problem({**opts, "preset": name, **({grid_name: v} if v is not None else {})}))
-            labels.append(name if len(presets) > 1 else "")
+            labels.append(str(name) if len(presets) > 1 else "")
     return problems, labels
 
 

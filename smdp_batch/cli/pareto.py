@@ -337,7 +337,7 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
                          "per load):")
             lines += answer_lines(a)
             if a.current is not None:
-                lines.append(current_line(a))
+                lines.append(current_line(a))  # type: ignore[arg-type]  # a str when a.current is set
     if output and chosen[0] is None:
         lines.append(f"  not written {output}: no swept policy meets the SLO")
         output = None

@@ -128,7 +128,7 @@ def slo_from(kw: dict, required: bool = True):
     from ..analysis.slo import SLO
 
     pairs = [(m, kw.pop(key)) for m, key in _SLO_FLAGS if kw.get(key) is not None]
-    for m, key in _SLO_FLAGS:
+    for _m, key in _SLO_FLAGS:
         kw.pop(key, None)
     pairs += list(kw.pop("slo_list", None) or ())
     if not pairs:

@@ -35,7 +35,7 @@ TARGETS = ("triton", "tfserving", "ray", "torchserve")
 SLO_FAMILY = {"triton": "triton-preferred", "tfserving": "tfserving", "ray": "ray", "torchserve": "torchserve"}
 
 #: What the real servers did with these exports (``benchmarks/bench_servers.py``, basic scenario at ρ = 0.5
-#: and 0.7, time scale 50, 400 requests per run; README "Model vs real server").  TF-Serving and TorchServe
+#: and 0.7, time scale 50, 400 requests per run; docs: how-to/triton.md, "What the real Triton showed").  TF-Serving and TorchServe
 #: were not run: their statements rest on the simulator alone.
 MEASURED = {
     "triton": "measured on a real Triton 2.51 (benchmarks/bench_servers.py): configs exported this way ran within "

@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -118,7 +118,7 @@ def summarise(run: Run, problem, warmup: float = 0.05, cooldown: float = 0.05) -
         raise InputError(f"{n} requests leave {hi - lo} after the warm-up and cool-down; send more")
     lat = run.latency_ms[lo:hi]
     answered = np.isfinite(lat)
-    inside = {}
+    inside: dict[int, int] = {}
     for i in range(lo, hi):
         k = int(run.batch_of[i])
         if k >= 0:
@@ -146,7 +146,7 @@ def compare(problem, rule, run: Run, warmup: float = 0.05, cooldown: float = 0.0
     sim = simulated_run(problem, rule, run.arrival_ms + 1e-9, seed=seed)  # strictly after 0, as the simulator's streams
     m = summarise(run, problem, warmup, cooldown)
     s = summarise(sim, problem, warmup, cooldown)
-    out = {"measured": m, "model": s}
+    out: dict[str, Any] = {"measured": m, "model": s}
     for k in ("mean_latency_ms", "p95_ms", "mean_batch_size", "mean_power_w"):
         out[k.replace("_ms", "").replace("mean_", "") + "_ratio"] = m[k] / s[k] if s[k] else math.nan
     return out
@@ -183,7 +183,7 @@ def fit_overhead(run: Run, problem, scale: float) -> dict:
 def with_overhead(problem, a_ms: float, c_ms: float, scale: float):
     """``problem`` with l(b) + (a + c·b)/scale: the batch time the server really takes, in model ms."""
     sizes = list(problem.batch_sizes)
-    lat = [float(l) + (a_ms + c_ms * b) / scale for b, l in zip(sizes, problem.latency_ms())]
+    lat: Any = [float(l) + (a_ms + c_ms * b) / scale for b, l in zip(sizes, problem.latency_ms())]
     lat = np.maximum.accumulate(np.maximum(lat, 1e-9))
     # λ only matters for generated arrivals; a given stream is replayed as it is (keep the problem valid)
     lam = min(problem.lam, 0.99 * sizes[-1] / lat[-1])

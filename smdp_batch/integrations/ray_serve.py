@@ -68,7 +68,7 @@ def table_batch(table, max_wait_ms="auto", *, lam: float | None = None, short_ba
                 return await batcher_for(None).submit(args[0])
             raise TypeError(f"{func.__name__} takes one request (and self), got {len(args)} arguments")
 
-        single.batcher_for = batcher_for
+        single.batcher_for = batcher_for  # type: ignore[attr-defined]  # a function attribute
         return single
 
     return wrap
@@ -120,7 +120,7 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
         def batches(self) -> list:
             return list(self.log)
 
-    return Stub.bind()
+    return Stub.bind()  # type: ignore[attr-defined]  # added by serve.deployment
 
 
 class RayServe:

@@ -7,7 +7,7 @@ high load of the range through each real server (stub model sleeping l(b)·scale
 :mod:`.triton` and :mod:`.ray_serve` run it) and reports the measured p99 and P̄ beside the simulated ones.
 
 The plan keeps ``headroom`` (default 10 %) of the bound for the server's own time: its gRPC legs and
-batch hand-offs add a few percent to every response (README, "Model vs real server"), which the model
+batch hand-offs add a few percent to every response (docs: how-to/triton.md and how-to/ray-serve.md), which the model
 only knows when l(b) is profiled as the server serves it.
 """
 
@@ -66,9 +66,10 @@ def _runs(target: str, rule, lat: dict, scale: float, lams, requests: int, seed:
             for lam, arr in streams:
                 yield lam, run_load(srv, "slo", arr, max_seconds=limit)
         return
-    from .ray_serve import RayServe, run_load, stub_deployment
+    from .ray_serve import RayServe, stub_deployment
+    from .ray_serve import run_load as ray_run_load
 
     with RayServe() as rs:
         h = rs.deploy(stub_deployment("slo", lat, scale, serve_batch=(rule.maxb, rule.delay / 1000.0)), "slo")
         for lam, arr in streams:
-            yield lam, run_load(h, arr, scale, max_seconds=limit)
+            yield lam, ray_run_load(h, arr, scale, max_seconds=limit)

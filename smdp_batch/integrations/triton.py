@@ -64,7 +64,7 @@ class TritonDistribution:
 def find_distribution() -> TritonDistribution:
     """The Triton binary, its libraries and the Python-backend stub for this interpreter, from PyTriton."""
     pytriton = require("pytriton", "the real Triton server")
-    root = Path(pytriton.__file__).parent
+    root = Path(pytriton.__file__).parent  # type: ignore[arg-type]  # a package's __file__ is set
     dist = root / "tritonserver"
     libs = root.parent / "nvidia_pytriton.libs"
     if not libs.is_dir():
@@ -146,7 +146,7 @@ class TritonServer:
 
     # ------------------------------------------------------------------ set-up
     def _layout(self) -> list[str]:
-        tmp = Path(self.tmp)
+        tmp = Path(self.tmp)  # type: ignore[arg-type]  # set by start() before the layout
         backend = tmp / "backends" / "python"
         backend.mkdir(parents=True)
         for src in (self.dist.python_backend / "libtriton_python.so", self.dist.python_backend / "triton_python_backend_utils.py"):
@@ -165,7 +165,7 @@ class TritonServer:
                 f"--cache-directory={tmp / 'caches'}"]
 
     def _log(self, name: str) -> str:
-        return str(Path(self.tmp) / f"{name}.batches.csv")
+        return str(Path(self.tmp) / f"{name}.batches.csv")  # type: ignore[arg-type]  # set by start()
 
     @property
     def http_url(self) -> str:
@@ -200,7 +200,7 @@ class TritonServer:
     def log_tail(self, chars: int = 3000) -> str:
         path = self.log_file or (os.path.join(self.tmp, "tritonserver.log") if self.tmp else None)
         try:
-            return Path(path).read_text(errors="replace")[-chars:]
+            return Path(path).read_text(errors="replace")[-chars:]  # type: ignore[arg-type]  # None: TypeError, caught
         except (OSError, TypeError):
             return ""
 
@@ -273,7 +273,7 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
     n = sent.size
     t_first = sent[0]
     to_ms = lambda t: (t - t_first) * 1000.0 / scale  # noqa: E731
-    batch_key = {}
+    batch_key: dict = {}
     batch_of = np.full(n, -1, dtype=np.int64)
     back = []
     for i, r in enumerate(results):

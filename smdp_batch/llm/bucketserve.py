@@ -75,7 +75,7 @@ class BucketServe(Scheduler):
         self.max_batch = _check_int("max_batch", max_batch)
         self.buckets = [Bucket(0, self.l_max + 1)]
         self.name = f"BucketServe {mode}"
-        self.log = {"buckets": []}
+        self.log: dict[str, list] = {"buckets": []}
 
     # ---------------------------------------------------------------- queue
     def _len(self, engine, r) -> int:

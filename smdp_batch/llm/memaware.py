@@ -58,10 +58,10 @@ class MemoryAware(Scheduler):
         self.max_batch = _check_int("max_batch", max_batch)
         self.prior_mean, self.prior_var = float(prior_mean), float(prior_var)
         self.update_every = _check_int("update_every", update_every, 0)
-        self.b = None
-        self.L0 = None
+        self.b: int | None = None
+        self.L0: float | None = None
         self.name = f"mem-aware ε={self.eps_m:g}"
-        self.log = {"b_t": []}
+        self.log: dict[str, list] = {"b_t": []}
         self._seen = 0
 
     def buffer(self, eta: float, mean: float, var: float) -> float:

@@ -153,7 +153,7 @@ def exponential_boundaries(k: int, B: int, mu: float) -> np.ndarray:
     return edges
 
 
-def exponential_bound_terms(edges: Sequence[float], B: int, mu: float) -> float:
+def exponential_bound_terms(edges: Sequence[float] | np.ndarray, B: int, mu: float) -> float:
     """The right side of eq. 27 for any edges 0 = l_0 < … < l_{k−1}, l_k = ∞: Σ_{i<k} P(bin i)·l_i +
     P(bin k)·(l_{k−1} + H_B/μ), an upper bound on E[t_service,k]."""
     B = _check_B(B)
@@ -209,7 +209,7 @@ def batch_time(edges: Sequence[float], B: int, cdf: Callable[[float], float] | N
         p = Fb - Fa
         if p <= 0:
             continue
-        tail = lambda x: 1.0 - ((float(cdf(x)) - Fa) / p) ** B
+        tail = lambda x: 1.0 - ((float(cdf(x)) - Fa) / p) ** B  # noqa: B023 - integrated in this iteration
         val, _ = integrate.quad(tail, a, b, limit=200, epsabs=1e-12, epsrel=1e-11)
         total += p * (a + val)
     return total

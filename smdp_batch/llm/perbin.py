@@ -107,6 +107,7 @@ def solve_bins(lam: float, edges, law: RequestLaw, B: int = 128, *, w2: float = 
     if isinstance(B, bool) or not isinstance(B, (int, np.integer)) or B < 1:
         raise InputError(f"batch size B must be an integer ≥ 1, got {B!r}")
     k = e.size - 1
+    sols: list
     rates, sols, lats = np.zeros(k), [], np.zeros(k)
     for i in range(k):
         a, c = e[i], e[i + 1]
@@ -149,6 +150,7 @@ def solve_engine_bins(lam: float, edges, prompts: np.ndarray, outputs: np.ndarra
     idx = np.clip(np.searchsorted(e, o, side="right") - 1, 0, e.size - 2)
     rng = np.random.default_rng(seed)
     k = e.size - 1
+    sols: list
     rates, sols, lats = np.zeros(k), [], np.zeros(k)
     for i in range(k):
         members = np.nonzero(idx == i)[0]

@@ -79,7 +79,7 @@ class MultiBinStatic(Scheduler):
         if not float(max_wait) > 0:
             raise InputError(f"max_wait must be > 0 s, got {max_wait!r}")
         self.max_wait = float(max_wait)
-        self.bins = [deque() for _ in range(self.edges.size - 1)]
+        self.bins: list[deque] = [deque() for _ in range(self.edges.size - 1)]
         self.name = f"multi-bin k={len(self.bins)} B={self.max_batch}"
 
     def _bin(self, engine, r) -> int:

@@ -54,7 +54,8 @@ def multibin_sweep(lams: Sequence[float], *, law: str = "uniform:1,20", B: int =
         x = rl.sample(rng, n)
         arr = binsim.poisson_times(lam, n, rng)
         bins = binsim.assign_bins(x, edges)
-        runs = [("fixed B", binsim.simulate_bins(arr, x, bins, k, B, servers=servers, warmup=warmup), None)]
+        runs: list[tuple[str, binsim.BinSimResult, float | None]] = [
+            ("fixed B", binsim.simulate_bins(arr, x, bins, k, B, servers=servers, warmup=warmup), None)]
         if max_waits:
             tuned = [(binsim.simulate_bins(arr, x, bins, k, B, servers=servers, max_wait=w, warmup=warmup), w)
                      for w in max_waits]
@@ -66,9 +67,9 @@ def multibin_sweep(lams: Sequence[float], *, law: str = "uniform:1,20", B: int =
             pol = solve_bins(lam, edges, rl, B)
             runs.append(("per-bin SMDP", binsim.simulate_bins(arr, x, bins, k, B, servers=servers, tables=pol.tables,
                                                                warmup=warmup), None))
-        for name, r, w in runs:
+        for name, r, wait in runs:
             row = dict(lam=lam, scheme=name, k=k, B=B, throughput=r.throughput, mean_latency=r.mean_latency,
-                       p95_latency=r.percentile(95), mean_batch=r.mean_batch, max_wait=w)
+                       p95_latency=r.percentile(95), mean_batch=r.mean_batch, max_wait=wait)
             if slo is not None:
                 row["slo_attainment"] = r.slo_attainment(slo)
             rows.append(row)
@@ -211,11 +212,11 @@ def plot_rows(rows: list[dict], panels: Sequence[tuple], title: str = "", *,
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     lams = [r["lam"] for r in rows]
-    handles = {}
+    handles: dict = {}
     for ax, panel in zip(axes, panels):
         key, label = panel[0], panel[1]
         scale = panel[2] if len(panel) > 2 else 1.0
-        values = []
+        values: list = []
         for j, s in enumerate(schemes):
             pts = [(r["lam"], scale * r[key]) for r in rows if r["scheme"] == s and r.get(key) is not None]
             if pts:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numba as nb
 import numpy as np
@@ -59,6 +60,9 @@ class MAP:
     D0: np.ndarray
     D1: np.ndarray
     name: str = "map"
+    if TYPE_CHECKING:  # set by __post_init__; not fields at run time
+        _pi: np.ndarray = field(init=False)
+        _rate: float = field(init=False)
 
     def __post_init__(self):
         D0, D1, pi, rate = check_map(numbers_only(self.D0, "D0"), numbers_only(self.D1, "D1"), PHASE_LIMIT)

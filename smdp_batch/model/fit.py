@@ -332,7 +332,8 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
     t, span = clean.times, float(raw[-1] - raw[0])
     rate = (raw.size - 1) / span
     if window_ms is None:  # a window no shorter than a quantum: shorter ones count the spread, not the trace
-        window = max(default_window(t), clean.quantum_ms if clean.spread == "quantum" else 0.0)
+        quantum = clean.quantum_ms if clean.spread == "quantum" else None  # set whenever the spread is "quantum"
+        window = max(default_window(t), quantum if quantum is not None else 0.0)
     else:
         window = _check_window(window_ms, float(t[-1] - t[0]))
     notes = [clean.note] if clean.note else []
@@ -346,7 +347,7 @@ def fit_mmpp(times_ms, phases: int | str = 2, window_ms: float | None = None, se
     blocks = tuple((int(f), int(size)) for f in firsts)
     gaps = [np.diff(t[f:f + c]) for f, c in blocks]
     counts = window_counts(t, window).reshape(-1, 1)
-    cands = []
+    cands: list[dict] = []
     for m in choices:  # auto: each m also starts from splits of the (m − 1)-phase fit
         cands.append(_fit_one(m, gaps, counts, window, seed, cands[-1]["_map"] if cands else None, rate))
         if progress is not None:

@@ -132,7 +132,8 @@ def _type(x) -> str:
         return "true" if x else "false"
     if isinstance(x, (int, float)):
         return "a number"
-    return {str: "a string", dict: "an object", list: "a list"}.get(type(x), type(x).__name__)
+    names: dict[type, str] = {str: "a string", dict: "an object", list: "a list"}
+    return names.get(type(x), type(x).__name__)
 
 
 def _number(x, where: str) -> float:

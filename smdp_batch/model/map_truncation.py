@@ -209,7 +209,7 @@ def _resolvent(Minv, Ninv, T1, stages, prob, kmax, A, A_over):
 def _resolvent_blocks(plan: BlockPlan, arrivals: MAP, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     """A_k^[b] for a batch time that is a mixture of Erlang laws (:func:`.map_work.erlang_mixture`):
     E[e^{X·D(z)}] = Σ_c p_c (I − θ_c D(z))^{−k_c}, exact, in O(k_c·kmax·m³) whatever the rates."""
-    probs, theta, stages = plan.resolvent
+    probs, theta, stages = plan.resolvent  # type: ignore[misc]  # called only on the resolvent route (set)
     m = arrivals.phases
     B = theta.shape[0]
     D0, D1 = arrivals.D0, arrivals.D1

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -310,6 +311,7 @@ def plan_blocks(problem, arrivals) -> BlockPlan:
     cap = EVENTS_LIMIT // cost
     order = np.argsort(-l, kind="stable")
     B = len(l)
+    ws: list[Any]  # the weight arrays, filled below
     ws, lo, hi, tails = [None] * B, [0] * B, [0] * B, [0.0] * B
     n_long = 0
     for rank, bi in enumerate(order):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
@@ -101,11 +101,19 @@ class BatchingProblem:
 
     lam: float
     batch_sizes: tuple[int, ...] = tuple(range(1, 33))
-    latency: Curve | str | None = None
+    if TYPE_CHECKING:  # a Curve once __post_init__ has parsed it
+        latency: Curve = None  # type: ignore[assignment]
+    else:
+        latency: Curve | str | None = None
     energy: Curve = BASIC_ENERGY
     service: ServiceLaw = field(default_factory=Deterministic)
     w1: float = 1.0
     w2: float = 1.0
+
+    if TYPE_CHECKING:  # what the constructor takes; __post_init__ turns it into the fields above
+        def __init__(self, lam: float, batch_sizes: Iterable[int] | str = ..., latency: Curve | str | None = None,
+                     energy: Curve | str = ..., service: ServiceLaw | str = ..., w1: float = 1.0,
+                     w2: float = 1.0) -> None: ...
 
     def __post_init__(self):
         sizes = batch_size_set(sizes=self.batch_sizes)
@@ -205,7 +213,7 @@ class BatchingProblem:
 
     def replace(self, **changes) -> "BatchingProblem":
         """A copy with some fields changed (validated again)."""
-        fields = dict(
+        fields: dict[str, Any] = dict(
             lam=self.lam, batch_sizes=self.batch_sizes, latency=self.latency, energy=self.energy,
             service=self.service, w1=self.w1, w2=self.w2,
         )

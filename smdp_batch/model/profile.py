@@ -163,8 +163,8 @@ def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _line_list(lines: np.ndarray) -> str:
-    lines = [int(x) for x in lines]
-    return ",".join(map(str, lines[:6])) + ("…" if len(lines) > 6 else "")
+    numbers = [int(x) for x in lines]
+    return ",".join(map(str, numbers[:6])) + ("…" if len(numbers) > 6 else "")
 
 
 _CACHE: dict = {}
@@ -199,7 +199,7 @@ def _parse(path: str) -> Profile:
             "expected batch_size,latency_ms[,energy_mj|power_w]"
         )
     col = {name: header.index(name) for name in ("batch_size", "latency_ms", "energy_mj", "power_w") if name in header}
-    data = {name: [] for name in col}
+    data: dict[str, list] = {name: [] for name in col}
     lines = []
     for i in range(start + 1, len(rows)):
         r = rows[i]
@@ -361,6 +361,7 @@ class EmpiricalProfile(ServiceLaw):
 
 def parse_profile_curve(arg: str, quantity: str) -> ProfileCurve:
     """``FILE`` or ``FILE:fit`` (the part after ``csv:``)."""
+    fit: str | None
     path, sep, fit = arg.rpartition(":")
     if not sep or fit not in FITS:
         path, fit = arg, None

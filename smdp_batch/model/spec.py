@@ -13,6 +13,7 @@ here alone so that the law and curve modules import only each other's classes (n
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from ..errors import InputError
 from ..limits import NESTING_LIMIT
@@ -106,17 +107,17 @@ def _family(kind: str, arg: str, spec: str) -> ServiceLaw | None:
     if kind in ("lognormal", "lognorm"):
         return LogNormal(*_floats(spec, arg, 1, "lognormal:0.5"))
     if kind in ("mix", "mixture"):
-        comps = []
+        comps: list[tuple[float, str, float]] = []
         for part in arg.split(";"):
             wt, star, rest = part.partition("*")
             law, at, scale = rest.rpartition("@") if "@" in rest else (rest, "", "1")
             try:
                 comps.append((float(wt), law.strip(), float(scale)))
             except ValueError:
-                comps = None
+                comps = []  # refused below
                 break
             if not star or not law:
-                comps = None
+                comps = []  # refused below
                 break
         if not comps:
             raise InputError(f"service law {spec!r}: mix needs W*LAW@C parts joined by ';', e.g. 'mix:0.5*det@0.8;0.5*exp@1.2'")
@@ -181,7 +182,7 @@ def parse_curve(spec: str | Curve, what: str = "model") -> Curve:
     if kind == "csv":
         return parse_profile_curve(spec.strip()[4:], unit if unit in ("energy", "power") else "latency")
     if kind in ("max", "empirical") and unit not in ("energy", "power"):
-        return parse_service(spec).natural_latency()
+        return cast(Curve, parse_service(spec).natural_latency())  # the max and empirical laws define one
     if kind == "power" and unit == "energy":
         return PowerEnergy(parse_curve(arg, "power model"))
     if unit == "power":

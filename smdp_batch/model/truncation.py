@@ -191,7 +191,7 @@ class TruncatedSMDP:
     def excursion_costs(self) -> np.ndarray:
         """The tail boundary's part of ĉ, w2·energy + w1·holding of the excursions above s_max, (S, A)."""
         p = self.problem
-        return p.w2 * self.extra[1] + p.w1 * self.extra[2]
+        return p.w2 * self.extra[1] + p.w1 * self.extra[2]  # type: ignore[index]  # asked only when extra is set
 
     def sojourn(self) -> np.ndarray:
         """Mean time to the next decision epoch, (S, A) in ms: y(a), plus the excursion's with the tail boundary."""
@@ -334,8 +334,8 @@ def truncate(
     SF[1:] = arrivals.sf[:, :K]
     klo = np.zeros(A, dtype=np.int64)
     khi = np.zeros(A, dtype=np.int64)
-    klo[1:] = np.minimum(arrivals.klo, K - 1)
-    khi[1:] = np.minimum(arrivals.khi, K - 1)
+    klo[1:] = np.minimum(arrivals.klo, K - 1)  # type: ignore[arg-type]  # set by _with_supports above
+    khi[1:] = np.minimum(arrivals.khi, K - 1)  # type: ignore[arg-type]  # set by _with_supports above
     lam, w1, w2 = problem.lam, problem.w1, problem.w2
     l = problem.latency_ms()
     y = np.concatenate([[1.0 / lam], l])

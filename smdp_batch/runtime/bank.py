@@ -14,6 +14,7 @@ import numbers
 import os
 import threading
 from collections import deque
+from typing import cast
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class PolicyBank:
         lams = [t.lam for t in tables]
         if any(l is None for l in lams):
             raise InputError("every table of a bank must record the λ it was solved for")
-        order = np.argsort(lams)
+        order = np.argsort(cast("list[float]", lams))  # no None, checked above
         self.tables = [tables[i] for i in order]
         self.lams = np.asarray([lams[i] for i in order], dtype=np.float64)
         if np.any(np.diff(self.lams) <= 0):
@@ -125,6 +126,7 @@ class RateEstimator:
             if self.mode == "window":
                 span = self._times[-1] - self._times[0]
                 return (len(self._times) - 1) / span if span > 0 else None
+            assert self._last is not None and self._first is not None  # set by the arrivals that made it ready
             elapsed = -math.expm1(-(self._last - self._first) / self.tau)
             return self._rate / elapsed if elapsed > 0 else None
 
@@ -134,7 +136,7 @@ def _count(x, top: float = math.inf) -> bool:
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return False
     v = real(x)
-    return math.isfinite(v) and v == int(v) and 2 <= x <= top
+    return math.isfinite(v) and v == int(v) and 2 <= x <= top  # type: ignore[operator]  # numbers.Real declares no >= (typeshed)
 
 
 class AdaptivePolicy:
@@ -143,6 +145,14 @@ class AdaptivePolicy:
     Use it wherever a table goes: ``decide(n)``; :class:`~smdp_batch.runtime.DynamicBatcher` calls
     ``observe_arrival(t_ms)`` for every request.  Thread-safe: several batchers (threads) may share one.
     """
+
+    # declared here: mypy takes the numbers.Real check in __init__ to always raise for a float
+    bank: PolicyBank
+    estimator: RateEstimator
+    h: float
+    index: int
+    switches: list[tuple[float, float, float]]
+    _lock: threading.Lock
 
     def __init__(self, bank: PolicyBank, estimator: RateEstimator | None = None, hysteresis: float = 0.1,
                  initial_lam: float | None = None):

@@ -125,7 +125,8 @@ class BatcherMetrics:
 def _is_async(fn: Any) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    # an instance whose __call__ is async (B004: the method itself is wanted, not a callable test)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
 def _settle(waiter: asyncio.Future, how: str) -> None:
@@ -179,7 +180,8 @@ class DynamicBatcher:
         self.batch_timeout_s = check_timeout_s(batch_timeout_s, "batch_timeout_s")
         if not isinstance(infer_thread, bool):
             raise TypeError(f"infer_thread must be True or False, got {infer_thread!r}")
-        self._decide = table.decide if callable(getattr(table, "decide", None)) else table
+        # any object with a decide method (AdaptivePolicy, PhasePolicy) is taken: mypy cannot narrow on callable()
+        self._decide: Callable[[int], int] = table.decide if callable(getattr(table, "decide", None)) else table  # type: ignore[union-attr, assignment]
         self._observe = getattr(table, "observe_arrival", None)
         redecide = getattr(table, "next_decision_ms", None)
         self._redecide = redecide if callable(redecide) else None
@@ -344,7 +346,7 @@ class DynamicBatcher:
         return self._queue[0]
 
     def _take(self, b: int) -> list[_Entry]:
-        batch = []
+        batch: list[_Entry] = []
         while len(batch) < b:
             e = self._queue.popleft()
             if e.taken:  # cancelled while queued
@@ -481,6 +483,7 @@ class DynamicBatcher:
         try:
             with running_infer(self):  # close() from within infer does not wait for it
                 if self._threaded:
+                    assert self._worker is not None  # made whenever _threaded
                     ok, out = await self._worker.run(loop, functools.partial(call_marked, self, self._infer), items)
                     if not ok:
                         return False, out
@@ -539,10 +542,10 @@ class DynamicBatcher:
                     self._fail(e, out)
         elif how == "timeout":
             m.timed_out_batches += 1
-            exc = TimeoutError(f"infer did not return within batch_timeout_s={self.batch_timeout_s:g} s "
+            err = TimeoutError(f"infer did not return within batch_timeout_s={self.batch_timeout_s:g} s "
                                f"(a batch of {len(batch) + pads})")
             for e in batch:
-                self._fail(e, exc)
+                self._fail(e, err)
         self._inflight = []  # how == "closed": close(drain=False) has failed them already
         m.busy = False
 
@@ -578,7 +581,7 @@ def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_w
                 single.batcher = bt
             return await hit[1].submit(item)
 
-        single.batcher = None
+        single.batcher = None  # type: ignore[attr-defined]  # a function attribute
         return single
 
     return wrap

@@ -90,7 +90,7 @@ def default_max_wait_ms(table: Any, lam: float | None = None) -> float:
     own = getattr(table, "default_max_wait_ms", None)  # a PhasePolicy knows its phases' rates
     meta = getattr(getattr(table, "table", table), "meta", None)
     timer = meta.get("max_wait_ms") if isinstance(meta, dict) else None
-    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(real(timer)) and timer >= 0:
+    if isinstance(timer, numbers.Real) and not isinstance(timer, bool) and math.isfinite(real(timer)) and timer >= 0:  # type: ignore[operator]  # numbers.Real declares no >, >= (typeshed)
         return real(timer)  # the table's own timer (an SLO setting, smdp_batch.analysis.bands)
     if callable(own):
         return float(own(lam))

@@ -85,7 +85,7 @@ def check_max_wait_ms(x: Any) -> float | None:
         return None
     if x is None or (isinstance(x, numbers.Real) and x == math.inf):
         return math.inf
-    if isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= 0 and math.isfinite(real(x)):
+    if isinstance(x, numbers.Real) and not isinstance(x, bool) and x >= 0 and math.isfinite(real(x)):  # type: ignore[operator]  # numbers.Real declares no >, >= (typeshed)
         return real(x) / 1e3
     raise ValueError(f"max_wait_ms must be 'auto', a finite number ≥ 0 (ms), None or inf; got {_short(x)}")
 
@@ -94,7 +94,7 @@ def check_timeout_s(x: Any, name: str) -> float | None:
     """A timeout in seconds > 0, or None (also for ``math.inf``) for no limit."""
     if x is None or (isinstance(x, numbers.Real) and not isinstance(x, bool) and x == math.inf):
         return None
-    if isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(real(x)) and x > 0:
+    if isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(real(x)) and x > 0:  # type: ignore[operator]  # numbers.Real declares no >, >= (typeshed)
         return real(x)
     raise ValueError(f"{name} must be a finite number of seconds > 0, or None for no limit; got {_short(x)}")
 

@@ -51,6 +51,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import h5py
 import numpy as np
@@ -97,6 +98,10 @@ class TableFields:
     """What every loaded table answers from its ``policy`` (queue length on the first axis), ``inputs`` and
     ``truncation``: shared by :class:`PolicyFile` and the phase tables' ``PhasePolicyFile``."""
 
+    policy: np.ndarray
+    inputs: dict
+    truncation: dict
+
     @property
     def s_max(self) -> int:
         return self.policy.shape[0] - 2
@@ -142,7 +147,7 @@ def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, in
         a = np.ascontiguousarray(np.asarray(a).astype(dt, copy=False))
         h.update(str(a.size).encode() + b"\0")
         h.update(a.tobytes())
-    scalars = [float(inputs[k]) for k in ("lam", "rho", "w1", "w2")]
+    scalars: list[float | str] = [float(inputs[k]) for k in ("lam", "rho", "w1", "w2")]
     scalars += [str(inputs[k]) for k in ("service", "latency", "energy")] + [int(s_max)]
     h.update(json.dumps(scalars, allow_nan=False).encode())
     return h.hexdigest()
@@ -155,7 +160,7 @@ class _Where:
     def __init__(self, path: str):
         self.path = path
 
-    def fail(self, what: str, msg: str):
+    def fail(self, what: str, msg: str) -> NoReturn:
         raise PolicyFileError(f"{self.path!r}: {what} {msg}")
 
 

@@ -196,7 +196,8 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
                                       for k in ("avg_cost", "mean_latency_ms", "mean_power_w")):
             return replace(ev, delta=abs(ev.avg_cost - prev.avg_cost))
         if 2 * s > DEPLOYED_SMAX_LIMIT and (tail is None or prev is not None):  # the tail check needs one doubling
-            what = f"Δ = {ev.delta:.3g}" if tail is None else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling"
+            # prev is set whenever tail is given (the condition above)
+            what = f"Δ = {ev.delta:.3g}" if tail is None else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling"  # type: ignore[union-attr]
             raise InputError(
                 f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {DEPLOYED_SMAX_LIMIT} "
                 f"({what}); is ρ = {problem.rho:.6g} too close to 1?"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,10 @@ from ..model.truncation import TruncatedSMDP
 from .pi import _initial_policy
 from .result import SolveResult
 
-jax = jnp = lax = None  # the optional dependency, bound by _require() on first use
+# the optional dependency, bound by _require() on first use
+jax: Any = None
+jnp: Any = None
+lax: Any = None
 
 __all__ = ["available", "device", "pi_batch", "rvi_batch"]
 

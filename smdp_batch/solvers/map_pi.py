@@ -250,7 +250,7 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
         filters = window_filters(model)
         converged = False
         it = 0
-        for it in range(1, max_iter + 1):
+        for it in range(1, max_iter + 1):  # noqa: B007 - the count is returned after the loop
             q = q_values(model, g, h, costs, filters)
             new = _improve(pol, q)
             if np.array_equal(new, pol):

@@ -29,7 +29,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -360,8 +360,8 @@ def _poisson_limit(problem: BatchingProblem, arrivals: MAP, gap: float, s_max, a
     problem at λ̄ solved by :func:`~.solution.solve` (its converged search, tail boundary and banded LU), its
     table, values and metrics in every phase; Q-values on the one-phase MAP model from its relative values;
     the note says so."""
-    pois = solve(problem, s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol, progress=progress,
-                 **({"max_iter": max_iter} if max_iter != 200 else {}))
+    extra: dict[str, Any] = {"max_iter": max_iter} if max_iter != 200 else {}
+    pois = solve(problem, s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol, progress=progress, **extra)
     one = MAP.poisson(arrivals.rate)
     s = pois.s_max
     model = truncate_map(problem, one, s, pois.model.abstract_cost, solvable=False)

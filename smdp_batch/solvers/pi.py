@@ -21,7 +21,6 @@ import time
 import warnings
 
 import numpy as np
-from numba import njit
 
 from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem

@@ -94,10 +94,11 @@ class Candidate:
     stable: bool  # the tail action π(s_max) drains long queues
 
     @cached_property
-    def ev(self) -> Evaluation | None:
+    def ev(self) -> Evaluation:
         """Exact metrics of the solved policy (eqs. 21–22), computed when first asked for: the smaller
         truncation of a convergence pair only lends its policy."""
-        return None if self.res is None else evaluate_policy(self.model, self.res.policy)
+        # read only for a solved candidate (res not None); the None is never used
+        return None if self.res is None else evaluate_policy(self.model, self.res.policy)  # type: ignore[return-value]
 
     def accepted(self, tol: float) -> bool:
         return self.res is not None and self.stable and self.ev.delta < tol
@@ -112,7 +113,7 @@ class Candidates:
         self.tail = tail  # B of the tail boundary (truncate(tail=B)), or None for eq. 19's S_o
         self.tol = tol
         self.arrivals: ArrivalTable | None = None  # built at the first candidate (after the work checks)
-        self.cache: dict[tuple[int, float], Candidate] = {}
+        self.cache: dict[tuple[int, float, int | None], Candidate] = {}
         self.warm: np.ndarray | None = None
         self.progress = progress
         self.max_iter = max_iter
@@ -122,7 +123,7 @@ class Candidates:
     def tail_at(self, s: int) -> int:
         """The tail action of truncation s: B, or below B (s < B, the probable-range search) the batch size
         ≤ s of greatest throughput (:func:`tail_action_at`)."""
-        return self.tail if self.tail <= s else tail_action_at(self.problem, s)
+        return self.tail if self.tail <= s else tail_action_at(self.problem, s)  # type: ignore[operator, return-value]  # asked only on the tail boundary
 
     def check_work(self, s: int) -> None:
         """Refuse a candidate that would exceed the state or work limit, before building it."""
@@ -392,6 +393,7 @@ def _delta_search(cands: Candidates, s: int, c_o: float) -> tuple[float, Candida
             if rate <= 0:
                 b = int(cand.res.policy[min(s, max(cands.problem.bmax, (3 * s) // 4))])
                 b = b if b > 0 else cands.problem.bmax
+                assert cands.arrivals is not None  # built by the first cands.get
                 rate = tail_rate(cands.problem, cands.arrivals, b)
             if rate > 0:
                 step = math.ceil(math.log(d / target) / rate)
@@ -437,7 +439,8 @@ def search_converged(cands: Candidates, c_o: float, start: int | None = None, ma
                 c_o, big = _raise_c_o(cands, S, c_o)
                 cands.stage = "convergence"
                 continue
-            R, _ = converged_range(small.res.policy, big.res.policy, S // 2, problem)
+            # big.res is not None (checked above; mypy loses it over the reassignment before the continue)
+            R, _ = converged_range(small.res.policy, big.res.policy, S // 2, problem)  # type: ignore[union-attr]
             if R is not None and big.accepted(cands.tol):
                 break
             R = None
@@ -502,6 +505,7 @@ def _search_tail(cands: Candidates, S: int, max_smax: int, t0: float) -> Converg
     pol = _stored_policy(big, R, S)
     ev = evaluate_policy(big.model, pol)
     if small.res is not None:
+        assert big.res is not None  # _stored_policy refuses an unsolved big
         ev = replace(ev, delta=abs(big.res.gain - small.res.gain))
     return Converged(big, 0.0, R, pol, ev, time.perf_counter() - t0)
 

@@ -362,5 +362,6 @@ def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, ba
                     "verified as converged (use --solver pi for a converged table)", TableNotConvergedWarning, stacklevel=2)
                 table, converged_upto = None, None
         res, ev = res2, (ev if table is not None else ev2)
+    assert res is not None  # the searches return solved candidates
     return Solution(problem, model, res, ev, tol, True, time.perf_counter() - t0, len(cands.cache),
                     rule=smax, converged_upto=converged_upto, table=table)
