@@ -1,5 +1,5 @@
 """Bursty traffic: the MAP table with the phase filter against the Poisson table, the λ-bank and
-best-tuned server timeouts, on the same streams — the README's table and front figure.
+best-tuned server timeouts, on the same streams — the table and front figure of docs/how-to/bursty-traffic.md.
 
     python benchmarks/bench_bursty.py [--requests 1000000] [--front-requests 300000] [--figure docs/figures/bursty_front.png]
     python benchmarks/bench_bursty.py --quick      # 200 000 requests, no front (≈ 2 min)

@@ -1,4 +1,4 @@
-"""The core install as README's first command does it, timed: a fresh venv in a temp folder, ``pip install -e .``
+"""The core install as the README's first command does it, timed: a fresh venv in a temp folder, ``pip install -e .``
 (core dependencies only), its size, then the first ``smdp-batch solve`` (numba compiles the kernels) and a
 second one (kernels from numba's on-disk cache).
 
