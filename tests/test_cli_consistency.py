@@ -328,3 +328,15 @@ def test_a_percentile_slo_on_the_tradeoff_figure_says_where_its_bound_is(tmp_pat
     rc, _, err = run(["pareto", *FAST, *SIM, "--no-timeouts", "--slo-p99-ms", "20", "--plot", tmp_path / "t.png"], capsys)
     assert rc == 0, err
     assert "p99 bound is drawn by --plot-kind percentiles" in err
+
+
+@pytest.mark.parametrize("spec", ["poisson:", " Poisson ", "poisson :"])
+def test_every_poisson_spelling_solves_as_poisson(spec, capsys):
+    """parse_arrivals reads these as Poisson; solve routes them so (it once sent them down the MAP path and
+    ended in an internal error)."""
+    from smdp_batch.cli import main
+
+    assert main(["solve", "--arrivals", spec, "--json"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["solve", "--json"]) == 0
+    assert json.loads(plain)["policy"] == json.loads(capsys.readouterr().out)["policy"]

@@ -59,7 +59,8 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
     prepare_outputs([("-o", output)], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     check_backend(backend)
-    if arrivals.strip().lower() != "poisson":
+    kind, _, arg = arrivals.strip().partition(":")
+    if kind.strip().lower() != "poisson" or arg.strip():  # "poisson" in any spelling parse_arrivals reads as Poisson
         from .bursty import solve_map_cmd
 
         bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
