@@ -333,8 +333,9 @@ def plot_tradeoff(fronts, baselines: dict | None = None, model_panel: bool = Fal
     fam_list = [Line2D([], [], color=smdp["color"], marker=smdp["marker"], ms=3.5, label=smdp["label"])]
     ax_e.legend(handles=fam_list + list(fam_handles.values()), fontsize=FONT["legend"],
                 title="rule (colour and marker)", title_fontsize=FONT["legend"], loc="lower right", handlelength=3)
-    ax_p.set_title("latency–power trade-off", fontsize=FONT["title"])
-    ax_e.set_title("latency–efficiency trade-off", fontsize=FONT["title"])
+    first = "b" if model_panel else "a"  # panels are lettered as in the paper's Figs. 7–9
+    ax_p.set_title(f"({first}) latency–power trade-off", fontsize=FONT["title"])
+    ax_e.set_title(f"({chr(ord(first) + 1)}) latency–efficiency trade-off", fontsize=FONT["title"])
     return fig
 
 
@@ -416,13 +417,14 @@ def _cdf_style(label: str, k: int) -> dict:
 
 def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: float | None = None,
                      percentile: str = "p95_ms", *, chosen=None, slo: str | None = None,
-                     slo_ms: float | None = None, current=None):
+                     slo_ms: float | None = None, current=None, within_target: float | None = None):
     """Fig. 6: (a) latency CDFs, (b) simulated percentile vs P̄, (c) share within ``bound_ms`` vs P̄.
 
     Baselines take their family's colour and marker (:data:`FAMILY_STYLE`); ``chosen`` (the SLO's
     pick, a FrontPoint) is starred on (b) and (c) and labelled with ``slo``; ``slo_ms`` draws the
-    percentile bound on (b), ``bound_ms`` the latency bound on (a) and (c).  ``current``: your current setting
-    (a BaselinePoint with simulated percentiles), drawn as a pink ring on (b).
+    percentile bound on (b), ``bound_ms`` the latency bound on (a) and (c), ``within_target`` (a share in
+    (0, 1], e.g. 0.95 for "95 % within bound_ms") the satisfaction SLO on (c).  ``current``: your current
+    setting (a BaselinePoint with simulated percentiles), drawn as a pink ring on (b) and (c).
     """
     Line2D = require("matplotlib.lines", "figures").Line2D
 
@@ -491,9 +493,15 @@ def plot_percentiles(front, baselines=(), cdfs: dict | None = None, bound_ms: fl
         _percentile_baselines(ax, baselines, lambda b: 100 * b.within[bound_ms] if bound_ms in b.within else None,
                               fam_handles)
         extra = []
+        if within_target is not None:
+            extra.append(ax.axvline(100 * within_target, color="0.35", linestyle=(0, (4, 2)), linewidth=1.0,
+                                    label=f"SLO ≥ {100 * within_target:g} % within {bound_ms:g} ms"))
         if chosen is not None and bound_ms in chosen.within:
             extra += ax.plot([100 * chosen.within[bound_ms]], [chosen.mean_power_w], label=pick_label,
                              gid="slo-pick", **PICK_STYLE)
+        if current is not None and bound_ms in current.within:
+            extra += ax.plot([100 * current.within[bound_ms]], [current.mean_power_w],
+                             label=f"your setting {current.setting}", gid="current-setting", **CURRENT_STYLE)
         ax.legend(handles=[smdp_h, *fam_handles.values(), *extra], fontsize=FONT["legend"], loc="upper left",
                   title="rule", title_fontsize=FONT["legend"])
         ax.set_xlabel(f"requests within {bound_ms:g} ms [%] (simulated)")

@@ -285,7 +285,7 @@ def _pareto_figure(fronts, base, kind, path, chosen, within, n_sim, seed, latenc
         fig = plot_percentiles(f, base.get(0, []), cdfs, within, percentile=f"{pct}_ms",
                                chosen=chosen[0] if chosen else None, slo=text,
                                slo_ms=slo_value if slo is not None and slo[0] in ("p95", "p99") else None,
-                               current=cur)
+                               current=cur, within_target=slo_value[1] if slo is not None and slo[0] == "within" else None)
     save(fig, path)
 
 
