@@ -1,6 +1,11 @@
-"""Runtime for servers: load a policy table and batch requests by it.  Imports numpy and h5py only."""
+"""Runtime for servers: load a policy table and batch requests by it.  Imports numpy and h5py only.
+
+The Autopilot (a table that re-solves itself online) is :mod:`smdp_batch.runtime.autopilot`: it is not
+imported here, since its default solver needs the analysis (numba, scipy), which imports this package.
+"""
 
 from .bank import AdaptivePolicy, PolicyBank, RateEstimator
+from .estimators import EnergyEstimator, RateChange, ServiceEstimator
 from .batcher import BatcherBroken, BatcherClosed, BatcherMetrics, DynamicBatcher, batched, default_max_wait_ms
 from .phase import PhaseFilter, PhasePolicy
 from .phase_file import PhasePolicyFile, read_phase_policy
@@ -12,4 +17,5 @@ __all__ = [
     "DynamicBatcher", "default_max_wait_ms",
     "FORMAT", "SCHEMA_VERSION", "PolicyFile", "PolicyTable", "batched", "control_limit", "eq30", "read_bank",
     "read_policy", "PhaseFilter", "PhasePolicy", "PhasePolicyFile", "read_phase_policy",
+    "EnergyEstimator", "RateChange", "ServiceEstimator",
 ]

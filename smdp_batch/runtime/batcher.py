@@ -150,7 +150,8 @@ class DynamicBatcher:
 
     ``table``: a :class:`PolicyTable`, an :class:`~smdp_batch.runtime.bank.AdaptivePolicy` (told of every
     arrival, in ms), a :class:`~smdp_batch.runtime.phase.PhasePolicy`, a path to an HDF5 table, or any
-    callable n ↦ b (must return an int in 0..n).
+    callable n ↦ b (must return an int in 0..n).  A table with ``observe_batch(b, seconds, ok)`` (an Autopilot) is told of
+    every executed batch, and with ``observe_response(ms_list)`` of its requests' response times (ms).
     ``infer`` may be ``async def`` or a plain function returning the results (or an awaitable); a plain one
     runs in a worker thread unless ``infer_thread=False``.
     ``max_wait_ms``: the safety bound on the oldest request's wait while the table says wait (ms);
@@ -186,6 +187,7 @@ class DynamicBatcher:
         redecide = getattr(table, "next_decision_ms", None)
         self._redecide = redecide if callable(redecide) else None
         self._soon = 0  # re-decision times in a row that were not ahead (redecide_delay backs off)
+        self._hooks = (getattr(table, "observe_batch", None), getattr(table, "observe_response", None))  # Autopilot
         self.table = table
         self.lam = lam
         self.short_batch = short_batch
@@ -548,6 +550,11 @@ class DynamicBatcher:
                 self._fail(e, err)
         self._inflight = []  # how == "closed": close(drain=False) has failed them already
         m.busy = False
+        if how != "closed" and callable(self._hooks[0]):  # the measured batch (and its response times, ms)
+            end, ok = self._now(), how == "done" and ok
+            self._hooks[0](len(batch) + pads, end - now, ok)
+            if ok and callable(self._hooks[1]):
+                self._hooks[1]([(end - e.t) * 1e3 for e in batch])
 
 
 def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,

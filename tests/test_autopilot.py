@@ -1,0 +1,383 @@
+"""The Autopilot (smdp_batch.runtime.autopilot): re-solves on a rate step and on a slowdown, swaps only plans that
+meet the SLO, rolls back on observed p99, and keeps serving through solver faults, NaN readings and clock jumps.
+Driven by synthetic clocks and streams; the solver is the real SLO optimiser where it matters, a fake elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.runtime import DynamicBatcher, PolicyTable, RateChange
+from smdp_batch.runtime.autopilot import Autopilot, Plan, slo_plan
+
+SLO = 40.0
+
+
+class Clock:
+    """A synthetic solve clock (s)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def control(q: int, bmax: int = 32) -> np.ndarray:
+    s = np.arange(bmax + 1)
+    return np.where(s >= q, np.minimum(s, bmax), 0)
+
+
+class FakeSolver:
+    """Records each problem; answers a control-limit table with made-up planned metrics (or misbehaves)."""
+
+    def __init__(self, mode: str = "ok"):
+        self.mode, self.calls, self.release = mode, [], threading.Event()
+
+    def __call__(self, problem, slo_ms, lams):
+        self.calls.append((problem, slo_ms, list(lams)))
+        if self.mode == "raise":
+            raise RuntimeError("solver bug")
+        if self.mode == "hang":
+            self.release.wait(30)
+        if self.mode == "none":
+            return None
+        q = 2 + len(self.calls) % 2  # alternate two tables
+        p99 = math.nan if self.mode == "nan" else 0.5 * slo_ms
+        return Plan(PolicyTable(control(q), problem.batch_sizes, {"inputs": {"lam": lams[0]}}), lams[0], None,
+                    5.0, p99, 20.0, True, f"control:{q}")
+
+
+def make(solver=None, clock=None, **kw) -> tuple[Autopilot, BatchingProblem]:
+    p = BatchingProblem.basic(rho=0.3)
+    start = Plan(PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
+    opts = {"min_interval_s": 0.0, **kw}
+    return Autopilot(p, SLO, start, solver=solver or FakeSolver(), clock=clock or Clock(), **opts), p
+
+
+def feed(ap: Autopilot, lam: float, n: int, rng, t0: float = 0.0) -> float:
+    t = t0
+    for x in rng.exponential(1.0 / lam, n):
+        t += x
+        ap.observe_arrival(t)
+    return t
+
+
+# ------------------------------------------------------------------ the real optimiser
+def test_a_3x_rate_step_re_solves_and_swaps_to_a_table_solved_near_the_new_rate():
+    p = BatchingProblem.basic(rho=0.3)
+    solver = functools.partial(slo_plan, requests=5000)
+    ap = Autopilot(p, SLO, solver=solver, clock=Clock(), min_interval_s=0.0)
+    first = ap.plan
+    assert first.meets and first.p99_ms <= SLO and ap.decide(0) == 0
+    rng = np.random.default_rng(1)
+    t = feed(ap, p.lam, 1500, rng)
+    assert ap.metrics.solves == 0  # a stationary stream: no re-solve
+    feed(ap, 3 * p.lam, 600, rng, t)
+    assert ap.join(30)
+    m = ap.metrics
+    assert m.swaps == 1 and m.failed_solves == 0 and m.live_table != first.id
+    assert ap.plan.lam == pytest.approx(3 * p.lam, rel=0.2)
+    assert m.planned_p99_ms <= SLO and math.isfinite(m.planned_power_w) and m.planned_lam == ap.plan.lam
+    assert ap.plan.table.lam == ap.plan.lam
+    assert not np.array_equal(ap.table.policy, first.table.policy)  # a table for the new load
+    assert ap.plan.power_w > first.power_w  # three times the requests draw more power
+
+
+def test_a_1_5x_slowdown_re_solves_with_the_measured_curve():
+    solver = FakeSolver()
+    ap, p = make(solver)
+    rng = np.random.default_rng(2)
+    t = feed(ap, p.lam, 300, rng)
+    l = p.latency_ms()
+    for _ in range(8):
+        b = int(rng.integers(1, 33))
+        ap.observe_batch(b, 1.5 * l[b - 1] * 1e-3 * rng.gamma(100, 0.01), True)
+    ap.join(10)
+    assert len(solver.calls) == 1
+    solved, slo_ms, lams = solver.calls[0]
+    assert slo_ms == SLO and lams[0] == pytest.approx(p.lam, rel=0.25)
+    ratio = solved.latency_ms() / l
+    assert np.median(ratio) == pytest.approx(1.5, rel=0.1)  # observed sizes measured, the others scaled
+    assert ap.metrics.swaps == 1 and ap.metrics.last_event == "swap"
+    assert not ap.service.drift()  # rebased on the curve the solve used
+    feed(ap, p.lam, 50, rng, t)
+    assert len(solver.calls) == 1
+
+
+# ------------------------------------------------------------------ guards
+def _step(ap, p, seed=3):
+    rng = np.random.default_rng(seed)
+    t = feed(ap, p.lam, 1000, rng)
+    return feed(ap, 3 * p.lam, 600, rng, t), rng
+
+
+def test_a_raising_solver_keeps_the_table_and_counts(caplog):
+    ap, p = make(FakeSolver("raise"))
+    live = ap.plan
+    with caplog.at_level(logging.INFO, logger="smdp_batch"):
+        _step(ap, p)
+        ap.join(10)
+    m = ap.metrics
+    assert m.failed_solves >= 1 and m.swaps == 0 and ap.plan is live and ap.decide(8) == 8
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("autopilot ")]
+    event = json.loads(lines[0].split(" ", 1)[1])
+    assert event["event"] == "solve-error" and "solver bug" in event["error"] and event["live_table"] == live.id
+
+
+def test_a_failed_solve_is_retried_after_a_backoff():
+    clock = Clock()
+    solver = FakeSolver("raise")
+    ap, p = make(solver, clock, min_interval_s=1.0)
+    t, rng = _step(ap, p)
+    ap.join(10)
+    assert len(solver.calls) == 1
+    feed(ap, 3 * p.lam, 10, rng, t)
+    assert len(solver.calls) == 1  # backoff: 2 s
+    clock.t = 2.5
+    solver.mode = "ok"
+    feed(ap, 3 * p.lam, 10, rng, t + 100)
+    ap.join(10)
+    assert len(solver.calls) == 2 and ap.metrics.swaps == 1
+
+
+def test_a_hung_solver_is_abandoned_past_its_budget_and_its_late_result_dropped():
+    clock = Clock()
+    solver = FakeSolver("hang")
+    ap, p = make(solver, clock, budget_s=5.0, min_interval_s=1.0)
+    live = ap.plan
+    t, rng = _step(ap, p)
+    assert ap.metrics.solves == 1 and ap._job is not None
+    clock.t = 6.0  # past the budget, on the solve clock
+    t = feed(ap, 3 * p.lam, 5, rng, t)
+    m = ap.metrics
+    assert m.failed_solves == 1 and m.last_event == "solve-timeout" and ap.plan is live
+    assert ap.decide(10) == 10  # serving goes on
+    thread = ap._abandoned[0]
+    solver.release.set()
+    thread.join(10)
+    assert ap.metrics.late_results == 1 and ap.plan is live and ap.metrics.swaps == 0
+
+
+def test_hung_solves_never_take_more_than_max_threads():
+    clock = Clock()
+    solver = FakeSolver("hang")
+    ap, p = make(solver, clock, budget_s=1.0, max_threads=2, min_interval_s=0.0)
+    t, rng = _step(ap, p)
+    for _ in range(6):
+        clock.t += 100.0  # every retry's backoff over, and its budget too
+        t = feed(ap, 3 * p.lam, 3, rng, t)
+    assert len(solver.calls) == 2 and ap.metrics.failed_solves == 2
+    solver.release.set()
+
+
+@pytest.mark.parametrize("mode, counter", [("nan", "failed_solves"), ("none", "infeasible")])
+def test_a_nan_or_infeasible_answer_is_not_swapped(mode, counter):
+    ap, p = make(FakeSolver(mode))
+    live = ap.plan
+    _step(ap, p)
+    ap.join(10)
+    assert getattr(ap.metrics, counter) == 1 and ap.metrics.swaps == 0 and ap.plan is live
+
+
+def test_nan_timings_and_bad_readings_are_ignored_and_counted():
+    solver = FakeSolver()
+    ap, p = make(solver)
+    for bad in (math.nan, math.inf, -1.0, 0.0, "x", None):
+        ap.observe_batch(4, bad, True)
+    ap.observe_batch(999, 0.01, True)  # not an allowed size
+    ap.observe_batch(4, 50.0, False)  # a failed batch teaches nothing
+    ap.observe_energy(4, math.nan)
+    ap.observe_response([math.nan, -3.0, "x"])
+    ap.observe_response("not a number")
+    ap.observe_arrival(math.nan)
+    m = ap.metrics
+    assert m.rejected_inputs == 9 and m.solves == 0 and math.isnan(m.observed_p99_ms)
+    assert ap.service.count == 0
+
+
+def test_clock_jumps_neither_stop_serving_nor_block_solves():
+    clock = Clock()
+    solver = FakeSolver()
+    ap, p = make(solver, clock, min_interval_s=1.0)
+    clock.t = -1e6  # the solve clock steps back: no time passes
+    t, rng = _step(ap, p)
+    ap.join(10)
+    assert ap.metrics.swaps == 1
+    ap.observe_arrival(t + 3.6e6)  # the arrival clock jumps an hour forward
+    assert ap.rate.clipped >= 1
+    clock.t = 1e9  # and the solve clock forward
+    feed(ap, 3 * p.lam, 500, rng, t + 3.6e6)
+    ap.join(10)
+    m = ap.metrics
+    assert m.failed_solves == 0 and ap.decide(5) in (0, 5)
+
+
+def test_an_estimate_beyond_the_stable_rate_keeps_the_table():
+    ap, p = make(FakeSolver())
+    live = ap.plan
+    rng = np.random.default_rng(4)
+    t = feed(ap, p.lam, 1000, rng)
+    feed(ap, 1.2 * p.max_lam, 600, rng, t)
+    ap.join(10)
+    assert ap.metrics.out_of_range == 1 and ap.plan is live and ap.metrics.swaps == 0
+
+
+# ------------------------------------------------------------------ rollback
+def test_a_swap_that_breaks_the_slo_in_service_is_rolled_back():
+    ap, p = make(FakeSolver(), window=200, grace=50)
+    before = ap.plan
+    _step(ap, p)
+    ap.join(10)
+    assert ap.metrics.swaps == 1 and ap.plan is not before
+    ap.observe_response([10.0] * 50)  # the grace: requests that waited under the old table
+    ap.observe_response([10.0] * 190 + [80.0] * 10)  # p99 of this window: 80 ms > 1.1 × SLO
+    m = ap.metrics
+    assert m.rollbacks == 1 and ap.plan is before and m.live_table == before.id and m.last_event == "rollback"
+
+
+def test_a_swap_that_holds_the_slo_becomes_the_last_good_table():
+    ap, p = make(FakeSolver(), window=200, grace=50, watch=2)
+    _step(ap, p)
+    ap.join(10)
+    new = ap.plan
+    ap.observe_response(np.full(450, 12.0))
+    assert ap._previous is None and ap._good is new and ap._watch_seen == -1
+    ap.observe_response(np.full(300, 90.0))  # later breaches are not the swap's: no rollback
+    assert ap.metrics.rollbacks == 0 and ap.plan is new and ap.metrics.observed_p99_ms == pytest.approx(90.0)
+
+
+# ------------------------------------------------------------------ in a real batcher
+class HeldRate(RateChange):
+    """λ̂ held where the test put it: a burst of 10⁵ in about a second is beyond this model's stable rate."""
+
+    def observe(self, t_ms):
+        return False
+
+
+class Recording(Autopilot):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.decisions: list[tuple[int, int, int]] = []
+
+    def decide(self, n):
+        plan = self._live  # what decide reads: one reference
+        b = plan.table.decide(n)
+        self.decisions.append((plan.id, n, b))
+        return b
+
+
+def test_a_burst_through_a_real_batcher_during_swaps_loses_and_splits_nothing():
+    """10⁵ requests; a thread reports slow batches so the Autopilot re-solves and swaps while the batcher serves."""
+    p = BatchingProblem.basic(rho=0.3)
+    sizes = p.batch_sizes
+    greedy = lambda cap: np.minimum(np.arange(cap + 1), cap)  # noqa: E731
+    tables = iter([greedy(32), greedy(16)] * 1000)
+
+    def solver(problem, slo_ms, lams):
+        return Plan(PolicyTable(next(tables), sizes, {"inputs": {"lam": lams[0]}}), lams[0], None, 5.0, 10.0, 20.0)
+
+    start = Plan(PolicyTable(greedy(8), sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 5.0, 10.0, 20.0)
+    ap = Recording(p, SLO, start, solver=solver, min_interval_s=0.0, min_samples=2, rate=HeldRate())
+    for _ in range(300):
+        ap.rate.observe_gap(1.0 / p.lam)
+    served: list[int] = []
+
+    async def infer(items):
+        served.append(len(items))
+        await asyncio.sleep(0)
+        return items
+
+    stop = threading.Event()
+    l8 = float(p.latency_ms()[7]) * 1e-3
+
+    def slowdowns():
+        k = 0
+        while not stop.is_set():
+            k += 1
+            ap.observe_batch(8, l8 * (1 + (k // 20) % 2), True)  # batch times flip 1× ↔ 2×, from another thread
+            stop.wait(0.002)
+
+    async def main():
+        batcher = DynamicBatcher(infer, ap, max_wait_ms=None)
+        th = threading.Thread(target=slowdowns)
+        th.start()
+        try:
+            out = []
+            for chunk in range(10):
+                out += await asyncio.gather(*(batcher.submit(i) for i in range(chunk * 10_000, (chunk + 1) * 10_000)))
+        finally:
+            stop.set()
+            th.join()
+        await batcher.close()
+        return out, batcher.metrics
+
+    out, m = asyncio.run(main())
+    assert out == list(range(100_000)) and m.completed == 100_000 and m.failed == 0
+    assert ap.metrics.swaps >= 2, ap.metrics
+    served_by_decide = [b for _, _, b in ap.decisions if b > 0]
+    assert served == served_by_decide  # every batch is exactly one decision's batch: nothing split by a swap
+    ids = {i for i, _, _ in ap.decisions}
+    assert len(ids) >= 3  # the decisions came from several tables
+
+
+def test_the_batcher_reports_each_batch_and_its_response_times():
+    seen: list[tuple] = []
+
+    class Probe:
+        batch_sizes = (1, 2, 4)
+
+        def decide(self, n):
+            return min(n, 4)
+
+        def observe_batch(self, b, seconds, ok):
+            seen.append(("batch", b, seconds, ok))
+
+        def observe_response(self, ms):
+            seen.append(("resp", len(ms), min(ms)))
+
+    async def infer(items):
+        if "boom" in items:
+            raise ValueError("boom")
+        return items
+
+    async def main():
+        bt = DynamicBatcher(infer, Probe(), max_wait_ms=None)
+        assert await bt.submit(1) == 1
+        with pytest.raises(ValueError):
+            await bt.submit("boom")
+        await bt.close()
+
+    asyncio.run(main())
+    assert [s[0] for s in seen] == ["batch", "resp", "batch"]
+    assert seen[0][1] == 1 and seen[0][2] >= 0 and seen[0][3] is True and seen[2][3] is False
+
+
+def test_the_live_timer_is_the_batchers_auto_bound():
+    p = BatchingProblem.basic(rho=0.3)
+    table = PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": 7.5})
+    ap = Autopilot(p, SLO, Plan(table, p.lam, 7.5, 5.0, 10.0, 20.0), solver=FakeSolver())
+    bt = DynamicBatcher(lambda items: items, ap)
+    assert ap.max_wait_ms == 7.5 and bt.max_wait_ms == pytest.approx(7.5)
+    ap._live = Plan(PolicyTable(control(4), p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": 3.0}), p.lam, 3.0)
+    assert bt.max_wait_ms == pytest.approx(3.0)  # follows the live plan
+
+
+def test_bad_settings_are_refused():
+    p = BatchingProblem.basic(rho=0.3)
+    with pytest.raises(ValueError):
+        Autopilot(p, math.nan, PolicyTable(control(2), p.batch_sizes))
+    with pytest.raises(ValueError):
+        Autopilot(p, SLO, PolicyTable(control(2), p.batch_sizes), window=10)
+    with pytest.raises(TypeError):
+        Autopilot(p, SLO, "table.h5")
+    with pytest.raises(ValueError):
+        Autopilot(p, SLO, solver=FakeSolver("none"))  # no initial table meets the SLO

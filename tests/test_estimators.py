@@ -1,0 +1,223 @@
+"""The Autopilot's online estimators (smdp_batch.runtime.estimators): change-point delay and false alarms on
+seeded Poisson streams, service drift, energy, bad inputs, bounded memory and threads."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from smdp_batch.runtime import EnergyEstimator, RateChange, ServiceEstimator
+from smdp_batch.runtime.estimators import chi2_quantile
+
+
+def _step_delay(seed: int, factor: float, pre: int = 1000, post: int = 400) -> int | None:
+    """Arrivals after a step of the rate by ``factor`` until the first change declared after it."""
+    rng = np.random.default_rng(seed)
+    gaps = np.concatenate([rng.exponential(1.0, pre), rng.exponential(1.0 / factor, post)])
+    r = RateChange()
+    for i, x in enumerate(gaps):
+        if r.observe_gap(x) and i >= pre:
+            return i - pre + 1
+    return None
+
+
+@pytest.mark.parametrize("factor, within", [(3.0, 80), (1.0 / 3.0, 60)])
+def test_a_3x_step_is_found_within_the_stated_delay_in_99_percent_of_200_runs(factor, within):
+    delays = [_step_delay(seed, factor) for seed in range(200)]
+    found = sum(d is not None and d <= within for d in delays)
+    assert found >= 198, sorted(d or 10**9 for d in delays)[-5:]
+
+
+def test_after_a_change_the_estimate_restarts_from_the_post_change_data():
+    rng = np.random.default_rng(7)
+    r = RateChange()
+    for x in rng.exponential(1.0, 2000):
+        r.observe_gap(x)
+    assert r.rate == pytest.approx(1.0, rel=0.15)
+    changes = r.changes
+    for x in rng.exponential(1.0 / 3.0, 300):
+        r.observe_gap(x)
+    assert r.changes == changes + 1
+    assert r.rate == pytest.approx(3.0, rel=0.2)  # not a blend with the 2000 old gaps
+    lo, hi = r.band()
+    assert lo < r.rate < hi
+
+
+def test_false_alarms_on_stationary_poisson_streams_stay_within_the_stated_rate():
+    """≤ 2 false changes in each of 3 seeded runs of 10⁵ arrivals (stated: about 0.2 per 10⁵)."""
+    total = 0
+    for seed in range(3):
+        rng = np.random.default_rng(1000 + seed)
+        r = RateChange()
+        t = 0.0
+        for x in rng.exponential(0.5, 100_000):  # λ = 2/ms, given as arrival times
+            t += x
+            r.observe(t)
+        assert r.changes <= 2
+        total += r.changes
+        assert r.rate == pytest.approx(2.0, rel=0.15)
+    assert total <= 3
+
+
+def test_the_band_covers_the_rate_about_95_percent_of_the_time():
+    cover = 0
+    for seed in range(200):
+        r = RateChange()
+        for x in np.random.default_rng(seed).exponential(0.25, 200):
+            r.observe_gap(x)
+        lo, hi = r.band(1.96)
+        cover += lo <= 4.0 <= hi
+    assert 180 <= cover <= 199
+    assert chi2_quantile(100, 1.6448536) == pytest.approx(124.342, rel=2e-3)
+
+
+def test_bad_inputs_are_ignored_and_counted():
+    r = RateChange()
+    for t in (0.0, 1.0, math.nan, math.inf, -5.0, "x", None, True, 10**400, 2.0):
+        r.observe(t)
+    assert r.count == 2 and r.rejected == 7  # 10**400 is +inf; True is not a number
+    r.observe(1.5)  # the clock stepped back: counted, no gap
+    assert r.rejected == 8 and r.count == 2
+    r.observe(2.5)
+    assert r.count == 3
+    for x in (math.nan, -1.0, math.inf):
+        r.observe_gap(x)
+    assert r.rejected == 11
+
+
+def test_a_clock_jump_forward_is_clipped_and_recovers():
+    rng = np.random.default_rng(3)
+    r = RateChange()
+    t = 0.0
+    for x in rng.exponential(1.0, 1000):
+        t += x
+        r.observe(t)
+    t += 3.6e6  # the arrival clock jumps an hour
+    r.observe(t)
+    assert r.clipped == 1
+    assert r.rate is None or r.rate > 0.02  # one gap moves the estimate by a bounded amount
+    for x in rng.exponential(1.0, 400):
+        t += x
+        r.observe(t)
+    assert r.rate == pytest.approx(1.0, rel=0.25)
+
+
+def _service(seed: int, slow: float, cv: float = 0.3, sizes=tuple(range(1, 33))):
+    rng = np.random.default_rng(seed)
+    l = 1.0 + 0.3 * np.asarray(sizes, dtype=float)
+    est = ServiceEstimator(sizes, l)
+    return est, rng, l
+
+
+@pytest.mark.parametrize("cv, within", [(0.1, 8), (0.3, 48)])
+def test_a_1_5x_slowdown_is_found_within_the_stated_batches_in_99_percent_of_200_runs(cv, within):
+    found = 0
+    for seed in range(200):
+        est, rng, l = _service(seed, 1.5)
+        for _ in range(within):
+            i = int(rng.integers(0, 32))
+            est.observe(i + 1, 1.5 * l[i] * rng.gamma(1 / cv**2, cv**2))
+            if est.drift():
+                found += 1
+                break
+    assert found >= 198
+
+
+def test_an_unchanged_service_is_not_flagged_in_10k_batches():
+    est, rng, l = _service(5, 1.0)
+    idx = rng.integers(0, 32, 10_000)
+    noise = rng.gamma(1 / 0.09, 0.09, 10_000)
+    flagged = 0
+    for i, z in zip(idx, noise):
+        est.observe(int(i) + 1, l[i] * z)
+        flagged += est.drift()
+    assert flagged == 0
+    assert est.ratio() == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_curve_uses_measurements_where_seen_and_the_scaled_model_elsewhere():
+    sizes = (1, 2, 4, 8)
+    l = np.array([1.0, 1.5, 2.5, 4.5])
+    est = ServiceEstimator(sizes, l, prior_count=5)
+    np.testing.assert_allclose(est.latency_ms(), l)  # nothing seen: the model's l(b)
+    for _ in range(995):
+        est.observe(4, 3.75)  # 1.5 × l(4)
+    curve = est.latency_ms()
+    assert curve[2] == pytest.approx(3.75, rel=0.01)
+    np.testing.assert_allclose(curve[[0, 1, 3]], 1.5 * l[[0, 1, 3]], rtol=0.01)  # pooled ratio for the others
+    assert np.all(np.diff(curve) >= 0)
+    assert est.drift()
+    est.rebase()
+    assert not est.drift() and est.counts().sum() == 0
+    np.testing.assert_allclose(est.latency_ms(), curve)
+    assert est.observe(3, 1.0) is False and est.observe(4, math.nan) is False and est.observe(4, -1) is False
+    assert est.observe(True, 1.0) is False and est.rejected == 4
+
+
+def test_a_slower_small_batch_keeps_the_curve_non_decreasing():
+    est = ServiceEstimator((1, 2, 3), (1.0, 2.0, 3.0), prior_count=1)
+    for _ in range(50):
+        est.observe(1, 2.9)
+    c = est.latency_ms()
+    assert np.all(np.diff(c) >= 0)
+
+
+def test_energy_keeps_the_model_without_readings():
+    e = EnergyEstimator((1, 2, 4), (10.0, 15.0, 25.0), prior_count=5)
+    assert not e.measured
+    np.testing.assert_allclose(e.energy_mj(), (10.0, 15.0, 25.0))
+    for _ in range(995):
+        e.observe(2, 30.0)
+    got = e.energy_mj()
+    assert got[0] == 10.0 and got[2] == 25.0 and got[1] == pytest.approx(29.925, rel=1e-3)
+    assert e.observe(2, math.nan) is False and e.observe(5, 1.0) is False and e.observe(2, -1.0) is False
+    assert e.rejected == 3
+
+
+def test_estimator_state_stays_bounded_over_a_million_observations():
+    r = RateChange()
+    s = ServiceEstimator(tuple(range(1, 9)), np.linspace(1.0, 4.0, 8))
+    size_r, size_s = r.state_size(), s.state_size()
+    rng = np.random.default_rng(0)
+    gaps = rng.exponential(1.0, 1_000_000).tolist()
+    b = rng.integers(1, 9, 1_000_000)
+    for x in gaps:
+        r.observe_gap(x)
+    for i in range(0, 1_000_000, 4):  # and 250 000 batches
+        s.observe(int(b[i]), 2.0)
+    assert r.state_size() == size_r and s.state_size() == size_s
+    assert r.count == 1_000_000 and s.count == 250_000
+    assert max(s.counts()) <= s._per.memory
+
+
+def test_estimators_are_thread_safe():
+    r = RateChange()
+    s = ServiceEstimator((1, 2), (1.0, 2.0))
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for x in rng.exponential(1.0, 5000):
+            r.observe_gap(x)
+            s.observe(1, 1.0 + 0.01 * x)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert r.count == 20_000 and s.count == 20_000
+    assert r.rate == pytest.approx(1.0, rel=0.2)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        RateChange(kappa=1.0)
+    with pytest.raises(ValueError):
+        RateChange(warmup=1)
+    with pytest.raises(ValueError):
+        ServiceEstimator((1, 2), (1.0,))
+    with pytest.raises(ValueError):
+        EnergyEstimator((1,), (math.nan,))
