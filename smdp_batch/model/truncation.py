@@ -11,13 +11,15 @@ the next state is s − a + k with probability p_k for k ≤ s_max − s + a, an
 mass P(K > s_max − s + a).  Waiting moves s → s+1 (s_max → S_o, S_o → S_o).  We therefore store
 per action only
 
-* ``P[a, k]`` = p_k^[a] and ``SF[a, k]`` = P(K > k), k = 0..s_max,
+* ``P[a, k]`` = p_k^[a] and ``SF[a, k]`` = P(K > k), k = 0..s_max — stored only up to where both are
+  exactly 0 for every action (the laws' tails underflow: ~350 columns for deterministic service at
+  s_max = 2²⁰); the kernels read P(K > k) past the stored columns as 0,
 * ``y[a]`` the mean sojourn (eq. 9: l(a), or 1/λ for waiting),
 * cost pieces with c(s, a) = fixed[a] + slope[a]·s (eq. 11):
   fixed = w2·ζ(a) + w1·E[G_a²]/2, slope = w1·y(a)/λ (waiting: fixed 0, slope w1/λ²).
 
-Memory is O(A·s_max); nothing of size S×A×S is built except by :meth:`TruncatedSMDP.dense`
-(tests and peers only).
+Memory is O(A·K), K the arrival counts' support (the columns past it are 0 and not stored); nothing
+of size S×A×S is built except by :meth:`TruncatedSMDP.dense` (tests and peers only).
 
 **The tail boundary** (``truncate(..., tail=B)``, the converged rule's model).  Eq. 19's S_o carries
 the overflow at a flat cost c_o, so ĝ and every decision feel the truncation until the queue tail
@@ -70,22 +72,41 @@ class ArrivalTable:
     Rows of batch sizes b > kmax are left empty (p = 0, P(K > k) = 1): b is infeasible at every state of
     any truncation the table serves (s_max ≤ kmax; only the tail boundary's truncations are shorter than
     Bmax), so no kernel reads them.
+
+    The table may be stored *compactly*: ``pmf``/``sf`` hold the columns k < ``width`` and ``span`` (when
+    set) is kmax; every column the arrays do not hold is exactly 0 in both (the laws' tails underflow —
+    deterministic service at s_max = 2²⁰ needs ~350 columns, not 10⁶).  Empty rows are the exception
+    (P(K > k) = 1 everywhere), and they are never read.  :meth:`dense_sf` spells the zeros out.
     """
 
     pmf: np.ndarray
     sf: np.ndarray
     klo: np.ndarray | None = None
     khi: np.ndarray | None = None
+    span: int | None = None  # kmax when the arrays stop early (their missing columns are 0); None: the arrays' end
 
     @property
     def kmax(self) -> int:
-        return self.pmf.shape[1] - 1
+        return self.pmf.shape[1] - 1 if self.span is None else int(self.span)
+
+    @property
+    def width(self) -> int:
+        """Columns held (k = 0..width − 1); the rest, up to kmax, are exact zeros."""
+        return self.pmf.shape[1]
 
     def head(self, kmax: int) -> "ArrivalTable":
         """The table cut to k = 0..kmax (views)."""
         if kmax >= self.kmax:
             return self
-        return ArrivalTable(self.pmf[:, : kmax + 1], self.sf[:, : kmax + 1], self.klo, self.khi)
+        w = min(self.width, kmax + 1)
+        return ArrivalTable(self.pmf[:, :w], self.sf[:, :w], self.klo, self.khi,
+                            None if w == kmax + 1 else int(kmax))
+
+    def dense_sf(self, rows: int) -> np.ndarray:
+        """P(K > k) of the first ``rows`` rows on the whole range k = 0..kmax (zeros past the stored columns)."""
+        out = np.zeros((rows, self.kmax + 1))
+        out[:, : self.width] = self.sf[:rows, : self.kmax + 1]
+        return out
 
 
 #: Recently built arrival tables: (law object, λ, batch sizes, latencies) → the largest table built.
@@ -115,20 +136,35 @@ def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
 
 
 def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
+    """The table for k = 0..kmax, stored compactly: each row is computed on the whole range and its trailing
+    exact zeros are dropped (:class:`ArrivalTable`), so memory is O(A·support), not O(A·kmax)."""
     law = problem.service
     check_memory(arrival_table_bytes(len(problem.batch_sizes), kmax),
                  f"the arrival table for {len(problem.batch_sizes)} batch sizes and k ≤ {kmax}",
                  "use fewer batch sizes or a smaller s_max")
-    pmf = np.empty((len(problem.batch_sizes), kmax + 1))
-    sf = np.empty_like(pmf)
-    for i, (b, l) in enumerate(zip(problem.batch_sizes, problem.latency_ms())):
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    width = 1
+    for b, l in zip(problem.batch_sizes, problem.latency_ms()):
         if b > kmax:  # infeasible in every truncation this table serves (s_max ≤ kmax): left empty
-            pmf[i:], sf[i:] = 0.0, 1.0
             break
-        pmf[i], sf[i] = law.arrival(problem.lam * float(l), kmax, int(b))
-    if not (np.all(np.isfinite(pmf)) and np.all(pmf >= 0) and np.all(np.isfinite(sf))):
-        raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
-    return ArrivalTable(pmf, np.clip(sf, 0.0, 1.0))
+        p, f = law.arrival(problem.lam * float(l), kmax, int(b))
+        p, f = np.asarray(p, dtype=np.float64), np.asarray(f, dtype=np.float64)
+        if not (np.all(np.isfinite(p)) and np.all(p >= 0) and np.all(np.isfinite(f))):
+            raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
+        f = np.clip(f, 0.0, 1.0)
+        nz = np.flatnonzero(p)
+        nzf = np.flatnonzero(f)
+        w = max(int(nz[-1]) + 1 if nz.size else 0, int(nzf[-1]) + 1 if nzf.size else 0)
+        width = max(width, w)
+        rows.append((p[:w].copy(), f[:w].copy()))  # copies: the law's full-length arrays are freed
+    n = len(problem.batch_sizes)
+    pmf = np.zeros((n, width))
+    sf = np.zeros((n, width))
+    for i, (p, f) in enumerate(rows):
+        pmf[i, : p.size] = p
+        sf[i, : f.size] = f
+    sf[len(rows):] = 1.0  # the empty rows (b > kmax)
+    return ArrivalTable(pmf, sf, span=None if width == kmax + 1 else int(kmax))
 
 
 @dataclass(frozen=True)
@@ -140,8 +176,8 @@ class TruncatedSMDP:
     abstract_cost: float
     actions: np.ndarray  # int64 (A,), 0 first then batch sizes ascending
     y: np.ndarray  # (A,) mean sojourn, ms
-    P: np.ndarray  # (A, s_max+1) p_k; row 0 (wait) unused
-    SF: np.ndarray  # (A, s_max+1) P(K > k)
+    P: np.ndarray  # (A, W) p_k, W ≤ s_max+1 (compact: p_k = P(K > k) = 0 for k ≥ W); row 0 (wait) unused
+    SF: np.ndarray  # (A, W) P(K > k); the kernels read columns ≥ W as 0 (:meth:`sf_at`)
     klo: np.ndarray  # (A,) int64 support bounds used by the kernels
     khi: np.ndarray
     cost_fixed: np.ndarray  # (A,)
@@ -150,6 +186,14 @@ class TruncatedSMDP:
     hold_fixed: np.ndarray  # (A,) E[G_a²]/2 (ms²), 0 for waiting
     tail_action: int = 0  # B served above s_max (the tail boundary); 0: eq. 19's S_o with c_o
     extra: np.ndarray | None = None  # (3, S, A) tail boundary: the excursions' time, energy, holding
+
+    def sf_at(self, i: int, m: int) -> float:
+        """P(K > m) of action index i (0 past the stored columns, where the law's tail is exactly 0)."""
+        return float(self.SF[i, m]) if m < self.SF.shape[1] else 0.0
+
+    def p_at(self, i: int, k: int) -> float:
+        """p_k of action index i (0 past the stored columns)."""
+        return float(self.P[i, k]) if k < self.P.shape[1] else 0.0
 
     @property
     def boundary(self) -> str:
@@ -198,6 +242,18 @@ class TruncatedSMDP:
         Y = np.broadcast_to(self.y[None, :], (self.n_states, len(self.actions)))
         return np.ascontiguousarray(Y + self.extra[0] if self.extra is not None else Y)
 
+    def sojourn_rows(self) -> np.ndarray:
+        """:meth:`sojourn` as the kernels take it: (S, A), or (1, A) — the row every state shares — when it does
+        not depend on the state (no tail boundary), so the solvers do not hold an S × A copy of y."""
+        return self.sojourn() if self.extra is not None else np.ascontiguousarray(self.y[None, :])
+
+    def sojourn_of(self, pol_idx: np.ndarray) -> np.ndarray:
+        """The sojourn of each state under the action indices ``pol_idx``, (S,): ``sojourn()[s, pol_idx[s]]``."""
+        y = self.y[pol_idx]
+        if self.extra is not None:
+            y = y + self.extra[0][np.arange(self.n_states), pol_idx]
+        return y
+
     def hold(self) -> np.ndarray:
         """Holding part of ĉ with w1 = 1, w2 = 0 (ms²·/ms: W̄·y summed by Little's law), (S, A)."""
         h = self.y[None, :] * self.state_level()[:, None] / self.problem.lam + self.hold_fixed[None, :]
@@ -215,7 +271,7 @@ class TruncatedSMDP:
             a = int(self.actions[i])
             if a > self.s_max:  # infeasible everywhere (the tail boundary's short truncations)
                 continue
-            stay_max = max(1.0 - self.P[i, a], 1.0 - self.SF[i, a])  # states ≤ s_max, and S_o
+            stay_max = max(1.0 - self.p_at(i, a), 1.0 - self.sf_at(i, a))  # states ≤ s_max, and S_o
             if stay_max > 0:
                 bound = min(bound, self.y[i] / stay_max)
         return float(bound)
@@ -256,8 +312,9 @@ class TruncatedSMDP:
                     continue
                 base = lv[s] - a
                 m = self.s_max - base
-                M[s, i, base : base + m + 1] = self.P[i, : m + 1]
-                M[s, i, S - 1] += self.SF[i, m]
+                row = self.P[i, : m + 1]  # columns past the stored ones are 0
+                M[s, i, base : base + row.size] = row
+                M[s, i, S - 1] += self.sf_at(i, m)
         return M
 
 
@@ -273,7 +330,7 @@ def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
     n = arrivals.pmf.shape[0]
     klo = np.empty(n, dtype=np.int64)
     khi = np.empty(n, dtype=np.int64)
-    kmax = arrivals.pmf.shape[1] - 1
+    kmax = arrivals.kmax
     for i in range(n):
         if arrivals.sf[i, 0] == 1.0 and not arrivals.pmf[i].any():  # an empty row (b > kmax): all mass beyond
             klo[i] = khi[i] = kmax + 1
@@ -282,7 +339,7 @@ def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
         klo[i] = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
         above = np.nonzero(arrivals.sf[i] >= SUPPORT_EPS)[0]
         khi[i] = int(above[-1]) + 1 if above.size else 0
-    return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi)
+    return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi, arrivals.span)
 
 
 def check_truncation(problem: BatchingProblem, s_max, abstract_cost, model_actions: int,
@@ -328,10 +385,12 @@ def truncate(
         arrivals = _with_supports(arrivals)
     A = len(problem.batch_sizes) + 1
     K = s_max_i + 1
-    P = np.zeros((A, K))
-    SF = np.zeros((A, K))
-    P[1:] = arrivals.pmf[:, :K]
-    SF[1:] = arrivals.sf[:, :K]
+    W = min(K, arrivals.width + 1)  # a compact table: one zero column past its stored ones (khi ≤ width)
+    P = np.zeros((A, W))
+    SF = np.zeros((A, W))
+    w = min(W, arrivals.width)
+    P[1:, :w] = arrivals.pmf[:, :w]
+    SF[1:, :w] = arrivals.sf[:, :w]
     klo = np.zeros(A, dtype=np.int64)
     khi = np.zeros(A, dtype=np.int64)
     klo[1:] = np.minimum(arrivals.klo, K - 1)  # type: ignore[arg-type]  # set by _with_supports above
@@ -401,7 +460,7 @@ def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B
     out = np.zeros((3, S, A))
     s = np.arange(n)
     U = int(np.searchsorted(np.asarray(sizes), s_max, side="right"))  # sizes ≤ s_max; the rest are infeasible
-    sf = arrivals.sf[:U]
+    sf = arrivals.dense_sf(U)  # on the whole range 0..kmax (a compact table's zeros spelled out)
     C0 = np.zeros((U, kmax + 2))  # C0[m] = Σ_{k≥m} sf[k]
     C0[:, :-1] = np.cumsum(sf[:, ::-1], axis=1)[:, ::-1]
     D1 = np.zeros((U, kmax + 2))  # D1[m] = Σ_{k≥m} (k − m) sf[k] = D1[m+1] + C0[m+1]

@@ -140,7 +140,8 @@ def assemble(pol_idx, P, SF, klo, khi, actions, s_max, col0, ref):
                 ab[s, lw - s + ref] = 0.0
             else:
                 V[0 if s == ref else 1, ref] = 0.0
-        _sub(ab, lw, U, V, D, ref, last, s, last, SF[ai, m])
+        if m < SF.shape[1]:  # a compact model's SF stops where P(K > m) is exactly 0
+            _sub(ab, lw, U, V, D, ref, last, s, last, SF[ai, m])
         if band and base + top > ext[s]:
             ext[s] = base + top
     return ab, lw, uw, U, V, D, ext
@@ -445,7 +446,7 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
     shifted to h(0) = 0, and its residual is checked: a numerically singular (multichain)
     policy raises instead of returning garbage.
     """
-    py = model.sojourn()[np.arange(model.n_states), pol_idx]
+    py = model.sojourn_of(pol_idx)
     for ref in reference_states(model, pol_idx):
         try:
             x = bordered_solve(model, pol_idx, py, c, ref)

@@ -72,7 +72,7 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     mu = stationary_distribution(model, idx)
     S = model.n_states
     rows = np.arange(S)
-    y = model.sojourn()[rows, idx]
+    y = model.sojourn_of(idx)
     a = model.actions[idx].astype(np.float64)
     c = model.costs()[rows, idx]
     time_per_epoch = float(mu @ y)

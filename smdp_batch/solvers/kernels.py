@@ -37,7 +37,9 @@ def expected_next(h, s, ai, a, P, SF, klo, khi, s_max):
     m = s_max - base
     lo = klo[ai]
     hi = khi[ai] if khi[ai] < m else m
-    return _dot(P[ai, lo : hi + 1], h[base + lo : base + hi + 1]) + SF[ai, m] * h[s_max + 1]
+    # P and SF stop where the law's tail is exactly 0 (a compact model): P(K > m) = 0 past their columns
+    tail = SF[ai, m] if m < SF.shape[1] else 0.0
+    return _dot(P[ai, lo : hi + 1], h[base + lo : base + hi + 1]) + tail * h[s_max + 1]
 
 
 @njit(cache=True, inline="always", fastmath={"reassoc", "contract"})
@@ -110,10 +112,13 @@ def window_filters(P: np.ndarray, SF: np.ndarray, klo: np.ndarray, khi: np.ndarr
     F = np.zeros((jmax - jmin + 1, Au))
     tail = np.zeros(actions.shape[0])
     F[1 - jmin, 0] = 1.0
-    for ai in range(1, Au):
-        a, lo, hi = int(actions[ai]), int(klo[ai]), int(khi[ai])
-        F[lo - a - jmin : hi - a - jmin + 1, ai] = P[ai, lo : hi + 1]
-        tail[ai] = SF[ai, hi]
+    if Au > 1:  # every serving action's support at once: k ∈ [klo, khi] lands on row k − a − jmin of its column
+        lo, hi, a = klo[1:Au], khi[1:Au], actions[1:Au]
+        k = np.arange(int(hi.max()) + 1)
+        on = (k >= lo[:, None]) & (k <= hi[:, None])
+        cols = np.broadcast_to(np.arange(1, Au)[:, None], on.shape)
+        F[(k[None, :] - a[:, None] - jmin)[on], cols[on]] = P[1:Au, : k.size][on]
+        tail[1:Au] = SF[np.arange(1, Au), hi]
     return F, tail, jmin
 
 
@@ -123,19 +128,22 @@ def improve_step(pol, g, EH, costs, Y, s_max):
 
     Q(s,a) = ĉ(s,a) − g·y(s,a) + EH[min(s, s_max), a], with EH[r, a] = Σ_j m̂(j|r,a)h(j) (S_o reads
     row s_max: the same expectations).  ``costs`` is +inf where a is infeasible; ``Y`` (S × A) the
-    sojourns (:meth:`~smdp_batch.model.truncation.TruncatedSMDP.sojourn`).
+    sojourns (:meth:`~smdp_batch.model.truncation.TruncatedSMDP.sojourn`), or (1, A) when every state shares
+    them (:meth:`~smdp_batch.model.truncation.TruncatedSMDP.sojourn_rows`).
     """
     S = s_max + 2
     A = costs.shape[1]
+    shared = Y.shape[0] == 1
     new = pol.copy()
     for s in range(S):
         r = s if s <= s_max else s_max
+        ys = 0 if shared else s
         cur = pol[s]
-        qcur = costs[s, cur] - g * Y[s, cur] + EH[r, cur]
+        qcur = costs[s, cur] - g * Y[ys, cur] + EH[r, cur]
         qbest = np.inf
         best = cur
         for ai in range(A):
-            q = costs[s, ai] - g * Y[s, ai] + EH[r, ai]
+            q = costs[s, ai] - g * Y[ys, ai] + EH[r, ai]
             if q < qbest:
                 qbest = q
                 best = ai
@@ -166,7 +174,8 @@ def improve(pol: np.ndarray, g: float, h: np.ndarray, costs: np.ndarray, F: np.n
     # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
     j = np.arange(jmin, jmin + n + Wd)
     hbar = np.where(j < 0, 0.0, h[np.clip(j, 0, S - 1)])
-    windows = np.lib.stride_tricks.sliding_window_view(hbar, Wd)
+    # row i of the (n, Wd) windows is hbar[i : i + Wd] (a read-only view; copied block by block below)
+    windows = np.lib.stride_tricks.as_strided(hbar, (n, Wd), (hbar.strides[0], hbar.strides[0]), writeable=False)
     EH = np.empty((n, costs.shape[1]))
     EH[:, Au:] = 0.0
     Hw = np.empty((min(n, BLOCK), Wd))

@@ -88,7 +88,7 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
 
 def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
     """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
-    Y = model.sojourn()
+    Y = model.sojourn_rows()
     g, h = evaluate_gain_bias(model, pol, costs)
     it = 0
     for it in range(1, max_iter + 1):
@@ -103,6 +103,8 @@ def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_i
 def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     """Policy iteration from the best of ``starts`` (C × S action indices; the lowest gain).
 
+    ``Y``: the sojourns, (S, A) or the (1, A) row every state shares (:meth:`~.TruncatedSMDP.sojourn_rows`).
+
     Returns (status, pol, g, h, iterations).  status: CONVERGED (the policy repeated), MAX_ITER,
     or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
     (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
@@ -112,12 +114,13 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     run compiles only them and never a third copy of their bodies inside a compiled loop.
     """
     rows = np.arange(costs.shape[0])
+    yrows = rows if Y.shape[0] > 1 else np.zeros_like(rows)  # Y[yrows, pol]: each state's sojourn under pol
     F, tail, jmin = window_filters(P, SF, klo, khi, actions, s_max)
     pol = starts[0].copy()
     g = np.inf
     h = np.zeros(s_max + 2)
     for c in range(starts.shape[0]):
-        ok, gc, hc = evaluate_policy_banded(starts[c], costs[rows, starts[c]], Y[rows, starts[c]],
+        ok, gc, hc = evaluate_policy_banded(starts[c], costs[rows, starts[c]], Y[yrows, starts[c]],
                                             P, SF, klo, khi, actions, s_max)
         if ok and gc < g:
             pol, g, h = starts[c].copy(), gc, hc
@@ -127,7 +130,7 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
         new = improve(pol, g, h, costs, F, tail, jmin, Y, s_max)
         if np.array_equal(new, pol):
             return CONVERGED, pol, g, h, it
-        ok, g2, h2 = evaluate_policy_banded(new, costs[rows, new], Y[rows, new], P, SF, klo, khi, actions, s_max)
+        ok, g2, h2 = evaluate_policy_banded(new, costs[rows, new], Y[yrows, new], P, SF, klo, khi, actions, s_max)
         if not ok:
             return EVAL_FAILED, pol, g, h, it - 1
         pol, g, h = new, g2, h2
@@ -168,7 +171,7 @@ def policy_iteration(
     costs = model.costs()
     with single_blas():
         status, pol, g, h, it = pi_loop(
-            starts, costs, model.sojourn(), model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, int(max_iter)
+            starts, costs, model.sojourn_rows(), model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, int(max_iter)
         )
         converged = status == CONVERGED
         if status == EVAL_FAILED:

@@ -35,6 +35,9 @@ def rvi_loop(P, SF, klo, khi, actions, y, cfix, cslope, c_o, s_max, eta, eps, ma
     expectation by :func:`~smdp_batch.solvers.kernels.expected_next`; H ← J − J(ref).  Stops when
     span(J − H) = span(H_{i+1} − H_i) < eps.  Returns (H, policy_idx, iterations, lo, hi,
     converged) with [lo, hi] the bracket of J − H that contains the optimal gain.
+
+    ``P``/``SF`` may be compact (columns past the arrival support are 0 and not stored); expected_next is
+    inlined here, so numba's on-disk cache of this kernel must be refreshed whenever it changes.
     """
     S = s_max + 2
     A = actions.shape[0]
