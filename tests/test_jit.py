@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import subprocess
@@ -56,3 +57,90 @@ def test_cli_says_compiling_on_a_cold_cache_only(tmp_path):
     assert runs[1].stderr == ""
     policy = [[line for line in r.stdout.splitlines() if line.lstrip().startswith("policy")] for r in runs]
     assert policy[0] == policy[1] and len(policy[0]) == 1
+
+
+def test_every_kernel_module_takes_njit_from_kernel_cache():
+    """Every module with a numba kernel is in the digest's list and gets ``njit`` from kernel_cache (so its cache
+    is keyed by every kernel file), never from numba directly."""
+    import re
+    from pathlib import Path
+
+    from smdp_batch import kernel_cache
+
+    root = Path(kernel_cache.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root).as_posix()
+        if rel == "kernel_cache.py":
+            continue
+        assert not re.search(r"^\s*(from numba import .*\bnjit\b|import numba\b)", text, re.M), rel
+        if re.search(r"^\s*@njit\b", text, re.M):
+            found.add(rel)
+            assert "from ..kernel_cache import njit" in text, rel
+    assert found == set(kernel_cache.KERNEL_MODULES)
+
+
+def test_kernel_stamps_carry_the_digest_of_every_kernel_file(tmp_path):
+    from pathlib import Path
+
+    from numba import njit as plain_njit
+
+    from smdp_batch import kernel_cache
+    from smdp_batch.solvers import banded
+
+    locator = banded.evaluate_policy_banded._cache._impl._locator
+    assert locator.get_source_stamp()[1] == kernel_cache.kernel_digest()
+    other = tmp_path / "other_mod.py"
+    other.write_text("def f(x):\n    return x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        other_mod = importlib.import_module("other_mod")  # a module of another package, written above
+        theirs = plain_njit(cache=True)(other_mod.f)._cache._impl._locator
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not getattr(type(theirs), "_smdp_batch", False)  # other packages keep numba's own stamps
+    copy = tmp_path / "pkg"
+    for rel in kernel_cache.KERNEL_MODULES:
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes((Path(kernel_cache.__file__).parent / rel).read_bytes())
+    assert kernel_cache.kernel_digest(str(copy)) == kernel_cache.kernel_digest()
+    (copy / "solvers" / "kernels.py").write_text((copy / "solvers" / "kernels.py").read_text() + "\n# edited\n")
+    assert kernel_cache.kernel_digest(str(copy)) != kernel_cache.kernel_digest()
+
+
+_STATS = """
+import json, sys
+from smdp_batch.solvers import banded, pi
+pi.warm_up_pi()
+print(json.dumps([sum(banded.evaluate_policy_banded.stats.cache_hits.values()),
+                  sum(banded.evaluate_policy_banded.stats.cache_misses.values())]))
+"""
+
+
+@pytest.mark.slow
+def test_an_edit_of_a_callee_file_recompiles_its_callers(tmp_path):
+    """banded.evaluate_policy_banded calls kernels.policy_residual: after an edit of kernels.py alone, numba's own
+    per-file stamp would load banded's stale machine code; with the kernel digest it compiles again."""
+    import shutil
+    from pathlib import Path
+
+    import smdp_batch
+
+    pkg = tmp_path / "src" / "smdp_batch"
+    shutil.copytree(Path(smdp_batch.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", _STATS], capture_output=True, text=True, env=env, timeout=600,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        import json
+
+        return json.loads(out.stdout.splitlines()[-1])
+
+    assert run()[1] >= 1  # cold: compiled
+    assert run() == [1, 0]  # warm: loaded
+    kernels = pkg / "solvers" / "kernels.py"
+    kernels.write_text(kernels.read_text() + "\n# an edit of the callee's file only\n")
+    assert run()[1] >= 1  # compiled again, not loaded stale

@@ -14,8 +14,9 @@ histograms).  :mod:`.simulate` draws the inputs and summarises.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
+
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 
 __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_beliefs"]
 
@@ -23,7 +24,7 @@ __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_
 MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5}
 
 
-@nb.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
            sizes_hist, qhist, grp):
     """Run one batch of ``size`` requests from ``head`` at ``start``: response times, energy shares per
@@ -49,7 +50,7 @@ def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, 
     return done, grp
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
             bounds, genergy, sizes_hist, qhist, state, stop):
     """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau, group).
@@ -203,7 +204,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     return batches
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _matmul_into(A, B, out):
     m = A.shape[0]
     for i in range(m):
@@ -214,7 +215,7 @@ def _matmul_into(A, B, out):
             out[i, j] = acc
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _expm(D0, t):
     """The runtime's :func:`~smdp_batch.runtime.phase.expm_direction` with explicit loops and no temporaries
     (the same uniformization, scaling and squaring; tested equal to 1e-12): ~50× faster on 2 × 2 matrices."""
@@ -269,7 +270,7 @@ def _expm(D0, t):
 CTX_ARRIVAL, CTX_PATH, CTX_LIKELY, CTX_QMDP = 0, 1, 2, 3
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def phase_beliefs(arr, D0, D1, pi):
     """Filter beliefs (N + 1, m): row 0 the stationary law at t = 0, row k + 1 just after arrival k
     (:mod:`smdp_batch.runtime.phase`)."""
@@ -292,7 +293,7 @@ def phase_beliefs(arr, D0, D1, pi):
     return out
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _context_action(n, tau, nxt, arr, ctx_mode, tables, top, ctx_arr, init_ctx, sw_t, sw_p, sw_ptr, alpha, D0, qv,
                     actions):
     """The batch size at an epoch τ with n queued and arrivals 0..nxt−1 seen; (action, new sw_ptr)."""
@@ -337,7 +338,7 @@ def _context_action(n, tau, nxt, arr, ctx_mode, tables, top, ctx_arr, init_ctx, 
     return tables[np.argmax(beta), row], sw_ptr
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _context_kernel(arr, ctx_mode, tables, top, ctx_arr, init_ctx, sw_t, sw_p, alpha, D0, qv, actions, pad, lat_of,
                     en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state, stop):
     """:func:`_kernel`'s table mode with a table chosen by context (see CTX_*); state[4] is the phase-path pointer."""

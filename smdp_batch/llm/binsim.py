@@ -25,9 +25,9 @@ import csv
 import math
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError
 from ..analysis.simulate import _is_number, poisson_arrivals
 
@@ -167,7 +167,7 @@ def poisson_times(lam: float, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------- kernels
-@nb.njit(cache=True)
+@njit(cache=True)
 def _form_fixed(arr, order, starts, B, max_wait, flush_time):
     """Batches of the fixed rule: (member start in ``order``, size, ready time), per bin, in bin order."""
     n = order.size
@@ -197,7 +197,7 @@ def _form_fixed(arr, order, starts, B, max_wait, flush_time):
     return bstart[:nb_], bsize[:nb_], bready[:nb_]
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _serve_fifo(order, x, bstart, bsize, bready, servers, done):
     """FIFO service of batches (sorted by ready time) on ``servers`` servers (0: infinitely many)."""
     m = bready.size
@@ -223,7 +223,7 @@ def _serve_fifo(order, x, bstart, bsize, bready, servers, done):
     return busy
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _table_loop(arr, x, bins, order, starts, tables, smax, servers, flush, done, sizes_out):
     """Shared servers, per-bin tables; returns (busy time, number of batches)."""
     n = arr.size

@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numba as nb
 import numpy as np
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError
 from ..limits import SWITCH_RATIO_MIN, check_rate, check_requests
 from ..runtime.mapcheck import PHASE_LIMIT, check_map
@@ -310,7 +310,7 @@ _VISITS_LIMIT = 200_000
 _VISIT_EXTRA = 1 << 20
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _walk(cum, out_rate, m, e, u, state, times, sw_t, sw_p):  # pragma: no cover - compiled
     """Walk the MAP's events with exponentials ``e`` and uniforms ``u`` from ``state`` = (time ms, phase, arrivals,
     path entries), storing arrival times and phase changes (room for ``e.size`` more); stops when ``times`` is full."""

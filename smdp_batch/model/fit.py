@@ -70,9 +70,9 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import numba as nb
 import numpy as np
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError
 from ..extras import require
 from ..limits import RATE_MAX, RATE_MIN
@@ -101,7 +101,7 @@ _CHUNK, _EIG_COND = 32.0, 1e6
 
 
 # ----------------------------------------------------------------------------------- exact likelihood
-@nb.njit(cache=True)
+@njit(cache=True)
 def _forward(dt, P, q, D1, x0):
     """log L of the gaps ``dt`` (module docstring, step 2): P = I + D0/q; x0 the phase law at the first arrival."""
     m = x0.size
@@ -157,7 +157,7 @@ def _forward(dt, P, q, D1, x0):
     return ll
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _eig_forward(dt, V, mu, W, x0):
     """log L as :func:`_forward`, with e^{D0·Δ} = V·diag(e^{μΔ})·V⁻¹ and W = V⁻¹·D1 (complex)."""
     m = x0.size

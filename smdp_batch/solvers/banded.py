@@ -31,9 +31,9 @@ Never O(S²) memory.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 from scipy.linalg.lapack import dgbtrf, dgbtrs
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError
 from ..model.truncation import TruncatedSMDP
 from .kernels import policy_residual

@@ -2,7 +2,8 @@
 
 The kernels are compiled with ``cache=True``: the first process after an install (or after a
 change to their source) compiles them — seconds — and writes them to numba's on-disk cache;
-later processes load them from there (tenths of a second).  Each solver module calls
+later processes load them from there (tenths of a second); :mod:`smdp_batch.kernel_cache` keys that cache
+by every kernel file, so an edit of one recompiles all.  Each solver module calls
 :func:`warm_up` with its kernels and a run on a tiny model whose array types are those of every
 real call (:func:`smdp_batch.solvers.pi.warm_up_pi`, :func:`smdp_batch.solvers.rvi.warm_up_rvi`):
 once per process, *before* the solver starts its clock, so ``Solution.seconds`` and

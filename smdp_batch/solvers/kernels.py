@@ -21,7 +21,8 @@ Everything is O(S·A·K) per sweep, K = the arrival-count support.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 
 __all__ = ["expected_next", "expected_next_table", "improve", "improve_step", "policy_residual", "usable_actions",
            "window_filters", "window_span"]

@@ -25,10 +25,10 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
 from scipy import sparse
 from scipy.sparse.linalg import splu
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError, NotConvergedWarning
 from ..model.map_truncation import MapSMDP
 from .threads import single_blas

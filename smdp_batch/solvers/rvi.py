@@ -14,8 +14,8 @@ import time
 import warnings
 
 import numpy as np
-from numba import njit
 
+from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
