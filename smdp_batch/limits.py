@@ -9,7 +9,9 @@ Numbers (all in one place):
 
 * ``MEMORY_BUDGET`` = min(4 GiB, ½ of physical memory) for the arrays of one run;
 * ``STATE_LIMIT`` = 2²⁰ (1 048 576) queue states (s_max) for a truncated model or an evaluation (memory is
-  checked as well: O(s_max·(A + K)), e.g. 2.6 GB and ~25 s for PI at s_max = 10⁶, Bmax = 32);
+  checked as well: O(s_max·(A + K)), e.g. 1.2 GB and ~13 s for a solve at s_max = 2²⁰, Bmax = 32,
+  deterministic service; the check assumes the arrival table's full width, which a law whose counts never
+  reach an exact 0 (a heavy tail) keeps, so it is an upper bound for the others);
 * ``SEARCH_STATE_LIMIT`` = 50 000 states for the automatic s_max searches and the heavy-tail refusal;
 * ``WORK_LIMIT`` = 2·10⁸ (actions × states × arrival support) for one model (≈ a minute or two of PI scan);
 * ``BMAX_LIMIT`` = 4096 (the model has one action per batch size and s_max ≥ 4·Bmax states);
