@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "pynvml": ("nvidia-ml-py", "measure"),
     "zeus": ("zeus", "measure"),
     "tqdm": ("tqdm", "measure"),
+    "prometheus_client": ("prometheus_client", "metrics"),
 }
 
 #: PyTriton is installed apart from its extra (its numpy<2 pin cannot be met beside jax>=0.8)

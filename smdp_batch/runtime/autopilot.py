@@ -6,7 +6,8 @@ live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and
 * ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.runtime.estimators.RateChange` (λ̂ and its change
   points);
 * ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.runtime.estimators.ServiceEstimator` (l̂(b)
-  and its drift); ``observe_energy(b, mJ)`` an :class:`~smdp_batch.runtime.estimators.EnergyEstimator`;
+  and its drift) and counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
+  :class:`~smdp_batch.runtime.estimators.EnergyEstimator`;
 * ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), or the
@@ -46,7 +47,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num
+from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .table import PolicyTable
 
 __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
@@ -95,6 +96,10 @@ class AutopilotMetrics:
     observed_p99_ms: float
     rejected_inputs: int
     last_event: str
+    observed_p50_ms: float = math.nan  # of the same window as observed_p99_ms
+    batch_sizes: tuple[int, ...] = ()  # 𝓑, the order of the per-size fields below
+    batches: tuple[int, ...] = ()  # executed batches of each size (failed ones too), since the start
+    energy_hat_mj: tuple[float, ...] = ()  # ζ̂(b)
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0) -> Plan | None:
@@ -167,6 +172,8 @@ class Autopilot:
         self._fails = 0
         self._resp = np.full(self.window, math.nan)  # the latest response times (ring)
         self._resp_i = 0
+        self._index = {b: i for i, b in enumerate(self.sizes)}
+        self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
         self._watch_seen = -1  # responses seen since the swap; -1: not watching
         self._watch_ok = 0
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0)
@@ -220,6 +227,10 @@ class Autopilot:
 
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
         """One executed batch of size b that took ``seconds``; a failed batch (``ok`` False) teaches nothing."""
+        i = _size_arg(b, self._index)
+        if i is not None:
+            with self._lock:
+                self._batches[i] += 1
         if ok and self.service.observe(b, _num(seconds) * 1e3) and self.service.drift():
             self._trigger("service")
         self._poll()
@@ -381,15 +392,18 @@ class Autopilot:
     # ------------------------------------------------------------------ metrics
     @property
     def metrics(self) -> AutopilotMetrics:
+        """A snapshot of the counters and estimates (what :mod:`smdp_batch.runtime.autopilot_metrics` exports)."""
         with self._lock:
-            live, c = self._live, self._c
-            resp = self._resp[np.isfinite(self._resp)]
-            return AutopilotMetrics(
-                c["swaps"], c["rollbacks"], c["failed_solves"], c["infeasible"], c["out_of_range"], c["solves"],
-                c["late_results"], self._last_solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
-                live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
-                float(np.percentile(resp, 99)) if resp.size else math.nan,
-                self.rate.rejected + self.service.rejected + self.energy.rejected, self._event)
+            live, c, ring, batches = self._live, dict(self._c), self._resp.copy(), tuple(self._batches)
+            solve_s, event = self._last_solve_s, self._event
+        resp = ring[np.isfinite(ring)]
+        p50, p99 = (float(x) for x in np.percentile(resp, [50, 99])) if resp.size else (math.nan, math.nan)
+        return AutopilotMetrics(
+            c["swaps"], c["rollbacks"], c["failed_solves"], c["infeasible"], c["out_of_range"], c["solves"],
+            c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
+            live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
+            p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
+            batches, tuple(float(x) for x in self.energy.energy_mj()))
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"
