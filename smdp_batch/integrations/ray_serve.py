@@ -8,6 +8,9 @@
   records (b, start, end); its batching is either the table (``table_batch``) or Ray's own ``serve.batch``
   with the settings ``smdp-batch export --to ray`` writes.  ``max_ongoing_requests`` is raised to 10 000:
   Ray's default (5 in Ray 2.60) caps how many requests reach a replica, and so the batch size.
+* :func:`autopilot_deployment` builds a deployment whose batches are formed by an
+  :class:`~smdp_batch.runtime.autopilot.Autopilot` (``table_batch(autopilot=...)``) living in the replica; it
+  answers ``(request id, batch size)`` and reports the Autopilot's metrics and its batch log to the driver.
 * :class:`RayServe` starts Ray (``ray.init`` on 127.0.0.1, ``num_cpus`` bounded, no dashboard) and Serve
   with no HTTP proxy; requests go through a DeploymentHandle from the driver.  The replica records when
   each request entered it, so the arrival stream compared with the simulator is the one the batcher saw.
@@ -26,21 +29,30 @@ from ..errors import InputError
 from ..extras import require
 from ..runtime import DynamicBatcher
 
-__all__ = ["table_batch", "stub_deployment", "RayServe", "run_load"]
+__all__ = ["table_batch", "stub_deployment", "autopilot_deployment", "RayServe", "run_load"]
 
 
-def table_batch(table, max_wait_ms="auto", *, lam: float | None = None, short_batch: str = "serve",
-                pad_item: Any = None, batch_timeout_s: float | None = None):
+def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | None = None,
+                short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None):
     """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a PhasePolicy, a path to
-    either kind of table, a callable).
+    either kind of table, a callable) or by ``autopilot`` (an :class:`~smdp_batch.runtime.autopilot.Autopilot`).
 
     Works on methods (``async def handle(self, items)``, called as ``await obj.handle(item)``) and on plain
-    functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.
+    functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.  With ``autopilot=`` the
+    Autopilot is the batcher's table: it decides every batch from its live table and hears of every arrival,
+    executed batch (size, seconds, ok) and response time through its hooks; with ``max_wait_ms="auto"`` the
+    safety bound follows the live plan's timer.  One Autopilot may serve several instances' batchers.
     """
     from ..runtime import PolicyTable
     from ..runtime.phase import PhasePolicy
     from ..runtime.phase_file import policy_version
 
+    if (table is None) == (autopilot is None):
+        raise InputError("table_batch needs exactly one of a table or autopilot=")
+    if autopilot is not None:
+        if not all(callable(getattr(autopilot, k, None)) for k in ("decide", "observe_arrival", "observe_batch")):
+            raise InputError("autopilot= needs an Autopilot (decide, observe_arrival, observe_batch)")
+        table = autopilot
     if isinstance(table, str):  # a phase table (schema 2) runs with its phase filter
         table = PhasePolicy.load(table) if policy_version(table) == 2 else PolicyTable.load(table)
     options = dict(lam=lam, short_batch=short_batch, pad_item=pad_item, batch_timeout_s=batch_timeout_s)
@@ -121,6 +133,98 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
             return list(self.log)
 
     return Stub.bind()  # type: ignore[attr-defined]  # added by serve.deployment
+
+
+class _EventLog:
+    """The latest ``keep`` Autopilot event lines of the ``smdp_batch`` logger (JSON dicts), from now on."""
+
+    def __init__(self, keep: int = 1000):
+        import collections
+        import json
+        import logging
+
+        self._lines: collections.deque = collections.deque(maxlen=keep)
+        events = self._lines
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                msg = record.getMessage()
+                if msg.startswith("autopilot "):
+                    try:
+                        events.append(json.loads(msg[len("autopilot "):]))
+                    except ValueError:
+                        pass
+
+        logger = logging.getLogger("smdp_batch")
+        logger.addHandler(Handler(logging.INFO))
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+
+    def lines(self) -> list:
+        return list(self._lines)
+
+
+def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: float | str | None = "auto",
+                         serve_batch: tuple[int, float] | None = None, num_cpus: float = 0):
+    """A Ray Serve application whose batches an Autopilot forms, built in the replica by ``make()``.
+
+    ``make()`` returns ``(infer, policy)``: ``infer(items) -> list`` (async, or sync: then run in a worker
+    thread so the replica's event loop keeps taking requests) and the policy, built in the replica (so an
+    Autopilot's first solve and its solver threads run there): an Autopilot (``table_batch(autopilot=...)``),
+    any other table ``table_batch`` takes (a PolicyTable, a λ-bank AdaptivePolicy), or None with
+    ``serve_batch=(max_batch_size, batch_wait_timeout_s)``: Ray's own ``serve.batch`` (for comparisons).
+    A call ``handle.remote(i, x)`` returns ``(i, b, output)``, b the size of the batch that served it.
+    ``handle.metrics.remote()`` returns the Autopilot's metrics as a dict (after waiting up to 30 s for a
+    solve in flight; None for another policy); ``handle.batches.remote()`` the (b, start, end)
+    ``time.time()`` seconds of every batch; ``handle.autopilot_events.remote()`` the Autopilot's event lines
+    (swaps, rollbacks, failures: the JSON lines it logs on the ``smdp_batch`` logger, the latest 1000).
+    """
+    import dataclasses
+    import inspect
+
+    serve = require("ray.serve", "autopilot_deployment")
+
+    @serve.deployment(name=name, num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": num_cpus})
+    class AutopilotModel:
+        def __init__(self):
+            self.events = _EventLog()
+            infer, self.pilot = make()
+            self.log: list = []
+            is_async = inspect.iscoroutinefunction(infer)
+
+            async def run_batch(items: list) -> list:
+                t0 = time.time()
+                xs = [x for _, x in items]
+                out = await infer(xs) if is_async else await asyncio.to_thread(infer, xs)
+                self.log.append((len(items), t0, time.time()))
+                return [(i, len(items), y) for (i, _), y in zip(items, out)]
+
+            if self.pilot is None:
+                if serve_batch is None:
+                    raise InputError("autopilot_deployment: make() gave no policy and serve_batch= is not set")
+                self.batched = serve.batch(max_batch_size=int(serve_batch[0]),
+                                           batch_wait_timeout_s=float(serve_batch[1]))(run_batch)
+            elif hasattr(self.pilot, "observe_batch"):
+                self.batched = table_batch(autopilot=self.pilot, max_wait_ms=max_wait_ms)(run_batch)
+            else:
+                self.batched = table_batch(self.pilot, max_wait_ms=max_wait_ms)(run_batch)
+
+        async def __call__(self, i, x=None):
+            return await self.batched((i, x))
+
+        async def metrics(self) -> dict | None:
+            if not hasattr(self.pilot, "join"):
+                return None
+            await asyncio.to_thread(self.pilot.join, 30.0)
+            return dataclasses.asdict(self.pilot.metrics)
+
+        def batches(self) -> list:
+            return list(self.log)
+
+        def autopilot_events(self) -> list:
+            return self.events.lines()
+
+    return AutopilotModel.bind()  # type: ignore[attr-defined]  # added by serve.deployment
 
 
 class RayServe:

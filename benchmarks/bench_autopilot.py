@@ -1,0 +1,229 @@
+"""The Autopilot against static settings on real servers: the ONNX MLP behind Ray Serve and behind Triton
+(the binary PyTriton ships), 127.0.0.1 only, a scripted load trace of five phases.
+
+    python benchmarks/bench_autopilot.py                    # ≈ 8 min on 2 cores (10 s per phase)
+    python benchmarks/bench_autopilot.py --phase-seconds 5 --servers ray
+    python benchmarks/bench_autopilot.py --headroom-ms 10 --only headroom   # the autopilot solving for 40 ms
+
+The trace (open-loop Poisson; λ0 = 0.1 requests/ms, 100/s): 1 steady λ0; 2 a 3× step up; 3 a linear ramp
+from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every batch sleeps half its own duration after
+running, switched on and off from outside the server by a file); 5 steady λ0 again.  p99 SLO 50 ms.
+
+Four settings per server, each on the same arrival times:
+
+* ``autopilot`` — an Autopilot (SLO optimiser, family smdp) started at λ0, ``min_samples`` 100;
+* ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
+  (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
+  max_queue_delay_microseconds, both with max batch 32;
+* ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
+* ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
+
+Per phase (a request belongs to the phase it arrived in; a batch to the phase it started in): the client's
+p99 (ms), the share of requests over the SLO, the mean batch size, and the modelled energy per request:
+ζ(b) of the CPU profile (``benchmarks/data/onnx_mlp_cpu.csv``, constant 60 W × latency) at the profile size
+a batch of b pads up to, × 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")  # Ray's workers import examples.*
+from examples.autopilot_common import SIZES, make, problem  # noqa: E402
+
+LAM, SLO = 0.1, 50.0
+SETTINGS = ["autopilot", "tuned server", "λ-bank", "static table"]  # --headroom-ms adds one, --only picks
+KIND = {"autopilot": "autopilot", "tuned server": "none", "λ-bank": "bank", "static table": "static"}
+PLAN_SLO = {name: SLO for name in KIND}  # the SLO each policy is solved for (the report is against SLO)
+PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
+
+
+def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times (ms) and phase index per request; the ramp by inverting its cumulative rate."""
+    T = seconds * 1000.0
+    out, ph = [], []
+    for k, (a, b) in enumerate([(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]):
+        la, lb = a * LAM, b * LAM
+        n = rng.poisson(0.5 * (la + lb) * T)
+        u = np.sort(rng.uniform(0.0, 0.5 * (la + lb) * T, n))  # cumulative intensity Λ(t) = la t + (lb-la) t²/2T
+        if la == lb:
+            t = u / la
+        else:
+            c = (lb - la) / (2 * T)
+            t = (-la + np.sqrt(la * la + 4 * c * u)) / (2 * c)
+        out.append(k * T + t)
+        ph.append(np.full(n, k))
+    return np.concatenate(out), np.concatenate(ph)
+
+
+def tuned(family: str) -> dict:
+    from smdp_batch.analysis.slo import optimise
+
+    ans = optimise(problem(LAM), {"p99": SLO}, [LAM], families=(family,), requests=100_000, seed=0, defaults=False)
+    s = ans.best[family]
+    return {"spec": s.spec, **s.knobs}
+
+
+def pad_up(b: int) -> int:
+    return next(s for s in SIZES if s >= b)
+
+
+def summarise(arr, phase, sent, done, batches, seconds: float) -> list[dict]:
+    """Per phase: p99 (ms), share over the SLO, mean batch size, energy per request (mJ)."""
+    zeta = dict(zip(SIZES, problem(LAM).energy_mj()))
+    lat = (done - sent) * 1e3
+    t_first = np.nanmin(sent)
+    rows = []
+    for k, name in enumerate(PHASES):
+        sel = phase == k
+        x = lat[sel]
+        ok = np.isfinite(x)
+        t_lo, t_hi = t_first + k * seconds, t_first + (k + 1) * seconds
+        bs = [b for b, t0, _ in batches if t_lo <= t0 < t_hi]
+        e = sum(zeta[pad_up(b)] for b in bs) * (1.5 if k == 3 else 1.0)
+        rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(ok.sum()),
+                     "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
+                     "over_slo": float(np.mean(~ok | (np.nan_to_num(x, nan=np.inf) > SLO))),
+                     "mean_batch": float(np.mean(bs)) if bs else math.nan,
+                     "mj_per_request": e / max(sum(bs), 1)})
+    return rows
+
+
+async def with_slowdown(load, slow_file: str, seconds: float):
+    """Run ``load`` (a coroutine) while the slowdown file exists during phase 4."""
+    async def control():
+        await asyncio.sleep(3 * seconds)
+        open(slow_file, "w").close()
+        await asyncio.sleep(seconds)
+        os.remove(slow_file)
+
+    ctl = asyncio.ensure_future(control())
+    try:
+        return await load
+    finally:
+        ctl.cancel()
+        if os.path.exists(slow_file):
+            os.remove(slow_file)
+
+
+def run_ray(arr, phase, seconds, tmp) -> dict:
+    from smdp_batch.integrations.loadgen import replay
+    from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
+
+    knobs = tuned("ray")
+    x = np.zeros(256, np.float32)
+    out = {"_tuned": knobs["spec"]}
+    with RayServe(num_cpus=2) as rs:
+        for i, name in enumerate(SETTINGS):
+            slow = os.path.join(tmp, f"ray{i}.slow")
+            mk = functools.partial(make, KIND[name], LAM, PLAN_SLO[name], slow, 100)
+            sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else None
+            h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb), f"s{i}")
+            load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
+            sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
+            batches = h.batches.remote().result(timeout_s=60)
+            m = h.metrics.remote().result(timeout_s=60)
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds), "errors": errors,
+                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves")},
+                         "events": h.autopilot_events.remote().result(timeout_s=60) if m else []}
+            rs.delete(f"s{i}")
+            print(f"ray {name}: done ({errors} errors)", flush=True)
+    return out
+
+
+def run_triton(arr, phase, seconds, tmp) -> dict:
+    from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load
+
+    knobs = tuned("triton")
+    out = {"_tuned": knobs["spec"]}
+    specs = {}
+    for i, name in enumerate(SETTINGS):
+        kw = {"kind": KIND[name], "lam": LAM, "slo_p99_ms": PLAN_SLO[name], "slow_file": os.path.join(tmp, f"tr{i}.slow"),
+              "min_samples": 100}
+        tb = (32, float(knobs["delay_us"])) if name == "tuned server" else None
+        specs[f"s{i}"] = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10,
+                                            sys_path=(ROOT,), triton_batching=tb)
+    with AutopilotTriton(specs) as srv:
+        for i, name in enumerate(SETTINGS):
+            slow = specs[f"s{i}"].kwargs["slow_file"]
+
+            async def load(i=i):
+                return await asyncio.to_thread(run_load, srv, f"s{i}", arr, 1.0,
+                                               lambda j: np.zeros(256, np.float32), 10 * seconds)
+
+            sent, done, sizes, errors = asyncio.run(with_slowdown(load(), slow, seconds))
+            m = None
+            for _ in range(100):
+                m = srv.metrics(f"s{i}")
+                if m is None or m["solves"] == m["swaps"] + m["failed_solves"] + m["infeasible"]:
+                    break
+                time.sleep(0.2)
+            batches = [(b, t0, t1) for b, _, t0, t1 in srv.batches(f"s{i}")]
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds), "errors": errors,
+                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves")},
+                         "events": (m or {}).get("events", [])}
+            print(f"triton {name}: done ({errors} errors)", flush=True)
+    return out
+
+
+def table(server: str, res: dict) -> str:
+    lines = [f"\n{server} (tuned server setting: {res['_tuned']}; p99 SLO {SLO:g} ms)\n",
+             "| phase | setting | p99 ms | > SLO | mean batch | mJ/request |", "|---|---|---:|---:|---:|---:|"]
+    for k, ph in enumerate(PHASES):
+        for name in SETTINGS:
+            r = res[name]["rows"][k]
+            lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} | {100 * r['over_slo']:.1f} % | "
+                         f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} |")
+    for name in SETTINGS:
+        m = res[name]["metrics"]
+        extra = f", swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}" if m else ""
+        lines.append(f"\n* {name}: errors {res[name]['errors']}{extra}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phase-seconds", type=float, default=10.0)
+    ap.add_argument("--servers", default="ray,triton")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--headroom-ms", type=float, help="add an autopilot solving for the SLO minus this many ms")
+    ap.add_argument("--only", help="comma-separated settings to run (default: all)")
+    a = ap.parse_args()
+    if a.headroom_ms:
+        name = f"autopilot, SLO − {a.headroom_ms:g} ms"
+        SETTINGS.append(name)
+        KIND[name], PLAN_SLO[name] = "autopilot", SLO - a.headroom_ms
+    if a.only:
+        keep = [x.strip() for x in a.only.split(",")]
+        SETTINGS[:] = [x for x in SETTINGS if x in keep or (x.startswith("autopilot,") and "headroom" in keep)]
+    arr, phase = trace(a.phase_seconds, np.random.default_rng(a.seed))
+    print(f"{arr.size} requests, {len(PHASES)} phases of {a.phase_seconds:g} s", flush=True)
+    results = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="smdp-autopilot-bench-") as tmp:
+        for server in a.servers.split(","):
+            results[server] = (run_ray if server == "ray" else run_triton)(arr, phase, a.phase_seconds, tmp)
+    for server, res in results.items():
+        print(table(server, res))
+    print(f"\n{time.perf_counter() - t0:.0f} s in all")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Shared by the autopilot examples and ``benchmarks/bench_autopilot.py``: the ONNX MLP of
+:mod:`examples.onnx_mlp` as a batching problem, and the factories the servers call in their own processes.
+
+* :func:`problem` — l(b) and ζ(b) from the CPU profile ``benchmarks/data/onnx_mlp_cpu.csv`` (measured with
+  ``smdp-batch measure examples.onnx_mlp:infer``; ζ is a constant 60 W × latency: a CPU has no energy counter
+  here), sizes 1, 2, 4, 8, 16, 32, at the arrival rate ``lam`` (requests/ms).
+* :func:`make_infer` — the model's infer function (a list of vectors → a list of logit rows).  While the file
+  ``slow_file`` exists every batch sleeps ``slow - 1`` times its own duration after running: a service
+  slowdown injected from outside the server process.
+* :func:`make` — ``(infer, policy)`` for :func:`smdp_batch.integrations.ray_serve.autopilot_deployment` and
+  :class:`smdp_batch.integrations.triton_autopilot.AutopilotModelSpec`; ``kind`` picks the policy:
+  ``autopilot`` (an Autopilot), ``static`` (the Autopilot's first table, never re-solved), ``bank`` (a λ-bank
+  AdaptivePolicy of SLO tables over a grid of rates), or ``none`` (the server batches by itself).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from examples import onnx_mlp  # noqa: E402
+
+PROFILE = os.path.join(ROOT, "benchmarks", "data", "onnx_mlp_cpu.csv")
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def problem(lam: float):
+    from smdp_batch.model.problem import BatchingProblem
+
+    return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{PROFILE}", energy=f"csv:{PROFILE}")
+
+
+def make_infer(slow_file: str | None = None, slow: float = 1.5):
+    onnx_mlp.session()  # build the session now, not in the first batch
+    state = {"checked": 0.0, "on": False}
+
+    def infer(items: list) -> list:
+        t0 = time.perf_counter()
+        out = onnx_mlp.infer(list(items))
+        if slow_file is not None:
+            now = time.monotonic()
+            if now - state["checked"] > 0.1:
+                state["checked"], state["on"] = now, os.path.exists(slow_file)
+            if state["on"]:
+                time.sleep((slow - 1.0) * (time.perf_counter() - t0))
+        return out
+
+    return infer
+
+
+def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, slow_file: str | None = None,
+         min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0)):
+    """``(infer, policy)`` built in the calling (server) process; see the module docstring."""
+    import logging
+
+    from smdp_batch.runtime.autopilot import Autopilot, slo_plan
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # swaps: one JSON line each
+    infer = make_infer(slow_file)
+    if kind == "none":
+        return infer, None
+    p = problem(lam)
+    if kind == "bank":
+        from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
+
+        plans = [slo_plan(p.replace(lam=lam * f), slo_p99_ms, [lam * f]) for f in bank_factors]
+        return infer, AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
+    pilot = Autopilot(p, slo_p99_ms, min_samples=min_samples)
+    if kind == "static":
+        return infer, pilot.table
+    return infer, pilot

@@ -1,0 +1,127 @@
+"""The Autopilot behind real servers on 127.0.0.1: Ray Serve (``table_batch(autopilot=...)``) and Triton
+(PyTriton's binary, decoupled model, an Autopilot-driven DynamicBatcher in the model process).
+
+Bounded loads with a rate step: 150 Poisson requests at λ, then 350 at 3λ (about 10 s of wall time).  The
+model is a sleep of l(b) = 8 + 1.5·b ms (real ms: no time scale, the Autopilot learns from real clocks).
+Asserted: every request answered exactly once with no errors, and the Autopilot's metrics show a re-solve
+and a swap to a table planned near the new rate.  No tight timings (a loaded 2-core machine).
+"""
+
+import asyncio
+import functools
+import time
+
+import numpy as np
+import pytest
+
+from smdp_batch.analysis.simulate import poisson_arrivals
+
+LAM, STEP, SLO = 0.03, 3.0, 100.0  # 30 requests/s, then 90/s; p99 SLO 100 ms
+PILOT = dict(base_ms=8.0, per_item_ms=1.5, lam=LAM, slo_p99_ms=SLO, min_samples=100, budget_s=60.0)
+
+
+def _arrivals(seed=1):
+    rng = np.random.default_rng(seed)
+    a = poisson_arrivals(LAM, 150, rng)
+    b = poisson_arrivals(STEP * LAM, 350, rng)
+    return np.concatenate([a, a[-1] + b - b[0] + 1.0 / (STEP * LAM)])
+
+
+def _check_swap(m: dict):
+    assert m["failed_solves"] == 0 and m["rejected_inputs"] == 0, m
+    assert m["solves"] >= 1 and m["swaps"] >= 1, m  # the step was found and the new table went live
+    assert m["lam_hat"] > 2.0 * LAM, m  # the estimate followed the step (90/s asked; 60/s is a wide margin)
+    assert m["planned_lam"] > 1.5 * LAM, m  # the live table was solved for the new traffic, not the old
+
+
+@pytest.mark.slow
+def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
+    pytest.importorskip("ray.serve")
+    from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
+    from smdp_batch.integrations.loadgen import replay
+    from smdp_batch.integrations.triton_autopilot import sleep_pilot
+
+    arr = _arrivals()
+    with RayServe() as rs:
+        h = rs.deploy(autopilot_deployment("pilot", functools.partial(sleep_pilot, **PILOT)), "pilot")
+
+        async def main():
+            return await replay(lambda i: h.remote(i, float(i)), arr, 1.0, max_seconds=120.0)
+
+        sent, done, results, errors = asyncio.run(main())
+        m = h.metrics.remote().result(timeout_s=60)
+        batches = h.batches.remote().result(timeout_s=60)
+    assert errors == 0 and all(r is not None for r in results)
+    assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
+    assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]  # and its own output
+    assert sum(b for b, _, _ in batches) == arr.size  # every request in exactly one batch
+    assert max(b for b, _, _ in batches) > 1  # it batched
+    _check_swap(m)
+
+
+@pytest.mark.slow
+def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.grpc.aio")
+    from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load
+
+    arr = _arrivals(2)
+    spec = AutopilotModelSpec("smdp_batch.integrations.triton_autopilot:sleep_pilot", PILOT)
+    with AutopilotTriton({"pilot": spec}) as srv:
+        ys: list = []
+        sent, done, sizes, errors = run_load(srv, "pilot", arr, make_input=lambda i: [float(i)], outputs=ys)
+        m = None
+        for _ in range(300):  # the metrics file is written every 0.2 s; a solve may still be in flight
+            m = srv.metrics("pilot")
+            if m is not None and m["swaps"] >= 1 and m["solves"] == m["swaps"] + m["failed_solves"] + m["infeasible"]:
+                break
+            time.sleep(0.2)
+        batches = srv.batches("pilot")
+    assert errors == 0 and np.all(sizes > 0) and np.isfinite(done).all()
+    assert [float(y[0]) for y in ys] == [float(i) for i in range(arr.size)]  # request i got request i's answer
+    assert sum(b for b, _, _, _ in batches) == arr.size  # every request in exactly one batch
+    assert max(b for b, _, _, _ in batches) > 1
+    _check_swap(m)
+
+
+def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
+    """No Ray needed: ``table_batch(autopilot=...)`` decides by the Autopilot and tells it of arrivals and batches."""
+    from smdp_batch.errors import InputError
+    from smdp_batch.integrations.ray_serve import table_batch
+    from smdp_batch.runtime import PolicyTable
+
+    class Pilot:  # the Autopilot's interface, recording what the batcher tells it
+        table = PolicyTable(np.array([0, 1, 2, 3]), range(1, 4))  # serve what waits, at most 3
+        batch_sizes = table.batch_sizes
+        max_wait_ms = None
+
+        def __init__(self):
+            self.arrivals, self.batches, self.responses = 0, [], 0
+
+        def decide(self, n):
+            return self.table.decide(n)
+
+        def observe_arrival(self, t_ms):
+            self.arrivals += 1
+
+        def observe_batch(self, b, seconds, ok=True):
+            self.batches.append((b, ok))
+
+        def observe_response(self, ms):
+            self.responses += len(list(ms))
+
+    pilot = Pilot()
+
+    @table_batch(autopilot=pilot, max_wait_ms=None)
+    async def f(items):
+        return [x * 10 for x in items]
+
+    async def main():
+        return await asyncio.gather(*(f(i) for i in range(4)))
+
+    assert asyncio.run(main()) == [0, 10, 20, 30]
+    assert pilot.arrivals == 4 and pilot.responses == 4  # every arrival and response reached the hooks
+    assert sorted(b for b, _ in pilot.batches) == [1, 3] and all(ok for _, ok in pilot.batches)  # 4 queued: 3, then 1
+    for bad in ({}, {"table": Pilot.table, "autopilot": pilot}, {"autopilot": object()}):
+        with pytest.raises(InputError):
+            table_batch(**bad)
