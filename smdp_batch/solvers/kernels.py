@@ -173,10 +173,12 @@ def improve(pol: np.ndarray, g: float, h: np.ndarray, costs: np.ndarray, F: np.n
     n = s_max + 1
     Wd, Au = F.shape  # the usable actions; the rest (above s_max) are +inf in ``costs``: EH stays 0 there
     # hbar[i] = h̄(i + jmin): 0 left of state 0 (infeasible there), h(S_o) past s_max
-    j = np.arange(jmin, jmin + n + Wd)
-    hbar = np.where(j < 0, 0.0, h[np.clip(j, 0, S - 1)])
-    # row i of the (n, Wd) windows is hbar[i : i + Wd] (a read-only view; copied block by block below)
-    windows = np.lib.stride_tricks.as_strided(hbar, (n, Wd), (hbar.strides[0], hbar.strides[0]), writeable=False)
+    hbar = np.full(n + Wd, h[S - 1])
+    lo, hi = max(0, -jmin), S - 1 - jmin  # i of state 0 (or 0), and of S_o
+    hbar[:lo] = 0.0
+    hbar[lo:hi] = h[lo + jmin : S - 1]
+    # row i of the (n, Wd) windows is hbar[i : i + Wd] (a view, only read: copied block by block below)
+    windows = np.ndarray((n, Wd), dtype=np.float64, buffer=hbar, strides=(hbar.itemsize, hbar.itemsize))
     EH = np.empty((n, costs.shape[1]))
     EH[:, Au:] = 0.0
     Hw = np.empty((min(n, BLOCK), Wd))
