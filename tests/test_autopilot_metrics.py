@@ -19,22 +19,7 @@ from smdp_batch.errors import InputError
 from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.runtime import PolicyTable
 from smdp_batch.runtime.autopilot import Autopilot, Plan
-
-SLO = 40.0
-
-
-def control(q: int, bmax: int = 32) -> np.ndarray:
-    s = np.arange(bmax + 1)
-    return np.where(s >= q, np.minimum(s, bmax), 0)
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
+from test_autopilot import SLO, Clock, control, feed  # the Autopilot tests' synthetic clock and streams
 
 def solver(problem, slo_ms, lams):
     """A control-limit table at Q = 3 with made-up planned metrics (timer 6 ms)."""
@@ -46,14 +31,6 @@ def make() -> tuple[Autopilot, BatchingProblem]:
     p = BatchingProblem.basic(rho=0.3)
     start = Plan(PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
     return Autopilot(p, SLO, start, solver=solver, clock=Clock(), min_interval_s=0.0), p
-
-
-def feed(ap: Autopilot, lam: float, n: int, rng, t0: float = 0.0) -> float:
-    t = t0
-    for x in rng.exponential(1.0 / lam, n):
-        t += x
-        ap.observe_arrival(t)
-    return t
 
 
 @pytest.fixture
