@@ -11,24 +11,10 @@ import sys
 import pytest
 
 from smdp_batch.cli import main
+from test_files import one_error, run  # the CLI runner and the one-line-error check
 
 FAST = ["--bmax", "4"]  # a scenario that solves in milliseconds
 SIM = ["--requests", "2000"]
-
-
-def run(args, capsys):
-    rc = main([str(a) for a in args])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def one_error(rc, err, *needles):
-    lines = err.strip().splitlines()
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("smdp-batch: error: "), err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def one_error(rc, err, *needles):
     """Exit code 2, exactly one stderr line starting 'smdp-batch: error:', no traceback, naming ``needles``."""
     lines = err.strip().splitlines()
     assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("smdp-batch: error:"), err
+    assert len(lines) == 1 and lines[0].startswith("smdp-batch: error: "), err
     assert "Traceback" not in err
     for n in needles:
         assert str(n) in lines[0], (n, lines[0])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 
 import numpy as np
 import pytest
@@ -23,26 +22,14 @@ from smdp_batch.limits import JSON_DEPTH_LIMIT, MAP_FILE_BYTES_LIMIT, SWITCH_RAT
 from smdp_batch.model.arrivals import MAP, parse_arrivals, read_map_file
 from smdp_batch.runtime.mapcheck import _stationary, _unreachable
 
+from _threads import returns_within
+
 GOOD = {"D0": [[-3.0, 1.0], [0.5, -2.0]], "D1": [[1.5, 0.5], [0.5, 1.0]]}
 
 
 def within(seconds: float, fn):
-    """fn() run in a daemon thread; fails if it has not returned within ``seconds`` (a blocking read)."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the test
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still running after {seconds} s (blocked)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """fn() in a daemon thread; fails if it has not returned within ``seconds`` (a blocking read)."""
+    return returns_within(fn, seconds)
 
 
 def refused(capsys, path, *match, timeout: float = 20.0) -> str:

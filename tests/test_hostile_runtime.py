@@ -25,24 +25,7 @@ from smdp_batch.runtime import (AdaptivePolicy, BatcherClosed, DynamicBatcher, P
 from smdp_batch.runtime import batcher as batcher_module
 from smdp_batch.runtime.bound import FALLBACK_MAX_WAIT_MS, default_max_wait_ms, erlang_bound_ms
 
-
-def _in_thread(coro_fn, timeout=10.0):
-    """``asyncio.run(coro_fn())`` in a daemon thread; fails (does not hang) if it does not finish in time."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = asyncio.run(coro_fn())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["error"] = exc
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), f"the event loop did not finish within {timeout} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+from _threads import loop_within, returns_within
 
 
 async def _until(cond, timeout=2.0):
@@ -135,7 +118,7 @@ def test_close_without_drain_returns_at_once_whatever_infer_does(kind):
         release.set()  # let the abandoned call end so that the loop can shut down
         await asyncio.sleep(0.01)
 
-    _in_thread(main)
+    loop_within(main)
     thread_release.set()
 
 
@@ -157,7 +140,7 @@ def test_batch_timeout_fails_that_batch_and_the_batcher_goes_on(kind):
         release.set()
         await asyncio.wait_for(bt.close(), 1.0)
 
-    _in_thread(main)
+    loop_within(main)
     thread_release.set()
 
 
@@ -177,7 +160,7 @@ def test_close_without_drain_ends_a_drain_stuck_on_a_hung_infer():
         assert all(isinstance(r, BatcherClosed) for r in out), out
         release.set()
 
-    _in_thread(main)
+    loop_within(main)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, True, "1", -math.inf])
@@ -270,7 +253,7 @@ def test_a_burst_that_goes_silent_is_served_when_the_belief_says_so(max_wait_ms,
         assert bt.metrics.forced_batches == 0 and waited < 1.0
         await asyncio.wait_for(bt.close(), 1.0)
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_a_policy_with_a_broken_next_decision_is_a_fault_not_a_hang():
@@ -286,7 +269,7 @@ def test_a_policy_with_a_broken_next_decision_is_a_fault_not_a_hang():
         out = await _outcomes([asyncio.ensure_future(bt.submit(1))], 1.0)
         assert isinstance(out[0], BatcherClosed) and "next_decision_ms" in str(bt.broken)
 
-    _in_thread(main)
+    loop_within(main)
 
 
 # ------------------------------------------------------------------ clocks that step back, shared policies
@@ -336,7 +319,7 @@ def test_threads_sharing_one_policy_never_fail_a_request(name, monkeypatch):
 
     async def one(base):
         bt = DynamicBatcher(lambda items: items, pol, max_wait_ms=5)
-        out = await _outcomes([asyncio.ensure_future(bt.submit(base + i)) for i in range(300)], 5.0)
+        out = await _outcomes([asyncio.ensure_future(bt.submit(base + i)) for i in range(300)])
         await asyncio.wait_for(bt.close(), 1.0)
         return out
 
@@ -401,7 +384,7 @@ def test_the_batchers_clock_stepping_back_fails_nothing(monkeypatch, step_back_s
         assert bt.metrics.total_wait_ms >= 0 and bt.metrics.max_wait_ms < 1e3
         await asyncio.wait_for(bt.close(), 1.0)
 
-    _in_thread(main)
+    loop_within(main)
     assert state["calls"] > 20 and pol.estimator.count == 50
 
 
@@ -445,14 +428,14 @@ def test_a_blocking_sync_infer_does_not_freeze_the_loop(block_s):
         more = [asyncio.ensure_future(bt.submit(i)) for i in range(2, 5)]  # accepted while infer runs
         await asyncio.sleep(0.01)
         assert bt.metrics.queue_length == 3 and len(threads) == 1
-        out = await _outcomes(first + more, 5.0)
+        out = await _outcomes(first + more)
         assert out == [0, 2, 4, 6, 8]
         assert dog.max_gap < 0.75 * block_s, dog.max_gap
         await dog.stop()
         await asyncio.wait_for(bt.close(), 1.0)
         return threading.get_ident()
 
-    loop_thread = _in_thread(main)
+    loop_thread = loop_within(main)
     assert threads and loop_thread not in threads
 
 
@@ -472,7 +455,7 @@ def test_infer_thread_false_keeps_a_plain_infer_on_the_loop():
         await bt.close()
         return out, threading.get_ident()
 
-    out, ident = _in_thread(main)
+    out, ident = loop_within(main)
     assert out == [1, 2, 3] and set(seen) == {ident}
     with pytest.raises(TypeError, match="infer_thread"):
         DynamicBatcher(infer, PolicyTable([0, 1]), infer_thread="yes")
@@ -490,7 +473,7 @@ def test_a_sync_infer_exception_reaches_exactly_its_batch():
         await bt.close()
         return out
 
-    out = _in_thread(main)
+    out = loop_within(main)
     assert isinstance(out[3], KeyError) and [r for i, r in enumerate(out) if i != 3] == [0, 1, 2, 4, 5]
 
 
@@ -519,22 +502,22 @@ def test_a_batcher_serves_a_new_loop_after_its_loop_closed():
     async def use(base):
         return await _outcomes([asyncio.ensure_future(bt.submit(base + i)) for i in range(5)], 2.0)
 
-    assert _in_thread(lambda: use(0)) == [0, 3, 6, 9, 12]
-    assert _in_thread(lambda: use(10)) == [30, 33, 36, 39, 42]  # no close in between
+    assert loop_within(lambda: use(0)) == [0, 3, 6, 9, 12]
+    assert loop_within(lambda: use(10)) == [30, 33, 36, 39, 42]  # no close in between
     assert bt.broken is None and bt.metrics.completed == 10
 
     async def leave_one_waiting():  # the loop ends while a request waits below the limit
         asyncio.ensure_future(bt.submit(99))
         await asyncio.sleep(0)
 
-    _in_thread(leave_one_waiting)
-    assert _in_thread(lambda: use(20)) == [60, 63, 66, 69, 72]
+    loop_within(leave_one_waiting)
+    assert loop_within(lambda: use(20)) == [60, 63, 66, 69, 72]
 
     async def close():
         await bt.close()
 
-    _in_thread(close)
-    assert all(isinstance(r, BatcherClosed) for r in _in_thread(lambda: use(30)))
+    loop_within(close)
+    assert all(isinstance(r, BatcherClosed) for r in loop_within(lambda: use(30)))
 
 
 def test_an_idle_batchers_task_cancelled_is_restarted_by_the_next_request():
@@ -547,7 +530,7 @@ def test_an_idle_batchers_task_cancelled_is_restarted_by_the_next_request():
         assert await asyncio.wait_for(bt.submit(2), 1.0) == 2
         await bt.close()
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_a_second_running_loop_gets_one_clear_error():
@@ -570,7 +553,7 @@ def test_a_second_running_loop_gets_one_clear_error():
             await bt.submit(2)
 
     try:
-        _in_thread(intruder)
+        loop_within(intruder)
     finally:
         done.set()
         th.join(5)
@@ -604,26 +587,6 @@ def test_a_table_recording_an_unusable_rate_keeps_a_finite_bound(recorded):
     assert DynamicBatcher(lambda x: x, t).max_wait_ms == FALLBACK_MAX_WAIT_MS
 
 
-# ------------------------------------------------------------------ helpers for calls that might never return
-def _returns_within(fn, timeout=5.0):
-    """``fn()`` in a daemon thread; its value or exception, or a failure (not a hang) after ``timeout`` s."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["error"] = exc
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), f"the call did not return within {timeout} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 # ------------------------------------------------------------------ huge finite times in the phase filter
 @pytest.fixture(scope="module")
 def phase_file(tmp_path_factory):
@@ -647,18 +610,18 @@ def test_a_huge_finite_time_returns_at_once(phase_file, call, t):
     pol.observe_arrival(0.0)
     t0 = time.monotonic()
     if call == "decide":
-        b = _returns_within(lambda: pol.decide(3, t))
+        b = returns_within(lambda: pol.decide(3, t))
         assert b in (0, *pol.batch_sizes) and b <= 3
     elif call == "next_decision_ms":
-        nxt = _returns_within(lambda: pol.next_decision_ms(3, t))
+        nxt = returns_within(lambda: pol.next_decision_ms(3, t))
         assert nxt is None or (math.isfinite(nxt) and nxt >= t)
     elif call == "observe_arrival":
-        _returns_within(lambda: pol.observe_arrival(t))
+        returns_within(lambda: pol.observe_arrival(t))
         alpha, last, count = pol.filter.state()
         assert last == t and count == 2 and np.all(np.isfinite(alpha)) and alpha.sum() == pytest.approx(1.0)
-        assert _returns_within(lambda: pol.decide(5, t)) in range(6)
+        assert returns_within(lambda: pol.decide(5, t)) in range(6)
     else:
-        beta = _returns_within(lambda: pol.filter.belief(t))
+        beta = returns_within(lambda: pol.filter.belief(t))
         assert np.all(np.isfinite(beta)) and beta.sum() == pytest.approx(1.0)
     assert time.monotonic() - t0 < 2.0
 
@@ -674,7 +637,7 @@ def test_a_huge_time_does_not_block_threads_sharing_the_policy(phase_file):
 
     other = threading.Thread(target=hammer, daemon=True)
     other.start()
-    _returns_within(lambda: pol.observe_arrival(1.7e308))
+    returns_within(lambda: pol.observe_arrival(1.7e308))
     other.join(5.0)
     assert not other.is_alive() and len(answers) == 50
 
@@ -695,7 +658,7 @@ FAST_D0 = [np.array([[-1.05, 0.05], [0.05, -3.05]]),
 def test_expm_direction_is_bounded_and_converges_to_the_eigen_direction(D0, t):
     from smdp_batch.runtime.phase import QT_HORIZON, expm_direction
 
-    E = _returns_within(lambda: expm_direction(D0, t))
+    E = returns_within(lambda: expm_direction(D0, t))
     assert np.all(np.isfinite(E)) and E.max() == pytest.approx(1.0)
     u = _dominant_left(D0)
     for row in E:
@@ -754,7 +717,7 @@ def test_a_result_that_is_not_a_sized_sequence_fails_only_its_batch(bad, asynchr
         await dog.stop()
         return first, second, dog.max_gap, bt.metrics
 
-    first, second, gap, m = _in_thread(main, 10.0)
+    first, second, gap, m = loop_within(main, 10.0)
     for out in first:
         assert isinstance(out, TypeError) and "infer returned a" in str(out) and "sequence of 2 results" in str(out)
     assert second == [6, 8] and m.failed == 2 and m.completed == 2
@@ -793,7 +756,7 @@ def test_a_sized_sequence_of_the_batch_length_is_served(good):
         await asyncio.wait_for(bt.close(), 2.0)
         return out
 
-    assert [int(x) for x in _in_thread(main)] == want
+    assert [int(x) for x in loop_within(main)] == want
 
 
 @pytest.mark.parametrize("length", [0, 2, 4, 10**6])
@@ -812,7 +775,7 @@ def test_the_length_is_checked_before_anything_is_read(length):
         await asyncio.wait_for(bt.close(), 2.0)
         return out
 
-    out = _in_thread(main)
+    out = loop_within(main)
     assert all(isinstance(o, ValueError) and f"returned {length} results for a batch of 3" in str(o) for o in out)
     assert read == []
 
@@ -856,7 +819,7 @@ def test_close_awaited_from_infer_drains_and_does_not_deadlock(how):
             await asyncio.wait_for(bt.submit(9), 1.0)
         return out
 
-    assert _in_thread(main) == [100, 101, 102, 103, 104]
+    assert loop_within(main) == [100, 101, 102, 103, 104]
 
 
 def test_close_without_drain_from_infer_fails_the_rest_and_returns():
@@ -872,7 +835,7 @@ def test_close_without_drain_from_infer_fails_the_rest_and_returns():
         await asyncio.wait_for(bt.close(), 2.0)
         return out
 
-    out = _in_thread(main)
+    out = loop_within(main)
     assert all(isinstance(o, BatcherClosed) for o in out)
 
 
@@ -899,7 +862,7 @@ def test_closing_another_batcher_from_infer_still_waits_for_its_drain():
         await asyncio.wait_for(a.close(), 2.0)
         return got, out
 
-    got, out = _in_thread(main)
+    got, out = loop_within(main)
     assert got == 7 and out == [0, 2, 4] and box["b_done"] == 3
 
 
@@ -939,7 +902,7 @@ def _huge_entry_points(phase):
 def test_an_int_beyond_the_float_range_is_a_one_line_value_error(entry, x):
     fn = _huge_entry_points(_burst_policy())[entry]
     with pytest.raises(ValueError) as info:
-        _returns_within(lambda: fn(x))
+        returns_within(lambda: fn(x))
     assert not isinstance(info.value, OverflowError)
     msg = str(info.value)
     assert "\n" not in msg and len(msg) < 400
@@ -959,7 +922,7 @@ def test_huge_but_finite_floats_are_still_accepted():
         await asyncio.wait_for(bt.close(), 2.0)
         return out, bt.max_wait_ms
 
-    out, bound = _in_thread(main)
+    out, bound = loop_within(main)
     assert out == [0, 1] and bound == 1e308
 
 
@@ -995,7 +958,7 @@ def test_a_redecision_time_not_ahead_never_spins(answer):
         await asyncio.wait_for(bt.close(drain=True), 2.0)  # the drain serves it
         return n_calls, await _outcomes([fut], 1.0)
 
-    n_calls, out = _in_thread(main)
+    n_calls, out = loop_within(main)
     assert 2 <= n_calls <= 20 and out == [1]
 
 
@@ -1025,7 +988,7 @@ def test_a_policy_answering_now_is_still_asked_again_until_it_serves(change_ms):
         await asyncio.wait_for(bt.close(), 1.0)
         return out, waited
 
-    out, waited = _in_thread(main)
+    out, waited = loop_within(main)
     assert out == [5] and change_ms / 1e3 <= waited < change_ms / 1e3 + 0.25 and len(calls) <= 15
 
 

@@ -7,7 +7,6 @@ instead of hanging the suite.
 import asyncio
 import math
 import random
-import threading
 import time
 
 import numpy as np
@@ -17,6 +16,8 @@ from smdp_batch.errors import InputError
 from smdp_batch.runtime import BatcherClosed, DynamicBatcher, PolicyTable, batched
 from smdp_batch.runtime.batcher import BatcherBroken
 
+from _threads import loop_within
+
 SIZES = (4, 8, 16, 32)  # TensorRT-style profiles: Bmin = 4
 
 
@@ -24,25 +25,6 @@ def _bmin4_table() -> PolicyTable:
     """Wait below 4, then serve the largest profile ≤ min(n, 32)."""
     policy = [0 if s < 4 else max(b for b in SIZES if b <= min(s, 32)) for s in range(41)]
     return PolicyTable(policy, batch_sizes=SIZES)
-
-
-def _in_thread(coro_fn, timeout=10.0):
-    """Run ``asyncio.run(coro_fn())`` in a daemon thread; fail (not hang) if it does not finish."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = asyncio.run(coro_fn())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["error"] = exc
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    th.join(timeout)
-    assert not th.is_alive(), f"the event loop did not finish within {timeout} s (frozen?)"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 class _Watchdog:
@@ -113,7 +95,7 @@ def test_bound_below_bmin_never_freezes_the_loop(short_batch):
         await dog.stop()
         await asyncio.wait_for(bt.close(), 2)
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_wait_mode_drain_fails_only_the_short_remainder():
@@ -130,7 +112,7 @@ def test_wait_mode_drain_fails_only_the_short_remainder():
         assert out[:4] == [0, 1, 2, 3] and all(isinstance(r, BatcherClosed) for r in out[4:])
         assert seen == [[0, 1, 2, 3]]
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_forced_batch_serves_the_largest_profile_then_the_rest():
@@ -149,7 +131,7 @@ def test_forced_batch_serves_the_largest_profile_then_the_rest():
         assert seen == [[0, 1, 2, 3], [4, 5]] and bt.metrics.forced_batches == 2
         await bt.close()
 
-    _in_thread(main)
+    loop_within(main)
 
 
 # ------------------------------------------------------------------ 2. faults: exactly one outcome each
@@ -237,7 +219,7 @@ def test_every_fault_ends_every_request_once_and_breaks_the_batcher(fault, drain
         await asyncio.wait_for(bt.close(drain=not drain), 2)
         assert bt.metrics.queue_length == 0 and len(bt._queue) == 0
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_keyboard_interrupt_still_stops_the_program_after_ending_every_request():
@@ -261,7 +243,7 @@ def test_keyboard_interrupt_still_stops_the_program_after_ending_every_request()
         await asyncio.gather(*(client(i) for i in range(5)))
 
     with pytest.raises(KeyboardInterrupt):
-        _in_thread(main)
+        loop_within(main)
     assert sorted(outcomes) == list(range(5))  # nobody left waiting
 
 
@@ -281,7 +263,7 @@ def test_caller_cancelled_mid_batch_gets_cancelled_and_the_rest_their_results():
         assert bt.broken is None and await bt.submit(7) == 8
         await bt.close()
 
-    _in_thread(main)
+    loop_within(main)
 
 
 @pytest.mark.parametrize("fault", ["infer_base", "policy_bad"])
@@ -337,7 +319,7 @@ def test_stress_with_a_fault_in_the_middle(fault):
         assert "BatcherBroken" in kinds and any(isinstance(k, tuple) for k in kinds)
         assert bt.broken is not None and bt.metrics.queue_length == 0
 
-    _in_thread(main, timeout=60)
+    loop_within(main, timeout=60)
 
 
 # ------------------------------------------------------------------ 4. memory and decide()
@@ -364,7 +346,7 @@ def test_submit_then_cancel_keeps_the_queue_bounded():
         assert [await t for t in keep] == [(r, 500) for r in range(20)]
         assert bt.metrics.cancelled == 20 * 999
 
-    _in_thread(main)
+    loop_within(main)
 
 
 def test_decide_and_decide_many_follow_one_rule():
@@ -397,9 +379,9 @@ def test_batched_takes_the_batcher_options_and_one_batcher_per_loop():
         await double.batcher.close()
         return double.batcher
 
-    first = _in_thread(main)
+    first = loop_within(main)
     assert seen == [[1, 2, 3, 0]] and first.metrics.padded_batches == 1
-    assert _in_thread(main) is not first  # a new loop gets a fresh batcher
+    assert loop_within(main) is not first  # a new loop gets a fresh batcher
     with pytest.raises(ValueError, match="short_batch"):
         batched(_bmin4_table(), short_batch="drop")
     with pytest.raises(ValueError, match="max_wait_ms"):
