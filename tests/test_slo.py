@@ -159,6 +159,18 @@ def test_several_slos_at_once_and_bad_slos():
             load_grid(p, lo, hi)
 
 
+def test_a_loose_second_bound_does_not_move_the_answer():
+    """A mean bound of 10⁶ ms beside a p99 bound adds nothing, so the answer must be the p99-only one: the
+    timer search starts from the tightest bound (it once started from the loosest and settled on timer 0,
+    3.4× the power, at light load where only a timer can meet a p99 SLO)."""
+    p = BatchingProblem.basic(rho=0.03)
+    lams = [p.lam, 0.9 * p.lam]
+    one = optimise(p, {"p99": 30.0}, lams, requests=5_000, families=("smdp",), defaults=False).best["smdp"]
+    two = optimise(p, {"p99": 30.0, "mean": 1e6}, lams, requests=5_000, families=("smdp",), defaults=False).best["smdp"]
+    assert one.meets and two.meets and one.knobs["tau_ms"] > 0
+    assert two.spec == one.spec and two.power_w == pytest.approx(one.power_w, rel=1e-12)
+
+
 # ------------------------------------------------------------------ one answer in every command
 def test_compare_pareto_and_export_give_the_same_answer(tmp_path, capsys):
     scen = ["--rho", "0.5", "--slo-p99-ms", "20", "--requests", REQ, "--seed", "4"]

@@ -303,6 +303,7 @@ class _Checker:
         self.order = sorted(range(len(lams)), key=lambda i: (i not in (0, len(lams) - 1), i))
         self.count = 0
         self.progress = progress
+        self.scale = 4.0 * min(b for _, b in slo.bounds)  # where the delay searches start (see _largest_delay)
 
     def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None) -> Setting:
         from .simulate import simulate
@@ -346,9 +347,14 @@ def _better(a: Setting | None, b: Setting | None) -> Setting | None:
     return b if b.power_w < a.power_w else a
 
 
-def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False) -> Setting | None:
+def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False,
+                   scale: float | None = None) -> Setting | None:
     """The least-power feasible setting along a delay knob d ∈ [0, cap] (ms), where more delay means larger
-    batches: bracket the largest feasible d by doubling from ``guess``, bisect to 1 %.  ``check(d)`` → Setting."""
+    batches: bracket the largest feasible d by doubling from ``guess`` (default ``scale``/16), bisect to 1 %.
+    ``check(d)`` → Setting.  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
+    and the least delay it tells from 0 (``scale``/4096): a loose second bound (a mean of 10⁶ ms beside a p99
+    of 50 ms) widens ``cap`` but must not move the search away from the delays the tight bound allows."""
+    span = cap if scale is None else min(scale, cap)
     best = None
     if inf_first:  # a pure table: the timer is only a guard
         s = check(math.inf)
@@ -362,8 +368,8 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
         return tried[d]
 
     lo_ok, hi_bad = None, None
-    d = min(cap, guess if guess and guess > 0 else cap / 16.0)
-    floor = cap / 4096.0
+    d = min(cap, guess if guess and guess > 0 else span / 16.0)
+    floor = span / 4096.0
     if at(d).meets:
         lo_ok = d
         while d < cap:
@@ -385,7 +391,7 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
             if at(0.0).meets:
                 lo_ok = 0.0
             else:  # waiting too little can break the SLO too (small batches, long queues): look above
-                d = hi_bad = min(cap, (guess or cap / 16.0))
+                d = hi_bad = min(cap, (guess or span / 16.0))
                 while d < cap and lo_ok is None:
                     d = min(cap, 2.0 * d)
                     if at(d).meets:
@@ -401,7 +407,7 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
                     lo_ok = d
     if hi_bad is not None and hi_bad > lo_ok:
         a, b = lo_ok, hi_bad
-        while b - a > _RTOL * b and b > cap / 4096.0:
+        while b - a > _RTOL * b and b > floor:
             m = math.sqrt(a * b) if a > 0 else 0.5 * b
             if at(m).meets:
                 a = m
@@ -446,7 +452,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     best: dict[str, Setting | None] = {}
 
     def delay_family(name: str, make, knob: str, value, guess=None) -> Setting | None:
-        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess)
+        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess, scale=chk.scale)
 
     # the knobs are rounded as the servers' configs write them (whole µs, 6 digits of s, whole ms), so a
     # setting found here is exactly the one exported
@@ -467,7 +473,8 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None  # type: ignore[union-attr]
             found[q] = _largest_delay(
                 lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
-                                                                               "preferred": pref}), cap, guess)
+                                                                               "preferred": pref}), cap, guess,
+                scale=chk.scale)
             return found[q].power_w if found[q] is not None else math.inf  # type: ignore[union-attr]  # checked
 
         for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
@@ -579,7 +586,7 @@ def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
                 return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
                                {**knobs, "tau_ms": t, "forced": form}, policy=p.policy)  # noqa: B023
 
-            s = _largest_delay(check, cap, guess[form])
+            s = _largest_delay(check, cap, guess[form], scale=chk.scale)
             if s is not None:
                 guess[form] = s.knobs["tau_ms"] or None
                 pick = _better(pick, s)
