@@ -43,10 +43,11 @@ sys.path.insert(0, ROOT)
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")  # Ray's workers import examples.*
 from examples.autopilot_common import SIZES, make, problem  # noqa: E402
 
-LAM, SLO = 0.1, 50.0
-SETTINGS = ["autopilot", "tuned server", "λ-bank", "static table"]  # --headroom-ms adds one, --only picks
+SLO = 50.0
+OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
+LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
+SETTINGS = ["autopilot", "tuned server", "λ-bank", "static table"]  # --only picks
 KIND = {"autopilot": "autopilot", "tuned server": "none", "λ-bank": "bank", "static table": "static"}
-PLAN_SLO = {name: SLO for name in KIND}  # the SLO each policy is solved for (the report is against SLO)
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
 
 
@@ -55,7 +56,7 @@ def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
     T = seconds * 1000.0
     out, ph = [], []
     for k, (a, b) in enumerate([(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]):
-        la, lb = a * LAM, b * LAM
+        la, lb = a * LAM0["per_ms"], b * LAM0["per_ms"]
         n = rng.poisson(0.5 * (la + lb) * T)
         u = np.sort(rng.uniform(0.0, 0.5 * (la + lb) * T, n))  # cumulative intensity Λ(t) = la t + (lb-la) t²/2T
         if la == lb:
@@ -71,7 +72,8 @@ def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
 def tuned(family: str) -> dict:
     from smdp_batch.analysis.slo import optimise
 
-    ans = optimise(problem(LAM), {"p99": SLO}, [LAM], families=(family,), requests=100_000, seed=0, defaults=False)
+    ans = optimise(problem(LAM0["per_ms"]), {"p99": SLO - OVERHEAD["ms"]}, [LAM0["per_ms"]], families=(family,), requests=100_000, seed=0,
+                   defaults=False)
     s = ans.best[family]
     return {"spec": s.spec, **s.knobs}
 
@@ -80,10 +82,12 @@ def pad_up(b: int) -> int:
     return next(s for s in SIZES if s >= b)
 
 
-def summarise(arr, phase, sent, done, batches, seconds: float) -> list[dict]:
-    """Per phase: p99 (ms), share over the SLO, mean batch size, energy per request (mJ)."""
-    zeta = dict(zip(SIZES, problem(LAM).energy_mj()))
+def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarray) -> list[dict]:
+    """Per phase: the client's p99 (ms) and share over the SLO, the server's p99 (``served``: each request's
+    entered/answered times in the model, s), mean batch size, energy per request (mJ)."""
+    zeta = dict(zip(SIZES, problem(LAM0["per_ms"]).energy_mj()))
     lat = (done - sent) * 1e3
+    in_server = (served[:, 1] - served[:, 0]) * 1e3
     t_first = np.nanmin(sent)
     rows = []
     for k, name in enumerate(PHASES):
@@ -93,8 +97,11 @@ def summarise(arr, phase, sent, done, batches, seconds: float) -> list[dict]:
         t_lo, t_hi = t_first + k * seconds, t_first + (k + 1) * seconds
         bs = [b for b, t0, _ in batches if t_lo <= t0 < t_hi]
         e = sum(zeta[pad_up(b)] for b in bs) * (1.5 if k == 3 else 1.0)
+        y = in_server[sel]
+        y = y[np.isfinite(y)]
         rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(ok.sum()),
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
+                     "server_p99_ms": float(np.percentile(y, 99)) if y.size else math.nan,
                      "over_slo": float(np.mean(~ok | (np.nan_to_num(x, nan=np.inf) > SLO))),
                      "mean_batch": float(np.mean(bs)) if bs else math.nan,
                      "mj_per_request": e / max(sum(bs), 1)})
@@ -128,15 +135,20 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
     with RayServe(num_cpus=2) as rs:
         for i, name in enumerate(SETTINGS):
             slow = os.path.join(tmp, f"ray{i}.slow")
-            mk = functools.partial(make, KIND[name], LAM, PLAN_SLO[name], slow, 100)
+            mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"])
             sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else None
             h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb), f"s{i}")
             load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
             sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
             batches = h.batches.remote().result(timeout_s=60)
             m = h.metrics.remote().result(timeout_s=60)
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds), "errors": errors,
-                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves")},
+            served = np.full((arr.size, 2), np.nan)
+            for j, t_in, t_out in h.served_times.remote().result(timeout_s=60):
+                served[j] = t_in, t_out
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
+                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "lam_hat",
+                                                             "latency_hat_ms", "excess_ms", "target_p99_ms",
+                                                             "observed_p99_ms")},
                          "events": h.autopilot_events.remote().result(timeout_s=60) if m else []}
             rs.delete(f"s{i}")
             print(f"ray {name}: done ({errors} errors)", flush=True)
@@ -150,8 +162,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     out = {"_tuned": knobs["spec"]}
     specs = {}
     for i, name in enumerate(SETTINGS):
-        kw = {"kind": KIND[name], "lam": LAM, "slo_p99_ms": PLAN_SLO[name], "slow_file": os.path.join(tmp, f"tr{i}.slow"),
-              "min_samples": 100}
+        kw = {"kind": KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO, "slow_file": os.path.join(tmp, f"tr{i}.slow"),
+              "min_samples": 100, "overhead_ms": OVERHEAD["ms"]}
         tb = (32, float(knobs["delay_us"])) if name == "tuned server" else None
         specs[f"s{i}"] = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10,
                                             sys_path=(ROOT,), triton_batching=tb)
@@ -159,9 +171,11 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
         for i, name in enumerate(SETTINGS):
             slow = specs[f"s{i}"].kwargs["slow_file"]
 
-            async def load(i=i):
+            views: list = []
+
+            async def load(i=i, views=views):
                 return await asyncio.to_thread(run_load, srv, f"s{i}", arr, 1.0,
-                                               lambda j: np.zeros(256, np.float32), 10 * seconds)
+                                               lambda j: np.zeros(256, np.float32), 10 * seconds, served=views)
 
             sent, done, sizes, errors = asyncio.run(with_slowdown(load(), slow, seconds))
             m = None
@@ -171,8 +185,11 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
                     break
                 time.sleep(0.2)
             batches = [(b, t0, t1) for b, _, t0, t1 in srv.batches(f"s{i}")]
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds), "errors": errors,
-                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves")},
+            served = np.array(views, dtype=np.float64).reshape(-1, 2)
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
+                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "lam_hat",
+                                                             "latency_hat_ms", "excess_ms", "target_p99_ms",
+                                                             "observed_p99_ms")},
                          "events": (m or {}).get("events", [])}
             print(f"triton {name}: done ({errors} errors)", flush=True)
     return out
@@ -180,11 +197,12 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
 
 def table(server: str, res: dict) -> str:
     lines = [f"\n{server} (tuned server setting: {res['_tuned']}; p99 SLO {SLO:g} ms)\n",
-             "| phase | setting | p99 ms | > SLO | mean batch | mJ/request |", "|---|---|---:|---:|---:|---:|"]
+             "| phase | setting | p99 ms (client) | > SLO | p99 ms (server) | mean batch | mJ/request |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for k, ph in enumerate(PHASES):
         for name in SETTINGS:
             r = res[name]["rows"][k]
-            lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} | {100 * r['over_slo']:.1f} % | "
+            lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} | {100 * r['over_slo']:.1f} % | {r['server_p99_ms']:.1f} | "
                          f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} |")
     for name in SETTINGS:
         m = res[name]["metrics"]
@@ -199,16 +217,15 @@ def main() -> int:
     ap.add_argument("--servers", default="ray,triton")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--headroom-ms", type=float, help="add an autopilot solving for the SLO minus this many ms")
+    ap.add_argument("--overhead-ms", type=float, default=OVERHEAD["ms"],
+                    help="the SLO's share left to the transport: every setting plans p99 ≤ SLO − this (ms)")
+    ap.add_argument("--lam", type=float, default=LAM0["per_ms"], help="λ0, requests/ms (default 0.1: 100/s)")
     ap.add_argument("--only", help="comma-separated settings to run (default: all)")
     a = ap.parse_args()
-    if a.headroom_ms:
-        name = f"autopilot, SLO − {a.headroom_ms:g} ms"
-        SETTINGS.append(name)
-        KIND[name], PLAN_SLO[name] = "autopilot", SLO - a.headroom_ms
+    OVERHEAD["ms"], LAM0["per_ms"] = a.overhead_ms, a.lam
     if a.only:
         keep = [x.strip() for x in a.only.split(",")]
-        SETTINGS[:] = [x for x in SETTINGS if x in keep or (x.startswith("autopilot,") and "headroom" in keep)]
+        SETTINGS[:] = [x for x in SETTINGS if x in keep]
     arr, phase = trace(a.phase_seconds, np.random.default_rng(a.seed))
     print(f"{arr.size} requests, {len(PHASES)} phases of {a.phase_seconds:g} s", flush=True)
     results = {}

@@ -54,8 +54,9 @@ def make_infer(slow_file: str | None = None, slow: float = 1.5):
 
 
 def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, slow_file: str | None = None,
-         min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0)):
-    """``(infer, policy)`` built in the calling (server) process; see the module docstring."""
+         min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0), overhead_ms: float = 0.0):
+    """``(infer, policy)`` built in the calling (server) process; see the module docstring.  ``overhead_ms``:
+    the part of the SLO left to the transport outside the server: every table plans p99 ≤ SLO − overhead_ms."""
     import logging
 
     from smdp_batch.runtime.autopilot import Autopilot, slo_plan
@@ -68,9 +69,9 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     if kind == "bank":
         from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
 
-        plans = [slo_plan(p.replace(lam=lam * f), slo_p99_ms, [lam * f]) for f in bank_factors]
+        plans = [slo_plan(p.replace(lam=lam * f), slo_p99_ms - overhead_ms, [lam * f]) for f in bank_factors]
         return infer, AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
-    pilot = Autopilot(p, slo_p99_ms, min_samples=min_samples)
+    pilot = Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=overhead_ms)
     if kind == "static":
         return infer, pilot.table
     return infer, pilot

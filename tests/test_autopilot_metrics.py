@@ -30,7 +30,7 @@ def solver(problem, slo_ms, lams):
 def make() -> tuple[Autopilot, BatchingProblem]:
     p = BatchingProblem.basic(rho=0.3)
     start = Plan(PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
-    return Autopilot(p, SLO, start, solver=solver, clock=Clock(), min_interval_s=0.0), p
+    return Autopilot(p, SLO, start, solver=solver, clock=Clock(), min_interval_s=0.0, rate_tol=10.0), p  # one swap
 
 
 @pytest.fixture

@@ -138,7 +138,7 @@ def test_an_unchanged_service_is_not_flagged_in_10k_batches():
     assert est.ratio() == pytest.approx(1.0, abs=0.02)
 
 
-def test_the_curve_uses_measurements_where_seen_and_the_scaled_model_elsewhere():
+def test_the_curve_uses_measurements_where_seen_and_the_shifted_model_elsewhere():
     sizes = (1, 2, 4, 8)
     l = np.array([1.0, 1.5, 2.5, 4.5])
     est = ServiceEstimator(sizes, l, prior_count=5)
@@ -147,7 +147,8 @@ def test_the_curve_uses_measurements_where_seen_and_the_scaled_model_elsewhere()
         est.observe(4, 3.75)  # 1.5 × l(4)
     curve = est.latency_ms()
     assert curve[2] == pytest.approx(3.75, rel=0.01)
-    np.testing.assert_allclose(curve[[0, 1, 3]], 1.5 * l[[0, 1, 3]], rtol=0.01)  # pooled ratio for the others
+    np.testing.assert_allclose(curve[[0, 1]], 1.5 * l[[0, 1]], rtol=0.01)  # pooled ratio below the measured size
+    assert curve[3] == pytest.approx(l[3] + 0.5 * l[2], rel=0.01)  # above it: the model plus size 4's excess
     assert np.all(np.diff(curve) >= 0)
     assert est.drift()
     est.rebase()

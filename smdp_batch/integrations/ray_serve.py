@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import time
 from typing import Any, Callable
@@ -190,6 +191,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             self.events = _EventLog()
             infer, self.pilot = make()
             self.log: list = []
+            self.served: collections.deque = collections.deque(maxlen=200_000)
             is_async = inspect.iscoroutinefunction(infer)
 
             async def run_batch(items: list) -> list:
@@ -210,7 +212,14 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 self.batched = table_batch(self.pilot, max_wait_ms=max_wait_ms)(run_batch)
 
         async def __call__(self, i, x=None):
-            return await self.batched((i, x))
+            t_in = time.time()
+            out = await self.batched((i, x))
+            self.served.append((i, t_in, time.time()))
+            return out
+
+        def served_times(self) -> list:
+            """(request id, entered, answered) in ``time.time()`` s, the latest 200 000: the server's view."""
+            return list(self.served)
 
         async def metrics(self) -> dict | None:
             if not hasattr(self.pilot, "join"):

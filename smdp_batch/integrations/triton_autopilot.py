@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 import threading
@@ -85,7 +86,7 @@ def autopilot_config(name: str, spec: AutopilotModelSpec, files: dict) -> str:
     return (f'name: "{name}"\nbackend: "python"\n' + block
             + f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ {int(spec.dim)} ] }} ]\n'
             + f'output [ {{ name: "y" data_type: TYPE_FP32 dims: [ {int(spec.out_dim)} ] }} ]\n'
-            + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ 3 ] } ]\n'
+            + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ -1 ] } ]\n'  # 3, or 5 with the server's view
             + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
             + "".join(f'parameters: {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}\n' for k, v in params.items()))
 
@@ -133,12 +134,14 @@ class AutopilotTriton(TritonServer):
 
 
 def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, make_input=None,
-             max_seconds: float = 120.0, outputs: list | None = None):
+             max_seconds: float = 120.0, outputs: list | None = None, served: list | None = None):
     """Send request i at arrivals_ms[i]·scale ms over one gRPC stream; (sent_s, done_s, sizes, errors).
 
     ``make_input(i)`` gives request i's input (a float32 vector, default a zero of dim 1); ``sizes[i]`` is the
     batch size that served it (0: not answered).  A response for an id not sent, or a second one, is an error.
-    ``outputs``: a list to fill with each request's ``y`` (None where not answered).
+    ``outputs``: a list to fill with each request's ``y`` (None where not answered); ``served``: with each
+    request's (entered, answered) in the model (``time.time()`` s; NaN where not answered or with Triton's
+    own batcher, whose queue the model does not see).
     """
     grpcclient = require("tritonclient.grpc.aio", "streaming to Triton")
     from .loadgen import replay
@@ -167,7 +170,8 @@ def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, m
                     if error is not None:
                         fut.set_exception(RuntimeError(str(error)))
                     else:
-                        fut.set_result((int(result.as_numpy("info").reshape(-1)[0]), result.as_numpy("y")))
+                        info = result.as_numpy("info").reshape(-1)
+                        fut.set_result((int(info[0]), result.as_numpy("y"), tuple(info[3:5]) if info.size >= 5 else None))
 
             stream = client.stream_infer(requests())
             task = asyncio.ensure_future(reader(stream))
@@ -196,6 +200,8 @@ def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, m
     sizes = np.array([0 if r is None else int(r[0]) for r in results], dtype=np.int64)
     if outputs is not None:
         outputs[:] = [None if r is None else r[1] for r in results]
+    if served is not None:
+        served[:] = [(math.nan, math.nan) if r is None or r[2] is None else r[2] for r in results]
     return sent, done, sizes, errors + extra
 
 
@@ -281,12 +287,14 @@ class TritonPythonModel:
     async def _one(self, request) -> None:
         import triton_python_backend_utils as pb_utils
 
+        t_in = time.time()
         sender = request.get_response_sender()
         try:
             x = _as_array(pb_utils.get_input_tensor_by_name(request, "x"))
             y, b, t0, t1 = await self.batched(x)
+            info = np.array([b, t0, t1, t_in, time.time()], dtype=np.float64)  # t_in, t_out: the server's view
             tensors = [pb_utils.Tensor.from_dlpack("y", np.ascontiguousarray(np.asarray(y, np.float32).ravel())),
-                       pb_utils.Tensor.from_dlpack("info", np.array([b, t0, t1], dtype=np.float64))]
+                       pb_utils.Tensor.from_dlpack("info", info)]
             resp = pb_utils.InferenceResponse(output_tensors=tensors)
         except Exception as exc:  # noqa: BLE001 - the request gets an error answer
             resp = pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc)[:300]))

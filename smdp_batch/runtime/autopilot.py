@@ -55,6 +55,11 @@ __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
 log = logging.getLogger("smdp_batch")
 _IDS = itertools.count(1)
 _RETRY_MAX_S = 300.0
+_RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's λ
+_LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
+_LEARN_EVERY = 100  # responses between two updates of the excess
+_LEARN_MIN = 200  # responses in the ring before the first
+_EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Plan:
     meets: bool = True
     spec: str = ""
     id: int = 0
+    target_ms: float = math.nan  # the p99 it was solved for: the SLO less the overhead budget and the excess
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ class AutopilotMetrics:
     batch_sizes: tuple[int, ...] = ()  # 𝓑, the order of the per-size fields below
     batches: tuple[int, ...] = ()  # executed batches of each size (failed ones too), since the start
     energy_hat_mj: tuple[float, ...] = ()  # ζ̂(b)
+    excess_ms: float = 0.0  # learned: observed p99 less planned p99 (the server's own delays)
+    overhead_ms: float = 0.0  # given: the time spent outside the hooks' view (network, client)
+    target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
+    solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0) -> Plan | None:
@@ -123,12 +133,27 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
     return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec)
 
 
-class _Job:
-    __slots__ = ("thread", "start", "reason", "latency", "lams")
+def _same(a: Plan, b: Plan) -> bool:
+    """Whether two plans serve alike: the same decisions on the same sizes, and the same timer."""
+    ta, tb = a.table, b.table
+    return (ta.batch_sizes == tb.batch_sizes and a.timer_ms == b.timer_ms and ta.policy.shape == tb.policy.shape
+            and bool(np.array_equal(ta.policy, tb.policy)))
 
-    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float]):
+
+def _warm(proc: Any, solver: Callable[..., Any], args: tuple) -> None:
+    """One solve in a new child, so that its imports and compiled kernels are loaded before a change needs them."""
+    try:
+        proc.call(solver, *args)
+    except Exception:  # noqa: BLE001 - a failed warm-up only means the first re-solve loads them
+        pass
+
+
+class _Job:
+    __slots__ = ("thread", "start", "reason", "latency", "lams", "target")
+
+    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float):
         self.thread: threading.Thread | None = None
-        self.start, self.reason, self.latency, self.lams = start, reason, latency, lams
+        self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
 
 
 class Autopilot:
@@ -138,25 +163,39 @@ class Autopilot:
     ``slo_p99_ms``: the p99 response-time SLO (ms).  ``table``: the initial table (a PolicyTable or a
     :class:`Plan`); default: solved now by ``solver`` at ``problem.lam``.  ``solver(problem, slo_ms, lams)``
     returns a :class:`Plan` or None (default :func:`slo_plan`); ``budget_s``: its time budget (s).
+    ``overhead_ms``: the part of the SLO spent where the hooks cannot see it (network, proxy, client), ms.
+    ``solve_in``: ``"process"`` (a child at ``nice`` +10; the default with the default solver) or ``"thread"``
+    (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
     """
 
     def __init__(self, problem: Any, slo_p99_ms: float, table: PolicyTable | Plan | None = None, *,
-                 solver: Callable[..., Plan | None] | None = None, budget_s: float = 10.0,
-                 rate: RateChange | None = None, service: ServiceEstimator | None = None,
-                 energy: EnergyEstimator | None = None, min_samples: int = 200, window: int = 1000,
-                 grace: int = 200, tolerance: float = 0.1, watch: int = 3, min_interval_s: float = 1.0,
-                 max_threads: int = 2, clock: Callable[[], float] = time.monotonic):
+                 solver: Callable[..., Plan | None] | None = None, budget_s: float = 10.0, overhead_ms: float = 0.0,
+                 solve_in: str | None = None, nice: int = 10, service_tol_ms: float | None = None,
+                 rate_tol: float = 0.25, learn: bool = True, rate: RateChange | None = None,
+                 service: ServiceEstimator | None = None, energy: EnergyEstimator | None = None,
+                 min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
+                 watch: int = 3, min_interval_s: float = 1.0, max_threads: int = 2,
+                 clock: Callable[[], float] = time.monotonic):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
-        for name, v in (("budget_s", budget_s), ("tolerance", tolerance), ("min_interval_s", min_interval_s)):
+        for name, v in (("budget_s", budget_s), ("tolerance", tolerance), ("min_interval_s", min_interval_s),
+                        ("overhead_ms", overhead_ms), ("rate_tol", rate_tol)):
             if not (math.isfinite(_num(v)) and _num(v) >= 0):
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {v!r}")
+        if not _num(overhead_ms) < slo:
+            raise ValueError(f"overhead_ms must be below the SLO ({slo:g} ms), got {overhead_ms!r}")
+        if service_tol_ms is not None and not (math.isfinite(_num(service_tol_ms)) and _num(service_tol_ms) >= 0):
+            raise ValueError(f"service_tol_ms must be a finite number of ms ≥ 0 or None, got {service_tol_ms!r}")
         if not (window >= 100 and grace >= 0 and watch >= 1 and max_threads >= 1 and min_samples >= 2):
             raise ValueError("need window ≥ 100, grace ≥ 0, watch ≥ 1, max_threads ≥ 1 and min_samples ≥ 2")
+        if solve_in not in (None, "process", "thread"):
+            raise ValueError(f"solve_in must be 'process', 'thread' or None, got {solve_in!r}")
         self.problem, self.slo_ms = problem, slo
         self.solver = solver or slo_plan
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
+        self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
+        self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads = int(max_threads)
         self.sizes = tuple(problem.batch_sizes)
@@ -166,25 +205,31 @@ class Autopilot:
         self._clock, self._tlast, self._offset = clock, -math.inf, 0.0
         self._lock = threading.RLock()
         self._job: _Job | None = None
-        self._abandoned: list[threading.Thread] = []  # at most max_threads (pruned when they end)
+        self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
         self._not_before = -math.inf
         self._fails = 0
         self._resp = np.full(self.window, math.nan)  # the latest response times (ring)
+        self._planned = np.full(self.window, math.nan)  # the live plan's planned p99 when each was recorded
+        self._unlearned = 0  # responses since the excess was last learned
         self._resp_i = 0
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
-        self._watch_seen = -1  # responses seen since the swap; -1: not watching
-        self._watch_ok = 0
+        self._seen = 0  # responses since the live plan went live
+        self._windows = 0  # full windows of them judged (after the grace)
+        self._watching, self._watch_ok = False, 0
+        self._excess = 0.0  # learned: observed p99 − planned p99 (ms)
+        self._arrivals = 0
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0)
         self._last_solve_s = math.nan
         self._event = "start"
+        self._proc: Any = None
         plan: Plan
         if table is None:
-            solved = self.solver(problem, slo, [float(problem.lam)])
-            if solved is None or not self._usable(solved):
-                raise ValueError(f"no table meets p99 ≤ {slo:g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
-            plan = solved
+            solved = self.solver(problem, self._target(), [float(problem.lam)])
+            if solved is None or not self._usable(solved, self._target()):
+                raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
+            plan = replace(solved, target_ms=self._target())
         elif isinstance(table, Plan):
             plan = table
         elif isinstance(table, PolicyTable):
@@ -195,6 +240,38 @@ class Autopilot:
         self._live: Plan = replace(plan, id=next(_IDS))
         self._good: Plan = self._live
         self._previous: Plan | None = None
+        self.solve_in = solve_in or ("process" if solver is None else "thread")
+        if self.solve_in == "process":
+            self._start_process(nice)
+
+    def _start_process(self, nice: int) -> None:
+        import pickle
+
+        from .solve_process import SolveProcess, SolveProcessError
+
+        try:
+            pickle.dumps(self.solver)
+        except Exception as exc:  # noqa: BLE001 - anything pickle raises
+            raise ValueError(f"solve_in='process' needs a picklable solver (a module-level function): {exc}") from exc
+        proc = SolveProcess(nice, warm=("smdp_batch.analysis.slo",))
+        try:
+            proc.start()
+        except SolveProcessError as exc:
+            self.solve_in = "thread"
+            self._count(None, "solve-in-thread", logging.WARNING, error=str(exc)[:200])
+            return
+        self._proc = proc
+        if self.solver is slo_plan:  # load its compiled kernels now, not when a change needs them
+            args = (self.problem, self._target(), [float(self.problem.lam)])
+            threading.Thread(target=_warm, args=(proc, self.solver, args), name="smdp-autopilot-warm", daemon=True).start()
+
+    def close(self) -> None:
+        """End the solve process (if any); the live table keeps serving, and no further solve starts."""
+        with self._lock:
+            self._not_before = math.inf
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.close()
 
     # ------------------------------------------------------------------ the policy
     def decide(self, n: int) -> int:
@@ -223,7 +300,20 @@ class Autopilot:
     def observe_arrival(self, t_ms: Any) -> None:
         if self.rate.observe(t_ms):
             self._trigger("rate")
+        else:
+            self._arrivals += 1
+            if self._arrivals >= _RATE_CHECK_EVERY:
+                self._arrivals = 0
+                self._check_rate()
         self._poll()
+
+    def _check_rate(self) -> None:
+        """A slow change the change test misses (a ramp): λ̂'s band excludes the plan's λ, by more than rate_tol."""
+        lam, band, live = self.rate.rate, self.rate.band(), self._live
+        if lam is None or band is None or self.rate.samples < self.min_samples:
+            return
+        if not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
+            self._trigger("rate")
 
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
         """One executed batch of size b that took ``seconds``; a failed batch (``ok`` False) teaches nothing."""
@@ -231,9 +321,17 @@ class Autopilot:
         if i is not None:
             with self._lock:
                 self._batches[i] += 1
-        if ok and self.service.observe(b, _num(seconds) * 1e3) and self.service.drift():
+        if ok and self.service.observe(b, _num(seconds) * 1e3) and self.service.drift() and self._material():
             self._trigger("service")
         self._poll()
+
+    def _material(self) -> bool:
+        """Whether a drift of l̂(b) can matter: it moved from the curve of the last solve by ``service_tol_ms`` at
+        some size, or the load is high (λ̂·l̂(Bmax)/Bmax ≥ 0.5), where a relative change moves the queue."""
+        cur = self.service.latency_ms()
+        lam = self.rate.rate
+        busy = lam is not None and lam * float(cur[-1]) / self.sizes[-1] >= 0.5
+        return busy or bool(np.max(np.abs(cur - self.service.reference)) >= self.service_tol_ms)
 
     def observe_energy(self, b: Any, mj: Any) -> None:
         self.energy.observe(b, mj)
@@ -250,22 +348,54 @@ class Autopilot:
             return
         vals = vals[-self.window:]
         with self._lock:
-            self._resp[(self._resp_i + np.arange(vals.size)) % self.window] = vals
+            slots = (self._resp_i + np.arange(vals.size)) % self.window
+            self._resp[slots] = vals
+            self._planned[slots] = self._live.p99_ms
             self._resp_i = (self._resp_i + vals.size) % self.window
-            if self._watch_seen < 0:
-                return
-            before, self._watch_seen = self._watch_seen, self._watch_seen + k
-            while before < self.grace + self.window * (self._watch_ok + 1) <= self._watch_seen:  # a full window
-                p99 = float(np.percentile(self._resp, 99))
-                if p99 > self.slo_ms * (1.0 + self.tolerance) and self._previous is not None:
-                    bad, self._live = self._live, self._previous
-                    self._previous, self._watch_seen = None, -1
-                    self._good = self._live
-                    self._count("rollbacks", "rollback", table=bad.id, to=self._live.id, observed_p99_ms=p99)
-                else:
-                    self._watch_ok += 1
-                    if self._watch_ok >= self.watch:
-                        self._good, self._previous, self._watch_seen = self._live, None, -1
+            self._seen += k
+            self._unlearned += k
+            while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
+                self._windows += 1
+                self._window_done(float(np.percentile(self._resp, 99)))
+            if self._unlearned >= _LEARN_EVERY and np.isfinite(self._resp).sum() >= min(self.window, _LEARN_MIN):
+                self._unlearned = 0
+                self._learn()
+
+    def _window_done(self, p99: float) -> None:
+        """Judge one full window of the live plan's responses: rollback while watching, then learn the excess."""
+        live = self._live
+        if self._watching:
+            if p99 > (self.slo_ms - self.overhead_ms) * (1.0 + self.tolerance) and self._previous is not None:
+                self._live, self._good, self._previous = self._previous, self._previous, None
+                self._seen, self._windows, self._watching = 0, 0, False
+                self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99)
+            else:
+                self._watch_ok += 1
+                if self._watch_ok >= self.watch:
+                    self._good, self._previous, self._watching = live, None, False
+
+    def _learn(self) -> None:
+        """The excess: the p99 of the latest ``window`` responses less the mean p99 planned for them (each
+        response records the live plan's), while λ̂ is within 25 % of the live plan's λ; up at once, down by
+        halves, at most half the SLO.  When it moves by max(1 ms, 2 % of the SLO) from the live plan's, re-plan."""
+        lam, live = self.rate.rate, self._live
+        ok = np.isfinite(self._resp) & np.isfinite(self._planned)
+        if not self.learn or lam is None or ok.sum() < min(self.window, _LEARN_MIN) or \
+                abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
+            return
+        e = max(float(np.percentile(self._resp[ok], 99)) - float(np.mean(self._planned[ok])), 0.0)
+        x = e if e > self._excess else self._excess + 0.5 * (e - self._excess)
+        self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
+        if abs(self._excess - self._live_excess()) > max(1.0, 0.02 * self.slo_ms):
+            self._trigger("excess")
+
+    def _live_excess(self) -> float:
+        t = self._live.target_ms
+        return self.slo_ms - self.overhead_ms - t if math.isfinite(t) else 0.0
+
+    def _target(self) -> float:
+        """The p99 the next solve plans for (ms): the SLO less the overhead budget and the learned excess."""
+        return max(self.slo_ms - self.overhead_ms - self._excess, 1e-3)
 
     # ------------------------------------------------------------------ solving
     def _now(self) -> float:
@@ -294,7 +424,9 @@ class Autopilot:
                 job = self._job
                 if job is not None and now - job.start > self.budget_s:
                     self._job = None
-                    if job.thread is not None:
+                    if self._proc is not None:
+                        self._proc.kill()  # the job's thread then returns at once
+                    elif job.thread is not None:
                         self._abandoned.append(job.thread)
                     self._failed(now, "solve-timeout", seconds=now - job.start)
                 if self._job is None and self._dirty is not None and now >= self._not_before:
@@ -324,10 +456,13 @@ class Autopilot:
             self._failed(now, "out-of-range", "out_of_range", lam_hat=lam, max_lam=max_lam)
             return
         self._dirty = None
-        lams = [lam]
-        if band is not None and band[1] > 1.01 * lam:
-            lams.append(min(band[1], 0.98 * max_lam))
-        job = self._job = _Job(now, reason, latency, lams)
+        lams = [lam]  # planned metrics at λ̂; the SLO also at both edges of its one-σ band: a table that waits
+        if band is not None:  # for a fuller batch has a longer p99 at a lower rate, a busier one at a higher rate
+            if band[0] < 0.99 * lam:
+                lams.append(band[0])
+            if band[1] > 1.01 * lam:
+                lams.append(min(band[1], 0.98 * max_lam))
+        job = self._job = _Job(now, reason, latency, lams, self._target())
         self._c["solves"] += 1
         self._not_before = now + self.min_interval_s
         self.service.rebase(latency)  # drift is now measured from the curve this solve uses
@@ -345,42 +480,48 @@ class Autopilot:
     def _work(self, job: _Job) -> None:
         t0 = time.perf_counter()
         try:
-            out: Any = self.solver(self._problem(job), self.slo_ms, job.lams)
+            args = (self._problem(job), job.target, job.lams)
+            proc = self._proc
+            out: Any = proc.call(self.solver, *args) if proc is not None else self.solver(*args)
         except Exception as exc:  # noqa: BLE001 - counted, the live plan stays
             out = exc
         self._finish(job, out, time.perf_counter() - t0)
 
-    def _usable(self, plan: Any) -> bool:
+    def _usable(self, plan: Any, target: float) -> bool:
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
         if not set(plan.table.batch_sizes) <= set(self.sizes):
             return False
         vals = (plan.lam, plan.p99_ms, plan.power_w, plan.mean_ms)
-        return plan.meets and all(math.isfinite(_num(v)) for v in vals) and plan.p99_ms <= self.slo_ms
+        return plan.meets and all(math.isfinite(_num(v)) for v in vals) and plan.p99_ms <= target * (1 + 1e-9)
 
     def _finish(self, job: _Job, out: Any, seconds: float) -> None:
         with self._lock:
             now = self._now()
-            if self._job is not job:  # abandoned past its budget
-                self._count("late_results", "solve-late", seconds=seconds)
+            if self._job is not job:  # abandoned past its budget (in process mode: killed, nothing comes back)
+                if self._proc is None or not isinstance(out, BaseException):
+                    self._count("late_results", "solve-late", seconds=seconds)
                 return
             self._job = None
             self._last_solve_s = seconds
             if now - job.start > self.budget_s:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
-                self._failed(now, "solve-error", error=repr(out)[:200], reason=job.reason)
+                self._failed(now, "solve-error", error=str(out)[:200], reason=job.reason)
             elif out is None:
-                self._fails = 0
-                self._count("infeasible", "infeasible", logging.WARNING, lams=job.lams, reason=job.reason)
-            elif not self._usable(out):
+                self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason)
+            elif not self._usable(out, job.target):
                 self._failed(now, "solve-unusable", reason=job.reason)
+            elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
+                self._fails = 0
+                self._live = replace(out, id=self._live.id, target_ms=job.target)
+                self._count(None, "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target)
             else:
                 self._fails = 0
-                self._previous, self._live = self._good, replace(out, id=next(_IDS))
-                self._watch_seen, self._watch_ok = 0, 0
+                self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
+                self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
                 self._count("swaps", "swap", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
-                            timer_ms=out.timer_ms, seconds=round(seconds, 4))
+                            timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4))
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the solve in flight (tests, shutdown); True when none is left running."""
@@ -395,7 +536,7 @@ class Autopilot:
         """A snapshot of the counters and estimates (what :mod:`smdp_batch.runtime.autopilot_metrics` exports)."""
         with self._lock:
             live, c, ring, batches = self._live, dict(self._c), self._resp.copy(), tuple(self._batches)
-            solve_s, event = self._last_solve_s, self._event
+            solve_s, event, excess, target = self._last_solve_s, self._event, self._excess, self._target()
         resp = ring[np.isfinite(ring)]
         p50, p99 = (float(x) for x in np.percentile(resp, [50, 99])) if resp.size else (math.nan, math.nan)
         return AutopilotMetrics(
@@ -403,8 +544,8 @@ class Autopilot:
             c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
             live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
-            batches, tuple(float(x) for x in self.energy.energy_mj()))
+            batches, tuple(float(x) for x in self.energy.energy_mj()), excess, self.overhead_ms, target,
+            self.solve_in)
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"
-

@@ -56,6 +56,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_planned_power_watts": ("gauge", "W", "the live table's planned mean power P̄"),
     "autopilot_timer_seconds": ("gauge", "s", "the live plan's timer (NaN: none)"),
     "autopilot_slo_p99_seconds": ("gauge", "s", "the p99 response-time SLO"),
+    "autopilot_overhead_seconds": ("gauge", "s", "the given overhead budget: the SLO's share outside the hooks' view"),
+    "autopilot_excess_seconds": ("gauge", "s", "the learned excess: observed p99 less the live plan's planned p99"),
+    "autopilot_target_p99_seconds": ("gauge", "s", "the p99 the next solve plans for: SLO − overhead − excess"),
     "autopilot_observed_response_seconds": (
         "gauge", "s", "observed response-time quantiles of the latest window (label quantile: 0.5, 0.99)"),
     "autopilot_batch_size": ("histogram", "requests", "sizes of the executed batches (one bucket per allowed size)"),
@@ -127,6 +130,9 @@ class AutopilotCollector:
         yield gauge("autopilot_planned_power_watts", m.planned_power_w)
         yield gauge("autopilot_timer_seconds", _s(m.timer_ms))
         yield gauge("autopilot_slo_p99_seconds", _s(self.autopilot.slo_ms))
+        yield gauge("autopilot_overhead_seconds", _s(m.overhead_ms))
+        yield gauge("autopilot_excess_seconds", _s(m.excess_ms))
+        yield gauge("autopilot_target_p99_seconds", _s(m.target_p99_ms))
         obs = GaugeMetricFamily(p + "autopilot_observed_response_seconds",
                                 METRICS["autopilot_observed_response_seconds"][2], labels=["quantile"])
         obs.add_metric(["0.5"], _s(m.observed_p50_ms))

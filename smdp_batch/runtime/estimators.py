@@ -29,10 +29,13 @@ s²_b of the measured batch times (ms; Welford's recurrence, turning into an exp
 with weight 1/``memory`` once ``memory`` batches of that size are seen), and pooled over all sizes the
 ratio r = x / l_ref(b) to the reference curve (the model's l(b), or the curve of the last re-solve).  The
 estimate per size is a posterior mean with pseudo-count k = ``prior_count``,
-l̂(b) = (k·r̂·l_ref(b) + n_b·x̄_b)/(k + n_b), whose prior is the reference scaled by the pooled ratio r̂
-(r̄ once it rests on ``min_batches`` batches, else 1): a size never seen gets the scaled reference (the
-model's own l(b) when nothing has drifted).  The curve is then made non-decreasing in b (a running
-maximum), as the model requires.  :meth:`ServiceEstimator.drift`
+l̂(b) = (k·p(b) + n_b·x̄_b)/(k + n_b), whose prior p(b) is the reference scaled by the pooled ratio r̂
+(r̄ once it rests on ``min_batches`` batches, else 1) up to the largest size measured, b_top, and beyond
+it the reference plus b_top's excess, p(b) = l_ref(b) + (r̂ − 1)·l_ref(b_top): a fixed cost measured on small
+batches (a thread hop, a busy event loop) is not multiplied up to the large sizes, which would shrink the
+stable rate Bmax/l̂(Bmax) the Autopilot plans with; a slowdown in proportion to the work is learned at a
+size once it runs.  With nothing measured p(b) is the model's own l(b).  The curve is then made
+non-decreasing in b (a running maximum), as the model requires.  :meth:`ServiceEstimator.drift`
 says the pooled ratio (or any size's mean) has left its band:
 |r̄ − 1| > max(``rel_tol``, z·s/√n) with n ≥ ``min_batches`` batches (4 × that for one size's mean).  With
 the defaults (rel_tol 0.2, z 4, min_batches 8), measured on 200 seeded runs of 32 sizes
@@ -287,6 +290,10 @@ class ServiceEstimator:
             r = self._ratio_locked()
             n, k = np.asarray(self._per.n), self.k
             prior = self.reference * r
+            seen = np.flatnonzero(n > 0)
+            if seen.size:  # above the largest measured size: the reference plus that size's excess
+                top = seen[-1]
+                prior[top + 1:] = self.reference[top + 1:] + (r - 1.0) * self.reference[top]
             den = k + n
             est = np.where(den > 0, (k * prior + n * np.asarray(self._per.mean)) / np.where(den > 0, den, 1.0), prior)
             return np.maximum.accumulate(est)
