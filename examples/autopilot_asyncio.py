@@ -3,7 +3,7 @@
     python examples/autopilot_asyncio.py            # about 20 s; 127.0.0.1 is not even needed
 
 Open-loop Poisson traffic at λ = 0.1 requests/ms (100/s) for 5 s, then 3× that for 10 s.  The Autopilot
-starts from the SLO optimiser's table for λ, finds the step, re-solves in a worker thread and swaps; the
+starts from the SLO optimiser's table for λ, finds the step, re-solves in a lower-priority child process and swaps; the
 script prints each swap (one JSON line on the ``smdp_batch`` logger) and then the metrics and the observed
 p99 per phase.
 """
@@ -11,6 +11,7 @@ p99 per phase.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import time
@@ -60,8 +61,10 @@ async def main() -> None:
             print(f"{name:8s} λ {lam:.2f}/ms: {len(t)} requests, observed p99 {np.percentile(t, 99):.1f} ms "
                   f"(SLO {SLO:g} ms)")
     pilot.join(10.0)
+    pilot.close()  # ends the solve process; the table stays
     m = pilot.metrics
-    print(f"swaps {m.swaps}, rollbacks {m.rollbacks}, failed solves {m.failed_solves}; λ̂ {m.lam_hat:.3f}/ms; "
+    print(f"swaps {m.swaps}, rollbacks {m.rollbacks}, failed solves {m.failed_solves}; "
+          f"λ̂ {m.lam_hat if m.lam_hat is not None else math.nan:.3f}/ms; "
           f"live table {m.live_table}: planned at λ {m.planned_lam:.3f}/ms, p99 {m.planned_p99_ms:.1f} ms, "
           f"P̄ {m.planned_power_w:.2f} W; observed p99 of the last responses {m.observed_p99_ms:.1f} ms")
     assert problem(LAM).lam == LAM

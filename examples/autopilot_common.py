@@ -3,7 +3,10 @@
 
 * :func:`problem` — l(b) and ζ(b) from the CPU profile ``benchmarks/data/onnx_mlp_cpu.csv`` (measured with
   ``smdp-batch measure examples.onnx_mlp:infer``; ζ is a constant 60 W × latency: a CPU has no energy counter
-  here), sizes 1, 2, 4, 8, 16, 32, at the arrival rate ``lam`` (requests/ms).
+  here), sizes 1, 2, 4, 8, 16, 32, at the arrival rate ``lam`` (requests/ms); with ``repeat=HEAVY`` the
+  heavy variant, :func:`infer_heavy` (the MLP four times per batch, ``onnx_mlp_x4_cpu.csv``, measured with
+  ``smdp-batch measure examples.autopilot_common:infer_heavy --make-batch examples.onnx_mlp:make_batch
+  --warmup 5 --repeats 40 --power-w 60``), which the Autopilot benchmark uses.
 * :func:`make_infer` — the model's infer function (a list of vectors → a list of logit rows).  While the file
   ``slow_file`` exists every batch sleeps ``slow - 1`` times its own duration after running: a service
   slowdown injected from outside the server process.
@@ -26,22 +29,34 @@ if ROOT not in sys.path:
 from examples import onnx_mlp  # noqa: E402
 
 PROFILE = os.path.join(ROOT, "benchmarks", "data", "onnx_mlp_cpu.csv")
+HEAVY = 4  # the heavy variant runs the MLP this many times per batch (the benchmark's: batches of 4-22 ms)
+PROFILES = {1: PROFILE, HEAVY: os.path.join(ROOT, "benchmarks", "data", "onnx_mlp_x4_cpu.csv")}
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def problem(lam: float):
+def problem(lam: float, repeat: int = 1):
+    """The ONNX MLP as a batching problem at rate ``lam`` (1/ms); ``repeat`` = HEAVY: the heavy variant."""
     from smdp_batch.model.problem import BatchingProblem
 
-    return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{PROFILE}", energy=f"csv:{PROFILE}")
+    path = PROFILES[repeat]
+    return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{path}", energy=f"csv:{path}")
 
 
-def make_infer(slow_file: str | None = None, slow: float = 1.5):
+def infer_heavy(items: list) -> list:
+    """The heavy variant: the MLP run HEAVY times on the batch (what ``onnx_mlp_x4_cpu.csv`` measures)."""
+    for _ in range(HEAVY - 1):
+        onnx_mlp.infer(items)
+    return onnx_mlp.infer(items)
+
+
+def make_infer(slow_file: str | None = None, slow: float = 1.5, repeat: int = 1):
     onnx_mlp.session()  # build the session now, not in the first batch
     state = {"checked": 0.0, "on": False}
+    run = infer_heavy if repeat == HEAVY else onnx_mlp.infer
 
     def infer(items: list) -> list:
         t0 = time.perf_counter()
-        out = onnx_mlp.infer(list(items))
+        out = run(list(items))
         if slow_file is not None:
             now = time.monotonic()
             if now - state["checked"] > 0.1:
@@ -54,7 +69,8 @@ def make_infer(slow_file: str | None = None, slow: float = 1.5):
 
 
 def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, slow_file: str | None = None,
-         min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0), overhead_ms: float = 0.0):
+         min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0), overhead_ms: float = 0.0,
+         repeat: int = 1):
     """``(infer, policy)`` built in the calling (server) process; see the module docstring.  ``overhead_ms``:
     the part of the SLO left to the transport outside the server: every table plans p99 ≤ SLO − overhead_ms."""
     import logging
@@ -62,10 +78,10 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     from smdp_batch.runtime.autopilot import Autopilot, slo_plan
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # swaps: one JSON line each
-    infer = make_infer(slow_file)
+    infer = make_infer(slow_file, repeat=repeat)
     if kind == "none":
         return infer, None
-    p = problem(lam)
+    p = problem(lam, repeat)
     if kind == "bank":
         from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
 

@@ -11,6 +11,7 @@ Autopilot's events (swaps), its metrics, and the observed p99 per phase as the c
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -45,7 +46,8 @@ def main() -> None:
         print(f"{name:8s} λ {lam:.2f}/ms: {sel.sum()} requests, observed p99 {np.nanpercentile(lat[sel], 99):.1f} ms "
               f"(SLO {SLO:g} ms), mean batch {sizes[sel & (sizes > 0)].mean():.2f}")
     print(f"errors {errors}; swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}; "
-          f"λ̂ {m['lam_hat']:.3f}/ms; live table {m['live_table']}: planned at λ {m['planned_lam']:.3f}/ms, "
+          f"λ̂ {m['lam_hat'] if m['lam_hat'] is not None else math.nan:.3f}/ms; live table {m['live_table']}: "
+          f"planned at λ {m['planned_lam']:.3f}/ms, "
           f"p99 {m['planned_p99_ms']:.1f} ms, P̄ {m['planned_power_w']:.2f} W; the model's observed p99 "
           f"{m['observed_p99_ms']:.1f} ms")
 

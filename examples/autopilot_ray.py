@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import sys
 
@@ -62,7 +63,8 @@ def main() -> None:
         print(f"{name:8s} λ {lam:.2f}/ms: {sel.sum()} requests, observed p99 {np.nanpercentile(lat[sel], 99):.1f} ms "
               f"(SLO {SLO:g} ms), mean batch {np.mean(sizes):.2f}")
     print(f"errors {errors}; swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}; "
-          f"λ̂ {m['lam_hat']:.3f}/ms; live table {m['live_table']}: planned at λ {m['planned_lam']:.3f}/ms, "
+          f"λ̂ {m['lam_hat'] if m['lam_hat'] is not None else math.nan:.3f}/ms; live table {m['live_table']}: "
+          f"planned at λ {m['planned_lam']:.3f}/ms, "
           f"p99 {m['planned_p99_ms']:.1f} ms, P̄ {m['planned_power_w']:.2f} W; the replica's observed p99 "
           f"{m['observed_p99_ms']:.1f} ms")
 

@@ -10,25 +10,34 @@ live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and
   :class:`~smdp_batch.runtime.estimators.EnergyEstimator`;
 * ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
 
-When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), or the
-service estimator drifts, the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is
-measured) and re-solves it **in a worker thread** with a time budget.  The default solver is the SLO
-optimiser (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer
-whose simulated p99 plus its 95 % half-width meets the SLO at λ̂ and at the upper one-σ edge of λ̂'s band).
-The new plan goes live only if it meets the SLO with finite planned metrics; the swap is one reference
-assignment, and ``decide(n)`` reads that reference once, so every batch is decided wholly by one table.
+When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band
+leaves the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator
+drifts by at least ``service_tol_ms`` at some size (or at a high load), or the learned excess moves, the
+Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with
+a time budget, at most once per ``min_interval_s``, **in a lower-priority child process**
+(:mod:`~smdp_batch.runtime.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
+pass).  The default solver is the SLO optimiser (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``:
+the least-power SMDP table + timer whose simulated p99 plus its 95 % half-width meets the *target* at λ̂ and
+at both edges of λ̂'s one-σ band).  The target is SLO − ``overhead_ms`` (the share of the SLO spent outside
+the hooks' view: network, client) − the learned excess (with ``learn=True``: the p99 of the latest responses
+less the p99 planned for them, smoothed and capped at half the SLO).  The new plan goes live only if it meets
+the target with finite planned metrics (the same table and timer again is kept, not swapped); the swap is one
+reference assignment, and ``decide(n)`` reads that reference once, so every batch is decided wholly by one
+table.
 
 Rollback: after a swap, the response times of the next requests (after ``grace`` of them, which may have
-waited under the old table) are watched in windows of ``window``; a window whose p99 exceeds the SLO by more
-than ``tolerance`` puts the previous plan back.  After ``watch`` clean windows the new plan is the last good.
+waited under the old table) are watched in windows of ``window``; a window whose p99 exceeds SLO −
+``overhead_ms`` by more than ``tolerance`` puts the previous plan back.  After ``watch`` clean windows the new
+plan is the last good.
 
-Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the SLO, unknown
-batch sizes) or runs past ``budget_s`` (it is abandoned: a thread cannot be killed, so at most
-``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 %
-of the stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in
-:class:`AutopilotMetrics` and logged as one JSON line on the ``smdp_batch`` logger.  A failed solve (or an out-of-range
-estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row), at most 300 s.  The solve clock (``clock``,
-seconds) is made monotone: a step back counts as no time passing; a step forward may time out a solve.
+Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown
+batch sizes) or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at
+most ``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above
+98 % of the stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in
+:class:`AutopilotMetrics` and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible
+solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
+at most 300 s.  The solve clock (``clock``, seconds) is made monotone: a step back counts as no time passing;
+a step forward may time out a solve.
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
 (numba, scipy) when it first runs.
@@ -43,7 +52,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -171,10 +180,10 @@ class Autopilot:
     def __init__(self, problem: Any, slo_p99_ms: float, table: PolicyTable | Plan | None = None, *,
                  solver: Callable[..., Plan | None] | None = None, budget_s: float = 10.0, overhead_ms: float = 0.0,
                  solve_in: str | None = None, nice: int = 10, service_tol_ms: float | None = None,
-                 rate_tol: float = 0.25, learn: bool = True, rate: RateChange | None = None,
+                 rate_tol: float = 0.25, learn: bool = False, rate: RateChange | None = None,
                  service: ServiceEstimator | None = None, energy: EnergyEstimator | None = None,
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
-                 watch: int = 3, min_interval_s: float = 1.0, max_threads: int = 2,
+                 watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
                  clock: Callable[[], float] = time.monotonic):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
@@ -208,6 +217,7 @@ class Autopilot:
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
         self._not_before = -math.inf
+        self._last_start = -math.inf  # when the latest solve started (solve clock, s)
         self._fails = 0
         self._resp = np.full(self.window, math.nan)  # the latest response times (ring)
         self._planned = np.full(self.window, math.nan)  # the live plan's planned p99 when each was recorded
@@ -299,6 +309,9 @@ class Autopilot:
     # ------------------------------------------------------------------ hooks (never raise)
     def observe_arrival(self, t_ms: Any) -> None:
         if self.rate.observe(t_ms):
+            with self._lock:  # a new load: what failed or was infeasible at the old one may not be now
+                if self._fails:
+                    self._fails, self._not_before = 0, self._last_start + self.min_interval_s
             self._trigger("rate")
         else:
             self._arrivals += 1
@@ -321,7 +334,8 @@ class Autopilot:
         if i is not None:
             with self._lock:
                 self._batches[i] += 1
-        if ok and self.service.observe(b, _num(seconds) * 1e3) and self.service.drift() and self._material():
+        if ok and self.service.observe(b, _num(seconds) * 1e3) and self._dirty is None and self._job is None \
+                and self.service.drift() and self._material():  # (a solve pending or running takes the new curve)
             self._trigger("service")
         self._poll()
 
@@ -339,7 +353,8 @@ class Autopilot:
     def observe_response(self, ms: Any) -> None:
         """One response time (ms), or an iterable of them (a batch's requests)."""
         try:
-            vals = np.asarray(list(ms) if isinstance(ms, Iterable) else [ms], dtype=np.float64).ravel()
+            seq = ms if isinstance(ms, (list, tuple, np.ndarray)) else list(ms) if hasattr(ms, "__iter__") else [ms]
+            vals = np.asarray(seq, dtype=np.float64).ravel()
         except (TypeError, ValueError):
             return
         vals = vals[np.isfinite(vals) & (vals >= 0)]
@@ -348,16 +363,21 @@ class Autopilot:
             return
         vals = vals[-self.window:]
         with self._lock:
-            slots = (self._resp_i + np.arange(vals.size)) % self.window
-            self._resp[slots] = vals
-            self._planned[slots] = self._live.p99_ms
-            self._resp_i = (self._resp_i + vals.size) % self.window
+            i, n, w = self._resp_i, vals.size, self.window
+            head = min(n, w - i)  # contiguous slices into the rings (cheaper than fancy indexing)
+            self._resp[i:i + head] = vals[:head]
+            self._planned[i:i + head] = self._live.p99_ms
+            if head < n:
+                self._resp[:n - head] = vals[head:]
+                self._planned[:n - head] = self._live.p99_ms
+            self._resp_i = (i + n) % w
             self._seen += k
             self._unlearned += k
             while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
                 self._windows += 1
                 self._window_done(float(np.percentile(self._resp, 99)))
-            if self._unlearned >= _LEARN_EVERY and np.isfinite(self._resp).sum() >= min(self.window, _LEARN_MIN):
+            if self.learn and self._unlearned >= _LEARN_EVERY and \
+                    np.isfinite(self._resp).sum() >= min(self.window, _LEARN_MIN):
                 self._unlearned = 0
                 self._learn()
 
@@ -376,17 +396,18 @@ class Autopilot:
 
     def _learn(self) -> None:
         """The excess: the p99 of the latest ``window`` responses less the mean p99 planned for them (each
-        response records the live plan's), while λ̂ is within 25 % of the live plan's λ; up at once, down by
-        halves, at most half the SLO.  When it moves by max(1 ms, 2 % of the SLO) from the live plan's, re-plan."""
+        response records the live plan's), while λ̂ is within 25 % of the live plan's λ; smoothed (half of each
+        new reading), at most half the SLO.  When it moves by max(2 ms, 5 % of the SLO) from the live plan's,
+        re-plan: a p99 of a few hundred responses is noisy, and every re-plan costs a solve."""
         lam, live = self.rate.rate, self._live
         ok = np.isfinite(self._resp) & np.isfinite(self._planned)
         if not self.learn or lam is None or ok.sum() < min(self.window, _LEARN_MIN) or \
                 abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
             return
         e = max(float(np.percentile(self._resp[ok], 99)) - float(np.mean(self._planned[ok])), 0.0)
-        x = e if e > self._excess else self._excess + 0.5 * (e - self._excess)
+        x = self._excess + 0.5 * (e - self._excess)
         self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
-        if abs(self._excess - self._live_excess()) > max(1.0, 0.02 * self.slo_ms):
+        if abs(self._excess - self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
             self._trigger("excess")
 
     def _live_excess(self) -> float:
@@ -464,6 +485,7 @@ class Autopilot:
                 lams.append(min(band[1], 0.98 * max_lam))
         job = self._job = _Job(now, reason, latency, lams, self._target())
         self._c["solves"] += 1
+        self._last_start = now
         self._not_before = now + self.min_interval_s
         self.service.rebase(latency)  # drift is now measured from the curve this solve uses
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
