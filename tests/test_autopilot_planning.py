@@ -249,3 +249,36 @@ def test_a_change_point_clears_the_backoff_of_failed_solves():
     feed(ap, p.lam / 3, 400, rng, t)  # the load falls back: a change point, solved within min_interval
     ap.join(10)
     assert len(solver.calls) == n + 1 and ap.metrics.infeasible == n + 1
+
+
+# ------------------------------------------------------------------ the default solver and the live plan
+def test_the_default_solver_keeps_a_live_plan_that_still_holds_and_replaces_one_that_does_not():
+    from smdp_batch.runtime.autopilot import _same, slo_plan
+
+    p = BatchingProblem.basic(rho=0.3)
+    first = slo_plan(p, SLO, [p.lam], requests=5_000)
+    assert first is not None and first.meets
+    alone = slo_plan(p.replace(lam=0.8 * p.lam), SLO, [0.8 * p.lam], requests=5_000)
+    assert alone is not None and not _same(alone, first)  # at 80 % load the optimiser's own pick differs ...
+    near = slo_plan(p.replace(lam=0.8 * p.lam), SLO, [0.8 * p.lam], requests=5_000, incumbent=first)
+    assert near is not None and _same(near, first)  # ... but saves < 2 % over the live plan, which is kept
+    assert near.lam == 0.8 * p.lam and near.p99_ms <= SLO and near.power_w <= 1.02 * alone.power_w
+    waits = Plan(PolicyTable(control(32), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
+    light = p.replace(lam=0.1 * p.lam)  # waiting for 32 requests without a timer breaks the SLO at a tenth
+    new = slo_plan(light, SLO, [light.lam], requests=5_000, incumbent=waits)
+    assert new is not None and not _same(new, waits) and new.p99_ms <= SLO
+
+
+def test_rollback_needs_the_new_plan_to_do_worse_than_the_one_it_replaced():
+    ap, p = make(FakeSolver(), window=200, grace=0)
+    _at(ap, p.lam, 300, 12)
+    ap.observe_response(np.full(200, 60.0))  # the live plan's own window: 60 ms, over the SLO already
+    assert ap._good_p99 == 60.0
+    rng = np.random.default_rng(13)
+    t = feed(ap, p.lam, 10, rng)
+    feed(ap, 2 * p.lam, 400, rng, t)
+    assert ap.join(10) and ap.metrics.swaps == 1 and ap._watching
+    ap.observe_response(np.full(200, 62.0))  # over the SLO, but no worse than before the swap: kept
+    assert ap.metrics.rollbacks == 0
+    ap.observe_response(np.full(200, 90.0))  # worse than the replaced plan by more than 10 %: rolled back
+    assert ap.metrics.rollbacks == 1

@@ -21,13 +21,16 @@ the least-power SMDP table + timer whose simulated p99 plus its 95 % half-width 
 at both edges of λ̂'s one-σ band).  The target is SLO − ``overhead_ms`` (the share of the SLO spent outside
 the hooks' view: network, client) − the learned excess (with ``learn=True``: the p99 of the latest responses
 less the p99 planned for them, smoothed and capped at half the SLO).  The new plan goes live only if it meets
-the target with finite planned metrics (the same table and timer again is kept, not swapped); the swap is one
+the target with finite planned metrics (the same table and timer again is kept, not swapped; the default
+solver also simulates the live plan on the same arrivals and keeps it unless the new one saves 2 % of its
+power); the swap is one
 reference assignment, and ``decide(n)`` reads that reference once, so every batch is decided wholly by one
 table.
 
 Rollback: after a swap, the response times of the next requests (after ``grace`` of them, which may have
 waited under the old table) are watched in windows of ``window``; a window whose p99 exceeds SLO −
-``overhead_ms`` by more than ``tolerance`` puts the previous plan back.  After ``watch`` clean windows the new
+``overhead_ms`` by more than ``tolerance``, and the latest window of the plan it replaced by as much (when
+there was one), puts the previous plan back.  After ``watch`` clean windows the new
 plan is the last good.
 
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown
@@ -45,6 +48,7 @@ The hooks never raise.  Importing this module needs numpy only; the default solv
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -121,15 +125,33 @@ class AutopilotMetrics:
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
 
 
-def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0) -> Plan | None:
+def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
+             incumbent: Plan | None = None, margin: float = 0.02) -> Plan | None:
     """The SLO optimiser's least-power SMDP table + timer meeting p99 ≤ ``slo_ms`` at every load in ``lams``
-    (1/ms; planned metrics at ``lams[0]``), or None when no table meets it."""
+    (1/ms; planned metrics at ``lams[0]``), or None when no table meets it.
+
+    ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
+    ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
+    swap that saves nothing only costs a rollback watch."""
     from ..analysis.slo import optimise
+    from ..baselines.servers import table_timer
     from ..limits import SLO_MAX_MS
 
+    current = None
+    if incumbent is not None:
+        t = incumbent.table
+        tau = incumbent.timer_ms if incumbent.timer_ms is not None else math.inf
+        forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
+        current = table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
     ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams), families=("smdp",),
-                   requests=requests, seed=seed, defaults=False)
+                   requests=requests, seed=seed, defaults=False, current=current)
     s = ans.best.get("smdp")
+    cur = ans.current
+    if incumbent is not None and cur is not None and cur.meets and \
+            (s is None or not s.meets or cur.power_w <= (1.0 + margin) * s.power_w):
+        at = min(cur.loads, key=lambda x: abs(x.lam - lams[0]))
+        return replace(incumbent, lam=float(lams[0]), mean_ms=at.metrics["mean"], p99_ms=at.metrics["p99"],
+                       power_w=at.power_w, meets=True)
     if s is None or s.policy is None or not s.meets:
         return None
     at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
@@ -228,6 +250,7 @@ class Autopilot:
         self._seen = 0  # responses since the live plan went live
         self._windows = 0  # full windows of them judged (after the grace)
         self._watching, self._watch_ok = False, 0
+        self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess = 0.0  # learned: observed p99 − planned p99 (ms)
         self._arrivals = 0
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0)
@@ -382,10 +405,15 @@ class Autopilot:
                 self._learn()
 
     def _window_done(self, p99: float) -> None:
-        """Judge one full window of the live plan's responses: rollback while watching, then learn the excess."""
+        """Judge one full window of the live plan's responses: while watching a swap, roll back when it breaks
+        the limit and is worse than the plan it replaced; otherwise remember it as the good plan's p99."""
         live = self._live
-        if self._watching:
-            if p99 > (self.slo_ms - self.overhead_ms) * (1.0 + self.tolerance) and self._previous is not None:
+        if not self._watching:
+            self._good_p99 = p99  # the last good plan's latest window
+        else:
+            limit = (self.slo_ms - self.overhead_ms) * (1.0 + self.tolerance)
+            worse = not p99 <= self._good_p99 * (1.0 + self.tolerance)  # than the plan it replaced (NaN: unknown)
+            if p99 > limit and worse and self._previous is not None:
                 self._live, self._good, self._previous = self._previous, self._previous, None
                 self._seen, self._windows, self._watching = 0, 0, False
                 self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99)
@@ -503,8 +531,9 @@ class Autopilot:
         t0 = time.perf_counter()
         try:
             args = (self._problem(job), job.target, job.lams)
+            solver = functools.partial(slo_plan, incumbent=self._live) if self.solver is slo_plan else self.solver
             proc = self._proc
-            out: Any = proc.call(self.solver, *args) if proc is not None else self.solver(*args)
+            out: Any = proc.call(solver, *args) if proc is not None else solver(*args)
         except Exception as exc:  # noqa: BLE001 - counted, the live plan stays
             out = exc
         self._finish(job, out, time.perf_counter() - t0)
