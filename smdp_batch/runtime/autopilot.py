@@ -247,12 +247,10 @@ class Autopilot:
         self._resp_i = 0
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
-        self._seen = 0  # responses since the live plan went live
-        self._windows = 0  # full windows of them judged (after the grace)
+        self._seen, self._windows = 0, 0  # responses since the live plan went live; full windows of them judged
         self._watching, self._watch_ok = False, 0
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
-        self._excess = 0.0  # learned: observed p99 − planned p99 (ms)
-        self._arrivals = 0
+        self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0)
         self._last_solve_s = math.nan
         self._event = "start"
