@@ -204,7 +204,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
             m = None
             for _ in range(100):
                 m = srv.metrics(f"s{i}")
-                if m is None or m["solves"] == m["swaps"] + m["failed_solves"] + m["infeasible"]:
+                if m is None or m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
                     break
                 time.sleep(0.2)
             batches = [(b, t0, t1) for b, _, t0, t1 in srv.batches(f"s{i}")]

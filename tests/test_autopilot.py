@@ -59,7 +59,7 @@ class FakeSolver:
 def make(solver=None, clock=None, **kw) -> tuple[Autopilot, BatchingProblem]:
     p = BatchingProblem.basic(rho=0.3)
     start = Plan(PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
-    opts = {"min_interval_s": 0.0, **kw}
+    opts = {"min_interval_s": 0.0, "rate_tol": 10.0, **kw}  # no band re-solve unless a test asks for one
     return Autopilot(p, SLO, start, solver=solver or FakeSolver(), clock=clock or Clock(), **opts), p
 
 
@@ -75,7 +75,7 @@ def feed(ap: Autopilot, lam: float, n: int, rng, t0: float = 0.0) -> float:
 def test_a_3x_rate_step_re_solves_and_swaps_to_a_table_solved_near_the_new_rate():
     p = BatchingProblem.basic(rho=0.3)
     solver = functools.partial(slo_plan, requests=5000)
-    ap = Autopilot(p, SLO, solver=solver, clock=Clock(), min_interval_s=0.0)
+    ap = Autopilot(p, SLO, solver=solver, clock=Clock(), min_interval_s=0.0, rate_tol=10.0)
     first = ap.plan
     assert first.meets and first.p99_ms <= SLO and ap.decide(0) == 0
     rng = np.random.default_rng(1)

@@ -76,7 +76,7 @@ def test_a_plan_must_hold_at_both_edges_of_the_rate_band():
 
 def test_a_slow_ramp_the_change_test_misses_still_re_solves():
     solver = FakeSolver()
-    ap, p = make(solver, rate=RateChange(h=1e9), min_samples=100)  # a change test that never fires
+    ap, p = make(solver, rate=RateChange(h=1e9), min_samples=100, rate_tol=0.25)  # a change test that never fires
     _at(ap, 1.6 * p.lam, 1500, 6)
     assert ap.join(10) and len(solver.calls) >= 1 and ap.metrics.last_event == "swap"
     assert ap.plan.lam == pytest.approx(1.6 * p.lam, rel=0.15)
@@ -111,12 +111,12 @@ def test_the_same_plan_again_is_kept_not_swapped():
         return Plan(PolicyTable(control(8), problem.batch_sizes, {"inputs": {"lam": lams[0]}}), lams[0], None, 8.0,
                     30.0, 15.0, True, "control:8")
 
-    ap, p = make(same)
+    ap, p = make(same, rate_tol=0.25)  # started at 3λ: the band, not a change point, finds it
     live = ap.plan
     _at(ap, 3 * p.lam, 1000, 8)
     assert ap.join(10)
     m = ap.metrics
-    assert m.swaps == 0 and m.last_event == "kept" and m.live_table == live.id
+    assert m.swaps == 0 and m.kept >= 1 and m.last_event == "kept" and m.live_table == live.id
     assert ap.plan.lam != live.lam  # its planned metrics are the new solve's
 
 

@@ -17,7 +17,8 @@ import pytest
 from smdp_batch.analysis.simulate import poisson_arrivals
 
 LAM, STEP, SLO = 0.03, 3.0, 100.0  # 30 requests/s, then 90/s; p99 SLO 100 ms
-PILOT = dict(base_ms=8.0, per_item_ms=1.5, lam=LAM, slo_p99_ms=SLO, min_samples=100, budget_s=60.0)
+PILOT = dict(base_ms=8.0, per_item_ms=1.5, lam=LAM, slo_p99_ms=SLO, min_samples=100, budget_s=60.0,
+             min_interval_s=1.0)  # the step phase lasts 4 s
 
 
 def _arrivals(seed=1):
@@ -73,7 +74,8 @@ def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once
         m = None
         for _ in range(300):  # the metrics file is written every 0.2 s; a solve may still be in flight
             m = srv.metrics("pilot")
-            if m is not None and m["swaps"] >= 1 and m["solves"] == m["swaps"] + m["failed_solves"] + m["infeasible"]:
+            if m is not None and m["swaps"] >= 1 and \
+                    m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
                 break
             time.sleep(0.2)
         batches = srv.batches("pilot")

@@ -123,6 +123,7 @@ class AutopilotMetrics:
     overhead_ms: float = 0.0  # given: the time spent outside the hooks' view (network, client)
     target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
+    kept: int = 0  # solves that kept the live plan (the same table and timer, or too little saved)
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
@@ -238,8 +239,7 @@ class Autopilot:
         self._job: _Job | None = None
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
-        self._not_before = -math.inf
-        self._last_start = -math.inf  # when the latest solve started (solve clock, s)
+        self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
         self._fails = 0
         self._resp = np.full(self.window, math.nan)  # the latest response times (ring)
         self._planned = np.full(self.window, math.nan)  # the live plan's planned p99 when each was recorded
@@ -251,9 +251,9 @@ class Autopilot:
         self._watching, self._watch_ok = False, 0
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
-        self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0)
-        self._last_solve_s = math.nan
-        self._event = "start"
+        self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
+                       kept=0)
+        self._last_solve_s, self._event = math.nan, "start"
         self._proc: Any = None
         plan: Plan
         if table is None:
@@ -564,7 +564,7 @@ class Autopilot:
             elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
                 self._fails = 0
                 self._live = replace(out, id=self._live.id, target_ms=job.target)
-                self._count(None, "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target)
+                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target)
             else:
                 self._fails = 0
                 self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
@@ -594,7 +594,7 @@ class Autopilot:
             live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
             batches, tuple(float(x) for x in self.energy.energy_mj()), excess, self.overhead_ms, target,
-            self.solve_in)
+            self.solve_in, c["kept"])
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

@@ -65,6 +65,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_last_solve_seconds": ("gauge", "s", "how long the last re-solve took (NaN before the first)"),
     "autopilot_solves_total": ("counter", "1", "re-solves started"),
     "autopilot_swaps_total": ("counter", "1", "new tables put live"),
+    "autopilot_kept_total": ("counter", "1", "solves that kept the live table (the same, or too little saved)"),
     "autopilot_rollbacks_total": ("counter", "1", "tables taken back on observed p99"),
     "autopilot_failed_solves_total": ("counter", "1", "solves that raised, timed out or returned no usable plan"),
     "autopilot_infeasible_solves_total": ("counter", "1", "solves where no table meets the SLO at λ̂"),
@@ -73,7 +74,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_rejected_inputs_total": ("counter", "1", "hook readings ignored (NaN, negative, unknown batch size)"),
 }
 
-_COUNTERS = {"autopilot_solves_total": "solves", "autopilot_swaps_total": "swaps",
+_COUNTERS = {"autopilot_solves_total": "solves", "autopilot_swaps_total": "swaps", "autopilot_kept_total": "kept",
              "autopilot_rollbacks_total": "rollbacks", "autopilot_failed_solves_total": "failed_solves",
              "autopilot_infeasible_solves_total": "infeasible", "autopilot_out_of_range_total": "out_of_range",
              "autopilot_late_results_total": "late_results", "autopilot_rejected_inputs_total": "rejected_inputs"}
