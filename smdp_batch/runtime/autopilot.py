@@ -397,10 +397,8 @@ class Autopilot:
             while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
                 self._windows += 1
                 self._window_done(float(np.percentile(self._resp, 99)))
-            if self.learn and self._unlearned >= _LEARN_EVERY and \
-                    np.isfinite(self._resp).sum() >= min(self.window, _LEARN_MIN):
+            if self.learn and self._unlearned >= _LEARN_EVERY and self._learn():
                 self._unlearned = 0
-                self._learn()
 
     def _window_done(self, p99: float) -> None:
         """Judge one full window of the live plan's responses: while watching a swap, roll back when it breaks
@@ -420,21 +418,23 @@ class Autopilot:
                 if self._watch_ok >= self.watch:
                     self._good, self._previous, self._watching = live, None, False
 
-    def _learn(self) -> None:
+    def _learn(self) -> bool:
         """The excess: the p99 of the latest ``window`` responses less the mean p99 planned for them (each
         response records the live plan's), while λ̂ is within 25 % of the live plan's λ; smoothed (half of each
         new reading), at most half the SLO.  When it moves by max(2 ms, 5 % of the SLO) from the live plan's,
-        re-plan: a p99 of a few hundred responses is noisy, and every re-plan costs a solve."""
+        re-plan: a p99 of a few hundred responses is noisy, and every re-plan costs a solve.  False: too few yet."""
         lam, live = self.rate.rate, self._live
         ok = np.isfinite(self._resp) & np.isfinite(self._planned)
-        if not self.learn or lam is None or ok.sum() < min(self.window, _LEARN_MIN) or \
-                abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
-            return
+        if ok.sum() < min(self.window, _LEARN_MIN):
+            return False
+        if lam is None or abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
+            return True
         e = max(float(np.percentile(self._resp[ok], 99)) - float(np.mean(self._planned[ok])), 0.0)
         x = self._excess + 0.5 * (e - self._excess)
         self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
         if abs(self._excess - self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
             self._trigger("excess")
+        return True
 
     def _live_excess(self) -> float:
         t = self._live.target_ms

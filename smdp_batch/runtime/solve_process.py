@@ -94,11 +94,6 @@ class SolveProcess:
         self._finalizer = weakref.finalize(self, _kill_box, [None])  # also runs at interpreter exit
 
     @property
-    def available(self) -> bool:
-        """Whether a child can be started here (an interpreter was found and it is not closed)."""
-        return self.python is not None and not self._closed
-
-    @property
     def pid(self) -> int | None:
         p = self._proc
         return p.pid if p is not None and p.poll() is None else None
