@@ -42,6 +42,7 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
     server_ms = np.full(requests, np.nan)
     client_ms = np.full(requests, np.nan)
     energy_mj = np.full(requests, np.nan)
+    late_ms = np.full(requests, np.nan)  # how late each request left the client, in model ms
     errors = 0
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
@@ -50,6 +51,7 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
         async def one(i: int):
             nonlocal errors
             start = time.perf_counter()
+            late_ms[i] = (start - t0 - send_at[i]) * 1e3 / scale
             try:
                 r = await client.post("/infer", json={"x": float(i)})
                 r.raise_for_status()
@@ -83,7 +85,8 @@ async def run_load(url: str, lam: float, requests: int, scale: float, seed: int 
         "requests": len(tasks), "errors": errors, "measured": int(np.sum(~np.isnan(s))),
         "mean_latency_ms": float(np.nanmean(s)), "p95_latency_ms": float(np.nanpercentile(s, 95)),
         "mean_client_latency_ms": float(np.nanmean(c)),
-        "mean_power_w": power, "mean_batch_size": metrics["served"] / max(metrics["batches"], 1),
+        "mean_power_w": power, "send_late_p99_ms": float(np.nanpercentile(late_ms, 99)),
+        "send_late_max_ms": float(np.nanmax(late_ms)), "mean_batch_size": metrics["served"] / max(metrics["batches"], 1),
         "server": metrics,
     }
 

@@ -87,7 +87,9 @@ def run(rhos, requests: int, scale: float, seed: int, with_ray: bool, w2: float 
                              "measured_power_w": m["mean_power_w"], "model_power_w": model_p,
                              "power_ratio": m["mean_power_w"] / model_p, "power_se_w": m["power_se_w"], "client_latency_ms": m["mean_client_latency_ms"],
                              "p95_latency_ms": m["p95_latency_ms"], "mean_batch_size": m["mean_batch_size"],
-                             "overrun_ms": m["server"].get("mean_overrun_ms", 0.0) / scale})
+                             "overrun_ms": m["server"].get("mean_overrun_ms", 0.0) / scale,
+                             "max_overrun_ms": m["server"].get("max_overrun_ms", 0.0) / scale,
+                             "send_late_max_ms": m["send_late_max_ms"]})
     return rows
 
 

@@ -36,6 +36,7 @@ def _check_swap(m: dict):
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
     pytest.importorskip("ray.serve")
     from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
@@ -61,6 +62,7 @@ def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_o
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
     pytest.importorskip("pytriton")
     pytest.importorskip("tritonclient.grpc.aio")

@@ -94,9 +94,9 @@ PATHOLOGICAL = {
 def test_depth_prescan_is_linear(name):
     data = PATHOLOGICAL[name]
     assert len(data) <= _L
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # this process's CPU time: a busy machine's other work does not count
     _depth(data)
-    assert time.perf_counter() - t0 < 1.0, name
+    assert time.process_time() - t0 < 1.0, name
 
 
 def test_depth_prescan_still_skips_strings():
@@ -111,10 +111,10 @@ def test_crafted_string_file_is_refused_fast(tmp_path):
     rc, err, secs = run_limited(["solve", "--bmax", "8", "--arrivals", "map:q.json"], tmp_path)
     ok_or_one_line(rc, err)
     assert rc == 2 and "not valid JSON" in err and secs < 30
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(InputError, match="not valid JSON"):
         read_map_file(str(tmp_path / "q.json"))
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
 
 
 # ------------------------------------------------------------------------------ the sampler
@@ -122,9 +122,9 @@ def test_many_phases_fast_switching_samples_in_seconds():
     per = MMPP8.events_per_arrival()
     n = int(1e7 / per)  # 10⁷ events, ≈ 9.5·10⁶ of them phase changes
     MMPP8.sample(1000, np.random.default_rng(0))  # compile
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     t, sw_t, sw_p = MMPP8.sample(n, np.random.default_rng(0))
-    assert time.perf_counter() - t0 < 15.0
+    assert time.process_time() - t0 < 15.0
     assert t.size == n and np.all(np.diff(t) >= 0) and sw_t.size > 0.9 * n * (per - 1)
     assert t.size / t[-1] == pytest.approx(MMPP8.rate, rel=0.02)
     # time-average phase law of the path against π

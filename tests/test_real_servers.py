@@ -25,6 +25,7 @@ def _problem(rho=0.5):
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_triton_runs_the_exported_config_as_the_table_and_the_simulator_say():
     pytest.importorskip("pytriton")
     from smdp_batch.integrations.triton import ModelSpec, TritonServer, run_load
@@ -50,6 +51,7 @@ def test_triton_runs_the_exported_config_as_the_table_and_the_simulator_say():
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_ray_serve_table_batcher_and_serve_batch_follow_the_simulator():
     pytest.importorskip("ray.serve")
     from smdp_batch.baselines.servers import ray_serve
@@ -113,6 +115,7 @@ def test_table_batch_has_serve_batch_calling_convention():
 
 
 @pytest.mark.slow
+@pytest.mark.servers
 def test_slo_exports_meet_the_slo_on_the_real_servers_across_the_load_range():
     """export --to triton|ray --slo-p99-ms (10 % headroom) --load-range: on the real servers, at the low, middle
     and high load, every request is answered, the measured p99 meets the SLO, and P̄ follows the simulator
