@@ -564,7 +564,7 @@ class Autopilot:
             elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
                 self._fails = 0
                 self._live = replace(out, id=self._live.id, target_ms=job.target)
-                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target)
+                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target, seconds=round(seconds, 4))
             else:
                 self._fails = 0
                 self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
