@@ -28,6 +28,20 @@ def _arrivals(seed=1):
     return np.concatenate([a, a[-1] + b - b[0] + 1.0 / (STEP * LAM)])
 
 
+def _settled(read) -> dict | None:
+    """The Autopilot's metrics once the load has ended and no solve is in flight (a swap seen, every solve
+    accounted for), read every 0.2 s for at most 60 s: a solve started near the end of the load, on a
+    loaded machine, finishes after it."""
+    m = None
+    for _ in range(300):
+        m = read()
+        if m is not None and m["swaps"] >= 1 and \
+                m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
+            break
+        time.sleep(0.2)
+    return m
+
+
 def _check_swap(m: dict):
     assert m["failed_solves"] == 0 and m["rejected_inputs"] == 0, m
     assert m["solves"] >= 1 and m["swaps"] >= 1, m  # the step was found and the new table went live
@@ -51,7 +65,7 @@ def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_o
             return await replay(lambda i: h.remote(i, float(i)), arr, 1.0, max_seconds=120.0)
 
         sent, done, results, errors = asyncio.run(main())
-        m = h.metrics.remote().result(timeout_s=60)
+        m = _settled(lambda: h.metrics.remote().result(timeout_s=60))
         batches = h.batches.remote().result(timeout_s=60)
     assert errors == 0 and all(r is not None for r in results)
     assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
@@ -73,13 +87,7 @@ def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once
     with AutopilotTriton({"pilot": spec}) as srv:
         ys: list = []
         sent, done, sizes, errors = run_load(srv, "pilot", arr, make_input=lambda i: [float(i)], outputs=ys)
-        m = None
-        for _ in range(300):  # the metrics file is written every 0.2 s; a solve may still be in flight
-            m = srv.metrics("pilot")
-            if m is not None and m["swaps"] >= 1 and \
-                    m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
-                break
-            time.sleep(0.2)
+        m = _settled(lambda: srv.metrics("pilot"))  # the metrics file is written every 0.2 s
         batches = srv.batches("pilot")
     assert errors == 0 and np.all(sizes > 0) and np.isfinite(done).all()
     assert [float(y[0]) for y in ys] == [float(i) for i in range(arr.size)]  # request i got request i's answer
