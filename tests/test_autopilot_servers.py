@@ -1,7 +1,7 @@
 """The Autopilot behind real servers on 127.0.0.1: Ray Serve (``table_batch(autopilot=...)``) and Triton
 (PyTriton's binary, decoupled model, an Autopilot-driven DynamicBatcher in the model process).
 
-Bounded loads with a rate step: 150 Poisson requests at λ, then 350 at 3λ (about 10 s of wall time).  The
+Bounded loads with a rate step: 150 Poisson requests at λ, then 600 at 3λ (about 12 s of wall time).  The
 model is a sleep of l(b) = 8 + 1.5·b ms (real ms: no time scale, the Autopilot learns from real clocks).
 Asserted: every request answered exactly once with no errors, and the Autopilot's metrics show a re-solve
 and a swap to a table planned near the new rate.  No tight timings (a loaded 2-core machine).
@@ -18,13 +18,13 @@ from smdp_batch.analysis.simulate import poisson_arrivals
 
 LAM, STEP, SLO = 0.03, 3.0, 100.0  # 30 requests/s, then 90/s; p99 SLO 100 ms
 PILOT = dict(base_ms=8.0, per_item_ms=1.5, lam=LAM, slo_p99_ms=SLO, min_samples=100, budget_s=60.0,
-             min_interval_s=1.0)  # the step phase lasts 4 s
+             min_interval_s=1.0)  # the step phase lasts 7 s: room for a late detection on a loaded machine
 
 
 def _arrivals(seed=1):
     rng = np.random.default_rng(seed)
     a = poisson_arrivals(LAM, 150, rng)
-    b = poisson_arrivals(STEP * LAM, 350, rng)
+    b = poisson_arrivals(STEP * LAM, 600, rng)
     return np.concatenate([a, a[-1] + b - b[0] + 1.0 / (STEP * LAM)])
 
 
