@@ -22,23 +22,19 @@ or pause moves the estimate by a bounded amount (counted in ``clipped``).
 
 The statistics step once per *block* of gaps, with the block's log-likelihood ratio (the sum of its gaps'
 own, k·ln κ − (κ − 1)·λ₀·G for k gaps spanning G ms), and reset at 0 only between blocks.  A block is a gap
-and the gaps after it that are either shorter than ``resolution`` (0.25) mean gaps, while those span less
-than ``burst_span`` (4) mean gaps, or shorter than the mean gap while the block is still no evidence of a
-faster rate (its up-step ≤ 0, its first gap counted up to ``max_stall`` (32) mean gaps).  This is what a
-server's stall needs: the arrivals it held back (a GC pause, a starved process, a busy event loop) reach
-the estimator as one long gap and then a burst.  Taken gap by gap, the long gap resets S⁺ at 0 and the
-burst then climbs past h (on a 90/s stream a stall of 200 ms did, in about every run); taken as a block,
-they are k arrivals in G ms, no evidence of any change.  A block is tested when the gap that closes it
-arrives, so a change is declared at most one arrival later.  The price is paid after a long quiet spell:
-traffic that resumes at 10× the old rate fills a block first and is found after a median 53 arrivals
-(3×: 16), where gap by gap it took about 9.
+and the gaps shorter than ``resolution`` (0.25) mean gaps that follow it, while they span less than
+``burst_span`` (4) mean gaps or the block is still no evidence of a faster rate.  This is what a server's
+stall needs: the arrivals it held back (a GC pause, a starved process, a busy event loop) reach the
+estimator as one long gap and then a burst of near-zero gaps.  Taken gap by gap, the long gap resets S⁺ at
+0 and the burst then climbs past h (on a 90/s stream a stall of 200 ms did, in about every run); taken as
+a block, they are k arrivals in G ms, no evidence of any change.  A block is tested when the gap after it
+arrives, so a change is declared at most one arrival later.
 
 Defaults κ = 2, h = 12, ``warmup`` = 32 gaps (no test until the estimate has that many): measured on seeded
 Poisson streams (``tests/test_estimators.py``), a 3× step up is found within 80 arrivals and a 3× step
-down within 60 in ≥ 99 % of 200 runs (medians 36 and 16; the slowest of 200: 70 and 50), a stationary
-stream gives about 0.05 false changes per 10⁵ arrivals (1 in 20 runs of 10⁵), and a stall of up to 40
-mean gaps whose arrivals are let through at once, or up to 0.8 mean gaps apart, gave none in 30 runs each
-(longer stalls let through slowly can: 100 mean gaps 0.2 apart, about 3 per run).
+down within 60 in ≥ 99 % of 200 runs (medians 34 and 15; the slowest of 200: 66 and 50), a stationary
+stream gives about 0.05 false changes per 10⁵ arrivals (1 in 20 runs of 10⁵), and a stall of up to 300
+mean gaps whose arrivals are let through at once, or 0.2 mean gaps apart, gave none in 50 runs each.
 
 **Batch times** (:class:`ServiceEstimator`).  For each allowed size b, the running mean x̄_b and variance
 s²_b of the measured batch times (ms; Welford's recurrence, turning into an exponentially weighted one
@@ -104,16 +100,15 @@ class RateChange:
     """
 
     def __init__(self, kappa: float = 2.0, h: float = 12.0, warmup: int = 32, memory: int = 1024,
-                 clip: float = 20.0, ready_after: int = 32, resolution: float = 0.25, burst_span: float = 4.0,
-                 max_stall: float = 32.0):
+                 clip: float = 20.0, ready_after: int = 32, resolution: float = 0.25, burst_span: float = 4.0):
         vals = (_num(kappa), _num(h), _num(clip))
         if not (vals[0] > 1 and vals[1] > 0 and vals[2] > 1 and all(math.isfinite(v) for v in vals)):
             raise ValueError(f"need kappa > 1, h > 0 and clip > 1, finite; got {kappa!r}, {h!r}, {clip!r}")
-        res, span, stall = _num(resolution), _num(burst_span), _num(max_stall)
-        if not (0 <= res < 1 and res <= span < clip and 1 <= stall <= 1e6):
-            raise ValueError(f"need 0 ≤ resolution < 1, resolution ≤ burst_span < clip and 1 ≤ max_stall ≤ 1e6 "
-                             f"(mean gaps); got {resolution!r}, {burst_span!r}, {max_stall!r}")
-        self.resolution, self.burst_span, self.max_stall = res, span, stall
+        res, span = _num(resolution), _num(burst_span)
+        if not (0 <= res < 1 and res <= span < clip):
+            raise ValueError(f"need 0 ≤ resolution < 1 and resolution ≤ burst_span < clip (mean gaps); "
+                             f"got {resolution!r}, {burst_span!r}")
+        self.resolution, self.burst_span = res, span
         for name, v in (("warmup", warmup), ("memory", memory), ("ready_after", ready_after)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 2 <= v <= 10**9:
                 raise ValueError(f"{name} must be an integer in [2, 1e9], got {v!r}")
@@ -160,15 +155,16 @@ class RateChange:
             return self._gap(x)
 
     def _gap(self, x: float) -> bool:
-        """Take one gap: it joins the pending block (module docstring) or closes it, and the closed block is
-        then tested and counted."""
+        """Take one gap.  A gap shorter than ``resolution`` mean gaps joins the pending block while the block
+        holds fewer than ``memory`` gaps and either its short gaps span less than ``burst_span`` mean gaps or
+        it is still no evidence of a faster rate (its up-statistic step ≤ 0: a long gap, then what it held
+        back); any other gap closes the block, which is then tested and counted, and opens the next one."""
         self.count += 1
         k, rest = self._bk, self._brest
         if k and self._n >= self.warmup and self._s > 0:
             mean = self._s / self._n
-            held = min(self._bfirst, self.max_stall * mean) + rest + x  # a longer pause pays back no more
-            if k < self.memory and ((x < self.resolution * mean and rest + x < self.burst_span * mean)
-                                    or (x < mean and self._step_up(k + 1, held) <= 0)):
+            if x < self.resolution * mean and k < self.memory and (
+                    rest + x < self.burst_span * mean or self._step_up(k + 1, self._bfirst + rest + x) <= 0):
                 self._bk, self._brest = k + 1, rest + x
                 return False
         alarm = self._close() if k else False
