@@ -62,42 +62,6 @@ def test_false_alarms_on_stationary_poisson_streams_stay_within_the_stated_rate(
     assert total <= 3
 
 
-def _stalled(seed: int, stall: float, spacing: float, after: float = 1.0, n: int = 800) -> np.ndarray:
-    """Poisson arrivals (λ = 1/ms) whose arrivals during a stall of ``stall`` mean gaps, from the 200th on,
-    reach the observer only when it ends, ``spacing`` ms apart; the rate is ``after`` × λ from the 300th."""
-    rng = np.random.default_rng(seed)
-    t = np.cumsum(np.concatenate([rng.exponential(1.0, 300), rng.exponential(1.0 / after, n - 300)]))
-    s0 = t[200]
-    s1 = s0 + stall
-    held = (t >= s0) & (t < s1)
-    t[held] = s1 + spacing * np.arange(int(held.sum()))
-    return np.maximum.accumulate(t)
-
-
-@pytest.mark.parametrize("spacing", [1e-6, 0.2])
-def test_a_stall_that_lets_its_arrivals_through_at_once_is_not_a_change(spacing):
-    """Gap by gap, a stall of 18 mean gaps or more released as a burst was declared a rate increase in
-    about every run; in blocks, no stall up to 300 mean gaps is."""
-    for stall in (10.0, 25.0, 100.0, 300.0):
-        for seed in range(20):
-            r = RateChange()
-            alarms = sum(r.observe(t) for t in _stalled(seed, stall, spacing))
-            assert alarms == 0, (stall, seed)
-            assert r.rate == pytest.approx(1.0, rel=0.3)
-
-
-def test_a_step_up_right_after_a_stall_is_still_found():
-    """A 3× step about 50 arrivals after a 50-mean-gap stall let its arrivals through: found within 80
-    arrivals of the step in ≥ 19 of 20 runs (the stall leaves the test neither blind nor primed)."""
-    found = 0
-    for seed in range(20):
-        t = _stalled(seed, 50.0, 1e-6, after=3.0)
-        r = RateChange()
-        hits = [i for i, x in enumerate(t) if r.observe(x)]
-        found += bool(hits) and 300 <= hits[0] <= 380
-    assert found >= 19
-
-
 def test_the_band_covers_the_rate_about_95_percent_of_the_time():
     cover = 0
     for seed in range(200):
@@ -133,8 +97,6 @@ def test_a_clock_jump_forward_is_clipped_and_recovers():
         r.observe(t)
     t += 3.6e6  # the arrival clock jumps an hour
     r.observe(t)
-    t += 1.0
-    r.observe(t)  # the gap after it closes the jump's block, which is then tested and counted
     assert r.clipped == 1
     assert r.rate is None or r.rate > 0.02  # one gap moves the estimate by a bounded amount
     for x in rng.exponential(1.0, 400):

@@ -18,23 +18,11 @@ alternative λ₁ = κλ₀ (up) and λ₀/κ (down),
 and a change is declared when either passes h.  The estimate then restarts from the gaps since that
 side's statistic was last 0 (the CUSUM's change-point estimate), so λ̂ is the post-change rate at once.
 A gap is clipped at ``clip`` mean gaps (1/λ₀ each) for both the CUSUM and the estimate, so one clock jump
-or pause moves the estimate by a bounded amount (counted in ``clipped``).
-
-The statistics step once per *block* of gaps, with the block's log-likelihood ratio (the sum of its gaps'
-own, k·ln κ − (κ − 1)·λ₀·G for k gaps spanning G ms), and reset at 0 only between blocks.  A block is a gap
-and the gaps shorter than ``resolution`` (0.25) mean gaps that follow it, while they span less than
-``burst_span`` (4) mean gaps or the block is still no evidence of a faster rate.  This is what a server's
-stall needs: the arrivals it held back (a GC pause, a starved process, a busy event loop) reach the
-estimator as one long gap and then a burst of near-zero gaps.  Taken gap by gap, the long gap resets S⁺ at
-0 and the burst then climbs past h (on a 90/s stream a stall of 200 ms did, in about every run); taken as
-a block, they are k arrivals in G ms, no evidence of any change.  A block is tested when the gap after it
-arrives, so a change is declared at most one arrival later.
-
-Defaults κ = 2, h = 12, ``warmup`` = 32 gaps (no test until the estimate has that many): measured on seeded
-Poisson streams (``tests/test_estimators.py``), a 3× step up is found within 80 arrivals and a 3× step
-down within 60 in ≥ 99 % of 200 runs (medians 34 and 15; the slowest of 200: 66 and 50), a stationary
-stream gives about 0.05 false changes per 10⁵ arrivals (1 in 20 runs of 10⁵), and a stall of up to 300
-mean gaps whose arrivals are let through at once, or 0.2 mean gaps apart, gave none in 50 runs each.
+or pause moves the estimate by a bounded amount (counted in ``clipped``).  Defaults κ = 2, h = 12,
+``warmup`` = 32 gaps (no test until the estimate has that many): measured on seeded Poisson streams
+(``tests/test_estimators.py``), a 3× step up is found within 80 arrivals and a 3× step down within 60 in
+≥ 99 % of 200 runs (medians 32 and 15; the slowest of 200: 55 and 37), and a stationary stream gives
+about 0.2 false changes per 10⁵ arrivals (4 in 20 runs of 10⁵; never more than 2 in one run).
 
 **Batch times** (:class:`ServiceEstimator`).  For each allowed size b, the running mean x̄_b and variance
 s²_b of the measured batch times (ms; Welford's recurrence, turning into an exponentially weighted one
@@ -92,23 +80,17 @@ class RateChange:
     """Online arrival rate λ̂ (1/ms) with a two-sided CUSUM change-point test (module docstring).
 
     ``observe(t_ms)`` takes arrival times (ms, non-decreasing; a time earlier than the last is counted in
-    ``rejected`` and restarts the gap clock there), ``observe_gap(x_ms)`` takes one gap; either is tested in
-    its block (module docstring) when the next gap closes it.  ``rate`` is
+    ``rejected`` and restarts the gap clock there), ``observe_gap(x_ms)`` takes one gap.  ``rate`` is
     λ̂ or None before ``ready`` (``ready_after`` gaps since the start or the last change).  ``band(z)``
     is its two-sided interval at normal score z.  ``changes`` counts declared changes; ``last_change`` is
     the count of gaps seen when the latest one was declared.
     """
 
     def __init__(self, kappa: float = 2.0, h: float = 12.0, warmup: int = 32, memory: int = 1024,
-                 clip: float = 20.0, ready_after: int = 32, resolution: float = 0.25, burst_span: float = 4.0):
+                 clip: float = 20.0, ready_after: int = 32):
         vals = (_num(kappa), _num(h), _num(clip))
         if not (vals[0] > 1 and vals[1] > 0 and vals[2] > 1 and all(math.isfinite(v) for v in vals)):
             raise ValueError(f"need kappa > 1, h > 0 and clip > 1, finite; got {kappa!r}, {h!r}, {clip!r}")
-        res, span = _num(resolution), _num(burst_span)
-        if not (0 <= res < 1 and res <= span < clip):
-            raise ValueError(f"need 0 ≤ resolution < 1 and resolution ≤ burst_span < clip (mean gaps); "
-                             f"got {resolution!r}, {burst_span!r}")
-        self.resolution, self.burst_span = res, span
         for name, v in (("warmup", warmup), ("memory", memory), ("ready_after", ready_after)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 2 <= v <= 10**9:
                 raise ValueError(f"{name} must be an integer in [2, 1e9], got {v!r}")
@@ -122,7 +104,6 @@ class RateChange:
         self._since = 0  # gaps since the start or the last change
         self._up = [0.0, 0, 0.0]  # S⁺, gaps since S⁺ was 0, their sum
         self._down = [0.0, 0, 0.0]  # S⁻, likewise
-        self._bk, self._bfirst, self._brest = 0, 0.0, 0.0  # the pending block: its gaps, its first, the rest's sum
         self.count = 0  # gaps taken
         self.rejected = 0
         self.clipped = 0
@@ -155,66 +136,38 @@ class RateChange:
             return self._gap(x)
 
     def _gap(self, x: float) -> bool:
-        """Take one gap.  A gap shorter than ``resolution`` mean gaps joins the pending block while the block
-        holds fewer than ``memory`` gaps and either its short gaps span less than ``burst_span`` mean gaps or
-        it is still no evidence of a faster rate (its up-statistic step ≤ 0: a long gap, then what it held
-        back); any other gap closes the block, which is then tested and counted, and opens the next one."""
         self.count += 1
-        k, rest = self._bk, self._brest
-        if k and self._n >= self.warmup and self._s > 0:
-            mean = self._s / self._n
-            if x < self.resolution * mean and k < self.memory and (
-                    rest + x < self.burst_span * mean or self._step_up(k + 1, self._bfirst + rest + x) <= 0):
-                self._bk, self._brest = k + 1, rest + x
-                return False
-        alarm = self._close() if k else False
-        self._bk, self._bfirst, self._brest = 1, x, 0.0
-        return alarm
-
-    def _close(self) -> bool:
-        """Test and count the pending block of k gaps spanning G ms: one CUSUM step with the block's
-        log-likelihood ratio k·ln κ − (κ − 1)·λ₀·G (up; down likewise), the sum of its gaps' own.  The CUSUM
-        resets at 0 only between blocks, so arrivals held back by a stall and let through at once (one long
-        gap, then many near 0) weigh as what they are, k arrivals in G ms, not as a burst.  The block's span
-        is clipped at ``clip`` mean gaps per gap."""
-        k, x = self._bk, self._bfirst + self._brest
-        self._bk, self._bfirst, self._brest = 0, 0.0, 0.0
+        self._since += 1
         alarm = False
         if self._n >= self.warmup and self._s > 0:
             lam0 = self._n / self._s
-            if x * lam0 > self.clip * k:
-                x = self.clip * k / lam0
+            if x * lam0 > self.clip:
+                x = self.clip / lam0
                 self.clipped += 1
             up, down = self._up, self._down
-            up[0] = max(0.0, up[0] + self._step_up(k, x))
-            down[0] = max(0.0, down[0] - k * self._lk + (1.0 - 1.0 / self.kappa) * lam0 * x)
+            up[0] = max(0.0, up[0] + self._lk - (self.kappa - 1.0) * lam0 * x)
+            down[0] = max(0.0, down[0] - self._lk + (1.0 - 1.0 / self.kappa) * lam0 * x)
             for side in (up, down):
                 if side[0] > 0:
-                    side[1] += k
+                    side[1] += 1
                     side[2] += x
                 else:
                     side[1], side[2] = 0, 0.0
             alarm = up[0] > self.h or down[0] > self.h
-        self._since += k
         if alarm:
             side = self._up if self._up[0] > self.h else self._down
             self._n, self._s = float(side[1]), float(side[2])
             self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
             self._since = int(side[1])
             self.changes += 1
-            self.last_change = self.count - 1  # the gaps before the one that closed the block
+            self.last_change = self.count
             return True
-        if self._n + k > self.memory:  # forget: a weighted mean of the last ≈ memory gaps
-            f = (1.0 - 1.0 / self.memory) ** max(self._n + k - self.memory, 0.0)
+        if self._n >= self.memory:  # forget: a weighted mean of the last ≈ memory gaps
+            f = 1.0 - 1.0 / self.memory
             self._n, self._s = self._n * f, self._s * f
-        self._n += k
+        self._n += 1.0
         self._s += x
         return False
-
-    def _step_up(self, k: int, x: float) -> float:
-        """The up-statistic's log-likelihood ratio for k gaps spanning x ms (clipped at ``clip`` mean gaps each)."""
-        lam0 = self._n / self._s
-        return k * self._lk - (self.kappa - 1.0) * min(lam0 * x, self.clip * k)
 
     # ------------------------------------------------------------------ output
     @property
