@@ -24,11 +24,102 @@ def _step_delay(seed: int, factor: float, pre: int = 1000, post: int = 400) -> i
     return None
 
 
-@pytest.mark.parametrize("factor, within", [(3.0, 80), (1.0 / 3.0, 60)])
-def test_a_3x_step_is_found_within_the_stated_delay_in_99_percent_of_200_runs(factor, within):
+@pytest.mark.parametrize("factor, within, median", [(3.0, 140, (55, 75)), (1.0 / 3.0, 115, (40, 55))])
+def test_a_3x_step_is_found_within_the_stated_delay_in_200_runs(factor, within, median):
+    """The stated delays (module docstring): alarm plus ``confirm`` = 32 gaps to bear it out."""
     delays = [_step_delay(seed, factor) for seed in range(200)]
-    found = sum(d is not None and d <= within for d in delays)
-    assert found >= 198, sorted(d or 10**9 for d in delays)[-5:]
+    assert all(d is not None and d <= within for d in delays), sorted(d or 10**9 for d in delays)[-5:]
+    assert median[0] <= np.median(delays) <= median[1]
+
+
+def _stalled(seed: int, stall: float, spacing: float, after: float = 1.0, n: int = 800) -> np.ndarray:
+    """Poisson arrivals (λ = 1/ms) whose arrivals during a stall of ``stall`` mean gaps, from the 200th on,
+    reach the observer only when it ends, ``spacing`` ms apart; the rate is ``after`` × λ from the 300th."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(np.concatenate([rng.exponential(1.0, 300), rng.exponential(1.0 / after, n - 300)]))
+    s0 = t[200]
+    s1 = s0 + stall
+    held = (t >= s0) & (t < s1)
+    t[held] = s1 + spacing * np.arange(int(held.sum()))
+    return np.maximum.accumulate(t)
+
+
+@pytest.mark.parametrize("spacing, stalls", [(1e-6, (10.0, 25.0, 60.0)), (0.2, (25.0, 40.0)),
+                                             (0.6, (20.0,)), (1.0, (25.0, 40.0))])
+def test_a_stall_that_lets_its_arrivals_through_is_not_a_change(spacing, stalls):
+    """Without confirmation a stall of 18 mean gaps or more, its arrivals let through at once, was declared
+    a rate increase in about every run.  Now none is: up to 20 mean gaps at any release spacing, up to 40
+    released at most 0.2 mean gaps apart, up to 60 released at once; λ̂ stays ready throughout."""
+    for stall in stalls:
+        for seed in range(20):
+            r = RateChange()
+            t = _stalled(seed, stall, spacing)
+            alarms = blank = 0
+            for i, x in enumerate(t):
+                alarms += r.observe(x)
+                blank += i > 100 and r.rate is None
+            assert alarms == 0 and blank == 0, (stall, seed, alarms, blank)
+            assert r.rate == pytest.approx(1.0, rel=0.3)
+
+
+def test_an_alarm_the_next_gaps_do_not_bear_out_is_counted_and_leaves_the_estimate():
+    """A burst of 40 arrivals at once after 20 quiet mean gaps sets the CUSUM off; the next 32 gaps are at
+    the old rate, so the alarm is dropped (``unconfirmed``), no change is declared and λ̂ never blanks."""
+    rng = np.random.default_rng(5)
+    r = RateChange()
+    for x in rng.exponential(1.0, 500):
+        r.observe_gap(x)
+    before = r.rate
+    for x in np.concatenate([[20.0], np.zeros(40), rng.exponential(1.0, 200)]):
+        assert r.observe_gap(x) is False
+        assert r.rate is not None
+    assert r.changes == 0 and r.unconfirmed == 1
+    assert r.rate == pytest.approx(before, rel=0.1)
+
+
+def test_a_cpu_starved_ray_replicas_clumped_arrivals_keep_the_estimate_sane():
+    """Arrival times recorded at a real Ray Serve replica while another process kept one of the 2 cores busy
+    (the Autopilot server test's load: 30/s, then 90/s from the 151st): the replica's event loop let them
+    in as clumps of up to 40 within 1 ms between gaps of up to 600 ms.  Gap by gap, the CUSUM declared 11
+    changes, λ̂ was blank for 123 arrivals and reached 14/ms (185× the rate).  With confirmation: at most
+    3 changes, never blank after the warm-up, and within [1/4, 3]× the rate the replica saw after the step."""
+    from pathlib import Path
+
+    t = np.loadtxt(Path(__file__).parent / "data" / "ray_replica_arrivals_cpu_starved.txt")
+    lam = 600 / (t[-1] - t[150])
+    r = RateChange()
+    for i, x in enumerate(t):
+        r.observe(x)
+        if i >= 100:
+            assert r.rate is not None, i
+        if i >= 300:
+            assert lam / 4 <= r.rate <= 3 * lam, (i, r.rate, lam)
+    assert r.changes <= 3
+
+
+@pytest.mark.parametrize("factor, within", [(10.0, 150), (3.0, 170)])
+def test_traffic_that_resumes_faster_after_a_quiet_hour_is_found(factor, within):
+    """The price of confirmation (module docstring): after an hour without arrivals, a rate 10× (3×) the
+    old one is declared within 150 (170) arrivals in each of 50 runs (its first alarm is judged with the
+    quiet gap counted as ``lookback`` mean gaps and is dropped; the second stands)."""
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        before = np.cumsum(rng.exponential(1.0, 500))
+        after = before[-1] + 3.6e6 + np.cumsum(rng.exponential(1.0 / factor, 300))
+        r = RateChange()
+        hits = [i for i, t in enumerate(np.concatenate([before, after])) if r.observe(t) and i >= 500]
+        assert hits and hits[0] - 500 <= within, (seed, hits[:2])
+        assert r.rate == pytest.approx(factor, rel=0.3)
+
+
+def test_a_step_up_right_after_a_stall_is_still_found():
+    """A 3× step about 50 arrivals after a 25-mean-gap stall let its arrivals through: declared within the
+    stated 140 arrivals of the step in each of 20 runs (the stall leaves the test neither blind nor primed)."""
+    for seed in range(20):
+        t = _stalled(seed, 25.0, 1e-6, after=3.0)
+        r = RateChange()
+        hits = [i for i, x in enumerate(t) if r.observe(x)]
+        assert hits and 300 <= hits[0] <= 440, (seed, hits[:2])
 
 
 def test_after_a_change_the_estimate_restarts_from_the_post_change_data():
@@ -47,7 +138,7 @@ def test_after_a_change_the_estimate_restarts_from_the_post_change_data():
 
 
 def test_false_alarms_on_stationary_poisson_streams_stay_within_the_stated_rate():
-    """≤ 2 false changes in each of 3 seeded runs of 10⁵ arrivals (stated: about 0.2 per 10⁵)."""
+    """≤ 1 false change in each of 3 seeded runs of 10⁵ arrivals (stated: about 0.05 per 10⁵)."""
     total = 0
     for seed in range(3):
         rng = np.random.default_rng(1000 + seed)
@@ -56,10 +147,10 @@ def test_false_alarms_on_stationary_poisson_streams_stay_within_the_stated_rate(
         for x in rng.exponential(0.5, 100_000):  # λ = 2/ms, given as arrival times
             t += x
             r.observe(t)
-        assert r.changes <= 2
+        assert r.changes <= 1
         total += r.changes
         assert r.rate == pytest.approx(2.0, rel=0.15)
-    assert total <= 3
+    assert total <= 1
 
 
 def test_the_band_covers_the_rate_about_95_percent_of_the_time():
@@ -218,6 +309,10 @@ def test_bad_settings_are_refused():
         RateChange(kappa=1.0)
     with pytest.raises(ValueError):
         RateChange(warmup=1)
+    with pytest.raises(ValueError, match="confirm"):
+        RateChange(confirm=1)
+    with pytest.raises(ValueError, match="lookback"):
+        RateChange(lookback=math.nan)
     with pytest.raises(ValueError):
         ServiceEstimator((1, 2), (1.0,))
     with pytest.raises(ValueError):
