@@ -1,8 +1,8 @@
-"""The simulator's event loops (numba): one FIFO batch server, a rule deciding each batch.
+"""The simulator's event loops (numba): one FIFO queue, a rule deciding each batch.
 
 * :func:`_kernel` — table rules at decision epochs, table + timer rules (a table with a guard on the oldest
   request's wait, as :class:`~smdp_batch.runtime.DynamicBatcher` runs it) and the servers' timeout rules
-  (modes of :data:`MODES`);
+  (modes of :data:`MODES`), on one server or on c instances sharing the queue (Triton's ``instance_group``);
 * :func:`_context_kernel` — a table chosen at each epoch by a context: the λ-bank's index after the
   last arrival, the true MAP phase, or the phase filter's belief (:data:`CTX_ARRIVAL` …);
 * :func:`phase_beliefs` — the filter of :mod:`smdp_batch.runtime.phase` over a whole stream (its
@@ -52,20 +52,30 @@ def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, 
 
 @njit(cache=True)
 def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
-            bounds, genergy, sizes_hist, qhist, state, stop):
-    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, tau, group).
+            bounds, genergy, sizes_hist, qhist, state, stop, free):
+    """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, the latest batch
+    start, group; ``free`` = the time each of the c instances is free from).
 
-    Fills resp per served request and adds each request's energy share ζ(b)/b to its statistics group
-    (groups start at ``bounds[g]``; requests before bounds[0] are warm-up).  Returns the number of
-    batches served, or −1 if the rule waits forever (no more arrivals): the run is then complete.
+    c instances share one FIFO queue: the rule decides each batch, one after the other, as if for one server
+    that is free from max(earliest instance free, the latest batch start) on, and the batch runs on the
+    instance free earliest (for c = 1 the single server of paper 004).  Fills resp per served request and
+    adds each request's energy share ζ(b)/b to its statistics group (groups start at ``bounds[g]``; requests
+    before bounds[0] are warm-up).  Returns the number of batches served, or −1 if the rule waits forever
+    (no more arrivals): the run is then complete.
     """
     n_req = arr.size
     head = int(state[0])
     nxt = int(state[1])
-    tau = state[2]  # the server is free from tau on
+    last = state[2]  # the latest batch start: batches leave the queue in order
     grp = int(state[3])
     batches = 0
+    tau = last
     while head < stop:
+        k = 0
+        for i in range(1, free.size):
+            if free[i] < free[k]:
+                k = i
+        tau = max(free[k], last)  # the next batch is decided from then on
         while nxt < n_req and arr[nxt] <= tau:
             nxt += 1
         n = nxt - head
@@ -193,13 +203,14 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             state[1] = nxt
             state[2] = tau
             return -1
-        tau, grp = _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds,
-                          genergy, sizes_hist, qhist, grp)
+        free[k], grp = _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds,
+                              genergy, sizes_hist, qhist, grp)
+        last = start
         batches += 1
         head += size
     state[0] = head
     state[1] = nxt
-    state[2] = tau
+    state[2] = last
     state[3] = grp
     return batches
 

@@ -1,8 +1,9 @@
 """Event simulation of the batch server of paper 004 §III under any batching rule.
 
-One server, FIFO, one batch at a time.  A batch of b requests takes a time drawn from G_b (the
-problem's service law with mean l(b)) and costs ζ(b) mJ; every request of the batch completes
-when the batch does.  The rule deciding when to start a batch and how large is either
+One server, FIFO, one batch at a time (or c model instances sharing the FIFO queue, ``problem.instances``: the
+rule forms the batches one after the other, each when an instance is free).  A batch of b requests takes
+a time drawn from G_b (the problem's service law with mean l(b)) and costs ζ(b) mJ; every request of the
+batch completes when the batch does.  The rule deciding when to start a batch and how large is either
 
 * a **table** n ↦ b (an SMDP solution, static, greedy, control-limit), applied at the model's
   decision epochs: a batch completion, or an arrival to an idle server (paper 004 §IV; eq. 30
@@ -182,8 +183,21 @@ def _as_rule(rule, problem: BatchingProblem):
     return rule
 
 
-def _run(problem, rule, arr, rng, bounds, progress=None):
-    """Draw service times and run the kernel over ``arr``; returns resp, group energy, histograms, state."""
+def _instances(problem: BatchingProblem, rule) -> int:
+    """The problem's instance count, for a rule the simulator runs on c instances sharing one queue (batches
+    formed one at a time from it)."""
+    c = problem.instances
+    if c > 1 and rule.mode not in ("table", "triton", "timer", "timer-pad"):
+        raise InputError(
+            f"{rule.spec} on {c} instances is not simulated: c instances sharing one queue are simulated for "
+            "tables, tables with a timer and Triton's (TF-Serving's) rule; Ray Serve replicas each keep their own "
+            "queue, and TorchServe's workers are not modelled yet (simulate one replica at its share of the load)")
+    return c
+
+
+def _run(problem, rule, arr, rng, bounds, progress=None, instances: int = 1):
+    """Draw service times and run the kernel over ``arr`` with ``instances`` instances sharing the queue;
+    returns resp, group energy, histograms, state."""
     n_req = arr.size
     smax_exec = max(rule.max_executed(), problem.bmax)
     lat_of = np.full(smax_exec + 1, np.nan)
@@ -211,6 +225,7 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
     qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
     state = np.zeros(5)
+    free = np.zeros(instances)  # when each instance is free (ms)
     pad = rule.pad_map(smax_exec)
     chunk = 1_000_000
     ctx = rule.context(arr) if rule.mode == "context" else None
@@ -222,7 +237,7 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
         else:
             got = _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad, lat_of,
                           en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state,
-                          min(before + chunk, n_req))
+                          min(before + chunk, n_req), free)
         if progress is not None:
             progress(int(state[0]) - before)
         if got < 0:
@@ -231,13 +246,16 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
 
 
 def response_times(problem: BatchingProblem, rule, arrivals: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Response time (ms) of every request of ``arrivals`` under ``rule``; NaN for requests never served.
+    """Response time (ms) of every request of ``arrivals`` under ``rule`` (on the problem's instances sharing
+    the queue); NaN for requests never served.
 
     The bare simulation, without statistics (what :func:`simulate` summarises).
     """
     arr = _check_arrivals(arrivals)
     rule = _as_rule(rule, problem)
-    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]))
+    c = _instances(problem, rule)
+    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]),
+                                instances=c)
     resp[int(state[0]):] = np.nan
     return resp
 
@@ -256,6 +274,11 @@ def simulate(
     within_ms=(),
 ) -> SimulationResult:
     """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
+
+    With ``problem.instances`` = c > 1, c model instances share the one FIFO queue (Triton's
+    ``instance_group { count: c }``): the rule forms batches one after the other, each when an instance is
+    free, and a batch runs on the instance free earliest.  A table solved for one server runs as it is:
+    the figures are those of that table on c instances, not of a table optimal for c.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
@@ -284,6 +307,7 @@ def simulate(
     if any(not (math.isfinite(b) and b > 0) for b in bounds_ms):
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
+    c = _instances(problem, rule)
     n_req = arr.size
     check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
@@ -293,7 +317,7 @@ def simulate(
             f"groups need at least {2 * int(batches)}: use a longer stream or fewer --batches"
         )
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
-    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
+    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress, instances=c)
     last = int(state[0])  # requests 0..last−1 were served (FIFO)
     if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
         if n_req - last > max(rule.maxb, 1) * 4 or last - w < 10 * int(batches):
@@ -350,15 +374,17 @@ def rule_capacity(problem: BatchingProblem, rule) -> tuple[float, int]:
 
 
 def check_capacity(problem: BatchingProblem, rule, arr: np.ndarray | None = None) -> None:
-    """Refuse a rule that cannot carry the offered load (item 12a): steady-state figures would be meaningless."""
+    """Refuse a rule that cannot carry the offered load: steady-state figures would be meaningless."""
     rate = problem.lam
     if arr is not None and arr.size > 1 and arr[-1] > arr[0]:
         rate = (arr.size - 1) / float(arr[-1] - arr[0])
     cap, at = rule_capacity(problem, rule)
+    cap *= problem.instances
     if not rate < cap:
+        on = f" on {problem.instances} instances" if problem.instances > 1 else ""
         raise InputError(
-            f"{rule.spec} serves at most {cap:.6g} req/ms (batches of {at} every l({at}) ms) < λ = {rate:.6g} req/ms: "
-            "the queue grows without bound; use a lower load or a rule with larger batches"
+            f"{rule.spec} serves at most {cap:.6g} req/ms{on} (batches of {at} every l({at}) ms) < λ = {rate:.6g} "
+            "req/ms: the queue grows without bound; use a lower load or a rule with larger batches"
         )
 
 

@@ -53,7 +53,7 @@ class SojournLaw:
     """The response-time law of a table: :meth:`cdf` (vectorised over t, ms) and :meth:`quantile`."""
 
     def __init__(self, problem: BatchingProblem, policy):
-        law = problem.service
+        law = problem.single().service
         if isinstance(law, Deterministic):
             self.kind = "det"
         elif isinstance(law, Exponential):

@@ -136,7 +136,8 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     v["service"] = _service_for_profile(v, opts, base)
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
-              w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"))
+              w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"),
+              instances=int(opts.get("instances") or 1))
     if v.get("lam") is not None:
         return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
@@ -367,7 +368,8 @@ def sizes_text(sizes) -> str:
 
 def scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:
     """Two lines describing the scenario; ``w2`` replaces the weight's value (e.g. "swept")."""
-    rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g})"
+    per = f" per instance, {p.instances} instances sharing the queue" if p.instances > 1 else ""
+    rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}{per})"
     power = getattr(p.energy, "power", None)  # ζ(b) = P(b)·l(b) (--power)
     energy = f"ζ(b) = P(b)·l(b), P(b) = {power.spec()} W" if power is not None else f"ζ(b) = {p.energy.spec()} mJ"
     return (

@@ -51,7 +51,8 @@ SUPPORT_EPS = 1e-18
 
 
 def check_map_problem(problem: BatchingProblem, arrivals: MAP) -> None:
-    """The problem's λ must be the MAP's mean rate (its W̄ and ρ are per mean arrival)."""
+    """The problem's λ must be the MAP's mean rate (its W̄ and ρ are per mean arrival); one server."""
+    problem.single()
     if not isinstance(arrivals, MAP):
         raise InputError(f"arrivals must be a MAP, got {type(arrivals).__name__}")
     if abs(problem.lam - arrivals.rate) > 1e-9 * arrivals.rate:

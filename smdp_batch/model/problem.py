@@ -75,6 +75,16 @@ def batch_size_set(bmin: int = 1, bmax: int = 32, sizes: Iterable[int] | str | N
     return tuple(range(bmin_i, bmax_i + 1))
 
 
+MAX_INSTANCES = 64  #: the most model instances sharing one queue
+
+
+def check_instances(c: Any) -> int:
+    """The number of model instances, an integer from 1 to :data:`MAX_INSTANCES` (one clear line if not)."""
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 1 <= c <= MAX_INSTANCES:
+        raise InputError(f"instances must be an integer from 1 to {MAX_INSTANCES}, got {c!r}")
+    return int(c)
+
+
 def _latency_curve(latency, service: ServiceLaw) -> Curve:
     """The given l(b), else the law's own (max of b, measured profile), else the paper's basic model."""
     if latency is None:
@@ -97,6 +107,9 @@ class BatchingProblem:
         W while a batch is served, ζ(b) = P(b)·l(b).  Numbers in specs may carry units (``0.06J``, ``800us``).
     service : shape of the batch-time law G_b with mean l(b).
     w1, w2 : weights of mean latency (per ms) and mean power (per W); w1 > 0, w2 ≥ 0.
+    instances : c identical model instances sharing the one FIFO queue (Triton's ``instance_group``), 1 to
+        64; ρ and the stable rate then count all c.  The solvers and the exact evaluation are for one
+        server and refuse c > 1; the simulator runs any rule on c instances.
     """
 
     lam: float
@@ -109,11 +122,12 @@ class BatchingProblem:
     service: ServiceLaw = field(default_factory=Deterministic)
     w1: float = 1.0
     w2: float = 1.0
+    instances: int = 1
 
     if TYPE_CHECKING:  # what the constructor takes; __post_init__ turns it into the fields above
         def __init__(self, lam: float, batch_sizes: Iterable[int] | str = ..., latency: Curve | str | None = None,
                      energy: Curve | str = ..., service: ServiceLaw | str = ..., w1: float = 1.0,
-                     w2: float = 1.0) -> None: ...
+                     w2: float = 1.0, instances: int = 1) -> None: ...
 
     def __post_init__(self):
         sizes = batch_size_set(sizes=self.batch_sizes)
@@ -126,6 +140,7 @@ class BatchingProblem:
         object.__setattr__(self, "energy", energy)
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
+        object.__setattr__(self, "instances", check_instances(self.instances))
         lam = _finite_number("λ (lam)", self.lam, positive=True)
         check_rate("λ (lam)", lam)
         object.__setattr__(self, "lam", lam)
@@ -146,17 +161,19 @@ class BatchingProblem:
         bad = [(s, v) for s, v in zip(sizes, z) if not (math.isfinite(v) and v >= 0)]
         if bad:
             raise InputError(f"energy ζ(b) must be finite and ≥ 0 mJ; ζ({bad[0][0]}) = {bad[0][1]!r}")
-        max_lam = sizes[-1] / l[-1]
+        c = self.instances
+        max_lam = c * sizes[-1] / l[-1]
         if not lam < max_lam:
+            on = f"{c}·Bmax/l(Bmax) on {c} instances" if c > 1 else "Bmax/l(Bmax)"
             raise InputError(
                 f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
-                f"the maximum stable λ is Bmax/l(Bmax) = {max_lam:.6g} /ms (use ρ < 1)"
+                f"the maximum stable λ is {on} = {max_lam:.6g} /ms (use ρ < 1)"
             )
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_rho(cls, rho: float, **kwargs) -> "BatchingProblem":
-        """Build from the normalised load ρ = λ·l(Bmax)/Bmax ∈ (0, 1)."""
+        """Build from the normalised load ρ = λ·l(Bmax)/(c·Bmax) ∈ (0, 1) (c = ``instances``, default 1)."""
         rho_v = _finite_number("ρ (rho)", rho)
         if not 0 < rho_v < 1:
             raise InputError(f"ρ must lie in (0, 1) for a stable queue, got {rho!r}")
@@ -165,7 +182,7 @@ class BatchingProblem:
         lmax = float(latency(np.float64(sizes[-1])))
         if not (math.isfinite(lmax) and lmax > 0):
             raise InputError(f"latency l(b) must be finite and > 0 ms; l({sizes[-1]}) = {lmax!r}")
-        return cls(lam=rho_v * sizes[-1] / lmax, **kwargs)
+        return cls(lam=rho_v * check_instances(kwargs.get("instances", 1)) * sizes[-1] / lmax, **kwargs)
 
     @classmethod
     def basic(cls, rho: float = 0.5, w2: float = 1.0, **kwargs) -> "BatchingProblem":
@@ -190,8 +207,8 @@ class BatchingProblem:
 
     @property
     def max_lam(self) -> float:
-        """Maximum stable arrival rate Bmax/l(Bmax) (requests/ms)."""
-        return self.bmax / float(self.latency(np.float64(self.bmax)))
+        """Maximum stable arrival rate c·Bmax/l(Bmax) (requests/ms; c = ``instances``)."""
+        return self.instances * self.bmax / float(self.latency(np.float64(self.bmax)))
 
     @property
     def rho(self) -> float:
@@ -215,7 +232,7 @@ class BatchingProblem:
         """A copy with some fields changed (validated again)."""
         fields: dict[str, Any] = dict(
             lam=self.lam, batch_sizes=self.batch_sizes, latency=self.latency, energy=self.energy,
-            service=self.service, w1=self.w1, w2=self.w2,
+            service=self.service, w1=self.w1, w2=self.w2, instances=self.instances,
         )
         fields.update(changes)
         return BatchingProblem(**fields)
@@ -231,4 +248,15 @@ class BatchingProblem:
             "service": self.service.spec(),
             "w1": self.w1,
             "w2": self.w2,
+            **({"instances": self.instances} if self.instances > 1 else {}),
         }
+
+    def single(self) -> "BatchingProblem":
+        """This problem, refused with one clear line if it has several instances: for the solvers and the exact
+        evaluation, which are those of one server (paper 004)."""
+        if self.instances > 1:
+            raise InputError(
+                f"the optimal table and its exact evaluation are for one server; {self.instances} instances sharing "
+                "a queue are only simulated so far (simulate --instances): solve for one instance at its share of "
+                "the load, or simulate your rule on all of them")
+        return self

@@ -123,7 +123,7 @@ def _table_key(problem: BatchingProblem) -> tuple:
 
 def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     """Arrival-count laws during a batch of each allowed size (eqs. 4–6), k = 0..kmax (cached per law)."""
-    key = _table_key(problem)
+    key = _table_key(problem.single())
     hit = _TABLES.get(key)
     if hit is not None and hit[1].kmax >= kmax:
         return hit[1].head(int(kmax))
@@ -374,6 +374,7 @@ def truncate(
     """Build the truncated SMDP with states 0..s_max, S_o and abstract cost c_o (eqs. 18–19).
 
     ``tail=B`` builds the tail boundary of the module doc instead (B served above s_max, c_o unused)."""
+    problem.single()
     if tail is not None:
         tail = check_tail_action(problem, tail)
     s_max_i, c_o = check_truncation(problem, s_max, abstract_cost, len(problem.batch_sizes) + 1, tail)

@@ -165,6 +165,7 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
     """
     if boundary not in ("tail", "overflow"):
         raise InputError(f"unknown boundary {boundary!r}; valid: tail, overflow")
+    problem.single()
     policy = np.asarray(policy, dtype=np.int64)
     base = policy.size - 2
     if not tail_stable(problem, policy):

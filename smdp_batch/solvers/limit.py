@@ -72,7 +72,7 @@ class _Stats:
     """Per batch size of one problem (computed once): l, d = b − λl, Var K (eqs. 4–6), c0 and c1 of eq. 11."""
 
     def __init__(self, problem: BatchingProblem):
-        lam, w1, w2 = problem.lam, problem.w1, problem.w2
+        lam, w1, w2 = problem.single().lam, problem.w1, problem.w2
         self.sizes = np.asarray(problem.batch_sizes, dtype=np.int64)
         self.l = l = problem.latency_ms()
         m2 = problem.second_moments()

@@ -220,6 +220,7 @@ def solve_settings(problem: BatchingProblem, s_max, tol_delta, abstract_cost, ru
     """(s_max, δ, c_o) checked before work: s_max one of ``rules`` (lower-cased) or an integer (its bounds are
     :func:`~smdp_batch.model.truncation.check_truncation`'s), δ ≥ 1e-12, c_o finite ≥ 0.  Shared by
     :func:`solve` and :func:`~.map_solution.solve_map`."""
+    problem.single()
     tol = float(tol_delta)
     if not (np.isfinite(tol) and tol >= 1e-12):
         raise InputError(f"tol_delta (δ) must be ≥ 1e-12 (Δ is computed in float64), got {tol_delta!r}")
