@@ -121,3 +121,47 @@ def test_triton_and_ray_exports_state_what_the_real_servers_did(table):
         ex = export_policy(p, sol, target, requests=20_000)
         assert any(server in x and "bench_servers.py" in x for x in ex.limitations), ex.limitations
     assert not any("measured" in x for x in export_policy(p, sol, "torchserve", requests=20_000).limitations)
+
+
+@pytest.mark.parametrize("target", ["triton", "tfserving"])
+def test_an_export_for_several_instances_is_tuned_on_them_and_holds_its_slo(tmp_path, capsys, target):
+    """``--instances 2`` with an SLO over a load one instance cannot carry (ρ 1.2 of one at the top): the
+    setting is searched on 2 instances sharing the queue, written as Triton's instance_group (TF-Serving's
+    num_batch_threads), parses as the server's own config, and a fresh simulation (another seed, more
+    requests) on 2 instances at the top load meets the SLO within its interval."""
+    from smdp_batch.analysis.simulate import simulate
+    from smdp_batch.baselines.servers import parse_rule
+
+    p = BatchingProblem.basic(rho=0.5)
+    pol = tmp_path / "p.h5"
+    assert main(["solve", "--rho", "0.5", "-o", str(pol)]) == 0
+    top = 1.2 * p.max_lam * 1e3  # req/s
+    capsys.readouterr()
+    rc = main(["export", str(pol), "--to", target, "--instances", "2", "--slo-p99-ms", "25", "--load-range",
+               f"1000:{top:.6g}", "--requests", "20000", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    d = json.loads(out.out)
+    if target == "triton":
+        cfg = text_format.Parse(d["config"], model_config_pb2.ModelConfig())
+        assert [g.count for g in cfg.instance_group] == [2] and d["settings"]["instance_group_count"] == 2
+    else:
+        assert text_format.Parse(d["config"], _tf_batching_parameters()()).num_batch_threads.value == 2
+    two = BatchingProblem.basic(rho=0.5, instances=2).replace(lam=top / 1e3)
+    r = simulate(two, parse_rule(d["rule"], two), requests=200_000, seed=99)
+    assert r.percentiles["p99_ms"] <= 25.0 + 3 * r.percentile_ci["p99_ms"], (r.percentiles, r.percentile_ci)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--to", "ray", "--instances", "2", "--slo-p99-ms", "25"], "do not share one queue"),
+    (["--to", "torchserve", "--instances", "2", "--slo-p99-ms", "25"], "do not share one queue"),
+    (["--to", "triton", "--instances", "2"], "goes with an SLO"),
+    (["--to", "triton", "--instances", "0"], "--instances"),
+])
+def test_exports_for_several_instances_that_are_not_modelled_are_refused_in_one_line(tmp_path, capsys, args, words):
+    pol = tmp_path / "p.h5"
+    assert main(["solve", "--rho", "0.5", "-o", str(pol)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(pol), *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err

@@ -257,6 +257,11 @@ class SLOAnswer:
 
 
 # ------------------------------------------------------------------------------------------ loads
+def _servers(problem: BatchingProblem) -> str:
+    c = problem.instances
+    return f"{c} instances do, {c}·Bmax/l(Bmax)," if c > 1 else "a server does, Bmax/l(Bmax),"
+
+
 def load_grid(problem: BatchingProblem, lo: float | None = None, hi: float | None = None, points: int = 5) -> list[float]:
     """The loads (requests/ms) a setting is checked at: λ alone, or ``points`` ≥ 5 loads spaced evenly in
     log λ over [lo, hi], both ends included.  Refuses an empty or inverted range, and one reaching ρ ≥ 1."""
@@ -274,7 +279,7 @@ def load_grid(problem: BatchingProblem, lo: float | None = None, hi: float | Non
     if not hi < problem.max_lam:
         raise InputError(
             f"the load range reaches {hi * 1e3:g} req/s, ρ = {hi / problem.max_lam:.4g} ≥ 1: no batching rule can serve "
-            f"it (the most a server does is Bmax/l(Bmax) = {problem.max_lam * 1e3:.6g} req/s)"
+            f"it (the most {_servers(problem)} is {problem.max_lam * 1e3:.6g} req/s)"
         )
     points = max(5, int(points))
     return [float(x) for x in np.geomspace(lo, hi, points)]

@@ -1,4 +1,5 @@
-"""The batching rules of real servers, as the simulator runs them (one model instance, one batch at a time).
+"""The batching rules of real servers, as the simulator runs them (one model instance, one batch at a time; Triton
+and TF-Serving also on c instances sharing the queue: :mod:`smdp_batch.analysis.sim_kernels`).
 
 Times are given in each server's own unit and converted to ms.  Semantics, and what we read:
 

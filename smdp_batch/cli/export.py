@@ -18,7 +18,7 @@ from .options import (
     build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
 from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
-from .types import InputFile, OneOf, OutputPath, check_extension, option
+from .types import InputFile, Number, OneOf, OutputPath, check_extension, option
 
 #: The file extensions of each target's config text (-o).
 CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "ray": (".py", ".txt"),
@@ -37,11 +37,14 @@ TAIL_GROWTH = 2.0
 @slo_options
 @load_range_options
 @search_options
+@option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
+        help="Model instances sharing the queue (triton: instance_group count; tfserving: num_batch_threads). With an "
+             "SLO: the setting is tuned on that many instances, the load (the table's, or --load-range) being their total.")
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
 @json_option
-def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_range, **kw):
+def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, **kw):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost;
     with --slo-…, the least-power setting of the server's rule that meets the SLO at every load."""
     if output:  # the config's format is the target's
@@ -50,13 +53,23 @@ def export_cmd(path, target, requests, seed, output, as_json, load_range, rho_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
+    if instances > 1:
+        if target not in ("triton", "tfserving"):
+            raise InputError(f"--instances {instances} exports to triton (instance_group) or tfserving "
+                             f"(num_batch_threads); {target}'s replicas or workers do not share one queue")
+        if slo is None:
+            raise InputError(f"--instances {instances} goes with an SLO (--slo-p99-ms X …): the export is then the "
+                             f"least-power setting on {instances} instances; the table itself is for one server")
     how = "export cannot rebuild it (evaluate or simulate the file with --service LAW)"
     phases = _phase_table(path, how)
     if phases is None:
         pf = read_policy(path)
         # the scenario comes from the values stored in the file: no path recorded in it is read
-        problem = build_problem({}, file_inputs(pf, how=how))
+        problem = build_problem({"instances": instances}, file_inputs(pf, how=how))
     else:
+        if instances > 1:
+            raise InputError(f"{path} is a phase table: its export is not simulated on several instances; use "
+                             "--instances 1")
         pf, problem, arrival_map = phases
     if slo is not None:
         _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
@@ -182,7 +195,7 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
         why = (f"at the top load (ρ = {top.rho:.3g}) even the fastest setting's queue is too long" if top.rho > 0.85
                else "waiting less gives small batches and waiting more breaks the bound")
         raise InputError(f"no {target} setting meets {slo.text()} at {where}: {why}; relax the SLO or narrow the range")
-    settings, text = rule_config(target, s.rule)
+    settings, text = rule_config(target, s.rule, problem.instances)
     if output:
         write_text_atomically(output, text)
     metrics = [m for m, _ in slo.bounds]

@@ -64,8 +64,13 @@ class Export:
                 "limitations": self.limitations, "rule": self.rule.spec, "gap": self.gap}
 
 
-def rule_config(target: str, rule: ServerRule) -> tuple[dict, str]:
-    """(settings, config text) of a server rule in its target's own format."""
+def rule_config(target: str, rule: ServerRule, instances: int = 1) -> tuple[dict, str]:
+    """(settings, config text) of a server rule in its target's own format; ``instances`` model instances share
+    its queue (Triton ``instance_group``, TF-Serving ``num_batch_threads``; 1 for Ray Serve and TorchServe)."""
+    c = int(instances)
+    if c > 1 and target not in ("triton", "tfserving"):
+        raise InputError(f"{target} with {c} instances has no export: its replicas or workers do not share one "
+                         "queue as simulated (Triton's instance_group and TF-Serving's batch threads do)")
     b = rule.maxb
     pad = tuple(rule.allowed)
     if not (math.isfinite(rule.delay) and 0.0 <= rule.delay * 1000.0 < 2.0 ** 63):
@@ -79,13 +84,16 @@ def rule_config(target: str, rule: ServerRule) -> tuple[dict, str]:
         text = (head + f"max_batch_size: {b}\ndynamic_batching {{\n"
                 + (f"  preferred_batch_size: [ {', '.join(map(str, pref))} ]\n" if pref else "")
                 + f"  max_queue_delay_microseconds: {us}\n}}\n")
+        if c > 1:
+            settings["instance_group_count"] = c
+            text += f"instance_group [ {{ count: {c} }} ]\n"
     elif target == "tfserving":
         us = int(round(rule.delay * 1000.0))
         allowed = list(pad)
-        settings = {"max_batch_size": b, "batch_timeout_micros": us, "num_batch_threads": 1,
+        settings = {"max_batch_size": b, "batch_timeout_micros": us, "num_batch_threads": c,
                     "max_enqueued_batches": 1_000_000, "allowed_batch_sizes": allowed}
         text = (f"max_batch_size {{ value: {b} }}\nbatch_timeout_micros {{ value: {us} }}\n"
-                f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: 1 }}\n"
+                f"max_enqueued_batches {{ value: 1000000 }}\nnum_batch_threads {{ value: {c} }}\n"
                 + "".join(f"allowed_batch_sizes: {s}\n" for s in allowed))
     elif target == "ray":
         secs = float(f"{rule.delay / 1000.0:.6g}")
