@@ -123,12 +123,13 @@ def test_triton_and_ray_exports_state_what_the_real_servers_did(table):
     assert not any("measured" in x for x in export_policy(p, sol, "torchserve", requests=20_000).limitations)
 
 
-@pytest.mark.parametrize("target", ["triton", "tfserving"])
+@pytest.mark.parametrize("target", ["triton", "tfserving", "ray"])
 def test_an_export_for_several_instances_is_tuned_on_them_and_holds_its_slo(tmp_path, capsys, target):
     """``--instances 2`` with an SLO over a load one instance cannot carry (ρ 1.2 of one at the top): the
-    setting is searched on 2 instances sharing the queue, written as Triton's instance_group (TF-Serving's
-    num_batch_threads), parses as the server's own config, and a fresh simulation (another seed, more
-    requests) on 2 instances at the top load meets the SLO within its interval."""
+    setting is searched on 2 instances (sharing the queue; Ray: 2 replicas behind its router), written as
+    Triton's instance_group (TF-Serving's num_batch_threads, Ray's num_replicas), parses as the server's own
+    config, and a fresh simulation (another seed, more requests) on 2 instances at the top load meets the SLO
+    within its interval."""
     from smdp_batch.analysis.simulate import simulate
     from smdp_batch.baselines.servers import parse_rule
 
@@ -145,16 +146,20 @@ def test_an_export_for_several_instances_is_tuned_on_them_and_holds_its_slo(tmp_
     if target == "triton":
         cfg = text_format.Parse(d["config"], model_config_pb2.ModelConfig())
         assert [g.count for g in cfg.instance_group] == [2] and d["settings"]["instance_group_count"] == 2
-    else:
+    elif target == "tfserving":
         assert text_format.Parse(d["config"], _tf_batching_parameters()()).num_batch_threads.value == 2
+    else:
+        deco = [ast.parse(line.lstrip("@"), mode="eval").body for line in d["config"].splitlines()]
+        assert ast.unparse(deco[0].func) == "serve.deployment" and ast.unparse(deco[1].func) == "serve.batch"
+        assert {k.arg: ast.literal_eval(k.value) for k in deco[0].keywords} == {"num_replicas": 2,
+                                                                               "max_ongoing_requests": 10000}
     two = BatchingProblem.basic(rho=0.5, instances=2).replace(lam=top / 1e3)
     r = simulate(two, parse_rule(d["rule"], two), requests=200_000, seed=99)
     assert r.percentiles["p99_ms"] <= 25.0 + 3 * r.percentile_ci["p99_ms"], (r.percentiles, r.percentile_ci)
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--to", "ray", "--instances", "2", "--slo-p99-ms", "25"], "do not share one queue"),
-    (["--to", "torchserve", "--instances", "2", "--slo-p99-ms", "25"], "do not share one queue"),
+    (["--to", "torchserve", "--instances", "2", "--slo-p99-ms", "25"], "workers are not simulated yet"),
     (["--to", "triton", "--instances", "2"], "goes with an SLO"),
     (["--to", "triton", "--instances", "0"], "--instances"),
 ])

@@ -143,11 +143,11 @@ def test_the_solvers_and_exact_evaluation_refuse_several_instances_with_one_line
 
 
 def test_rules_not_modelled_on_several_instances_are_refused():
-    from smdp_batch.baselines.servers import ray_serve
+    from smdp_batch.baselines.servers import torchserve
 
     p = BatchingProblem.basic(rho=0.5, instances=2)
-    with pytest.raises(InputError, match="Ray Serve replicas each keep their own queue"):
-        simulate(p, ray_serve(32, 0.005), requests=1000)
+    with pytest.raises(InputError, match="TorchServe's workers and phase or λ-bank tables are not modelled"):
+        simulate(p, torchserve(32, 5.0), requests=1000)
 
 
 def test_capacity_counts_every_instance():
@@ -222,3 +222,88 @@ def test_on_c_instances_no_batch_starts_before_its_requests_or_before_the_batch_
         assert starts[-1] >= arr[k] - 1e-9  # its last request had arrived
         j = k + 1
     assert np.all(np.diff(starts) >= -1e-9)  # batches leave the queue in order
+
+
+def _jsq_ctmc(lam: float, mu: float, c: int, n_max: int) -> float:
+    """Mean response time (ms) of c FIFO M/M/1 replicas behind Ray's router: two distinct replicas drawn at
+    random (ordered), the one with fewer requests takes the arrival, a tie goes to the first drawn; exact CTMC
+    on the replicas' request counts, each truncated at n_max."""
+    states = list(itertools.product(range(n_max + 1), repeat=c))
+    index = {s: i for i, s in enumerate(states)}
+    pairs = [(a, b) for a in range(c) for b in range(c) if a != b]
+    rows, cols, vals = [], [], []
+    for s, i in index.items():
+        moves: dict[tuple, float] = {}
+        for a, b in pairs:
+            r = b if s[b] < s[a] else a
+            if s[r] < n_max:
+                t = list(s)
+                t[r] += 1
+                moves[tuple(t)] = moves.get(tuple(t), 0.0) + lam / len(pairs)
+        for r in range(c):
+            if s[r] > 0:
+                t = list(s)
+                t[r] -= 1
+                moves[tuple(t)] = moves.get(tuple(t), 0.0) + mu
+        for t, rate in moves.items():
+            rows += [i, i]
+            cols += [index[t], i]
+            vals += [rate, -rate]
+    A = csr_matrix((vals, (rows, cols)), shape=(len(states), len(states))).T.tolil()
+    A[0, :] = 1.0
+    rhs = np.zeros(len(states))
+    rhs[0] = 1.0
+    pi = spsolve(A.tocsr(), rhs)
+    assert pi[[index[s] for s in states if max(s) == n_max]].sum() < 1e-6  # negligible beside the 0.1 % compared
+    return float(sum(p * sum(s) for p, s in zip(pi, states))) / lam
+
+
+@pytest.mark.parametrize("c, rho, n_max", [(2, 0.8, 60), (3, 0.75, 24)])
+def test_ray_replicas_behind_the_router_match_the_exact_join_the_shorter_of_two_chain(c, rho, n_max):
+    """``ray:max=1,timeout_s=0`` on c replicas with exponential service is c M/M/1 queues behind the
+    power-of-two-choices router (for c = 2, join the shorter queue): the simulator against the exact chain."""
+    from smdp_batch.baselines.servers import ray_serve
+
+    p = BatchingProblem.basic(rho=0.5, batch_sizes=(1,), service="exp")
+    mean = float(p.latency_ms()[0])
+    p = p.replace(lam=rho * c / mean, instances=c)
+    exact = _jsq_ctmc(p.lam, 1.0 / mean, c, n_max)
+    r = simulate(p, ray_serve(1, 0.0), requests=2_000_000, seed=5)
+    assert abs(r.mean_latency_ms - exact) <= 3 * r.mean_latency_ci + 1e-3 * exact, (r.mean_latency_ms, exact)
+    random_split = mean / (1.0 - rho)  # each replica an M/M/1 at ρ: what the router improves on
+    assert r.mean_latency_ms < 0.8 * random_split
+
+
+@pytest.mark.parametrize("spec", ["ray:max=8,timeout_s=0.002", "ray:max=4,timeout_s=0.0005,pad=2/4"])
+def test_one_replica_behind_the_router_is_the_single_server_ray_rule(spec):
+    """The replicas loop with c = 1 (every request to replica 0) gives, request by request, what the
+    single-server loop gives for the same rule: the two implement @serve.batch's batches the same way."""
+    from smdp_batch.analysis import simulate as sim
+    from smdp_batch.analysis.sim_kernels import _replicas_kernel
+    from smdp_batch.baselines.servers import parse_rule
+
+    p = BatchingProblem.basic(rho=0.6, service="exp")
+    rule = parse_rule(spec, p)
+    arr = np.cumsum(np.random.default_rng(4).exponential(1.0 / p.lam, 30_000))
+    bounds = np.array([arr.size, arr.size])
+    ref, _, ref_sizes, _, _ = sim._run(p, rule, arr, np.random.default_rng(9), bounds)
+    captured = {}
+    real = sim._replicas_kernel
+
+    def spy(*args):
+        captured["args"] = args
+        return real(*args)
+
+    sim._replicas_kernel = spy
+    try:
+        sim._run(p, rule, arr, np.random.default_rng(9), bounds, instances=2)
+    finally:
+        sim._replicas_kernel = real
+    a = list(captured["args"])
+    resp = np.empty(arr.size)
+    a[9] = np.zeros_like(a[9])  # the service-time pointers from the start
+    a[10], a[13] = resp, np.zeros_like(a[13])
+    a[15], a[16] = np.zeros((arr.size, 2), dtype=np.int64), 1  # one replica
+    _replicas_kernel(*a)
+    np.testing.assert_allclose(resp, ref, rtol=0, atol=1e-9)
+    assert np.array_equal(a[13], ref_sizes)

@@ -216,6 +216,125 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
 
 
 @njit(cache=True)
+def _close_batch(r, close, open_n, members, last_done, q_done, q_size, q_start, q_tail, arr, pad, lat_of, en_of, det,
+                 pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, q_head):
+    """Close replica r's open batch at ``close`` (ms): it starts when the replica's batch ahead is done."""
+    size = open_n[r]
+    s_exec = pad[size]
+    start = max(close, last_done[r])
+    if det:
+        dur = lat_of[s_exec]
+    else:
+        pool = pool_of[s_exec]
+        dur = lat_of[s_exec] * unit[pool, ptr[pool]]
+        ptr[pool] += 1
+    done = start + dur
+    last_done[r] = done
+    share = en_of[s_exec] / size
+    n_groups = genergy.size
+    for m in range(size):
+        i = members[r, m]
+        resp[i] = done - arr[i]
+        if i >= bounds[0]:
+            g = np.searchsorted(bounds, i, side="right") - 1
+            if g < n_groups:
+                genergy[g] += share
+    sizes_hist[s_exec] += 1
+    waiting = size
+    for k in range(q_head[r], q_tail[r]):
+        if q_start[r, k] > close:
+            waiting += q_size[r, k]
+    qhist[min(waiting, qhist.size - 1)] += 1
+    q_done[r, q_tail[r]] = done
+    q_size[r, q_tail[r]] = size
+    q_start[r, q_tail[r]] = start
+    q_tail[r] += 1
+    open_n[r] = 0
+
+
+@njit(cache=True)
+def _room(q_done, q_size, q_start, q_head, q_tail):
+    """Make room in the replicas' queues of closed batches: drop what is known done; double if still full."""
+    c, cap = q_done.shape
+    live = 0
+    for r in range(c):
+        live = max(live, q_tail[r] - q_head[r])
+    new_cap = cap * 2 if live > cap // 2 else cap
+    d = np.empty((c, new_cap))
+    z = np.empty((c, new_cap), dtype=np.int64)
+    st = np.empty((c, new_cap))
+    for r in range(c):
+        n = q_tail[r] - q_head[r]
+        d[r, :n] = q_done[r, q_head[r]:q_tail[r]]
+        z[r, :n] = q_size[r, q_head[r]:q_tail[r]]
+        st[r, :n] = q_start[r, q_head[r]:q_tail[r]]
+        q_head[r] = 0
+        q_tail[r] = n
+    return d, z, st
+
+
+@njit(cache=True)
+def _replicas_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
+                     sizes_hist, qhist, pick, c):
+    """Ray Serve with c replicas behind its router (one call serves the whole stream).
+
+    Each arrival goes to one of two distinct replicas drawn at random (``pick[j]``, the ordered pair; c = 2:
+    both, in random order), the one with fewer ongoing requests (assigned and not completed; a tie goes to
+    the first), as Ray's ``PowerOfTwoChoicesRequestRouter`` does.  Each replica runs ``@serve.batch`` as mode
+    2 of :func:`_kernel` does: a batch opens at its first request and holds the requests routed to it up to
+    ``delay`` ms later, at most ``maxb``; closed batches run FIFO, one at a time.  ``qhist`` counts, when a
+    batch closes, the requests of that replica's closed batches not yet started (this one included).
+    Returns the number of batches.
+    """
+    n_req = arr.size
+    cap = 64  # grows (doubling) when a replica has that many closed batches not yet done
+    open_t = np.zeros(c)  # the open batch's first arrival (ms), when open_n > 0
+    open_n = np.zeros(c, dtype=np.int64)
+    members = np.empty((c, maxb), dtype=np.int64)
+    last_done = np.zeros(c)
+    assigned = np.zeros(c, dtype=np.int64)
+    completed = np.zeros(c, dtype=np.int64)
+    q_done = np.empty((c, cap))  # per replica, its closed batches in order: done, size, start
+    q_size = np.empty((c, cap), dtype=np.int64)
+    q_start = np.empty((c, cap))
+    q_head = np.zeros(c, dtype=np.int64)  # the first not yet known to be done
+    q_tail = np.zeros(c, dtype=np.int64)
+    batches = 0
+    for j in range(n_req + 1):
+        t = arr[j] if j < n_req else np.inf
+        for r in range(c):
+            if open_n[r] > 0 and open_t[r] + delay < t:  # its timeout passed before t
+                if q_tail[r] == q_done.shape[1]:
+                    q_done, q_size, q_start = _room(q_done, q_size, q_start, q_head, q_tail)
+                _close_batch(r, open_t[r] + delay, open_n, members, last_done, q_done, q_size, q_start, q_tail, arr,
+                             pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist,
+                             q_head)
+                batches += 1
+            while q_head[r] < q_tail[r] and q_done[r, q_head[r]] <= t:
+                completed[r] += q_size[r, q_head[r]]
+                q_head[r] += 1
+        if j == n_req:
+            break
+        a = pick[j, 0]
+        b = pick[j, 1]
+        r = a
+        if assigned[b] - completed[b] < assigned[a] - completed[a]:
+            r = b
+        assigned[r] += 1
+        if open_n[r] == 0:
+            open_t[r] = t
+        members[r, open_n[r]] = j
+        open_n[r] += 1
+        if open_n[r] == maxb:  # full: it closes now
+            if q_tail[r] == q_done.shape[1]:
+                q_done, q_size, q_start = _room(q_done, q_size, q_start, q_head, q_tail)
+            _close_batch(r, t, open_n, members, last_done, q_done, q_size, q_start, q_tail, arr, pad, lat_of, en_of,
+                         det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, q_head)
+            batches += 1
+    return batches
+
+
+@njit(cache=True)
 def _matmul_into(A, B, out):
     m = A.shape[0]
     for i in range(m):

@@ -1,7 +1,8 @@
 """Event simulation of the batch server of paper 004 §III under any batching rule.
 
 One server, FIFO, one batch at a time (or c model instances sharing the FIFO queue, ``problem.instances``: the
-rule forms the batches one after the other, each when an instance is free).  A batch of b requests takes
+rule forms the batches one after the other, each when an instance is free; Ray Serve's rule runs on c
+replicas with their own queues behind its power-of-two-choices router).  A batch of b requests takes
 a time drawn from G_b (the problem's service law with mean l(b)) and costs ζ(b) mJ; every request of the
 batch completes when the batch does.  The rule deciding when to start a batch and how large is either
 
@@ -37,7 +38,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
-from .sim_kernels import MODES, _context_kernel, _kernel
+from .sim_kernels import MODES, _context_kernel, _kernel, _replicas_kernel
 
 
 @dataclass
@@ -187,12 +188,22 @@ def _instances(problem: BatchingProblem, rule) -> int:
     """The problem's instance count, for a rule the simulator runs on c instances sharing one queue (batches
     formed one at a time from it)."""
     c = problem.instances
-    if c > 1 and rule.mode not in ("table", "triton", "timer", "timer-pad"):
+    if c > 1 and rule.mode not in ("table", "triton", "timer", "timer-pad", "ray"):
         raise InputError(
             f"{rule.spec} on {c} instances is not simulated: c instances sharing one queue are simulated for "
-            "tables, tables with a timer and Triton's (TF-Serving's) rule; Ray Serve replicas each keep their own "
-            "queue, and TorchServe's workers are not modelled yet (simulate one replica at its share of the load)")
+            "tables, tables with a timer and Triton's (TF-Serving's) rule, and Ray Serve's replicas behind its "
+            "router; TorchServe's workers and phase or λ-bank tables are not modelled on several instances yet")
     return c
+
+
+def _router_picks(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
+    """The ordered pair of distinct replicas Ray's power-of-two-choices router draws for each of n requests."""
+    if c == 2:
+        a = rng.integers(0, 2, n)
+        return np.stack([a, 1 - a], axis=1)
+    i = rng.integers(0, c, n)
+    j = rng.integers(0, c - 1, n)
+    return np.stack([i, j + (j >= i)], axis=1)
 
 
 def _run(problem, rule, arr, rng, bounds, progress=None, instances: int = 1):
@@ -229,6 +240,12 @@ def _run(problem, rule, arr, rng, bounds, progress=None, instances: int = 1):
     pad = rule.pad_map(smax_exec)
     chunk = 1_000_000
     ctx = rule.context(arr) if rule.mode == "context" else None
+    if rule.mode == "ray" and instances > 1:  # c replicas, each with its own queue, behind Ray's router
+        _replicas_kernel(arr, rule.maxb, rule.delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
+                         sizes_hist, qhist, _router_picks(rng, n_req, instances), instances)
+        state[0] = n_req
+        if progress is not None:
+            progress(n_req)
     while state[0] < n_req:
         before = int(state[0])
         if ctx is not None:

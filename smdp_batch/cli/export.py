@@ -38,8 +38,8 @@ TAIL_GROWTH = 2.0
 @load_range_options
 @search_options
 @option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
-        help="Model instances sharing the queue (triton: instance_group count; tfserving: num_batch_threads). With an "
-             "SLO: the setting is tuned on that many instances, the load (the table's, or --load-range) being their total.")
+        help="Model instances (triton: instance_group count; tfserving: num_batch_threads; ray: num_replicas behind its "
+             "router). With an SLO: the setting is tuned on that many, the load (the table's, or --load-range) their total.")
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
@@ -54,9 +54,9 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
     if instances > 1:
-        if target not in ("triton", "tfserving"):
-            raise InputError(f"--instances {instances} exports to triton (instance_group) or tfserving "
-                             f"(num_batch_threads); {target}'s replicas or workers do not share one queue")
+        if target == "torchserve":
+            raise InputError(f"--instances {instances} exports to triton (instance_group), tfserving "
+                             "(num_batch_threads) or ray (num_replicas); torchserve's workers are not simulated yet")
         if slo is None:
             raise InputError(f"--instances {instances} goes with an SLO (--slo-p99-ms X …): the export is then the "
                              f"least-power setting on {instances} instances; the table itself is for one server")

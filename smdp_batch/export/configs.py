@@ -65,12 +65,11 @@ class Export:
 
 
 def rule_config(target: str, rule: ServerRule, instances: int = 1) -> tuple[dict, str]:
-    """(settings, config text) of a server rule in its target's own format; ``instances`` model instances share
-    its queue (Triton ``instance_group``, TF-Serving ``num_batch_threads``; 1 for Ray Serve and TorchServe)."""
+    """(settings, config text) of a server rule in its target's own format on ``instances`` model instances
+    (Triton ``instance_group``, TF-Serving ``num_batch_threads``, Ray Serve ``num_replicas``; TorchServe: 1)."""
     c = int(instances)
-    if c > 1 and target not in ("triton", "tfserving"):
-        raise InputError(f"{target} with {c} instances has no export: its replicas or workers do not share one "
-                         "queue as simulated (Triton's instance_group and TF-Serving's batch threads do)")
+    if c > 1 and target == "torchserve":
+        raise InputError(f"torchserve with {c} workers has no export: its workers are not simulated yet")
     b = rule.maxb
     pad = tuple(rule.allowed)
     if not (math.isfinite(rule.delay) and 0.0 <= rule.delay * 1000.0 < 2.0 ** 63):
@@ -99,6 +98,9 @@ def rule_config(target: str, rule: ServerRule, instances: int = 1) -> tuple[dict
         secs = float(f"{rule.delay / 1000.0:.6g}")
         settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
         text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
+        if c > 1:  # on the deployment class; Ray's default max_ongoing_requests (5) would cap every batch at 5
+            settings["num_replicas"] = c
+            text = f"@serve.deployment(num_replicas={c}, max_ongoing_requests=10000)\n" + text
     elif target == "torchserve":
         ms = int(round(rule.delay))
         settings = {"batch_size": b, "max_batch_delay": ms}
