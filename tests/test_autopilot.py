@@ -382,3 +382,42 @@ def test_bad_settings_are_refused():
         Autopilot(p, SLO, "table.h5")
     with pytest.raises(ValueError):
         Autopilot(p, SLO, solver=FakeSolver("none"))  # no initial table meets the SLO
+
+
+def test_when_no_table_meets_the_target_the_best_effort_goes_live_and_the_search_is_retried():
+    """A solver that finds nothing meeting the target but offers a best effort (meets=False): it goes live
+    (``best_effort``), the solve counts as infeasible (solves = swaps + kept + failed + infeasible still), and
+    a retry is scheduled; the same best effort again is not swapped twice."""
+
+    class BestEffort(FakeSolver):
+        def __call__(self, problem, slo_ms, lams):
+            self.calls.append((problem, slo_ms, list(lams)))
+            return Plan(PolicyTable(control(1), problem.batch_sizes, {"inputs": {"lam": lams[0]}}), lams[0], None,
+                        9.0, 3.0 * slo_ms, 40.0, False, "greedy (best effort)")
+
+    solver, clock = BestEffort(), Clock()
+    ap, p = make(solver, clock)
+    rng = np.random.default_rng(3)
+    t = feed(ap, p.lam, 400, rng)
+    t = feed(ap, 3 * p.lam, 400, rng, t)
+    assert ap.join(10)
+    m = ap.metrics
+    assert m.best_effort == 1 and m.infeasible >= 1 and m.swaps == 0
+    assert m.solves == m.swaps + m.kept + m.failed_solves + m.infeasible
+    assert ap.plan.spec == "greedy (best effort)" and ap.plan.meets is False and ap.plan.lam > 2 * p.lam
+    clock.t += 10.0  # past the back-off: retried, and the same best effort is not put live again
+    t = feed(ap, 3 * p.lam, 200, rng, t)
+    assert ap.join(10) and ap.metrics.best_effort == 1 and len(solver.calls) >= 2
+
+
+def test_the_default_solver_offers_the_greedy_table_as_best_effort_only_when_it_beats_the_live_plan():
+    from smdp_batch.baselines import parse_policy
+
+    p = BatchingProblem.basic(rho=0.5)
+    l1 = float(p.latency_ms()[0])
+    for target in (1.1 * l1, 0.5 * l1):  # unreachable at this load; below what any rule reaches (l(1) alone)
+        got = slo_plan(p, target, [p.lam], requests=5000)
+        assert got is not None and got.meets is False and got.spec == "greedy (best effort)"
+        assert np.array_equal(got.table.policy, parse_policy("greedy", p.batch_sizes, p.bmax))
+        assert got.p99_ms > target and got.lam == p.lam
+        assert slo_plan(p, target, [p.lam], requests=5000, incumbent=got) is None  # already the best effort

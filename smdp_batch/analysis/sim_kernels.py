@@ -25,18 +25,22 @@ MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-
 
 
 @njit(cache=True, inline="always")
+def _duration(s_exec, lat_of, det, pool_of, unit, ptr):
+    """The time (ms) of a batch executed at size ``s_exec``: l(s), or l(s) times the next draw of its pool."""
+    if det:
+        return lat_of[s_exec]
+    pool = pool_of[s_exec]
+    ptr[pool] += 1
+    return lat_of[s_exec] * unit[pool, ptr[pool] - 1]
+
+
+@njit(cache=True, inline="always")
 def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
            sizes_hist, qhist, grp):
     """Run one batch of ``size`` requests from ``head`` at ``start``: response times, energy shares per
     statistics group, histograms.  Returns (completion time, group)."""
     s_exec = pad[size]
-    if det:
-        dur = lat_of[s_exec]
-    else:
-        pool = pool_of[s_exec]
-        dur = lat_of[s_exec] * unit[pool, ptr[pool]]
-        ptr[pool] += 1
-    done = start + dur
+    done = start + _duration(s_exec, lat_of, det, pool_of, unit, ptr)
     share = en_of[s_exec] / size
     n_groups = genergy.size
     for j in range(head, head + size):
@@ -222,13 +226,7 @@ def _close_batch(r, close, open_n, members, last_done, q_done, q_size, q_start, 
     size = open_n[r]
     s_exec = pad[size]
     start = max(close, last_done[r])
-    if det:
-        dur = lat_of[s_exec]
-    else:
-        pool = pool_of[s_exec]
-        dur = lat_of[s_exec] * unit[pool, ptr[pool]]
-        ptr[pool] += 1
-    done = start + dur
+    done = start + _duration(s_exec, lat_of, det, pool_of, unit, ptr)
     last_done[r] = done
     share = en_of[s_exec] / size
     n_groups = genergy.size

@@ -33,6 +33,11 @@ waited under the old table) are watched in windows of ``window``; a window whose
 there was one), puts the previous plan back.  After ``watch`` clean windows the new
 plan is the last good.
 
+When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the
+solver's best effort there still goes live when it has one: :func:`~smdp_batch.runtime.plan.slo_plan` offers
+the greedy table when its simulated p99 at λ̂ is below the live plan's, since a plan made for another load
+is the worse effort (the rollback watch then judges it as any swap).
+
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown
 batch sizes) or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at
 most ``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above
@@ -61,6 +66,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
+from .plan import Plan, _same, slo_plan
 from .table import PolicyTable
 
 __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
@@ -73,22 +79,6 @@ _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % o
 _LEARN_EVERY = 100  # responses between two updates of the excess
 _LEARN_MIN = 200  # responses in the ring before the first
 _EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A table and its timer, with the metrics planned for it at ``lam`` (1/ms): W̄ and p99 in ms, P̄ in W."""
-
-    table: PolicyTable
-    lam: float
-    timer_ms: float | None = None
-    mean_ms: float = math.nan
-    p99_ms: float = math.nan
-    power_w: float = math.nan
-    meets: bool = True
-    spec: str = ""
-    id: int = 0
-    target_ms: float = math.nan  # the p99 it was solved for: the SLO less the overhead budget and the excess
 
 
 @dataclass(frozen=True)
@@ -124,52 +114,7 @@ class AutopilotMetrics:
     target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
     kept: int = 0  # solves that kept the live plan (the same table and timer, or too little saved)
-
-
-def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
-             incumbent: Plan | None = None, margin: float = 0.02) -> Plan | None:
-    """The SLO optimiser's least-power SMDP table + timer meeting p99 ≤ ``slo_ms`` at every load in ``lams``
-    (1/ms; planned metrics at ``lams[0]``), or None when no table meets it.
-
-    ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
-    ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
-    swap that saves nothing only costs a rollback watch."""
-    from ..analysis.slo import optimise
-    from ..baselines.servers import table_timer
-    from ..limits import SLO_MAX_MS
-
-    current = None
-    if incumbent is not None:
-        t = incumbent.table
-        tau = incumbent.timer_ms if incumbent.timer_ms is not None else math.inf
-        forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
-        current = table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
-    ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams), families=("smdp",),
-                   requests=requests, seed=seed, defaults=False, current=current)
-    s = ans.best.get("smdp")
-    cur = ans.current
-    if incumbent is not None and cur is not None and cur.meets and \
-            (s is None or not s.meets or cur.power_w <= (1.0 + margin) * s.power_w):
-        at = min(cur.loads, key=lambda x: abs(x.lam - lams[0]))
-        return replace(incumbent, lam=float(lams[0]), mean_ms=at.metrics["mean"], p99_ms=at.metrics["p99"],
-                       power_w=at.power_w, meets=True)
-    if s is None or s.policy is None or not s.meets:
-        return None
-    at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
-    tau = s.knobs.get("tau_ms")
-    timer = float(tau) if tau is not None and math.isfinite(tau) else None
-    sizes = s.knobs.get("batch_sizes") or list(problem.batch_sizes)
-    meta = {"inputs": {"lam": float(lams[0])}, "max_wait_ms": timer, "setting": s.spec,
-            "short_batch": "pad-up" if s.knobs.get("forced") == "pad" else "serve"}
-    table = PolicyTable(np.asarray(s.policy, dtype=np.int64), sizes, meta)
-    return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec)
-
-
-def _same(a: Plan, b: Plan) -> bool:
-    """Whether two plans serve alike: the same decisions on the same sizes, and the same timer."""
-    ta, tb = a.table, b.table
-    return (ta.batch_sizes == tb.batch_sizes and a.timer_ms == b.timer_ms and ta.policy.shape == tb.policy.shape
-            and bool(np.array_equal(ta.policy, tb.policy)))
+    best_effort: int = 0  # infeasible solves whose best effort went live (a lower p99 at λ̂ than the live plan's)
 
 
 def _warm(proc: Any, solver: Callable[..., Any], args: tuple) -> None:
@@ -252,13 +197,14 @@ class Autopilot:
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
+                       best_effort=0,
                        kept=0)
         self._last_solve_s, self._event = math.nan, "start"
         self._proc: Any = None
         plan: Plan
         if table is None:
             solved = self.solver(problem, self._target(), [float(problem.lam)])
-            if solved is None or not self._usable(solved, self._target()):
+            if solved is None or not solved.meets or not self._usable(solved, self._target()):
                 raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
             plan = replace(solved, target_ms=self._target())
         elif isinstance(table, Plan):
@@ -537,12 +483,14 @@ class Autopilot:
         self._finish(job, out, time.perf_counter() - t0)
 
     def _usable(self, plan: Any, target: float) -> bool:
+        """A plan with known sizes and finite planned metrics that meets ``target`` (a best effort, meets=False:
+        any p99)."""
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
         if not set(plan.table.batch_sizes) <= set(self.sizes):
             return False
         vals = (plan.lam, plan.p99_ms, plan.power_w, plan.mean_ms)
-        return plan.meets and all(math.isfinite(_num(v)) for v in vals) and plan.p99_ms <= target * (1 + 1e-9)
+        return all(math.isfinite(_num(v)) for v in vals) and (not plan.meets or plan.p99_ms <= target * (1 + 1e-9))
 
     def _finish(self, job: _Job, out: Any, seconds: float) -> None:
         with self._lock:
@@ -557,8 +505,12 @@ class Autopilot:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
                 self._failed(now, "solve-error", error=str(out)[:200], reason=job.reason)
-            elif out is None:
-                self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason)
+            elif out is None or (isinstance(out, Plan) and not out.meets and self._usable(out, job.target)):
+                # nothing meets the target at λ̂; a best-effort plan (the least p99 found there) still goes live
+                self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason,
+                             best_effort=None if out is None else out.spec)
+                if out is not None and not _same(out, self._live):
+                    self._swap(out, job, seconds, "best_effort", "best-effort")
             elif not self._usable(out, job.target):
                 self._failed(now, "solve-unusable", reason=job.reason)
             elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
@@ -567,10 +519,13 @@ class Autopilot:
                 self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target, seconds=round(seconds, 4))
             else:
                 self._fails = 0
-                self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
-                self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
-                self._count("swaps", "swap", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
-                            timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4))
+                self._swap(out, job, seconds)
+
+    def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
+        self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
+        self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
+        self._count(key, event, reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
+                    timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the solve in flight (tests, shutdown); True when none is left running."""
@@ -594,7 +549,7 @@ class Autopilot:
             live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
             batches, tuple(float(x) for x in self.energy.energy_mj()), excess, self.overhead_ms, target,
-            self.solve_in, c["kept"])
+            self.solve_in, c["kept"], c["best_effort"])
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

@@ -69,6 +69,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_rollbacks_total": ("counter", "1", "tables taken back on observed p99"),
     "autopilot_failed_solves_total": ("counter", "1", "solves that raised, timed out or returned no usable plan"),
     "autopilot_infeasible_solves_total": ("counter", "1", "solves where no table meets the SLO at λ̂"),
+    "autopilot_best_effort_total": ("counter", "1", "infeasible solves whose best effort (a lower p99 at λ̂) went live"),
     "autopilot_out_of_range_total": ("counter", "1", "estimates not solved for (λ̂ ≥ 98 % of the stable rate)"),
     "autopilot_late_results_total": ("counter", "1", "results of abandoned solves, dropped"),
     "autopilot_rejected_inputs_total": ("counter", "1", "hook readings ignored (NaN, negative, unknown batch size)"),
@@ -77,7 +78,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
 _COUNTERS = {"autopilot_solves_total": "solves", "autopilot_swaps_total": "swaps", "autopilot_kept_total": "kept",
              "autopilot_rollbacks_total": "rollbacks", "autopilot_failed_solves_total": "failed_solves",
              "autopilot_infeasible_solves_total": "infeasible", "autopilot_out_of_range_total": "out_of_range",
-             "autopilot_late_results_total": "late_results", "autopilot_rejected_inputs_total": "rejected_inputs"}
+             "autopilot_late_results_total": "late_results", "autopilot_rejected_inputs_total": "rejected_inputs",
+             "autopilot_best_effort_total": "best_effort"}
 
 
 def _s(ms: float | None) -> float:

@@ -1,0 +1,105 @@
+"""The Autopilot's plans: a table and its timer with the metrics planned for them (:class:`Plan`), and the
+default solver that makes one (:func:`slo_plan`, the SLO optimiser's least-power SMDP table + timer; when no
+table meets the target at the estimated load, the best effort there).
+
+Importing this module needs numpy only; :func:`slo_plan` imports the analysis (numba, scipy) when it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .table import PolicyTable
+
+__all__ = ["Plan", "slo_plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A table and its timer, with the metrics planned for it at ``lam`` (1/ms): W̄ and p99 in ms, P̄ in W."""
+
+    table: PolicyTable
+    lam: float
+    timer_ms: float | None = None
+    mean_ms: float = math.nan
+    p99_ms: float = math.nan
+    power_w: float = math.nan
+    meets: bool = True
+    spec: str = ""
+    id: int = 0
+    target_ms: float = math.nan  # the p99 it was solved for: the SLO less the overhead budget and the excess
+
+
+def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
+             incumbent: Plan | None = None, margin: float = 0.02) -> Plan | None:
+    """The SLO optimiser's least-power SMDP table + timer meeting p99 ≤ ``slo_ms`` at every load in ``lams``
+    (1/ms; planned metrics at ``lams[0]``).
+
+    When no table meets it: the best effort at ``lams[0]``, a plan with ``meets=False`` — the greedy table
+    (serve the largest allowed size ≤ n at once, no timer), which waits least, when its simulated p99 there is
+    below the incumbent's on the same arrivals — else None (the live plan is already the better effort).
+
+    ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
+    ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
+    swap that saves nothing only costs a rollback watch."""
+    from ..analysis.slo import optimise
+    from ..baselines.servers import table_timer
+    from ..limits import SLO_MAX_MS
+
+    current = None
+    if incumbent is not None:
+        t = incumbent.table
+        tau = incumbent.timer_ms if incumbent.timer_ms is not None else math.inf
+        forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
+        current = table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
+    try:
+        ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams),
+                       families=("smdp",), requests=requests, seed=seed, defaults=False, current=current)
+    except InputError:  # the target is below what any rule can reach (l(1) alone): nothing meets it
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed)
+    s = ans.best.get("smdp")
+    cur = ans.current
+    if incumbent is not None and cur is not None and cur.meets and \
+            (s is None or not s.meets or cur.power_w <= (1.0 + margin) * s.power_w):
+        at = min(cur.loads, key=lambda x: abs(x.lam - lams[0]))
+        return replace(incumbent, lam=float(lams[0]), mean_ms=at.metrics["mean"], p99_ms=at.metrics["p99"],
+                       power_w=at.power_w, meets=True)
+    if s is None or s.policy is None or not s.meets:
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed)
+    at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
+    tau = s.knobs.get("tau_ms")
+    timer = float(tau) if tau is not None and math.isfinite(tau) else None
+    sizes = s.knobs.get("batch_sizes") or list(problem.batch_sizes)
+    meta = {"inputs": {"lam": float(lams[0])}, "max_wait_ms": timer, "setting": s.spec,
+            "short_batch": "pad-up" if s.knobs.get("forced") == "pad" else "serve"}
+    table = PolicyTable(np.asarray(s.policy, dtype=np.int64), sizes, meta)
+    return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec)
+
+
+def _best_effort(problem: Any, current: Any, requests: int, seed: int) -> Plan | None:
+    """The greedy table at ``problem.lam`` as a plan that does not meet its target, if its simulated p99 is
+    below the live rule's (``current``, None: none) on the same arrivals; else None."""
+    from ..analysis.simulate import simulate
+    from ..baselines import parse_policy
+
+    policy = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
+    greedy = simulate(problem, policy, requests=requests, seed=seed)
+    if current is not None and not greedy.percentiles["p99_ms"] < simulate(problem, current, requests=requests,
+                                                                          seed=seed).percentiles["p99_ms"]:
+        return None
+    meta = {"inputs": {"lam": problem.lam}, "max_wait_ms": None, "setting": "greedy (best effort)",
+            "short_batch": "serve"}
+    return Plan(PolicyTable(policy, list(problem.batch_sizes), meta), problem.lam, None, greedy.mean_latency_ms,
+                greedy.percentiles["p99_ms"], greedy.mean_power_w, False, "greedy (best effort)")
+
+
+def _same(a: Plan, b: Plan) -> bool:
+    """Whether two plans serve alike: the same decisions on the same sizes, and the same timer."""
+    ta, tb = a.table, b.table
+    return (ta.batch_sizes == tb.batch_sizes and a.timer_ms == b.timer_ms and ta.policy.shape == tb.policy.shape
+            and bool(np.array_equal(ta.policy, tb.policy)))
