@@ -113,8 +113,7 @@ def test_signals_end_fit_arrivals_and_measure(tmp_path, trace, slow_module):
 
 
 STUCK = textwrap.dedent("""
-    import signal, sys
-    import smdp_batch.cli
+    import signal, sys, types
 
     def stuck(argv=None):  # a command stuck where no Python signal handler can run
         from smdp_batch.files import atomic_outputs
@@ -125,7 +124,9 @@ STUCK = textwrap.dedent("""
             while True:
                 pass
 
-    smdp_batch.cli.main = stuck
+    # the command line, replaced without importing the real one: the parent stays as light as the real
+    # console's (importing smdp_batch.cli here would add its numba/LLVM teardown, ~0.2 s, to the parent's exit)
+    sys.modules["smdp_batch.cli"] = types.SimpleNamespace(main=stuck)
     from smdp_batch.console import main
     sys.exit(main(["solve"]))
 """)

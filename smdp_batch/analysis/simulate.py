@@ -207,8 +207,8 @@ def _router_picks(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
 
 
 def _run(problem, rule, arr, rng, bounds, progress=None, instances: int = 1):
-    """Draw service times and run the kernel over ``arr`` with ``instances`` instances sharing the queue;
-    returns resp, group energy, histograms, state."""
+    """Draw service times and run the kernel over ``arr`` on ``instances`` instances (sharing the queue; Ray:
+    replicas behind its router); returns resp, group energy, histograms, state."""
     n_req = arr.size
     smax_exec = max(rule.max_executed(), problem.bmax)
     lat_of = np.full(smax_exec + 1, np.nan)
@@ -294,8 +294,9 @@ def simulate(
 
     With ``problem.instances`` = c > 1, c model instances share the one FIFO queue (Triton's
     ``instance_group { count: c }``): the rule forms batches one after the other, each when an instance is
-    free, and a batch runs on the instance free earliest.  A table solved for one server runs as it is:
-    the figures are those of that table on c instances, not of a table optimal for c.
+    free, and a batch runs on the instance free earliest; a Ray Serve rule runs on c replicas, each with its
+    own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
+    figures are those of that table on c instances, not of a table optimal for c.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a

@@ -1,5 +1,6 @@
 """The batching rules of real servers, as the simulator runs them (one model instance, one batch at a time; Triton
-and TF-Serving also on c instances sharing the queue: :mod:`smdp_batch.analysis.sim_kernels`).
+and TF-Serving also on c instances sharing the queue, Ray Serve on c replicas behind its router:
+:mod:`smdp_batch.analysis.sim_kernels`).
 
 Times are given in each server's own unit and converted to ms.  Semantics, and what we read:
 

@@ -53,8 +53,9 @@ def _stream_rate(spec: str, arr) -> float:
 @option("--within-ms", type=Grid(), default=None,
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
 @option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
-        help="Model instances sharing the one queue (Triton's instance_group count): the rule forms each batch when "
-             "an instance is free; --rho is then per instance. Tables, tables + timer and triton/tfserving rules.")
+        help="Model instances: sharing the one queue (Triton's instance_group count, TF-Serving's batch threads; the "
+             "rule forms each batch when an instance is free), or ray: rules on that many replicas behind Ray's router. "
+             "--rho is then per instance.")
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress bar on stderr.")
 @json_option
 def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, warmup, batches, within_ms, progress, as_json,
