@@ -27,7 +27,6 @@ import signal
 import sys
 import time
 
-from .files import JOURNAL_ENV
 
 __all__ = ["main", "GRACE_S"]
 
@@ -38,7 +37,7 @@ _LINES: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "termina
 
 
 def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
-    from .files import Terminated
+    from .files import JOURNAL_ENV, Terminated
 
     def first_signal(signum, frame):  # the first one unwinds; a repeat must not interrupt the cleanup
         for s in _LINES:
