@@ -51,9 +51,9 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
     sys.unraisablehook = unraisable
     for s in _LINES:
         signal.signal(s, first_signal)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ[JOURNAL_ENV] = f"{os.getpid()}:{journal_fd}"
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held since the fork is raised here: caught below
         from .cli import main as run  # the imports take a moment: a signal here must not print a traceback
 
         code = run(argv)
