@@ -296,7 +296,7 @@ def test_one_replica_behind_the_router_is_the_single_server_ray_rule(spec):
 
     sim._replicas_kernel = spy
     try:
-        sim._run(p, rule, arr, np.random.default_rng(9), bounds, instances=2)
+        sim._run(p.replace(instances=2), rule, arr, np.random.default_rng(9), bounds)
     finally:
         sim._replicas_kernel = real
     a = list(captured["args"])

@@ -206,9 +206,10 @@ def _router_picks(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
     return np.stack([i, j + (j >= i)], axis=1)
 
 
-def _run(problem, rule, arr, rng, bounds, progress=None, instances: int = 1):
-    """Draw service times and run the kernel over ``arr`` on ``instances`` instances (sharing the queue; Ray:
+def _run(problem, rule, arr, rng, bounds, progress=None):
+    """Draw service times and run the kernel over ``arr`` on the problem's instances (sharing the queue; Ray:
     replicas behind its router); returns resp, group energy, histograms, state."""
+    instances = _instances(problem, rule)
     n_req = arr.size
     smax_exec = max(rule.max_executed(), problem.bmax)
     lat_of = np.full(smax_exec + 1, np.nan)
@@ -270,9 +271,7 @@ def response_times(problem: BatchingProblem, rule, arrivals: np.ndarray, seed: i
     """
     arr = _check_arrivals(arrivals)
     rule = _as_rule(rule, problem)
-    c = _instances(problem, rule)
-    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]),
-                                instances=c)
+    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]))
     resp[int(state[0]):] = np.nan
     return resp
 
@@ -325,7 +324,7 @@ def simulate(
     if any(not (math.isfinite(b) and b > 0) for b in bounds_ms):
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
-    c = _instances(problem, rule)
+    _instances(problem, rule)  # refused before any work
     n_req = arr.size
     check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
@@ -335,7 +334,7 @@ def simulate(
             f"groups need at least {2 * int(batches)}: use a longer stream or fewer --batches"
         )
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
-    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress, instances=c)
+    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
     last = int(state[0])  # requests 0..last−1 were served (FIFO)
     if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
         if n_req - last > max(rule.maxb, 1) * 4 or last - w < 10 * int(batches):

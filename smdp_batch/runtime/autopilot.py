@@ -204,7 +204,7 @@ class Autopilot:
         plan: Plan
         if table is None:
             solved = self.solver(problem, self._target(), [float(problem.lam)])
-            if solved is None or not solved.meets or not self._usable(solved, self._target()):
+            if solved is None or not self._usable(solved, self._target()):
                 raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
             plan = replace(solved, target_ms=self._target())
         elif isinstance(table, Plan):
@@ -482,15 +482,17 @@ class Autopilot:
             out = exc
         self._finish(job, out, time.perf_counter() - t0)
 
-    def _usable(self, plan: Any, target: float) -> bool:
-        """A plan with known sizes and finite planned metrics that meets ``target`` (a best effort, meets=False:
-        any p99)."""
+    def _valid(self, plan: Any) -> bool:
+        """A plan of known batch sizes with finite planned metrics."""
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
         if not set(plan.table.batch_sizes) <= set(self.sizes):
             return False
-        vals = (plan.lam, plan.p99_ms, plan.power_w, plan.mean_ms)
-        return all(math.isfinite(_num(v)) for v in vals) and (not plan.meets or plan.p99_ms <= target * (1 + 1e-9))
+        return all(math.isfinite(_num(v)) for v in (plan.lam, plan.p99_ms, plan.power_w, plan.mean_ms))
+
+    def _usable(self, plan: Any, target: float) -> bool:
+        """A valid plan that meets ``target``."""
+        return self._valid(plan) and plan.meets and plan.p99_ms <= target * (1 + 1e-9)
 
     def _finish(self, job: _Job, out: Any, seconds: float) -> None:
         with self._lock:
@@ -505,7 +507,7 @@ class Autopilot:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
                 self._failed(now, "solve-error", error=str(out)[:200], reason=job.reason)
-            elif out is None or (isinstance(out, Plan) and not out.meets and self._usable(out, job.target)):
+            elif out is None or (self._valid(out) and not out.meets):
                 # nothing meets the target at λ̂; a best-effort plan (the least p99 found there) still goes live
                 self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason,
                              best_effort=None if out is None else out.spec)

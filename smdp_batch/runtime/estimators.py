@@ -71,6 +71,7 @@ from typing import Any, Iterable
 import numpy as np
 
 _RING = 1024  # gaps kept for the confirmation window (a fixed ring: O(1) memory)
+_NO_ALARM = (0, 0.0, 0, 0.0, 0, 0.0)  # RateChange's pending alarm when there is none
 
 __all__ = ["RateChange", "ServiceEstimator", "EnergyEstimator", "chi2_quantile"]
 
@@ -122,11 +123,10 @@ class RateChange:
         self._n = 0.0  # effective gaps in the estimate
         self._s = 0.0  # their (weighted) sum, ms
         self._since = 0  # gaps since the start or the last change
-        self._up = [0.0, 0, 0.0]  # S⁺, gaps since S⁺ was 0, their sum
-        self._down = [0.0, 0, 0.0]  # S⁻, likewise
+        self._restart()  # _up: S⁺, gaps since S⁺ was 0, their sum; _down: S⁻, likewise
         # an alarm awaiting confirmation: [side (+1 up, −1 down, 0 none), λ₀, gaps since the change point,
         # their sum, gaps since the alarm, the post-change rate when it was raised]
-        self._cand = [0, 0.0, 0, 0.0, 0, 0.0]
+        self._cand = list(_NO_ALARM)
         self._ring = [0.0] * _RING  # the latest gaps as observed (ms), for the confirmation window
         self._ri = 0
         self.count = 0  # gaps taken
@@ -188,15 +188,19 @@ class RateChange:
             if cand[4] >= self.confirm and self._settle():
                 return True
             if alarm:  # a second alarm while one is pending: its statistic starts again
-                self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
+                self._restart()
         elif alarm:  # pending until ``confirm`` more gaps say whether it stands; λ̂ goes on meanwhile
             sign = 1 if self._up[0] > self.h else -1
             side = self._up if sign > 0 else self._down
             self._cand = [sign, self._n / self._s, int(side[1]), float(side[2]), 0,
                           side[1] / side[2] if side[2] > 0 else math.inf]
-            self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
+            self._restart()
         self._absorb(x)
         return False
+
+    def _restart(self) -> None:
+        """Both CUSUM statistics from 0."""
+        self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
 
     def _absorb(self, x: float) -> None:
         if self._n >= self.memory:  # forget: a weighted mean of the last ≈ memory gaps
@@ -209,7 +213,7 @@ class RateChange:
         """Judge the pending alarm (module docstring): N gaps over D ms from ``lookback`` mean gaps before
         its change point to now, against λ₁ = the alarm's post-change rate (at least κ^±1·λ₀)."""
         sign, lam0, n, s, est = int(self._cand[0]), self._cand[1], int(self._cand[2]), self._cand[3], self._cand[5]
-        self._cand = [0, 0.0, 0, 0.0, 0, 0.0]
+        self._cand = list(_NO_ALARM)
         want, pre, k = self.lookback / lam0, 0.0, 0
         while pre < want and n + k < min(self._ri, _RING):  # back from the change point, through the ring
             pre += self._ring[(self._ri - 1 - n - k) % _RING]
@@ -220,7 +224,7 @@ class RateChange:
         cut = (lam1 - lam0) / math.log(lam1 / lam0) if math.isfinite(lam1) else math.inf
         if (seen > cut) if sign > 0 else (seen < cut):
             self._n, self._s, self._since = float(n), float(s), int(n)
-            self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
+            self._restart()
             self.changes += 1
             self.last_change = self.count
             return True
