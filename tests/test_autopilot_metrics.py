@@ -91,6 +91,7 @@ def test_every_metric_is_scraped_with_the_autopilots_value_in_prometheus_units(p
         return got[("smdp_batch_" + name, tuple(sorted(labels.items())))]
 
     assert m.lam_hat == pytest.approx(2 * ap.problem.lam, rel=0.25)
+    assert math.isnan(one("autopilot_idle_power_watts")) and m.energy_source == "observe_energy"  # no GPU here
     assert one("autopilot_arrival_rate_per_second") == pytest.approx(m.lam_hat * 1e3, rel=1e-12)
     assert one("autopilot_arrival_rate_per_millisecond") == pytest.approx(m.lam_hat, rel=1e-12)
     lo, hi = m.lam_band

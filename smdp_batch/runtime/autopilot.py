@@ -6,8 +6,9 @@ live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and
 * ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.runtime.estimators.RateChange` (λ̂ and its change
   points);
 * ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.runtime.estimators.ServiceEstimator` (l̂(b)
-  and its drift) and counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
-  :class:`~smdp_batch.runtime.estimators.EnergyEstimator`;
+  and its drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.runtime.energy_meter`) and
+  counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
+  :class:`~smdp_batch.runtime.estimators.EnergyEstimator` (used while the meter has no estimate);
 * ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band
@@ -65,6 +66,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .plan import Plan, _same, slo_plan
 from .table import PolicyTable
@@ -115,6 +117,8 @@ class AutopilotMetrics:
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
     kept: int = 0  # solves that kept the live plan (the same table and timer, or too little saved)
     best_effort: int = 0  # infeasible solves whose best effort went live (a lower p99 at λ̂ than the live plan's)
+    energy_source: str = "model"  # where ζ̂(b) comes from: the model, an energy meter, or observe_energy readings
+    idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
 
 
 def _warm(proc: Any, solver: Callable[..., Any], args: tuple) -> None:
@@ -143,6 +147,8 @@ class Autopilot:
     ``overhead_ms``: the part of the SLO spent where the hooks cannot see it (network, proxy, client), ms.
     ``solve_in``: ``"process"`` (a child at ``nice`` +10; the default with the default solver) or ``"thread"``
     (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
+    ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
+    a meter of your own (:func:`~smdp_batch.runtime.energy_meter.open_meter`).
     """
 
     def __init__(self, problem: Any, slo_p99_ms: float, table: PolicyTable | Plan | None = None, *,
@@ -152,7 +158,7 @@ class Autopilot:
                  service: ServiceEstimator | None = None, energy: EnergyEstimator | None = None,
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto"):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -179,6 +185,7 @@ class Autopilot:
         self.rate = rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
         self.energy = energy or EnergyEstimator(self.sizes, problem.energy_mj())
+        self.meter = open_meter(energy_meter, self.sizes, problem)
         self._clock, self._tlast, self._offset = clock, -math.inf, 0.0
         self._lock = threading.RLock()
         self._job: _Job | None = None
@@ -249,6 +256,8 @@ class Autopilot:
             proc, self._proc = self._proc, None
         if proc is not None:
             proc.close()
+        if self.meter is not None:
+            self.meter.close()
 
     # ------------------------------------------------------------------ the policy
     def decide(self, n: int) -> int:
@@ -301,6 +310,8 @@ class Autopilot:
         if i is not None:
             with self._lock:
                 self._batches[i] += 1
+        if ok and self.meter is not None:
+            self.meter.batch(b, seconds)
         if ok and self.service.observe(b, _num(seconds) * 1e3) and self._dirty is None and self._job is None \
                 and self.service.drift() and self._material():  # (a solve pending or running takes the new curve)
             self._trigger("service")
@@ -467,9 +478,16 @@ class Autopilot:
         from ..model.curves import Table
 
         changes: dict[str, Any] = {"lam": job.lams[0], "latency": Table(self.sizes, tuple(map(float, job.latency)))}
-        if self.energy.measured:
-            changes["energy"] = Table(self.sizes, tuple(map(float, self.energy.energy_mj())))
+        zeta = self._energy_hat(job.latency)
+        if zeta is not None:
+            changes["energy"] = Table(self.sizes, tuple(map(float, zeta)))
         return self.problem.replace(**changes)
+
+    def _energy_hat(self, latency: np.ndarray) -> np.ndarray | None:
+        """ζ̂(b) (mJ): the energy meter's (once it has fitted enough intervals), else the readings given to
+        ``observe_energy``; None while neither has any."""
+        zeta = None if self.meter is None else self.meter.energy_mj(latency)
+        return zeta if zeta is not None else self.energy.energy_mj() if self.energy.measured else None
 
     def _work(self, job: _Job) -> None:
         t0 = time.perf_counter()
@@ -545,13 +563,17 @@ class Autopilot:
             solve_s, event, excess, target = self._last_solve_s, self._event, self._excess, self._target()
         resp = ring[np.isfinite(ring)]
         p50, p99 = (float(x) for x in np.percentile(resp, [50, 99])) if resp.size else (math.nan, math.nan)
+        zeta = self._energy_hat(self.service.latency_ms())
+        power = None if self.meter is None else self.meter.power_w()
+        source = "model" if zeta is None else "observe_energy" if power is None else self.meter.name
         return AutopilotMetrics(
             c["swaps"], c["rollbacks"], c["failed_solves"], c["infeasible"], c["out_of_range"], c["solves"],
             c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
             live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
-            batches, tuple(float(x) for x in self.energy.energy_mj()), excess, self.overhead_ms, target,
-            self.solve_in, c["kept"], c["best_effort"])
+            batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
+            self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
+            source, math.nan if power is None else power[0])
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

@@ -49,6 +49,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_arrival_rate_band_per_second": ("gauge", "requests/s", "λ̂'s 95 % band (label bound: lower, upper)"),
     "autopilot_batch_latency_seconds": ("gauge", "s", "l̂(b), the estimated batch time (label batch_size)"),
     "autopilot_batch_energy_joules": ("gauge", "J", "ζ̂(b), the estimated batch energy (label batch_size)"),
+    "autopilot_idle_power_watts": ("gauge", "W", "the GPU's idle power, estimated by the energy meter (NaN: none)"),
     "autopilot_live_table": ("gauge", "id", "the live table's id (it changes at a swap or a rollback)"),
     "autopilot_planned_arrival_rate_per_second": ("gauge", "requests/s", "the λ the live table was solved for"),
     "autopilot_planned_response_mean_seconds": ("gauge", "s", "the live table's planned mean response time W̄"),
@@ -126,6 +127,7 @@ class AutopilotCollector:
             for b, v in zip(m.batch_sizes, values):
                 fam.add_metric([str(b)], float(v) / 1e3)  # ms → s, mJ → J
             yield fam
+        yield gauge("autopilot_idle_power_watts", m.idle_power_w)
         yield gauge("autopilot_live_table", m.live_table)
         yield gauge("autopilot_planned_arrival_rate_per_second", m.planned_lam * 1e3)
         yield gauge("autopilot_planned_response_mean_seconds", _s(m.planned_mean_ms))

@@ -1,0 +1,283 @@
+"""The Autopilot on a GPU: a torch model on CUDA behind the asyncio DynamicBatcher, energy from NVML.
+
+    python benchmarks/bench_autopilot_gpu.py --json gpu.json         # ≈ 5 min on one H200 (torch, nvidia-ml-py)
+    python benchmarks/bench_autopilot_gpu.py --backend numpy --phase-seconds 4 --sizes 8   # a dry run, CPU
+
+What it does, in one process:
+
+1. **Profile.** ``smdp_batch.measure`` times the model at every batch size 1..B (``--sizes``, default 32) and
+   reads ζ(b) from NVML's total-energy counter (``energy="nvml"``), written as a profile CSV.  The model
+   (``--backend torch``): ``--layers`` bf16 linear layers of width ``--width`` with ReLU, each request
+   ``--tokens`` rows: a fixed weight-streaming cost per batch plus compute per request, as in LLM serving.
+2. **Load.** λ0 is ``--load`` × the stable rate B/l(B) of the profile.  Five phases of ``--phase-seconds``
+   each, open-loop Poisson: steady λ0; a 3× step; a ramp from 3λ0 down to 0.2λ0; λ0 with a 1.5× service
+   slowdown (the model runs its layers one and a half times: real GPU work, so time and energy both grow);
+   steady λ0.  p99 SLO ``--slo-ms`` (default 4·l(B), at least 20 ms).
+3. **Settings**, each on the same arrival times, each a ``DynamicBatcher`` in this process:
+   ``autopilot`` (an Autopilot started at λ0 from the profile, ``energy_meter="auto"``: NVML),
+   ``tuned triton`` (Triton's dynamic batcher, max batch B and the max_queue_delay the SLO optimiser tunes
+   for phase 1, run as its table + timer, which the simulator tests show equal to Triton request by
+   request), ``static table`` (the Autopilot's first table, never re-solved).
+4. **Per phase:** the p99 response time (ms) with a distribution-free 95 % interval, the share over the
+   SLO, the mean batch, and the **measured** energy per request: NVML's counter over the phase (the
+   whole board, idle draw included) ÷ requests.  At the end, the Autopilot's ζ̂(b) from its energy meter
+   beside the profile's ζ(b) and a direct reading (the model back to back for 2 s between two counter
+   refreshes, less the idle tail at the idle power), and its idle power.
+
+Only 127.0.0.1 is not even needed: no server, no network.  With ``--backend numpy`` (no GPU) the model is a
+numpy matmul stack, energy is the profile's constant power, and the NVML columns are NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from bench_autopilot import LAM0, PHASES, p99_ci, trace  # noqa: E402
+
+from smdp_batch.runtime import DynamicBatcher, PolicyTable  # noqa: E402
+
+
+class Model:
+    """``--layers`` linear layers of ``--width`` with ReLU; request i is ``--tokens`` rows of one input."""
+
+    def __init__(self, args):
+        self.backend, self.tokens, self.slow = args.backend, args.tokens, False
+        if args.backend == "torch":
+            import torch
+
+            g = torch.Generator(device="cuda").manual_seed(args.seed)
+            w = args.width
+            self.torch = torch
+            self.weights = [torch.randn(w, w, device="cuda", dtype=torch.bfloat16, generator=g) / math.sqrt(w)
+                            for _ in range(args.layers)]
+            self.x = torch.randn(args.sizes * args.tokens, w, device="cuda", dtype=torch.bfloat16, generator=g)
+        else:
+            rng = np.random.default_rng(args.seed)
+            w = args.width
+            self.weights = [rng.standard_normal((w, w)).astype(np.float32) / math.sqrt(w) for _ in range(args.layers)]
+            self.x = rng.standard_normal((args.sizes * args.tokens, w)).astype(np.float32)
+
+    def __call__(self, items: list) -> list:
+        b = len(items)
+        layers = self.weights + (self.weights[: len(self.weights) // 2] if self.slow else [])
+        y = self.x[: b * self.tokens]
+        if self.backend == "torch":
+            for w in layers:
+                y = self.torch.relu(y @ w)
+            out = y.view(b, self.tokens, -1)[:, 0, 0].float().cpu().numpy()  # synchronises
+        else:
+            for w in layers:
+                y = np.maximum(y @ w, 0.0)
+            out = y.reshape(b, self.tokens, -1)[:, 0, 0]
+        return [float(v) for v in out]
+
+
+class Counter:
+    """NVML's total-energy counter (J) of GPU 0 (``ok`` False where there is none)."""
+
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.read_mj = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(self.h)
+            self.read_mj()
+            self.ok = True
+        except Exception:  # noqa: BLE001 - no GPU: modelled energy only
+            self.ok = False
+
+    def joules(self) -> float:
+        return self.read_mj() / 1e3 if self.ok else math.nan
+
+    def edge(self) -> tuple[float, float]:
+        """Spin until the counter refreshes; (time s, J) just after the refresh."""
+        v = self.read_mj()
+        while (w := self.read_mj()) == v:
+            pass
+        return time.perf_counter(), w / 1e3
+
+    def direct(self, model: "Model", sizes, seconds: float = 2.0) -> dict:
+        """ζ(b) measured independently of the profile and of the meter: between two counter refreshes, the
+        model runs back to back for ``seconds``; the idle tail up to the second refresh is taken off at the
+        idle power, itself measured between two refreshes first (mJ per batch; idle W)."""
+        t0, e0 = self.edge()
+        time.sleep(1.0)
+        t1, e1 = self.edge()
+        idle = (e1 - e0) / (t1 - t0)
+        out = {"idle_w": idle}
+        for b in sizes:
+            items = list(range(b))
+            t0, e0 = self.edge()
+            n = 0
+            while time.perf_counter() - t0 < seconds:
+                model(items)
+                n += 1
+            busy = time.perf_counter() - t0
+            t1, e1 = self.edge()
+            out[b] = 1e3 * ((e1 - e0) - idle * (t1 - t0 - busy)) / n
+        return out
+
+
+def profile(model: Model, args, path: str):
+    from smdp_batch.measure import measure
+    from smdp_batch.model.problem import BatchingProblem
+
+    sizes = tuple(range(1, args.sizes + 1))
+    kw = {"energy": "nvml"} if args.backend == "torch" else {"power_w": 60.0}
+    m = measure(lambda batch: model(batch), lambda b: list(range(b)), sizes=sizes, warmup=3,
+                repeats=args.repeats, progress=False, **kw)
+    m.write(path)
+    return BatchingProblem(1e-3, batch_sizes=sizes, latency=f"csv:{path}", energy=f"csv:{path}"), m.meta
+
+
+async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counter) -> dict:
+    """Replay the trace into a DynamicBatcher; per-request latency, batches, and the counter at phase edges."""
+    from smdp_batch.integrations.loadgen import replay
+
+    batches: list = []
+
+    def infer(items):
+        t0 = time.time()
+        out = model(items)
+        batches.append((len(items), t0))
+        return out
+
+    edges: list = []
+
+    async def clock():  # the counter at each phase edge, and the slowdown in phase 4
+        t0 = time.perf_counter()
+        for k in range(len(PHASES) + 1):
+            await asyncio.sleep(max(0.0, t0 + k * seconds - time.perf_counter()))
+            edges.append((time.time(), counter.joules()))
+            model.slow = k == 3
+
+    async with DynamicBatcher(infer, policy, max_wait_ms=wait) as batcher:
+        ctl = asyncio.ensure_future(clock())
+        sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0, max_seconds=len(PHASES) * seconds + 5)
+        await ctl
+    model.slow = False
+    return {"sent": sent, "done": done, "batches": batches, "edges": edges, "errors": errors}
+
+
+def summarise(run: dict, phase, slo: float) -> list[dict]:
+    lat = (run["done"] - run["sent"]) * 1e3
+    rows = []
+    for k, name in enumerate(PHASES):
+        sel = phase == k
+        x = lat[sel]
+        ok = np.isfinite(x)
+        (t_lo, e_lo), (t_hi, e_hi) = run["edges"][k], run["edges"][k + 1]
+        bs = [b for b, t0 in run["batches"] if t_lo <= t0 < t_hi]
+        rows.append({"phase": name, "requests": int(sel.sum()),
+                     "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
+                     "p99_ci_ms": p99_ci(x[ok]),
+                     "over_slo": float(np.mean(~ok | (np.nan_to_num(x, nan=np.inf) > slo))),
+                     "mean_batch": float(np.mean(bs)) if bs else math.nan,
+                     "j_per_request": (e_hi - e_lo) / max(sum(bs), 1)})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("torch", "numpy"), default="torch")
+    ap.add_argument("--sizes", type=int, default=32, help="largest batch size B (sizes 1..B)")
+    ap.add_argument("--width", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--load", type=float, default=0.2, help="λ0 as a share of the stable rate B/l(B)")
+    ap.add_argument("--slo-ms", type=float, default=None)
+    ap.add_argument("--phase-seconds", type=float, default=12.0)
+    ap.add_argument("--only", default="autopilot,tuned triton,static table")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.backend == "numpy" and args.width == 8192:
+        args.width, args.layers, args.tokens = 1024, 3, 32
+
+    from smdp_batch.analysis.slo import optimise
+    from smdp_batch.baselines.servers import triton_table
+    from smdp_batch.runtime.autopilot import Autopilot
+
+    model, counter = Model(args), Counter()
+    tmp = tempfile.mkdtemp()
+    t0 = time.time()
+    prob, meta = profile(model, args, os.path.join(tmp, "profile.csv"))
+    lat, zeta = prob.latency_ms(), prob.energy_mj()
+    B = args.sizes
+    lam0 = args.load * B / lat[-1]
+    slo = args.slo_ms or max(20.0, round(4 * lat[-1]))
+    prob = prob.replace(lam=lam0)
+    print(f"profile ({time.time() - t0:.0f} s, energy: {meta.get('energy_source', '?')}): l(1) {lat[0]:.2f} ms, "
+          f"l({B}) {lat[-1]:.2f} ms; ζ(1) {zeta[0]:.0f} mJ, ζ({B}) {zeta[-1]:.0f} mJ; λ0 {lam0:.3f}/ms, "
+          f"p99 SLO {slo:g} ms", flush=True)
+    direct: dict = {}
+    if counter.ok:
+        direct = counter.direct(model, sorted({1, 2, 4, 8, 16, B} & set(range(1, B + 1))))
+        print("direct ζ(b), mJ: " + ", ".join(f"{k} {v:.1f}" for k, v in direct.items()), flush=True)
+    LAM0["per_ms"] = lam0
+    arr, phase = trace(args.phase_seconds, np.random.default_rng(args.seed))
+
+    t0 = time.time()
+    ans = optimise(prob, {"p99": slo}, [lam0], families=("triton",), requests=100_000, seed=0, defaults=False)
+    rule = ans.best["triton"].rule
+    print(f"tuned triton for phase 1: {rule.spec} ({time.time() - t0:.0f} s)", flush=True)
+
+    out: dict = {"device": meta.get("device"), "profile": {"latency_ms": lat.tolist(), "energy_mj": zeta.tolist()},
+                 "direct": direct, "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
+    for name in args.only.split(","):
+        pilot = None
+        if name == "tuned triton":
+            policy, wait = PolicyTable(triton_table(rule.maxb, tuple(rule.pref)), prob.batch_sizes), rule.delay
+        else:
+            pilot = Autopilot(prob, slo, min_samples=100, min_interval_s=1.0)
+            policy, wait = (pilot, "auto") if name == "autopilot" else (pilot.table, pilot.max_wait_ms)
+        run = asyncio.run(serve(model, policy, wait, arr, phase, args.phase_seconds, counter))
+        rows = summarise(run, phase, slo)
+        res: dict = {"rows": rows, "errors": run["errors"]}
+        if pilot is not None:
+            pilot.join(30.0)
+            m = pilot.metrics
+            pilot.close()
+            if name == "autopilot":
+                res["metrics"] = {k: getattr(m, k) for k in ("swaps", "rollbacks", "failed_solves", "infeasible", "solves",
+                                                            "lam_hat", "energy_source", "idle_power_w",
+                                                            "energy_hat_mj", "latency_hat_ms")}
+                res["meter_intervals"] = pilot.meter.intervals if pilot.meter is not None else 0
+        out["settings"][name] = res
+        print(f"\n{name} ({run['errors']} errors)")
+        print(f"  {'phase':15s} {'requests':>8s} {'p99 ms':>8s} {'95% CI':>15s} {'> SLO':>6s} {'batch':>6s} {'J/req':>7s}")
+        for r in rows:
+            lo, hi = r["p99_ci_ms"]
+            print(f"  {r['phase']:15s} {r['requests']:8d} {r['p99_ms']:8.1f} {f'{lo:.1f}-{hi:.1f}':>15s} "
+                  f"{100 * r['over_slo']:5.1f}% {r['mean_batch']:6.1f} {r['j_per_request']:7.3f}", flush=True)
+        if "metrics" in res:
+            mm = res["metrics"]
+            print(f"  swaps {mm['swaps']}, rollbacks {mm['rollbacks']}, failed {mm['failed_solves']}, "
+                  f"infeasible {mm['infeasible']}; energy from {mm['energy_source']} "
+                  f"({res['meter_intervals']} counter intervals), idle {mm['idle_power_w']:.0f} W")
+            for b in sorted({1, 2, 4, 8, 16, B} & set(range(1, B + 1))):
+                print(f"  ζ({b:2d}): profile {zeta[b - 1]:8.1f} mJ, meter {mm['energy_hat_mj'][b - 1]:8.1f} mJ, "
+                      f"direct {direct.get(b, math.nan):8.1f} mJ (l̂ {mm['latency_hat_ms'][b - 1]:.2f} ms)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
