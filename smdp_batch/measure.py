@@ -19,7 +19,9 @@ writes ``batch_size,latency_ms[,energy_mj]`` (one row per call, the format of
 * **Energy**, first available of: NVML's total-energy counter (``nvidia-ml-py``, mJ, Volta and
   later), ``zeus``'s GPU energy window, or a constant power P the user gives (ζ = P·latency).  Each
   size's counter reading spans its block of timed calls and is split over them in proportion to
-  their times.  The counter libraries are imported from the installed packages only: never from the
+  their times.  NVML's counter is refreshed in steps (every ≈ 100 ms on an H200), so it is read between
+  two refreshes at least 0.5 s apart, the block going on with untimed calls of the same size where the
+  timed ones end sooner (:mod:`smdp_batch.measure_energy`).  The counter libraries are imported from the installed packages only: never from the
   working folder or the measured module's folder.
 * **Budget**: ``budget_s`` bounds the calls (warm-ups included) and, separately, the start of the
   child process with the import of the user's module.
@@ -318,7 +320,7 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
         "sizes": sizes, "measured_sizes": sorted(set(batch)), "warmup": warmup, "repeats": repeats,
         "budget_s": budget_s, "elapsed_s": round(time.perf_counter() - wall, 3),
         "energy_source": source or ("constant" if power_w is not None else "none"),
-        "energy_method": (energy_note + ", read around each size's timed calls and split over them by time"
+        "energy_method": (energy_note + "; per size, split over its timed calls by their times"
                           if source is not None else f"constant power {power_w:g} W × latency" if power_w is not None
                           else "not measured"),
         "complete": not run.note, "note": run.note, "stopped_at": run.stopped_at, "failure": run.failure,

@@ -1,5 +1,6 @@
 """Where ``smdp-batch measure`` runs the user's code (:mod:`smdp_batch.measure` is the API): importing it,
-the energy counters, the measuring loop, and the child process that the caller stops at its deadline.
+the measuring loop, and the child process that the caller stops at its deadline (the energy counters are
+:mod:`smdp_batch.measure_energy`).
 
 * :func:`run_in_child` starts ``python -c`` with the working folder off ``sys.path``, loads this package
   from its own location, imports the energy libraries (installed packages only: :func:`energy_source`
@@ -29,10 +30,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from .errors import InputError
-from .extras import require
+from .measure_energy import _real, describe, energy_source, untrusted_folders
 from .files import Terminated
 
 __all__ = ["load_callable", "default_make_batch", "loaded_sources", "describe", "synchronize", "energy_source",
@@ -43,17 +44,9 @@ _EXIT_NOMEM = 86  # the child's exit status when even reporting a MemoryError fa
 NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 #: libraries whose version the sidecar records when the measured code has imported them
 _LIBRARIES = ("numpy", "onnxruntime", "onnx", "torch", "tensorflow", "jax", "tensorrt", "pynvml", "zeus")
-_PROBES = ("pynvml", "zeus")
 
 
 # ------------------------------------------------------------------------------------ user callables
-def _real(p) -> str:
-    try:
-        return os.path.realpath(os.fspath(p) or os.curdir)
-    except (TypeError, ValueError):
-        return ""
-
-
 def _on_path(folder: str) -> bool:
     return _real(folder) in {_real(p) for p in sys.path}
 
@@ -106,17 +99,6 @@ def default_make_batch(b: int) -> list:
     return [0.0] * b
 
 
-def describe(e: BaseException) -> str:
-    """``Type: message`` on one line; a MemoryError as ``out of memory (MemoryError…)``."""
-    try:
-        text = " ".join(str(e).split())
-    except Exception:  # a user exception whose __str__ raises
-        text = ""
-    text = text if len(text) <= 300 else text[:300] + "…"
-    named = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return f"out of memory ({named})" if isinstance(e, MemoryError) else named
-
-
 # ------------------------------------------------------------------------------------ device and energy
 def synchronize() -> Callable[[], None]:
     """``torch.cuda.synchronize`` when the user's code uses torch on CUDA, else nothing to wait for."""
@@ -127,126 +109,6 @@ def synchronize() -> Callable[[], None]:
     except Exception:  # pragma: no cover - a torch without a working CUDA runtime
         pass
     return lambda: None
-
-
-class _Nvml:
-    """NVML's total-energy counter (mJ since the driver loaded; Volta and later)."""
-
-    name = "nvml"
-
-    def __init__(self, index: int):
-        pynvml = require("pynvml", "the NVML energy counter")
-
-        pynvml.nvmlInit()
-        self._nvml, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(self._h)  # NVMLError_NotSupported before Volta
-        name = pynvml.nvmlDeviceGetName(self._h)
-        self.device = name.decode() if isinstance(name, bytes) else str(name)
-        self.note = f"NVML total-energy counter of GPU {index} ({self.device})"
-
-    def begin(self) -> None:
-        self._e0 = float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h))
-
-    def end(self) -> float:
-        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h)) - self._e0
-
-
-class _Zeus:
-    """zeus's energy window (J) of one GPU."""
-
-    name = "zeus"
-
-    def __init__(self, index: int):
-        ZeusMonitor = require("zeus.monitor", "the zeus energy counter").ZeusMonitor
-
-        self._m = ZeusMonitor(gpu_indices=[index])
-        self.device, self.note = f"GPU {index}", f"zeus ZeusMonitor energy window of GPU {index}"
-
-    def begin(self) -> None:
-        self._m.begin_window("smdp-batch")
-
-    def end(self) -> float:
-        return 1e3 * float(self._m.end_window("smdp-batch").total_energy)  # J → mJ
-
-
-def _installed_roots() -> list[str]:
-    """Where installed code lives: the interpreter's prefixes (stdlib, lib-dynload, site-packages of a venv)
-    and the site-packages folders."""
-    import site
-
-    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    with contextlib.suppress(Exception):
-        roots += site.getsitepackages()
-    with contextlib.suppress(Exception):
-        roots.append(site.getusersitepackages())
-    return [real for r in roots if r and len(real := _real(r)) > 1]  # never "/": that would trust everything
-
-
-def untrusted_folders(sources: Sequence[str]) -> list[str]:
-    """Folders no energy library may come from: the current one and the measured modules' own (a module's
-    folder, and for a package the folder holding it), unless that is where installed code lives."""
-    roots, out = _installed_roots(), ["", os.getcwd()]
-    for f in sources:
-        d = os.path.dirname(f)
-        for folder in (d, os.path.dirname(d)) if os.path.basename(f).startswith("__init__.") else (d,):
-            real = _real(folder)
-            if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-                out.append(folder)
-    return out
-
-
-def _entry(mod) -> str | None:
-    """The sys.path folder a top-level module was imported from."""
-    f = getattr(mod, "__file__", None)
-    if not isinstance(f, str):
-        return None
-    d = os.path.dirname(os.path.abspath(f))
-    return _real(os.path.dirname(d) if os.path.basename(f).startswith("__init__.") else d)
-
-
-@contextlib.contextmanager
-def _installed_only(untrusted: Sequence[str]):
-    """``sys.path`` without the untrusted folders for the block; then every energy library loaded must
-    come from elsewhere (one loaded earlier from such a folder is refused, not used)."""
-    bad = {_real(p) for p in untrusted}
-
-    def check():
-        for name in _PROBES:
-            if name in sys.modules and _entry(sys.modules[name]) in bad:
-                raise ImportError(f"{name} was loaded from {sys.modules[name].__file__}, the working or the measured "
-                                  "module's folder, not from an installed package; not used")
-
-    check()  # loaded before: never called
-    saved = list(sys.path)
-    sys.path[:] = [p for p in saved if _real(p) not in bad]
-    try:
-        yield
-        check()
-    finally:
-        sys.path[:] = saved
-
-
-def energy_source(energy: str, power_w: float | None, device_index: int, untrusted: Sequence[str] = ()):
-    """The counter to read, None for a constant power, or a string saying why there is no counter;
-    ``energy``: auto | nvml | zeus | none."""
-    if energy not in ("auto", "nvml", "zeus", "none"):
-        raise InputError(f"energy source {energy!r} is unknown; valid: auto, nvml, zeus, none")
-    if power_w is not None:
-        if energy in ("nvml", "zeus"):
-            raise InputError(f"give either a constant power or an energy counter ({energy}), not both")
-        return None
-    tried: list[str] = []
-    for name, cls in (("nvml", _Nvml), ("zeus", _Zeus)):
-        if energy not in ("auto", name):
-            continue
-        try:
-            with _installed_only(untrusted):
-                return cls(device_index)
-        except Exception as e:  # not installed, no GPU, no counter on this GPU, not an installed package
-            tried.append(f"{name}: {e if isinstance(e, InputError) else describe(e)}")
-    if energy in ("nvml", "zeus"):
-        raise InputError(f"no {energy} energy counter here ({'; '.join(tried)})")
-    return "; ".join(tried) or "energy none"
 
 
 def versions() -> dict:
@@ -293,9 +155,13 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                     times.append(t1 - t0)
                 if calls:
                     send({"calls": 1})
+            while begun and not cut and counter.more() and time.monotonic() < deadline \
+                    and not (stop is not None and stop.is_set()):
+                fn(data)  # untimed: the energy reading waits for the counter's next refresh
+                sync()
             stage = "energy"
             if begun:
-                block = float(counter.end())
+                block = float(counter.end(sum(times) / 1e9))
                 if not math.isfinite(block):
                     raise ValueError(f"the {counter.name} counter read {block}")
             del data
