@@ -109,8 +109,8 @@ class _Nvml:
         last refresh of the block times busy_s (the plain difference where there were not two refreshes)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
-        edges = self._edges
+            self._thread.join(timeout=EDGE_WAIT_S)  # a read that hangs in the driver is not waited for
+        edges = list(self._edges)
         if len(edges) >= 2 and edges[-1][0] > edges[0][0]:
             (t0, e0), (t1, e1) = edges[0], edges[-1]
             return (e1 - e0) / (t1 - t0) * busy_s
