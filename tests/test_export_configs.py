@@ -158,10 +158,44 @@ def test_an_export_for_several_instances_is_tuned_on_them_and_holds_its_slo(tmp_
     assert r.percentiles["p99_ms"] <= 25.0 + 3 * r.percentile_ci["p99_ms"], (r.percentiles, r.percentile_ci)
 
 
+def test_instances_auto_picks_the_fewest_instances_within_one_percent_of_the_least_power(tmp_path, capsys):
+    """Over a load one instance cannot carry (ρ 1.18 of one at the top), ``--instances auto``: 1 is refused with
+    its reason, counts from 2 are searched until one more saves under 1 %, the fewest within 1 % of the least
+    power is chosen and written as Triton's instance_group, and a fresh simulation on it meets the SLO."""
+    from smdp_batch.analysis.simulate import simulate
+    from smdp_batch.baselines.servers import parse_rule
+
+    pol = tmp_path / "p.h5"
+    assert main(["solve", "--rho", "0.5", "-o", str(pol)]) == 0
+    top = 1.18 * BatchingProblem.basic(rho=0.5).max_lam * 1e3  # req/s
+    capsys.readouterr()
+    rc = main(["export", str(pol), "--to", "triton", "--instances", "auto", "--slo-p99-ms", "25", "--load-range",
+               f"1000:{top:.6g}", "--requests", "20000", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    d = json.loads(out.out)
+    counts, chosen = d["instances"]["counts"], d["instances"]["chosen"]
+    assert not counts[0]["meets_slo"] and "ρ = 1.18" in counts[0]["why"]
+    powers = {r["instances"]: r["mean_power_w"] for r in counts if r["meets_slo"]}
+    assert len(powers) >= 2 and chosen == min(c for c, w in powers.items() if w <= 1.01 * min(powers.values()))
+    last = max(powers)
+    assert powers[last] > 0.99 * min(powers[c] for c in powers if c < last) or last == 8  # why it stopped there
+    cfg = text_format.Parse(d["config"], model_config_pb2.ModelConfig())
+    assert [g.count for g in cfg.instance_group] == ([chosen] if chosen > 1 else [])
+    c = BatchingProblem.basic(rho=0.5, instances=chosen).replace(lam=top / 1e3)
+    r = simulate(c, parse_rule(d["rule"], c), requests=200_000, seed=99)
+    assert r.percentiles["p99_ms"] <= 25.0 + 3 * r.percentile_ci["p99_ms"], (r.percentiles, r.percentile_ci)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--to", "torchserve", "--instances", "2", "--slo-p99-ms", "25"], "workers are not simulated yet"),
     (["--to", "triton", "--instances", "2"], "goes with an SLO"),
-    (["--to", "triton", "--instances", "0"], "--instances"),
+    (["--to", "triton", "--instances", "auto"], "goes with an SLO"),
+    (["--to", "triton", "--instances", "auto", "--slo-p99-ms", "25", "--rho-range", "0.2:0.5"], "in req/s"),
+    (["--to", "triton", "--instances", "0", "--slo-p99-ms", "25"], "auto or an integer in 1..64, got '0'"),
+    (["--to", "triton", "--instances", "65", "--slo-p99-ms", "25"], "got '65'"),
+    (["--to", "triton", "--instances", "-1", "--slo-p99-ms", "25"], "got '-1'"),
+    (["--to", "triton", "--instances", "2.5", "--slo-p99-ms", "25"], "got '2.5'"),
 ])
 def test_exports_for_several_instances_that_are_not_modelled_are_refused_in_one_line(tmp_path, capsys, args, words):
     pol = tmp_path / "p.h5"

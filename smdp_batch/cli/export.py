@@ -9,6 +9,8 @@ can break a latency target when traffic falls).  With an SLO (``--slo-p99-ms X``
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from ..errors import InputError
@@ -18,7 +20,7 @@ from .options import (
     build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
 )
 from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
-from .types import InputFile, Number, OneOf, OutputPath, check_extension, option
+from .types import InputFile, Instances, OneOf, OutputPath, check_extension, option
 
 #: The file extensions of each target's config text (-o).
 CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "ray": (".py", ".txt"),
@@ -28,6 +30,13 @@ CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "r
 #: tail that draws a warning.
 OFF_PEAK = (0.5, 0.1)
 TAIL_GROWTH = 2.0
+INSTANCES_AUTO_MAX = 8  # --instances auto tries 1..this many
+INSTANCES_AUTO_SAVING = 0.01  # an instance more must save this share of the power to be worth it
+
+
+def _where(lams: list[float]) -> str:
+    return (f"{lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
+            f"every load of {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
 
 
 @click.command("export", short_help="Export a policy table as a serving system's batching settings (optionally "
@@ -37,9 +46,10 @@ TAIL_GROWTH = 2.0
 @slo_options
 @load_range_options
 @search_options
-@option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
+@option("--instances", type=Instances(), default="1", show_default=True,
         help="Model instances (triton: instance_group count; tfserving: num_batch_threads; ray: num_replicas behind its "
-             "router). With an SLO: the setting is tuned on that many, the load (the table's, or --load-range) their total.")
+             "router). With an SLO: the setting is tuned on that many, the load (the table's, or --load-range) their "
+             "total. auto (with an SLO): the fewest of 1..8 whose least power is within 1 % of the least seen.")
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
@@ -53,27 +63,32 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
-    if instances > 1:
+    auto = instances == "auto"
+    if auto and rho_range is not None:
+        raise InputError("--instances auto takes the load in req/s (--load-range, or the table's λ): ρ per instance "
+                         "changes with the count")
+    if auto or instances > 1:
         if target == "torchserve":
             raise InputError(f"--instances {instances} exports to triton (instance_group), tfserving "
                              "(num_batch_threads) or ray (num_replicas); torchserve's workers are not simulated yet")
         if slo is None:
+            many = "the number of instances it picks" if auto else f"{instances} instances"
             raise InputError(f"--instances {instances} goes with an SLO (--slo-p99-ms X …): the export is then the "
-                             f"least-power setting on {instances} instances; the table itself is for one server")
+                             f"least-power setting on {many}; the table itself is for one server")
     how = "export cannot rebuild it (evaluate or simulate the file with --service LAW)"
     phases = _phase_table(path, how)
     if phases is None:
         pf = read_policy(path)
         # the scenario comes from the values stored in the file: no path recorded in it is read
-        problem = build_problem({"instances": instances}, file_inputs(pf, how=how))
+        problem = build_problem({"instances": 1 if auto else instances}, file_inputs(pf, how=how))
     else:
-        if instances > 1:
+        if auto or instances > 1:
             raise InputError(f"{path} is a phase table: its export is not simulated on several instances; use "
                              "--instances 1")
         pf, problem, arrival_map = phases
     if slo is not None:
         _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                       None if phases is None else arrival_map)
+                       None if phases is None else arrival_map, auto)
         return
     from ..export.configs import export_policy
 
@@ -173,23 +188,63 @@ def _off_peak(problem, rule, planned: float, requests: int, seed: int, arrival_m
     return {"planned_p99_ms": planned, "loads": rows, "warning": warning}
 
 
+def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> tuple[list[dict], int | None]:
+    """--instances auto: for c = 1, 2, … 8 instances sharing the same total load, the family's least-power
+    setting meeting the SLO at every load; then the fewest c whose power is within 1 % of the least seen.  It
+    stops after the first count that saves under 1 % over the best so far (the model has no idle power per
+    instance, so more instances never cost power in it: the answer is where adding one stops paying)."""
+    from ..analysis.slo import optimise
+
+    rows: list[dict] = []
+    best = math.inf
+    for c in range(1, INSTANCES_AUTO_MAX + 1):
+        try:
+            pc, lams = loads_for(problem.replace(instances=c), load_range, None)
+            ans = optimise(pc, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False)
+        except InputError as e:  # the load is beyond what c instances can serve (ρ ≥ 1)
+            rows.append({"instances": c, "setting": None, "why": str(e)})
+            continue
+        s = ans.best[family]
+        rows.append({"instances": c, "setting": s, "answer": ans, "problem": pc, "lams": lams,
+                     "why": "" if s is not None else "no setting meets the SLO"})
+        if s is not None:
+            if s.power_w > (1.0 - INSTANCES_AUTO_SAVING) * best:
+                break
+            best = s.power_w
+    feasible = [r for r in rows if r["setting"] is not None]
+    if not feasible:
+        return rows, None
+    least = min(r["setting"].power_w for r in feasible)
+    return rows, min(r["instances"] for r in feasible if r["setting"].power_w <= (1 + INSTANCES_AUTO_SAVING) * least)
+
+
 def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                   arrival_map=None) -> None:
+                   arrival_map=None, auto: bool = False) -> None:
     from ..analysis.slo import optimise
     from ..export.configs import rule_config
 
-    problem, lams = loads_for(problem, load_range, rho_range)
     family = SLO_FAMILY[target]
-    shape = None  # a phase table's bursty traffic, scaled to each load
-    if arrival_map is not None:
-        from .bursty import sample_map
+    counts: list[dict] = []
+    if auto:
+        counts, chosen = _choose_instances(problem, family, slo, load_range, requests, seed)
+        row = next((r for r in counts if r["instances"] == chosen), None)
+        if row is None:
+            lams = loads_for(problem, load_range, None)[1]
+            raise InputError(f"no {target} setting on 1..{counts[-1]['instances']} instances meets {slo.text()} at "
+                             f"{_where(lams)}: " + "; ".join(f"{r['instances']}: {r['why']}" for r in counts[:3])
+                             + ("; …" if len(counts) > 3 else ""))
+        problem, lams, ans = row["problem"], row["lams"], row["answer"]
+    else:
+        problem, lams = loads_for(problem, load_range, rho_range)
+        shape = None  # a phase table's bursty traffic, scaled to each load
+        if arrival_map is not None:
+            from .bursty import sample_map
 
-        shape, _ = sample_map(arrival_map, requests, seed)
-    ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False,
-                   arrivals=shape)
+            shape, _ = sample_map(arrival_map, requests, seed)
+        ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False,
+                       arrivals=shape)
     s = ans.best[family]
-    where = (f"{lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
-             f"every load of {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
+    where = _where(lams)
     if s is None:
         top = problem.replace(lam=lams[-1])
         why = (f"at the top load (ρ = {top.rho:.3g}) even the fastest setting's queue is too long" if top.rho > 0.85
@@ -204,6 +259,14 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     if arrival_map is not None:
         lines.append(f"  arrivals    {arrival_map.spec()} (the phase table's MAP), its rates scaled to each load")
     lines += ["", text.rstrip(), ""]
+    for r in counts:
+        st = r["setting"]
+        what = (f"P̄ {st.power_w:.4g} ± {st.power_ci:.2g} W (mean over the loads), {st.rule.spec}" if st is not None
+                else r["why"])
+        lines.append(f"  instances {r['instances']:2d} {what}" + ("   ← chosen" if r["instances"] == problem.instances else ""))
+    if counts:
+        lines += [f"  chosen      {problem.instances} instance(s): the fewest within {100 * INSTANCES_AUTO_SAVING:g} % of "
+                  "the least power (the model has no idle power per instance)", ""]
     for x in s.loads:
         vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ± {x.ci[m]:.2g} ms" for m in metrics)
         lines.append(f"  load        {x.lam * 1e3:9.5g} req/s: {vals}; P̄ {x.power_w:.4g} ± {x.power_ci:.2g} W, "
@@ -212,6 +275,10 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     lines.append(f"  worst load  {w.lam * 1e3:.5g} req/s (margin {100 * w.margin(slo):.2g} % of the bound)")
     if output:
         lines.append(f"  written     {output}")
-    emit({"target": target, "settings": settings, "config": text, "rule": s.rule.spec, "policy_file": path,
+    auto_json = {"instances": {"chosen": problem.instances, "counts": [
+        {"instances": r["instances"], "meets_slo": r["setting"] is not None, "why": r["why"],
+         **({"mean_power_w": r["setting"].power_w, "mean_power_ci_w": r["setting"].power_ci,
+             "rule": r["setting"].rule.spec} if r["setting"] is not None else {})} for r in counts]}} if counts else {}
+    emit({"target": target, "settings": settings, "config": text, "rule": s.rule.spec, "policy_file": path, **auto_json,
           "slo_search": ans.as_dict(), **({"output": output} if output else {}),
           **({} if arrival_map is None else {"arrivals": arrival_map.spec()})}, as_json, "\n".join(lines))

@@ -173,6 +173,26 @@ class SMax(_Type):
         return v
 
 
+class Instances(_Type):
+    """``auto`` or a number of model instances 1..64."""
+
+    name = "instances"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "N|auto"
+
+    def parse(self, text: str, flag: str):
+        if text.strip().lower() == "auto":
+            return "auto"
+        try:
+            v = int(text)
+        except ValueError:
+            raise InputError(f"{flag} must be auto or an integer in 1..64, got {_short(text)}") from None
+        if not 1 <= v <= 64:
+            raise InputError(f"{flag} must be auto or an integer in 1..64, got {_short(text)}")
+        return v
+
+
 class SloWithin(_Type):
     """``BOUND_MS:PERCENT`` → (bound in ms, share in (0, 1])."""
 
