@@ -6,7 +6,8 @@ imported here, since its default solver needs the analysis (numba, scipy), which
 
 from .bank import AdaptivePolicy, PolicyBank, RateEstimator
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator
-from .batcher import BatcherBroken, BatcherClosed, BatcherMetrics, DynamicBatcher, batched, default_max_wait_ms
+from .batcher import BatcherBroken, BatcherClosed, BatcherMetrics, DynamicBatcher, default_max_wait_ms
+from .decorate import batched
 from .phase import PhaseFilter, PhasePolicy
 from .phase_file import PhasePolicyFile, read_phase_policy
 from .schema import FORMAT, SCHEMA_VERSION, PolicyFile, eq30, read_bank, read_policy

@@ -3,7 +3,10 @@
 Decision epochs are exactly those of paper 004 §IV: a request arriving at an idle server, and a batch
 finishing.  At each epoch the batcher looks at the number n of requests waiting and serves the
 ``table.decide(n)`` oldest ones as one batch (0: wait for the next arrival).  One batch runs at a time
-(the paper's single server); requests are served FIFO.  The loop has one decision point, in the spirit
+(the paper's single server); requests are served FIFO.  With ``instances=c`` (c model instances behind the one
+queue, as Triton's instance_group and TF-Serving's batch threads run them) up to c batches run at once: a
+decision is made whenever an instance is free — at an arrival, and at a batch's end — exactly as
+``simulate --instances c`` models it.  The loop has one decision point, in the spirit
 of Ray Serve's ``_BatchQueue``, and every pass through it either serves a non-empty batch or awaits an
 arrival or a timer: it never spins.
 
@@ -66,60 +69,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import math
 import numbers
 import os
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from collections import deque
+from typing import Any, Callable
 
+from .batcher_types import BatcherBroken, BatcherClosed, BatcherMetrics
 from .bound import BOUND_EPS, BOUND_SAFETY, FALLBACK_MAX_WAIT_MS, default_max_wait_ms, erlang_quantile_ms
 from .guard import (InferWorker, batch_results, call_marked, check_max_wait_ms, check_timeout_s, inside_infer,
                     redecide_delay, running_infer)
 from .table import PolicyTable
 
-__all__ = ["DynamicBatcher", "BatcherClosed", "BatcherBroken", "BatcherMetrics", "batched",
+__all__ = ["DynamicBatcher", "BatcherClosed", "BatcherBroken", "BatcherMetrics",
            "default_max_wait_ms", "erlang_quantile_ms", "FALLBACK_MAX_WAIT_MS", "BOUND_EPS", "BOUND_SAFETY"]
 
 _SHORT = ("serve", "pad", "wait", "pad-up")
 _EARLY_S = 1e-4  # asyncio may run a timer up to its clock resolution early: treat that as due
-
-
-class BatcherClosed(RuntimeError):
-    """The batcher was closed before this request could be served."""
-
-
-class BatcherBroken(BatcherClosed):
-    """The batcher stopped on a fault (its ``__cause__``); it serves nothing more."""
-
-
-@dataclass
-class BatcherMetrics:
-    """Counters since start; waits in ms (submit → batch start)."""
-
-    submitted: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    batches: int = 0
-    batch_sizes: Counter = field(default_factory=Counter)
-    total_wait_ms: float = 0.0
-    max_wait_ms: float = 0.0
-    queue_length: int = 0
-    busy: bool = False
-    forced_batches: int = 0  # served because the oldest request reached max_wait_ms
-    padded_batches: int = 0  # forced batches padded to the smallest allowed size (short_batch="pad")
-    timed_out_batches: int = 0  # infer calls that passed batch_timeout_s (their callers got TimeoutError)
-
-    @property
-    def mean_wait_ms(self) -> float:
-        served = sum(b * c for b, c in self.batch_sizes.items())
-        return self.total_wait_ms / served if served else 0.0
-
-    @property
-    def mean_batch_size(self) -> float:
-        return sum(b * c for b, c in self.batch_sizes.items()) / self.batches if self.batches else 0.0
 
 
 def _is_async(fn: Any) -> bool:
@@ -161,13 +129,18 @@ class DynamicBatcher:
     drained batch with fewer requests than the smallest allowed batch size; ``"pad-up"`` (with ``pad_item``):
     every forced batch takes up to the largest size and pads to the next allowed one (module docstring).
     ``batch_timeout_s``: the longest one ``infer`` call may run (seconds, > 0; None: no limit); its callers
-    then get ``TimeoutError`` and the batcher goes on.
+    then get ``TimeoutError`` and the batcher goes on.  ``instances``: how many batches may run at once (model
+    instances, 1..64; a plain infer then gets one worker thread per instance); every guarantee above holds
+    for each batch, and a fault in any one stops the batcher.
     """
 
     def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | os.PathLike | Callable[[int], int],
                  max_wait_ms: float | str | None = "auto", *, lam: float | None = None,
                  short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None,
-                 infer_thread: bool = True):
+                 infer_thread: bool = True, instances: int = 1):
+        count: Any = instances  # an int, a numpy integer, or anything else (refused)
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= int(count) <= 64:
+            raise ValueError(f"instances must be an integer in 1..64 (model instances serving the queue), got {instances!r}")
         if not callable(infer):
             raise TypeError("infer must be callable: infer(list_of_items) -> list_of_results")
         if isinstance(table, (str, os.PathLike)):
@@ -195,14 +168,17 @@ class DynamicBatcher:
         self._auto_cache: dict[int, tuple[Any, float]] = {}
         self._infer = infer
         self._threaded = infer_thread and not _is_async(infer)
-        self._worker = InferWorker() if self._threaded else None
+        self.instances = int(count)
+        self._workers = [InferWorker() for _ in range(self.instances)] if self._threaded else []  # one per instance
         self._queue: deque[_Entry] = deque()
         self._waiting = 0  # entries in the queue that are neither cancelled nor taken
         self._dead = 0  # cancelled entries still in the queue (dropped lazily)
-        self._inflight: list[_Entry] = []
+        self._running: dict[int, tuple[list[_Entry], asyncio.Future]] = {}  # batches running: entries, waiter
+        self._ids = itertools.count()
+        self._batch_tasks: set[asyncio.Task] = set()  # with several instances: the batches running beside the loop
+        self._fault: BaseException | None = None  # a fault raised in such a batch, for the loop to raise
         self._evloop: asyncio.AbstractEventLoop | None = None
-        self._arrival = asyncio.Event()
-        self._batch_waiter: asyncio.Future | None = None  # settled when the running infer call ends or is given up
+        self._arrival = asyncio.Event()  # an arrival, close(), or (several instances) a batch ending
         self._task: asyncio.Task | None = None
         self._clock = 0.0  # the latest time read (s): the batcher's clock never steps back
         self._closing: bool | None = None  # None: open; True: drain; False: reject
@@ -255,8 +231,8 @@ class DynamicBatcher:
             self._reject_queued(BatcherClosed("the batcher was closed before this request was served"))
             for e in self._inflight:
                 self._fail(e, BatcherClosed("the batcher was closed (drain=False) while this request's batch ran"))
-            if self._batch_waiter is not None:
-                _settle(self._batch_waiter, "closed")
+            for _, waiter in list(self._running.values()):
+                _settle(waiter, "closed")
         self._arrival.set()
         task = self._task
         if inside_infer(self):  # from this batcher's own infer: the batch cannot end before close() returns
@@ -292,13 +268,14 @@ class DynamicBatcher:
             raise RuntimeError("this DynamicBatcher is serving another running event loop; "
                                "create one batcher per event loop (batched() does)")
         left = [e for e in self._queue if not e.taken] + self._inflight
-        self._queue, self._inflight, self._waiting, self._dead = deque(), [], 0, 0
+        self._queue, self._waiting, self._dead = deque(), 0, 0
+        self._running, self._batch_tasks, self._fault = {}, set(), None
         for e in left:
             try:
                 self._fail(e, BatcherClosed("the event loop of this request stopped before it was served"))
             except RuntimeError:  # its loop is closed: nobody can wait for it any more
                 pass
-        self._evloop, self._task, self._batch_waiter = loop, None, None
+        self._evloop, self._task = loop, None
         self._arrival = asyncio.Event()
         if isinstance(self._broken, asyncio.CancelledError):  # the old loop cancelled the task: not a fault here
             self._broken = None
@@ -328,6 +305,11 @@ class DynamicBatcher:
     def _sizes(self) -> list[int] | None:
         sizes = getattr(self.table, "batch_sizes", None)
         return sorted(int(b) for b in sizes) if sizes else None
+
+    @property
+    def _inflight(self) -> list[_Entry]:
+        """The requests of every batch running."""
+        return [e for batch, _ in self._running.values() for e in batch]
 
     def _on_done(self, entry: _Entry, fut: asyncio.Future) -> None:
         if fut.cancelled():
@@ -435,14 +417,17 @@ class DynamicBatcher:
             if isinstance(exc, asyncio.CancelledError) and not self._pending():
                 if self._task is asyncio.current_task():  # cancelled while idle: a clean stop, restarted on demand
                     self._task = None
-                self._inflight, self.metrics.busy = [], False
+                self._running.clear()
+                self.metrics.busy = False
                 raise
             self._broken = exc
             broken = BatcherBroken(f"the batcher stopped on a fault: {exc!r}")
             broken.__cause__ = exc
             for e in self._inflight:
                 self._fail(e, broken)
-            self._inflight = []
+            for _, waiter in list(self._running.values()):  # batches beside the loop end at once
+                _settle(waiter, "closed")
+            self._running.clear()
             self._reject_queued(broken)
             self.metrics.busy = False
             if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
@@ -450,9 +435,11 @@ class DynamicBatcher:
 
     async def _loop(self) -> None:
         while True:
+            if self._fault is not None:
+                raise self._fault
             n = self._waiting
-            if n == 0:
-                if self._closing is not None:
+            if n == 0 or len(self._running) >= self.instances:  # nothing to serve, or no instance free
+                if n == 0 and self._closing is not None and not self._running:
                     return
                 await self._wake(None)
                 continue
@@ -477,16 +464,21 @@ class DynamicBatcher:
                         await self._wake(self._wait_s(n, now, None))
                         continue
                     self.metrics.forced_batches += 1
-            await self._serve(self._take(b), pads)
+            run = self._start(self._take(b), pads)
+            if self.instances == 1:
+                await self._finish(*run)
+            else:  # it runs beside the loop, which decides for the next free instance
+                task = asyncio.get_running_loop().create_task(self._beside(run))
+                self._batch_tasks.add(task)
+                task.add_done_callback(self._batch_tasks.discard)
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, items: list) -> tuple[bool, Any]:
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list, worker: InferWorker | None) -> tuple[bool, Any]:
         """One infer call: (True, results) or (False, what it raised); nothing escapes (the batcher re-raises
         a BaseException that is not an Exception as a fault)."""
         try:
             with running_infer(self):  # close() from within infer does not wait for it
-                if self._threaded:
-                    assert self._worker is not None  # made whenever _threaded
-                    ok, out = await self._worker.run(loop, functools.partial(call_marked, self, self._infer), items)
+                if worker is not None:
+                    ok, out = await worker.run(loop, functools.partial(call_marked, self, self._infer), items)
                     if not ok:
                         return False, out
                 else:
@@ -497,7 +489,8 @@ class DynamicBatcher:
         except BaseException as exc:  # noqa: BLE001 - handed to _serve
             return False, exc
 
-    async def _serve(self, batch: list[_Entry], pads: int = 0) -> None:
+    def _start(self, batch: list[_Entry], pads: int = 0) -> tuple:
+        """Start one batch's infer call on a free instance (registered as running before this returns)."""
         now = self._now()
         m = self.metrics
         m.batches += 1
@@ -508,23 +501,41 @@ class DynamicBatcher:
             m.total_wait_ms += w
             m.max_wait_ms = max(m.max_wait_ms, w)
         m.busy = True
-        self._inflight = batch
         loop = asyncio.get_running_loop()
-        call = loop.create_task(self._call(loop, [e.item for e in batch] + [self.pad_item] * pads))
-        waiter = self._batch_waiter = loop.create_future()
+        worker = self._workers.pop() if self._threaded else None
+        call = loop.create_task(self._call(loop, [e.item for e in batch] + [self.pad_item] * pads, worker))
+        waiter = loop.create_future()
+        key = next(self._ids)
+        self._running[key] = (batch, waiter)
         call.add_done_callback(lambda _: _settle(waiter, "done"))
+        return key, batch, pads, now, call, waiter, worker
+
+    async def _beside(self, run: tuple) -> None:
+        """A batch running beside the loop (several instances): a fault in it is handed to the loop."""
+        try:
+            await self._finish(*run)
+        except BaseException as exc:  # noqa: BLE001 - a BaseException from infer: the loop raises it (_run)
+            if self._fault is None:
+                self._fault = exc
+        finally:
+            self._arrival.set()  # an instance is free
+
+    async def _finish(self, key: int, batch: list[_Entry], pads: int, now: float, call: asyncio.Task,
+                      waiter: asyncio.Future, worker: InferWorker | None) -> None:
+        loop = asyncio.get_running_loop()
         timer = None if self.batch_timeout_s is None else loop.call_later(self.batch_timeout_s, _settle, waiter,
                                                                            "timeout")
+        m = self.metrics
         try:
             how = await waiter
         finally:  # given up (timed out, closed, or the batcher itself stopping): cancel it, never wait for it
             if timer is not None:
                 timer.cancel()
-            self._batch_waiter = None
             if not call.done():
                 call.cancel()
-                if self._threaded:  # its thread may be blocked for good: later calls get a fresh one
-                    self._worker = InferWorker()
+                worker = InferWorker() if worker is not None else None  # its thread may be blocked for good
+            if worker is not None:
+                self._workers.append(worker)
         if how == "done":
             ok, out = call.result()
             if ok:
@@ -548,47 +559,10 @@ class DynamicBatcher:
                                f"(a batch of {len(batch) + pads})")
             for e in batch:
                 self._fail(e, err)
-        self._inflight = []  # how == "closed": close(drain=False) has failed them already
-        m.busy = False
+        self._running.pop(key, None)  # how == "closed": close(drain=False) has failed them already
+        m.busy = bool(self._running)
         if how != "closed" and callable(self._hooks[0]):  # the measured batch (and its response times, ms)
             end, ok = self._now(), how == "done" and ok
             self._hooks[0](len(batch) + pads, end - now, ok)
             if ok and callable(self._hooks[1]):
                 self._hooks[1]([(end - e.t) * 1e3 for e in batch])
-
-
-def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,
-            lam: float | None = None, short_batch: str = "serve", pad_item: Any = None,
-            batch_timeout_s: float | None = None, infer_thread: bool = True):
-    """Decorator like Ray Serve's ``@serve.batch``: ``async def f(items: list) -> list`` becomes
-    ``async def f(item) -> result`` served by a :class:`DynamicBatcher` following ``table``, with the
-    same options (``max_wait_ms`` default ``"auto"``, ``lam``, ``short_batch``, ``pad_item``,
-    ``batch_timeout_s``, ``infer_thread``).
-
-    One batcher per event loop (created on first call); ``f.batcher`` is the latest one.
-    """
-    if isinstance(table, (str, os.PathLike)):
-        table = PolicyTable.load(table)
-    opts = dict(lam=lam, short_batch=short_batch, pad_item=pad_item, batch_timeout_s=batch_timeout_s,
-                infer_thread=infer_thread)
-    DynamicBatcher(lambda items: items, table, max_wait_ms, **opts)  # validate the options now, not at the first request
-
-    def wrap(func: Callable[[list], Awaitable[list]]):
-        batchers: dict[int, tuple[asyncio.AbstractEventLoop, DynamicBatcher]] = {}
-
-        @functools.wraps(func)
-        async def single(item):
-            loop = asyncio.get_running_loop()
-            hit = batchers.get(id(loop))
-            if hit is None or hit[0] is not loop:
-                for key in [k for k, (lp, _) in batchers.items() if lp.is_closed()]:
-                    del batchers[key]
-                bt = DynamicBatcher(func, table, max_wait_ms, **opts)
-                hit = batchers[id(loop)] = (loop, bt)
-                single.batcher = bt
-            return await hit[1].submit(item)
-
-        single.batcher = None  # type: ignore[attr-defined]  # a function attribute
-        return single
-
-    return wrap
