@@ -168,3 +168,25 @@ def test_two_instances_follow_the_simulator_on_the_same_stream():
     # the event loop only adds lateness (sleeps overshoot, the client replays late): measured +9-11 % beside a
     # busy process, +3-5 % on the mean batch
     assert 0.95 * sim.mean_latency_ms <= w <= 1.2 * sim.mean_latency_ms
+
+
+def test_a_batcher_cut_off_with_its_event_loop_serves_on_the_next_with_every_instance():
+    """asyncio.run ends while batches run (their worker threads still busy): the next loop gets a fresh worker
+    per instance and serves on all of them."""
+    def infer(items):
+        time.sleep(0.05)
+        return items
+
+    bt = DynamicBatcher(infer, UP_TO_4, None, instances=2)
+
+    async def cut():
+        for i in range(8):
+            asyncio.ensure_future(bt.submit(i))
+        await asyncio.sleep(0.01)  # two batches running in their threads; the loop then stops
+
+    asyncio.run(cut())
+
+    async def again():
+        return await asyncio.gather(*(bt.submit(i) for i in range(16)))
+
+    assert asyncio.run(again()) == list(range(16))

@@ -270,6 +270,8 @@ class DynamicBatcher:
         left = [e for e in self._queue if not e.taken] + self._inflight
         self._queue, self._waiting, self._dead = deque(), 0, 0
         self._running, self._batch_tasks, self._fault = {}, set(), None
+        if self._threaded:  # a batch cut off with the old loop kept its worker: a full set for the new one
+            self._workers = [InferWorker() for _ in range(self.instances)]
         for e in left:
             try:
                 self._fail(e, BatcherClosed("the event loop of this request stopped before it was served"))
