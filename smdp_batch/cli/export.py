@@ -228,10 +228,11 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     if auto:
         counts, chosen = _choose_instances(problem, family, slo, load_range, requests, seed)
         row = next((r for r in counts if r["instances"] == chosen), None)
-        if row is None:
-            lams = loads_for(problem, load_range, None)[1]
+        if row is None:  # (the range as given: one instance may not even carry it)
+            where = (f"every load of {load_range[0]:.5g}..{load_range[1]:.5g} req/s" if load_range is not None
+                     else _where([problem.lam]))
             raise InputError(f"no {target} setting on 1..{counts[-1]['instances']} instances meets {slo.text()} at "
-                             f"{_where(lams)}: " + "; ".join(f"{r['instances']}: {r['why']}" for r in counts[:3])
+                             f"{where}: " + "; ".join(f"{r['instances']}: {r['why']}" for r in counts[:3])
                              + ("; …" if len(counts) > 3 else ""))
         problem, lams, ans = row["problem"], row["lams"], row["answer"]
     else:
