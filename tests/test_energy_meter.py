@@ -176,7 +176,8 @@ def test_the_autopilot_plans_with_the_metered_energy():
     m = ap.metrics
     assert m.energy_source == "test counter" and m.idle_power_w == 50.0
     assert m.energy_hat_mj == pytest.approx(300.0 * np.array(m.latency_hat_ms))
-    job = type("J", (), {"lams": [prob.lam], "latency": np.array(m.latency_hat_ms)})()
+    lat = np.array(m.latency_hat_ms)
+    job = type("J", (), {"lams": [prob.lam], "latency": lat, "energy": ap._energy_hat(lat)})()  # as _start makes it
     solved = ap._problem(job)
     assert solved.energy_mj() == pytest.approx(300.0 * np.array(m.latency_hat_ms))
     ap.close()
@@ -184,3 +185,59 @@ def test_the_autopilot_plans_with_the_metered_energy():
     plain = Autopilot(prob, 50.0, start, solver=lambda *a: None)  # no GPU here: "auto" finds no counter
     assert plain.meter is None and plain.metrics.energy_source == "model"
     assert math.isnan(plain.metrics.idle_power_w)
+
+
+def test_a_metered_energy_that_leaves_the_curve_of_the_last_solve_triggers_a_re_solve():
+    """The model says ≈ 22 W while running a batch; the meter measures 300 W: after 64 metered batches the
+    Autopilot re-solves with ζ̂(b) = 300 W × l̂(b), and the new curve is then the reference (no second solve)."""
+    from smdp_batch.model.problem import BatchingProblem
+    from smdp_batch.runtime import PolicyTable
+    from smdp_batch.runtime.autopilot import Autopilot, Plan
+
+    prob = BatchingProblem.basic(rho=0.3)
+    sizes = prob.batch_sizes
+    calls = []
+
+    class Meter:
+        name = "test counter"
+        ready = False
+
+        def batch(self, b, s):
+            pass
+
+        def power_w(self):
+            return (50.0, np.full(len(sizes), 300.0)) if self.ready else None
+
+        def energy_mj(self, latency_ms):
+            p = self.power_w()
+            return None if p is None else p[1] * np.asarray(latency_ms)
+
+        def close(self):
+            pass
+
+    def solver(problem, slo_ms, lams):
+        calls.append(problem.energy_mj())
+        return Plan(PolicyTable(np.minimum(np.arange(64), max(sizes)), sizes), lams[0], None, 5.0, 10.0, 20.0,
+                    True, "greedy")
+
+    meter = Meter()
+    start = Plan(PolicyTable(np.minimum(np.arange(64), max(sizes)), sizes), prob.lam, None, 5.0, 10.0, 20.0)
+    ap = Autopilot(prob, 50.0, start, solver=solver, energy_meter=meter, min_interval_s=0.0, rate_tol=10.0)
+    t = 0.0
+    for _ in range(100):  # a rate estimate to solve at
+        t += 1.0 / prob.lam
+        ap.observe_arrival(t)
+    l4 = float(prob.latency_ms()[3]) / 1e3
+    for _ in range(128):  # the meter not ready: nothing moves
+        ap.observe_batch(4, l4)
+    assert not calls and ap.metrics.solves == 0
+    meter.ready = True
+    for _ in range(64):
+        ap.observe_batch(4, l4)
+    ap.join(10)
+    assert len(calls) == 1 and ap.metrics.solves == 1
+    assert calls[0] == pytest.approx(300.0 * np.asarray(ap.metrics.latency_hat_ms))
+    for _ in range(256):  # the reference is now the metered curve
+        ap.observe_batch(4, l4)
+    ap.join(10)
+    assert len(calls) == 1

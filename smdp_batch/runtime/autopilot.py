@@ -13,7 +13,8 @@ live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band
 leaves the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator
-drifts by at least ``service_tol_ms`` at some size (or at a high load), or the learned excess moves, the
+drifts by at least ``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the
+curve of the last solve by more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the
 Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with
 a time budget, at most once per ``min_interval_s``, **in a lower-priority child process**
 (:mod:`~smdp_batch.runtime.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
@@ -80,6 +81,7 @@ _RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's
 _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
 _LEARN_EVERY = 100  # responses between two updates of the excess
 _LEARN_MIN = 200  # responses in the ring before the first
+_ENERGY_CHECK_EVERY = 64  # metered batches between two checks of ζ̂ against the curve of the last solve
 _EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
 
 
@@ -130,11 +132,13 @@ def _warm(proc: Any, solver: Callable[..., Any], args: tuple) -> None:
 
 
 class _Job:
-    __slots__ = ("thread", "start", "reason", "latency", "lams", "target")
+    __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy")
 
-    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float):
+    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float,
+                 energy: np.ndarray | None = None):
         self.thread: threading.Thread | None = None
         self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
+        self.energy = energy  # ζ̂(b) for this solve (None: the model's)
 
 
 class Autopilot:
@@ -158,12 +162,12 @@ class Autopilot:
                  service: ServiceEstimator | None = None, energy: EnergyEstimator | None = None,
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
-                 clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto"):
+                 clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
         for name, v in (("budget_s", budget_s), ("tolerance", tolerance), ("min_interval_s", min_interval_s),
-                        ("overhead_ms", overhead_ms), ("rate_tol", rate_tol)):
+                        ("overhead_ms", overhead_ms), ("rate_tol", rate_tol), ("energy_tol", energy_tol)):
             if not (math.isfinite(_num(v)) and _num(v) >= 0):
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {v!r}")
         if not _num(overhead_ms) < slo:
@@ -186,6 +190,9 @@ class Autopilot:
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
         self.energy = energy or EnergyEstimator(self.sizes, problem.energy_mj())
         self.meter = open_meter(energy_meter, self.sizes, problem)
+        self.energy_tol = float(energy_tol)
+        self._zeta_ref = np.asarray(problem.energy_mj(), dtype=np.float64)  # ζ(b) of the last solve (mJ)
+        self._metered = 0  # batches given to the meter
         self._clock, self._tlast, self._offset = clock, -math.inf, 0.0
         self._lock = threading.RLock()
         self._job: _Job | None = None
@@ -204,8 +211,7 @@ class Autopilot:
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
-                       best_effort=0,
-                       kept=0)
+                       best_effort=0, kept=0)
         self._last_solve_s, self._event = math.nan, "start"
         self._proc: Any = None
         plan: Plan
@@ -312,6 +318,10 @@ class Autopilot:
                 self._batches[i] += 1
         if ok and self.meter is not None:
             self.meter.batch(b, seconds)
+            self._metered += 1
+            if self._metered % _ENERGY_CHECK_EVERY == 0 and self._dirty is None and self._job is None \
+                    and self._energy_moved():
+                self._trigger("energy")
         if ok and self.service.observe(b, _num(seconds) * 1e3) and self._dirty is None and self._job is None \
                 and self.service.drift() and self._material():  # (a solve pending or running takes the new curve)
             self._trigger("service")
@@ -324,6 +334,15 @@ class Autopilot:
         lam = self.rate.rate
         busy = lam is not None and lam * float(cur[-1]) / self.sizes[-1] >= 0.5
         return busy or bool(np.max(np.abs(cur - self.service.reference)) >= self.service_tol_ms)
+
+    def _energy_moved(self) -> bool:
+        """Whether the meter's ζ̂(b) left the curve of the last solve by more than ``energy_tol`` (relative) at
+        a size that has run."""
+        zeta = self.meter.energy_mj(self.service.latency_ms())
+        if zeta is None:
+            return False
+        ran = np.asarray(self._batches) > 0
+        return bool(np.any(ran & (np.abs(zeta - self._zeta_ref) > self.energy_tol * self._zeta_ref)))
 
     def observe_energy(self, b: Any, mj: Any) -> None:
         self.energy.observe(b, mj)
@@ -466,11 +485,13 @@ class Autopilot:
                 lams.append(band[0])
             if band[1] > 1.01 * lam:
                 lams.append(min(band[1], 0.98 * max_lam))
-        job = self._job = _Job(now, reason, latency, lams, self._target())
+        job = self._job = _Job(now, reason, latency, lams, self._target(), self._energy_hat(latency))
         self._c["solves"] += 1
         self._last_start = now
         self._not_before = now + self.min_interval_s
         self.service.rebase(latency)  # drift is now measured from the curve this solve uses
+        if job.energy is not None:  # and the energy's too
+            self._zeta_ref = np.asarray(job.energy, dtype=np.float64)
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
         job.thread.start()
 
@@ -478,9 +499,8 @@ class Autopilot:
         from ..model.curves import Table
 
         changes: dict[str, Any] = {"lam": job.lams[0], "latency": Table(self.sizes, tuple(map(float, job.latency)))}
-        zeta = self._energy_hat(job.latency)
-        if zeta is not None:
-            changes["energy"] = Table(self.sizes, tuple(map(float, zeta)))
+        if job.energy is not None:
+            changes["energy"] = Table(self.sizes, tuple(map(float, job.energy)))
         return self.problem.replace(**changes)
 
     def _energy_hat(self, latency: np.ndarray) -> np.ndarray | None:
