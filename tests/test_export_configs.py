@@ -192,6 +192,8 @@ def test_instances_auto_picks_the_fewest_instances_within_one_percent_of_the_lea
     (["--to", "triton", "--instances", "2"], "goes with an SLO"),
     (["--to", "triton", "--instances", "auto"], "goes with an SLO"),
     (["--to", "triton", "--instances", "auto", "--slo-p99-ms", "25", "--rho-range", "0.2:0.5"], "in req/s"),
+    (["--to", "triton", "--instances", "auto", "--slo-p99-ms", "1"], "on 1..8 instances meets p99 ≤ 1 ms at 1479.3 "
+                                                                     "req/s: 1..8: the SLO p99 ≤ 1 ms is below"),
     (["--to", "triton", "--instances", "0", "--slo-p99-ms", "25"], "auto or an integer in 1..64, got '0'"),
     (["--to", "triton", "--instances", "65", "--slo-p99-ms", "25"], "got '65'"),
     (["--to", "triton", "--instances", "-1", "--slo-p99-ms", "25"], "got '-1'"),

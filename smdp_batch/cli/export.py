@@ -231,9 +231,15 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
         if row is None:  # (the range as given: one instance may not even carry it)
             where = (f"every load of {load_range[0]:.5g}..{load_range[1]:.5g} req/s" if load_range is not None
                      else _where([problem.lam]))
+            groups: list[list] = []  # runs of counts refused for the same reason
+            for r in counts:
+                if groups and groups[-1][1] == r["why"]:
+                    groups[-1][0].append(r["instances"])
+                else:
+                    groups.append([[r["instances"]], r["why"]])
+            why = "; ".join(f"{c[0]}{'' if len(c) == 1 else f'..{c[-1]}'}: {w}" for c, w in groups)
             raise InputError(f"no {target} setting on 1..{counts[-1]['instances']} instances meets {slo.text()} at "
-                             f"{where}: " + "; ".join(f"{r['instances']}: {r['why']}" for r in counts[:3])
-                             + ("; …" if len(counts) > 3 else ""))
+                             f"{where}: {why}")
         problem, lams, ans = row["problem"], row["lams"], row["answer"]
     else:
         problem, lams = loads_for(problem, load_range, rho_range)
