@@ -21,8 +21,8 @@ What it does, in one process:
 4. **Per phase:** the p99 response time (ms) with a distribution-free 95 % interval, the share over the
    SLO, the mean batch, and the **measured** energy per request: NVML's counter over the phase (the
    whole board, idle draw included) ÷ requests.  At the end, the Autopilot's ζ̂(b) from its energy meter
-   beside the profile's ζ(b) and a direct reading (the model back to back for 2 s between two counter
-   refreshes, less the idle tail at the idle power), and its idle power.
+   beside the profile's ζ(b) — two methods on one counter: the profile runs one size back to back between
+   two refreshes (``measure``), the meter fits the live mix of sizes and idle time — and its idle power.
 
 Only 127.0.0.1 is not even needed: no server, no network.  With ``--backend numpy`` (no GPU) the model is a
 numpy matmul stack, energy is the profile's constant power, and the NVML columns are NaN.
@@ -102,34 +102,6 @@ class Counter:
 
     def joules(self) -> float:
         return self.read_mj() / 1e3 if self.ok else math.nan
-
-    def edge(self) -> tuple[float, float]:
-        """Spin until the counter refreshes; (time s, J) just after the refresh."""
-        v = self.read_mj()
-        while (w := self.read_mj()) == v:
-            pass
-        return time.perf_counter(), w / 1e3
-
-    def direct(self, model: "Model", sizes, seconds: float = 2.0) -> dict:
-        """ζ(b) measured independently of the profile and of the meter: between two counter refreshes, the
-        model runs back to back for ``seconds``; the idle tail up to the second refresh is taken off at the
-        idle power, itself measured between two refreshes first (mJ per batch; idle W)."""
-        t0, e0 = self.edge()
-        time.sleep(1.0)
-        t1, e1 = self.edge()
-        idle = (e1 - e0) / (t1 - t0)
-        out = {"idle_w": idle}
-        for b in sizes:
-            items = list(range(b))
-            t0, e0 = self.edge()
-            n = 0
-            while time.perf_counter() - t0 < seconds:
-                model(items)
-                n += 1
-            busy = time.perf_counter() - t0
-            t1, e1 = self.edge()
-            out[b] = 1e3 * ((e1 - e0) - idle * (t1 - t0 - busy)) / n
-        return out
 
 
 def profile(model: Model, args, path: str):
@@ -225,10 +197,6 @@ def main() -> int:
     print(f"profile ({time.time() - t0:.0f} s, energy: {meta.get('energy_source', '?')}): l(1) {lat[0]:.2f} ms, "
           f"l({B}) {lat[-1]:.2f} ms; ζ(1) {zeta[0]:.0f} mJ, ζ({B}) {zeta[-1]:.0f} mJ; λ0 {lam0:.3f}/ms, "
           f"p99 SLO {slo:g} ms", flush=True)
-    direct: dict = {}
-    if counter.ok:
-        direct = counter.direct(model, sorted({1, 2, 4, 8, 16, B} & set(range(1, B + 1))))
-        print("direct ζ(b), mJ: " + ", ".join(f"{k} {v:.1f}" for k, v in direct.items()), flush=True)
     LAM0["per_ms"] = lam0
     arr, phase = trace(args.phase_seconds, np.random.default_rng(args.seed))
 
@@ -238,7 +206,7 @@ def main() -> int:
     print(f"tuned triton for phase 1: {rule.spec} ({time.time() - t0:.0f} s)", flush=True)
 
     out: dict = {"device": meta.get("device"), "profile": {"latency_ms": lat.tolist(), "energy_mj": zeta.tolist()},
-                 "direct": direct, "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
+                 "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
     for name in args.only.split(","):
         pilot = None
         if name == "tuned triton":
@@ -271,8 +239,8 @@ def main() -> int:
                   f"infeasible {mm['infeasible']}; energy from {mm['energy_source']} "
                   f"({res['meter_intervals']} counter intervals), idle {mm['idle_power_w']:.0f} W")
             for b in sorted({1, 2, 4, 8, 16, B} & set(range(1, B + 1))):
-                print(f"  ζ({b:2d}): profile {zeta[b - 1]:8.1f} mJ, meter {mm['energy_hat_mj'][b - 1]:8.1f} mJ, "
-                      f"direct {direct.get(b, math.nan):8.1f} mJ (l̂ {mm['latency_hat_ms'][b - 1]:.2f} ms)")
+                print(f"  ζ({b:2d}): profile {zeta[b - 1]:8.1f} mJ, meter {mm['energy_hat_mj'][b - 1]:8.1f} mJ "
+                      f"(l̂ {mm['latency_hat_ms'][b - 1]:.2f} ms)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))

@@ -21,8 +21,8 @@ writes ``batch_size,latency_ms[,energy_mj]`` (one row per call, the format of
   size's counter reading spans its block of timed calls and is split over them in proportion to
   their times.  NVML's counter is refreshed in steps (every ≈ 100 ms on an H200), so it is read between
   two refreshes at least 0.5 s apart, the block going on with untimed calls of the same size where the
-  timed ones end sooner (:mod:`smdp_batch.measure_energy`).  The counter libraries are imported from the installed packages only: never from the
-  working folder or the measured module's folder.
+  timed ones end sooner (:mod:`smdp_batch.measure_energy`).  The counter libraries are imported from the
+  installed packages only: never from the working folder or the measured module's folder.
 * **Budget**: ``budget_s`` bounds the calls (warm-ups included) and, separately, the start of the
   child process with the import of the user's module.
 

@@ -15,6 +15,15 @@ from smdp_batch.runtime import BatcherBroken, BatcherClosed, DynamicBatcher, Pol
 UP_TO_4 = PolicyTable(np.minimum(np.arange(5), 4))  # serve what waits, at most 4
 
 
+def _sleeper(seconds: float):
+    """An async infer that takes ``seconds`` and answers each item with itself."""
+    async def infer(items):
+        await asyncio.sleep(seconds)
+        return items
+
+    return infer
+
+
 def test_up_to_c_batches_run_at_once_fifo_and_every_request_gets_its_own_answer():
     running, peak, firsts = 0, 0, []
 
@@ -61,12 +70,8 @@ def test_a_plain_infer_gets_one_thread_per_instance():
 
 
 def test_close_without_drain_fails_every_running_batch_and_the_queue_at_once():
-    async def infer(items):
-        await asyncio.sleep(30)
-        return items
-
     async def main():
-        bt = DynamicBatcher(infer, UP_TO_4, None, instances=2)
+        bt = DynamicBatcher(_sleeper(30.0), UP_TO_4, None, instances=2)
         tasks = [asyncio.ensure_future(bt.submit(i)) for i in range(12)]
         await asyncio.sleep(0.05)  # two batches of 4 running, 4 queued
         assert len(bt._running) == 2 and bt.metrics.queue_length == 4
@@ -80,12 +85,8 @@ def test_close_without_drain_fails_every_running_batch_and_the_queue_at_once():
 
 
 def test_a_drain_waits_for_every_running_batch():
-    async def infer(items):
-        await asyncio.sleep(0.05)
-        return items
-
     async def main():
-        bt = DynamicBatcher(infer, UP_TO_4, None, instances=2)
+        bt = DynamicBatcher(_sleeper(0.05), UP_TO_4, None, instances=2)
         tasks = [asyncio.ensure_future(bt.submit(i)) for i in range(10)]
         await asyncio.sleep(0.01)
         await bt.close(drain=True)

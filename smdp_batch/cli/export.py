@@ -229,8 +229,7 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
         counts, chosen = _choose_instances(problem, family, slo, load_range, requests, seed)
         row = next((r for r in counts if r["instances"] == chosen), None)
         if row is None:  # (the range as given: one instance may not even carry it)
-            where = (f"every load of {load_range[0]:.5g}..{load_range[1]:.5g} req/s" if load_range is not None
-                     else _where([problem.lam]))
+            where = _where([x / 1e3 for x in load_range] if load_range is not None else [problem.lam])
             groups: list[list] = []  # runs of counts refused for the same reason
             for r in counts:
                 if groups and groups[-1][1] == r["why"]:
