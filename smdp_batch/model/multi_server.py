@@ -1,0 +1,222 @@
+"""The c-server batching SMDP: c identical model instances sharing one FIFO queue (Triton's ``instance_group``).
+
+Paper 004 (Xu, Zhou & Niu, *SMDP-Based Dynamic Batching for Improving Responsiveness and Energy Efficiency of
+Batch Services*, arXiv:2501.02181) solves one server and names several processors as future work; this is that
+model, made Markov by phase-type batch times.
+
+**Model.** Requests arrive as a Poisson process of rate λ (1/ms).  Each of c instances is idle or serves one batch.
+Whenever an instance is idle and n ≥ 1 requests wait, the policy sends a batch of b ∈ 𝓑 (b ≤ n) to an idle
+instance, or waits for the next event (an arrival or a phase change of a running batch).  A batch of b takes a
+phase-type time PH(α_b, T_b) with mean l(b) (ms) and costs ζ(b) (mJ) when it starts; an idle instance draws
+``idle_power_w`` (W).  The state is (n, the multiset of (size, phase) of the running batches): with A sizes and m
+phases, C(A·m + c, c) configurations of the c instances times the queue levels 0..N.
+
+**Objective** (paper 004 eq. 2 with c servers): w1·W̄ + w2·P̄, with W̄ = L/λ (Little's law, L the mean number of
+requests waiting or in service) and P̄ = (Σ ζ of batches started)/time + idle_power_w · E[idle instances].  As a
+semi-Markov decision process with instantaneous dispatch decisions:
+
+* waiting in state s: sojourn 1/q(s) with q(s) the total event rate, cost rate (w1/λ)(n + requests in service)
+  + w2·p_idle·(idle instances), and the next state by the event rates;
+* dispatching b: no time, cost w2·ζ(b), the batch starts in phase j with probability α_b[j].
+
+**Truncation.** The queue stops at N: an arrival at n = N is lost (the solver grows N until the time share of
+n = N is below its tolerance, so the loss is negligible and reported) and at n = N an idle instance must serve.
+
+**Service laws** (:func:`phase_type`): exponential (1 phase), Erlang-k and gamma with integer shape (k
+phases), hyperexponential (one phase per branch) are exact.  Deterministic batch times are an Erlang of
+``phases`` (default 8) phases of mean l(b)/k each, which converges to them as k grows; any other law (gamma of
+non-integer shape, lognormal, a measured profile) is fitted by its first two moments: an Erlang of k =
+round(1/CV²) phases where CV² < 1, else a two-branch hyperexponential with balanced means.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..limits import MEMORY_BUDGET, check_memory, gib
+from .laws import Deterministic, Exponential, Gamma, HyperExponential
+from .problem import BatchingProblem
+
+__all__ = [
+    "PhaseType", "MultiServerSMDP", "phase_type", "count_configurations", "MULTI_STATE_LIMIT", "PHASES_DEFAULT",
+    "PHASES_LIMIT", "check_multi_size",
+]
+
+#: Erlang phases standing for deterministic batch times unless asked otherwise.
+PHASES_DEFAULT = 8
+#: Most phases per batch time.
+PHASES_LIMIT = 64
+#: Most states (queue levels × configurations of the instances) of one c-server model: each policy iteration
+#: step factorises one sparse system, whose LU fills to 50–550 entries per state (c = 2: 28 700 states in
+#: 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core development machine).
+MULTI_STATE_LIMIT = 60_000
+#: Bytes per state of the model and its policy iteration (the LU's fill dominates).
+BYTES_PER_STATE = 8_000
+
+
+@dataclass(frozen=True)
+class PhaseType:
+    """The batch time of each allowed size as a phase-type law PH(α_b, T_b) (rates in 1/ms).
+
+    ``alpha[i]`` (A × m) the starting phase probabilities of size 𝓑[i], ``moves[i]`` (A × m × m) the rates from
+    phase j to j' (zero diagonal), ``exits[i]`` (A × m) the rates of finishing from phase j; ``how`` says how
+    the law was made phase-type (exact, an Erlang standing for a fixed time, or a two-moment fit).
+    """
+
+    alpha: np.ndarray
+    moves: np.ndarray
+    exits: np.ndarray
+    how: str
+
+    @property
+    def phases(self) -> int:
+        return int(self.alpha.shape[1])
+
+    def means(self) -> np.ndarray:
+        """The mean batch time of each size (ms): α (−T)⁻¹ 1, for the tests' checks."""
+        out = []
+        for a, mv, ex in zip(self.alpha, self.moves, self.exits):
+            gen = mv - np.diag(mv.sum(axis=1) + ex)
+            out.append(float(a @ np.linalg.solve(-gen, np.ones(len(a)))))
+        return np.array(out)
+
+
+def _erlang(l: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    A = l.size
+    alpha = np.zeros((A, k))
+    alpha[:, 0] = 1.0
+    moves = np.zeros((A, k, k))
+    rate = k / l
+    for j in range(k - 1):
+        moves[:, j, j + 1] = rate
+    exits = np.zeros((A, k))
+    exits[:, k - 1] = rate
+    return alpha, moves, exits
+
+
+def _hyper(l: np.ndarray, probs, scales) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    A, m = l.size, len(probs)
+    alpha = np.tile(np.asarray(probs, dtype=np.float64), (A, 1))
+    exits = 1.0 / (np.asarray(scales, dtype=np.float64)[None, :] * l[:, None])
+    return alpha, np.zeros((A, m, m)), exits
+
+
+def phase_type(problem: BatchingProblem, phases: int | None = None) -> PhaseType:
+    """The problem's batch times as phase-type laws with the same mean l(b) (see the module doc).
+
+    ``phases`` sets the Erlang order standing for a deterministic law (default :data:`PHASES_DEFAULT`) and caps
+    the order of a two-moment fit; exact laws ignore it.
+    """
+    if phases is not None and (isinstance(phases, bool) or not isinstance(phases, (int, np.integer))
+                               or not 1 <= phases <= PHASES_LIMIT):
+        raise InputError(f"phases must be an integer from 1 to {PHASES_LIMIT}, got {phases!r}")
+    l = problem.latency_ms()
+    law = problem.service
+    if isinstance(law, Exponential):
+        return PhaseType(*_erlang(l, 1), how="exponential (exact)")
+    if isinstance(law, Gamma) and float(law.shape).is_integer() and law.shape <= PHASES_LIMIT:
+        k = int(law.shape)
+        return PhaseType(*_erlang(l, k), how=f"Erlang-{k} (exact)")
+    if isinstance(law, HyperExponential):
+        if len(law.probs) > PHASES_LIMIT:
+            raise InputError(f"a hyperexponential law of {len(law.probs)} branches has more than {PHASES_LIMIT} phases")
+        return PhaseType(*_hyper(l, law.probs, law.scales), how=f"hyperexponential, {len(law.probs)} branches (exact)")
+    k_cap = PHASES_DEFAULT if phases is None else int(phases)
+    if isinstance(law, Deterministic):
+        return PhaseType(*_erlang(l, k_cap), how=f"Erlang-{k_cap} for the fixed batch time")
+    cv2 = np.array([law.second_moment(float(li), int(b)) / (li * li) - 1.0 for b, li in zip(problem.batch_sizes, l)])
+    if not np.all(np.isfinite(cv2)):
+        raise InputError(f"the service law {law.spec()} has no finite second moment to fit a phase-type law to")
+    if np.all(cv2 > 1.0 + 1e-12):  # balanced-means H2 per size: p = (1 + √((c²−1)/(c²+1)))/2, means l/(2p), l/(2(1−p))
+        p = 0.5 * (1.0 + np.sqrt((cv2 - 1.0) / (cv2 + 1.0)))
+        alpha = np.stack([p, 1.0 - p], axis=1)
+        exits = np.stack([2.0 * p / l, 2.0 * (1.0 - p) / l], axis=1)
+        return PhaseType(alpha, np.zeros((l.size, 2, 2)), exits,
+                         how="two-branch hyperexponential fitted to l(b) and CV²(b)")
+    k = int(min(max(1, round(1.0 / max(float(np.min(cv2)), 1e-12))), k_cap))
+    return PhaseType(*_erlang(l, k), how=f"Erlang-{k} fitted to l(b) and the least CV² = {float(np.min(cv2)):.3g}")
+
+
+def count_configurations(symbols: int, c: int) -> int:
+    """Multisets of c instance states over ``symbols`` busy (size, phase) pairs and 'idle': C(symbols + c, c)."""
+    return math.comb(symbols + c, c)
+
+
+def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tuple[int, int]:
+    """(configurations, states) of the model with queue levels 0..n_max, refused before any work past
+    :data:`MULTI_STATE_LIMIT` or the memory budget, with what would fit."""
+    A, c = len(problem.batch_sizes), problem.instances
+    confs = count_configurations(A * ph.phases, c)
+    states = confs * (n_max + 1)
+    fix = (f"fewer sizes (--sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
+           f"{ph.phases}) or fewer instances")
+    if states > MULTI_STATE_LIMIT:
+        raise InputError(f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} "
+                         f"configurations × {n_max + 1} queue levels = {states} states, over the limit "
+                         f"{MULTI_STATE_LIMIT}; use {fix}")
+    check_memory(states * BYTES_PER_STATE, f"the {c}-instance model of {states} states", f"use {fix}")
+    return confs, states
+
+
+class MultiServerSMDP:
+    """The c-server model's configurations and events (independent of the queue length), for queue levels 0..N.
+
+    A configuration is a sorted tuple of c symbols, 0 for an idle instance and 1 + i·m + j for one serving a batch
+    of size 𝓑[i] in phase j.  ``events`` lists (from, to, rate) configuration moves of the running batches;
+    ``start[k, i, j]`` is the configuration after a batch of 𝓑[i] starts in phase j on an idle instance of k (−1
+    when none is idle).
+    """
+
+    def __init__(self, problem: BatchingProblem, ph: PhaseType, n_max: int, idle_power_w: float = 0.0):
+        if not (isinstance(idle_power_w, (int, float)) and math.isfinite(idle_power_w) and idle_power_w >= 0):
+            raise InputError(f"idle power per instance must be a finite number ≥ 0 W, got {idle_power_w!r}")
+        if n_max < problem.bmax:
+            raise InputError(f"the queue truncation N = {n_max} must be ≥ Bmax = {problem.bmax}")
+        self.problem, self.ph, self.N, self.idle_power_w = problem, ph, int(n_max), float(idle_power_w)
+        self.n_conf, self.n_states = check_multi_size(problem, ph, self.N)
+        A, m, c = len(problem.batch_sizes), ph.phases, problem.instances
+        confs = list(itertools.combinations_with_replacement(range(A * m + 1), c))
+        index = {cf: k for k, cf in enumerate(confs)}
+        arr = np.array(confs, dtype=np.int64).reshape(len(confs), c)
+        sizes = np.asarray(problem.batch_sizes, dtype=np.int64)
+        busy_size = np.where(arr > 0, sizes[np.maximum(arr - 1, 0) // m], 0)
+        self.in_service = busy_size.sum(axis=1).astype(np.float64)  # requests in service
+        self.idle = (arr == 0).sum(axis=1)
+        src, dst, rate = [], [], []
+        self.start = np.full((len(confs), A, m), -1, dtype=np.int64)
+        for k, cf in enumerate(confs):
+            for sym in sorted(set(cf)):
+                if sym == 0:
+                    continue
+                cnt = cf.count(sym)
+                i, j = divmod(sym - 1, m)
+                pos = cf.index(sym)
+                for j2 in range(m):
+                    r = ph.moves[i, j, j2]
+                    if r > 0:
+                        src.append(k), dst.append(index[tuple(sorted(cf[:pos] + (1 + i * m + j2,) + cf[pos + 1:]))])
+                        rate.append(cnt * r)
+                if ph.exits[i, j] > 0:
+                    src.append(k), dst.append(index[tuple(sorted(cf[:pos] + (0,) + cf[pos + 1:]))])
+                    rate.append(cnt * ph.exits[i, j])
+            if cf[0] == 0:
+                rest = cf[1:]
+                for i in range(A):
+                    for j in range(m):
+                        if ph.alpha[i, j] > 0:
+                            self.start[k, i, j] = index[tuple(sorted(rest + (1 + i * m + j,)))]
+        self.events = (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(rate, dtype=np.float64))
+        self.out_rate = np.bincount(self.events[0], weights=self.events[2], minlength=len(confs))
+        self.configs = arr
+
+    def state(self, n, conf):
+        """The index of state (n, configuration): configuration-major, queue level minor."""
+        return np.asarray(conf) * (self.N + 1) + np.asarray(n)
+
+    def memory_note(self) -> str:
+        return f"{self.n_states} states (~{gib(self.n_states * BYTES_PER_STATE)}; budget {gib(MEMORY_BUDGET)})"

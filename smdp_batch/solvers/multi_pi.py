@@ -1,0 +1,349 @@
+"""Policy iteration and exact metrics for c instances sharing one queue (:mod:`smdp_batch.model.multi_server`).
+
+One policy's average cost g and bias h solve, with h(s₀) = 0 at s₀ = (n = 0, every instance idle),
+
+* a state where it waits:      q(s)·h(s) − Σ_{s'} r(s, s')·h(s') + g = cost rate(s)        (rates in 1/ms)
+* a state where it starts b:   h(s) − Σ_j α_b[j]·h(s after b starts in phase j) = w2·ζ(b)
+
+(the semi-Markov equation h = c − g·τ + P·h of paper 004 eq. 20, multiplied by q(s) where the sojourn is
+exponential, and with τ = 0 for the instantaneous start of a batch).  One sparse LU factorises it; the
+transposed solve with the unit vector at s₀ gives ∂g/∂(cost of s): the share of time in each waiting state and
+the rate of each start, hence W̄, P̄, the mean batch and the share of time at the truncation N.  Policy
+iteration improves every state's action by one Bellman step and stops when no action improves by more than
+1e-12·(1 + |g|); N doubles until the time share at n = N (the arrivals lost to the truncation) is below ``tol``.
+
+:func:`solve_instances` returns a :class:`MultiSolution`: the optimal policy on (n, running batches), its exact
+metrics, and the table n ↦ b that the runtime batcher, the simulator and the servers can follow (at each n
+the start the optimal policy makes most often among states with an idle instance), evaluated exactly too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import splu
+
+from ..errors import InputError, NotConvergedWarning
+from ..model.multi_server import MultiServerSMDP, PhaseType, check_multi_size, phase_type
+from ..model.problem import BatchingProblem
+
+__all__ = ["MultiSolution", "MultiEvaluation", "solve_instances", "evaluate_instances_table"]
+
+PI_ITER_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class MultiEvaluation:
+    """Exact long-run metrics of one policy on c instances (truncated at N)."""
+
+    avg_cost: float  # w1·W̄ + w2·P̄ (per ms)
+    mean_latency_ms: float  # W̄
+    mean_power_w: float  # P̄, batches plus idle instances
+    idle_power_w: float  # the idle instances' share of P̄
+    mean_batch: float
+    throughput: float  # requests/ms served
+    busy_instances: float  # mean instances serving
+    boundary_mass: float  # share of time at n = N (the share of arrivals lost to the truncation)
+    model_cost: float  # the truncated model's average cost: avg_cost plus the charge for arrivals lost at N
+
+
+@dataclass(frozen=True)
+class MultiSolution:
+    """The optimal policy for c instances sharing one queue, and the table n ↦ b that servers can follow.
+
+    ``policy[conf, n]`` is 0 (wait) or the index + 1 of the size started in state (n, configuration ``conf`` of
+    ``model.configs``); ``table[n]`` the size the runtime starts at queue length n while an instance is idle (0:
+    wait; past its end the last entry).  ``optimal`` and ``table_eval`` are their exact metrics.
+    """
+
+    problem: BatchingProblem
+    phase_law: str
+    phases: int
+    n_max: int
+    configurations: int
+    states: int
+    iterations: int
+    converged: bool
+    optimal: MultiEvaluation
+    table: np.ndarray
+    table_eval: MultiEvaluation
+    solve_time_s: float
+    policy: np.ndarray = field(repr=False)
+    model: MultiServerSMDP = field(repr=False)
+
+    def decide(self, n: int) -> int:
+        """The table's batch size at queue length n with an instance idle (0: wait)."""
+        return int(self.table[min(int(n), self.table.size - 1)])
+
+    def to_dict(self) -> dict:
+        def ev(e: MultiEvaluation) -> dict:
+            return {k: float(getattr(e, k)) for k in MultiEvaluation.__dataclass_fields__}
+
+        return {
+            "instances": self.problem.instances, "phase_law": self.phase_law, "phases": self.phases,
+            "n_max": self.n_max, "configurations": self.configurations, "states": self.states,
+            "iterations": self.iterations, "converged": self.converged, "optimal": ev(self.optimal),
+            "table": [int(x) for x in self.table], "table_eval": ev(self.table_eval),
+            "solve_time_s": self.solve_time_s,
+        }
+
+
+class _System:
+    """The model's fixed pieces over all states, and one policy's linear system."""
+
+    def __init__(self, model: MultiServerSMDP):
+        p, N = model.problem, model.N
+        self.model, self.N = model, N
+        S = model.n_states
+        self.n = np.tile(np.arange(N + 1), model.n_conf)
+        self.conf = np.repeat(np.arange(model.n_conf), N + 1)
+        self.idle = model.idle[self.conf]
+        self.lam = p.lam
+        self.sizes = np.asarray(p.batch_sizes, dtype=np.int64)
+        self.cost_lump = p.w2 * p.energy_mj()
+        self.zeta = p.energy_mj()
+        self.hold = (self.n + model.in_service[self.conf]) / p.lam  # W̄ rate per ms, before w1
+        self.idle_w = model.idle_power_w * self.idle
+        # an arrival lost at n = N costs the latency it would have had, over-estimated as twice the time to drain
+        # N + c·Bmax requests at the full rate: losing requests must never pay (it would at no cost)
+        c, bmax = model.problem.instances, p.bmax
+        self.loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) / (c * bmax)
+        self.cost_rate = p.w1 * self.hold + p.w2 * self.idle_w + np.where(self.n == N, p.w1 * self.loss_ms, 0.0)
+        self.arr = self.n < N
+        self.q = self.lam * self.arr + model.out_rate[self.conf]
+        src, dst, rate = model.events
+        rows = (src[:, None] * (N + 1) + np.arange(N + 1)[None, :]).ravel()
+        cols = (dst[:, None] * (N + 1) + np.arange(N + 1)[None, :]).ravel()
+        vals = np.repeat(rate, N + 1)
+        self.E = sp.csr_matrix((vals, (rows, cols)), shape=(S, S))
+        A = self.sizes.size
+        m = model.ph.phases
+        # next state of each start: start[conf, i, j] configuration at n − b_i (−1 where infeasible)
+        nxt = np.full((S, A, m), -1, dtype=np.int64)
+        for i, b in enumerate(self.sizes):
+            ok = (self.idle > 0) & (self.n >= b)
+            st = model.start[self.conf[ok], i, :]
+            nxt[ok, i, :] = np.where(st >= 0, st * (N + 1) + (self.n[ok] - b)[:, None], -1)
+        self.next = nxt
+        self.alpha = model.ph.alpha
+        self.feasible = np.concatenate([(~((self.n == N) & (self.idle > 0)) & (self.q > 0))[:, None],
+                                        (nxt >= 0).any(axis=2)], axis=1)
+
+    def matrix(self, act: np.ndarray) -> tuple[sp.csc_matrix, np.ndarray]:
+        """The policy's system (column s₀ carries g) and its right-hand side."""
+        S = self.model.n_states
+        wait = act == 0
+        ws = np.nonzero(wait)[0]
+        rows, cols, vals = [ws], [ws], [self.q[ws]]
+        a_ok = ws[self.arr[ws]]
+        rows.append(a_ok), cols.append(a_ok + 1), vals.append(np.full(a_ok.size, -self.lam))
+        Ew = self.E[ws]
+        coo = Ew.tocoo()
+        rows.append(ws[coo.row]), cols.append(coo.col), vals.append(-coo.data)
+        ds = np.nonzero(~wait)[0]
+        rows.append(ds), cols.append(ds), vals.append(np.ones(ds.size))
+        i = act[ds] - 1
+        for j in range(self.alpha.shape[1]):
+            pj = self.alpha[i, j]
+            tgt = self.next[ds, i, j]
+            use = pj > 0
+            rows.append(ds[use]), cols.append(tgt[use]), vals.append(-pj[use])
+        r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+        v = np.where(c == 0, 0.0, v)  # h(s₀) = 0: its column carries g instead
+        r = np.concatenate([r, ws]); c = np.concatenate([c, np.zeros(ws.size, dtype=np.int64)])
+        v = np.concatenate([v, np.ones(ws.size)])
+        M = sp.csc_matrix((v, (r, c)), shape=(S, S))
+        rhs = np.where(wait, self.cost_rate, 0.0)
+        rhs[ds] = self.cost_lump[act[ds] - 1]
+        return M, rhs
+
+    def improve(self, act: np.ndarray, h: np.ndarray, g: float) -> np.ndarray:
+        """One Bellman step: every state's best action, keeping the current one unless another beats it."""
+        S = self.model.n_states
+        A = self.sizes.size
+        vals = np.full((S, A + 1), np.inf)
+        up = np.where(self.arr, np.roll(h, -1), 0.0) * self.lam
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = (self.cost_rate - g + up + self.E @ h) / self.q
+        vals[:, 0] = np.where(self.feasible[:, 0], w, np.inf)
+        for i in range(A):
+            tgt = self.next[:, i, :]
+            ok = self.feasible[:, i + 1]
+            ev = (self.alpha[i][None, :] * np.where(tgt >= 0, h[np.maximum(tgt, 0)], 0.0)).sum(axis=1)
+            vals[:, i + 1] = np.where(ok, self.cost_lump[i] + ev, np.inf)
+        best = np.argmin(vals, axis=1)
+        cur = vals[np.arange(S), act]
+        keep = cur <= vals[np.arange(S), best] + 1e-12 * (1.0 + abs(g))
+        return np.where(keep, act, best)
+
+    def evaluate(self, act: np.ndarray) -> tuple[float, np.ndarray, MultiEvaluation]:
+        M, rhs = self.matrix(act)
+        lu = splu(M, permc_spec="MMD_AT_PLUS_A")
+        x = lu.solve(rhs)
+        g = float(x[0])
+        h = x.copy()
+        h[0] = 0.0
+        e0 = np.zeros(M.shape[0])
+        e0[0] = 1.0
+        y = lu.solve(e0, trans="T")  # time share of waiting states, rate of each start
+        wait = act == 0
+        t = np.where(wait, y, 0.0)
+        starts = np.where(wait, 0.0, y)
+        i = np.maximum(act - 1, 0)
+        bound = float(t[self.n == self.N].sum())
+        lam_in = self.lam * (1.0 - bound)
+        W = float(t @ (self.n + self.model.in_service[self.conf])) / lam_in
+        idle_p = float(t @ self.idle_w)
+        P = float(starts @ self.zeta[i]) + idle_p
+        rate = float(starts.sum())
+        thr = float(starts @ self.sizes[i])
+        busy = float(t @ (self.model.problem.instances - self.idle))
+        p = self.model.problem
+        ev = MultiEvaluation(p.w1 * W + p.w2 * P, W, P, idle_p, thr / rate if rate > 0 else 0.0, thr, busy, bound, g)
+        self._visits = np.where(wait, y * self.q, y)
+        self.level_time = np.bincount(self.n, weights=t, minlength=self.N + 1)
+        return g, h, ev
+
+
+def _initial(sysm: _System) -> np.ndarray:
+    """Start each idle instance on the largest size that fits the queue (greedy)."""
+    act = np.zeros(sysm.model.n_states, dtype=np.int64)
+    for i in range(sysm.sizes.size):
+        act = np.where(sysm.feasible[:, i + 1], i + 1, act)
+    return act
+
+
+def _iterate(sysm: _System, act: np.ndarray) -> tuple[np.ndarray, MultiEvaluation, int, bool]:
+    for it in range(1, PI_ITER_LIMIT + 1):
+        g, h, ev = sysm.evaluate(act)
+        new = sysm.improve(act, h, g)
+        if np.array_equal(new, act):
+            return act, ev, it, True
+        act = new
+    return act, ev, PI_ITER_LIMIT, False
+
+
+def _extend(old: np.ndarray, n_old: int, sysm: _System) -> np.ndarray:
+    """A policy of truncation n_old carried to the longer one (levels past n_old take level n_old's action)."""
+    old = old.reshape(-1, n_old + 1)
+    N = sysm.N
+    act = old[:, np.minimum(np.arange(N + 1), n_old)].ravel()
+    return np.where(sysm.feasible[np.arange(act.size), act], act, _initial(sysm))
+
+
+def table_policy(sysm: _System, table: np.ndarray) -> np.ndarray:
+    """The state policy of a table n ↦ b (b = 0 waits) run on c instances: start table[n] while an instance is
+    idle; at the truncation an idle instance serves the largest size."""
+    sizes = list(sysm.sizes)
+    t = np.asarray(table, dtype=np.int64)
+    b = t[np.minimum(sysm.n, t.size - 1)]
+    bad = [x for x in np.unique(b) if x != 0 and x not in sizes]
+    if bad:
+        raise InputError(f"the table starts a batch of {bad[0]}, not an allowed size {sizes[0]}..{sizes[-1]}")
+    if np.any((b > sysm.n)):
+        raise InputError("the table starts a batch larger than the queue at some n")
+    idx = np.searchsorted(sysm.sizes, b) + 1
+    act = np.where((b > 0) & (sysm.idle > 0), idx, 0)
+    forced = (sysm.n == sysm.N) & (sysm.idle > 0) & (act == 0)
+    return np.where(forced, sysm.sizes.size, act)
+
+
+def _project(sysm: _System, act: np.ndarray) -> np.ndarray:
+    """At each n, the size the optimal policy starts most often (visits weighted) among states with an idle
+    instance; levels never visited take the all-idle state's action."""
+    N, A = sysm.N, sysm.sizes.size
+    v = sysm._visits
+    ok = sysm.idle > 0
+    w = np.zeros((N + 1, A + 1))
+    np.add.at(w, (sysm.n[ok], act[ok]), v[ok])
+    choice = np.argmax(w, axis=1)
+    none = w.sum(axis=1) <= 0
+    choice[none] = act[: N + 1][none]  # configuration 0 is all idle
+    return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
+
+
+def _n_start(problem: BatchingProblem) -> int:
+    return int(max(2 * problem.bmax, 16) * max(1, problem.instances))
+
+
+def _truncation_share(sysm: _System, ev: MultiEvaluation) -> float:
+    """The truncation's share of the objective: the loss charge at n = N over the average cost."""
+    return ev.boundary_mass * sysm.model.problem.w1 * sysm.loss_ms / max(ev.avg_cost, 1e-300)
+
+
+def _next_n(sysm: _System, share: float, tol: float) -> int:
+    """A longer truncation: where the levels' geometric decay below N puts the share under ``tol`` (at least
+    1.5·N, at most 4·N; 2·N when the decay cannot be read)."""
+    N, y = sysm.N, sysm.level_time
+    lo, hi = N // 2, N - 1
+    if y[lo] > 0 and y[hi] > 0 and y[hi] < y[lo]:
+        r = (y[hi] / y[lo]) ** (1.0 / (hi - lo))
+        extra = math.log(tol / share) / math.log(r) * 1.25 + sysm.model.problem.bmax
+        return int(min(4 * N, max(1.5 * N, N + extra)))
+    return 2 * N
+
+
+def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle_power_w: float = 0.0,
+                    n_max: int | None = None, tol: float = 1e-6, throw: bool = True) -> MultiSolution:
+    """The optimal batching policy for ``problem.instances`` = c instances sharing one queue.
+
+    ``phases``: Erlang order for a deterministic law (see :func:`~smdp_batch.model.multi_server.phase_type`);
+    ``idle_power_w``: power of an idle instance (W); ``n_max``: a fixed queue truncation, else it grows from
+    2·c·Bmax until the arrivals lost at n = N (charged the latency they would have had) make less than ``tol``
+    of the objective.  ``throw``: raise :class:`NotConvergedWarning` as an error when policy iteration or the
+    truncation did not converge (else warn and return it with ``converged`` False).
+    """
+    if not (isinstance(tol, float) and 0 < tol < 1):
+        raise InputError(f"tol must be a number in (0, 1), got {tol!r}")
+    t0 = time.perf_counter()
+    ph: PhaseType = phase_type(problem, phases)
+    fixed = n_max is not None
+    N = int(n_max) if fixed else _n_start(problem)
+    check_multi_size(problem, ph, N)
+    act, n_old, total, why = None, N, 0, ""
+    while True:
+        sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w))
+        act = _initial(sysm) if act is None else _extend(act, n_old, sysm)
+        act, ev, its, ok = _iterate(sysm, act)
+        total += its
+        share = _truncation_share(sysm, ev)
+        if not ok:
+            why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"
+            break
+        if fixed or share < tol:
+            break
+        n_old, N = N, _next_n(sysm, share, tol)
+        try:
+            check_multi_size(problem, ph, N)
+        except InputError as e:
+            why = f"the truncation needs more than N = {n_old} ({e})"
+            N = n_old
+            break
+    if not fixed and not why and share >= tol:
+        why = f"the truncation at N = {N} carries {share:.3g} of the objective (≥ {tol:g})"
+    converged = not why
+    if not converged:
+        msg = f"the {problem.instances}-instance solve did not converge: {why}"
+        if throw:
+            raise NotConvergedWarning(msg)
+        warnings.warn(msg, NotConvergedWarning, stacklevel=2)
+    table = _project(sysm, act)
+    _, _, tev = sysm.evaluate(table_policy(sysm, table))
+    return MultiSolution(problem, ph.how, ph.phases, N, sysm.model.n_conf, sysm.model.n_states, total, converged, ev,
+                         table, tev, time.perf_counter() - t0, act.reshape(-1, N + 1), sysm.model)
+
+
+def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | None = None,
+                             idle_power_w: float = 0.0, n_max: int | None = None) -> MultiEvaluation:
+    """Exact metrics of a table n ↦ b run on ``problem.instances`` instances sharing the queue (the runtime's and
+    the simulator's rule: start table[n] whenever an instance is idle)."""
+    ph = phase_type(problem, phases)
+    N = max(_n_start(problem), len(table)) if n_max is None else int(n_max)
+    sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w))
+    return sysm.evaluate(table_policy(sysm, np.asarray(table)))[2]
+

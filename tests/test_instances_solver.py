@@ -1,0 +1,239 @@
+"""The c-server batching SMDP (model/multi_server.py, solvers/multi_pi.py) against independent computations:
+a dense CTMC of a fixed table written here from the model's definition, the linear program of the tiny
+truncated SMDP, today's one-server solve at c = 1, the simulator on c instances, and Erlang-k converging."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from smdp_batch.analysis.simulate import simulate
+from smdp_batch.errors import InputError, NotConvergedWarning
+from smdp_batch.model.multi_server import PHASES_LIMIT, phase_type
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.solvers import solve
+from smdp_batch.solvers.multi_pi import evaluate_instances_table, solve_instances
+
+
+def _problem(c, rho=0.6, service="exp", sizes="1,2,3", **kw):
+    return BatchingProblem.from_rho(rho, service=service, batch_sizes=sizes, instances=c, **kw)
+
+
+def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) -> dict:
+    """Exact W̄, P̄ and mean batch of ``table`` on c instances with exponential batch times: a dense generator
+    over (n, sorted sizes in service) after every start the table makes, written from the model's definition."""
+    c, lam = p.instances, p.lam
+    sizes = list(p.batch_sizes)
+    l = dict(zip(sizes, p.latency_ms()))
+    z = dict(zip(sizes, p.energy_mj()))
+
+    def settle(n, busy):  # start table[n] while an instance is idle (at n = N the largest size)
+        started = []
+        while len(busy) < c and n > 0:
+            b = int(table[min(n, len(table) - 1)])
+            if b == 0 and n == N:
+                b = max(s for s in sizes if s <= n)
+            if b == 0:
+                break
+            busy = tuple(sorted(busy + (b,)))
+            n -= b
+            started.append(b)
+        return (n, busy), started
+
+    states = [(n, busy) for n in range(N + 1) for k in range(c + 1)
+              for busy in itertools.combinations_with_replacement(sizes, k)]
+    stable = [s for s in states if settle(*s)[0] == s]
+    idx = {s: i for i, s in enumerate(stable)}
+    Q = np.zeros((len(stable), len(stable)))
+    starts = np.zeros((len(stable), 3))  # rate-weighted: batches, requests, energy started per ms
+    for (n, busy), i in idx.items():
+        moves = []
+        if n < N:
+            moves.append((lam, n + 1, busy))
+        for b in set(busy):
+            rest = list(busy)
+            rest.remove(b)
+            moves.append((busy.count(b) / l[b], n, tuple(rest)))
+        for r, n2, busy2 in moves:
+            s2, started = settle(n2, busy2)
+            Q[i, idx[s2]] += r
+            Q[i, i] -= r
+            starts[i] += r * np.array([len(started), sum(started), sum(z[b] for b in started)])
+    A = np.vstack([Q.T, np.ones(len(stable))])
+    rhs = np.zeros(len(stable) + 1)
+    rhs[-1] = 1.0
+    pi = np.linalg.lstsq(A, rhs, rcond=None)[0]
+    at_n = np.array([s[0] for s in stable])
+    in_sys = np.array([s[0] + sum(s[1]) for s in stable])
+    idle = np.array([c - len(s[1]) for s in stable])
+    lost = float(pi[at_n == N].sum())
+    rates = pi @ starts
+    return {"W": float(pi @ in_sys) / (lam * (1 - lost)), "P": rates[2] + idle_power_w * float(pi @ idle),
+            "batch": rates[1] / rates[0], "lost": lost}
+
+
+@pytest.mark.parametrize("c,table", [(2, [0, 0, 2, 3]), (3, [0, 1, 0, 3, 3, 0, 3]), (2, [0, 1, 2, 3])])
+def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table):
+    p = _problem(c, rho=0.7)
+    N = 14
+    ev = evaluate_instances_table(p, table, n_max=N, idle_power_w=3.0)
+    ref = _ctmc_metrics(p, table, N, idle_power_w=3.0)
+    assert ev.mean_latency_ms == pytest.approx(ref["W"], rel=1e-9)
+    assert ev.mean_power_w == pytest.approx(ref["P"], rel=1e-9)
+    assert ev.mean_batch == pytest.approx(ref["batch"], rel=1e-9)
+    assert ev.boundary_mass == pytest.approx(ref["lost"], rel=1e-7, abs=1e-15)
+
+
+def test_the_solved_table_evaluates_as_the_ctmc_says():
+    p = _problem(2, rho=0.7)
+    sol = solve_instances(p, n_max=20)
+    ref = _ctmc_metrics(p, sol.table, 20)
+    assert sol.table_eval.mean_latency_ms == pytest.approx(ref["W"], rel=1e-9)
+    assert sol.table_eval.mean_power_w == pytest.approx(ref["P"], rel=1e-9)
+
+
+def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
+    """The least average cost of the truncated c-server SMDP by its linear program over state-action
+    frequencies (Σ τ·x = 1), built here from the model's definition with dense matrices."""
+    c, lam, m = p.instances, p.lam, ph.phases
+    sizes = list(p.batch_sizes)
+    z = p.energy_mj()
+    bmax = sizes[-1]
+    loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) / (c * bmax)
+    syms = [(i, j) for i in range(len(sizes)) for j in range(m)]
+    confs = [cf for k in range(c + 1) for cf in itertools.combinations_with_replacement(syms, k)]
+    states = [(n, cf) for n in range(N + 1) for cf in confs]
+    idx = {s: i for i, s in enumerate(states)}
+    cols, costs, taus, flows = [], [], [], []
+    for (n, cf), i in idx.items():
+        busy = sum(sizes[a] for a, _ in cf)
+        if not (n == N and len(cf) < c):  # wait (at N an idle instance must serve)
+            moves = []
+            if n < N:
+                moves.append((lam, (n + 1, cf)))
+            for sym in set(cf):
+                a, j = sym
+                rest = list(cf)
+                rest.remove(sym)
+                cnt = cf.count(sym)
+                for j2 in range(m):
+                    if ph.moves[a, j, j2] > 0:
+                        moves.append((cnt * ph.moves[a, j, j2], (n, tuple(sorted(rest + [(a, j2)])))))
+                if ph.exits[a, j] > 0:
+                    moves.append((cnt * ph.exits[a, j], (n, tuple(sorted(rest)))))
+            q = sum(r for r, _ in moves)
+            if q > 0:
+                rate = p.w1 * (n + busy) / lam + (p.w1 * loss_ms if n == N else 0.0)
+                col = np.zeros(len(states))
+                col[i] += 1.0
+                for r, s2 in moves:
+                    col[idx[s2]] -= r / q
+                cols.append(col), costs.append(rate / q), taus.append(1.0 / q)
+        if len(cf) < c:
+            for a, b in enumerate(sizes):
+                if b <= n:
+                    col = np.zeros(len(states))
+                    col[i] += 1.0
+                    for j in range(m):
+                        if ph.alpha[a, j] > 0:
+                            col[idx[(n - b, tuple(sorted(cf + ((a, j),))))]] -= ph.alpha[a, j]
+                    cols.append(col), costs.append(p.w2 * z[a]), taus.append(0.0)
+    A_eq = np.vstack([np.array(cols).T, np.array(taus)[None, :]])
+    b_eq = np.zeros(len(states) + 1)
+    b_eq[-1] = 1.0
+    res = linprog(np.array(costs), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs",
+                  options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
+    assert res.status == 0, res.message
+    return float(res.fun)
+
+
+@pytest.mark.parametrize("service,c", [("exp", 2), ("hyperexp", 2), ("erlang:2", 2), ("exp", 3)])
+def test_policy_iteration_equals_the_linear_program_on_a_tiny_truncation(service, c):
+    p = _problem(c, rho=0.65, service=service, sizes="1,2")
+    N = 9
+    sol = solve_instances(p, n_max=N)
+    assert sol.optimal.model_cost == pytest.approx(_lp_optimum(p, N, phase_type(p)), rel=1e-9)
+
+
+def test_one_instance_equals_todays_single_server_solve():
+    p = BatchingProblem.from_rho(0.6, service="exp", batch_sizes="1,2,4,8")
+    ours = solve_instances(p, tol=1e-12)
+    theirs = solve(p).deployed
+    assert ours.optimal.avg_cost == pytest.approx(theirs.avg_cost, rel=1e-9)
+    assert ours.optimal.mean_latency_ms == pytest.approx(theirs.mean_latency_ms, rel=1e-8)
+    assert ours.optimal.mean_power_w == pytest.approx(theirs.mean_power_w, rel=1e-9)
+    ref = solve(p).policy
+    k = min(ref.size, 60)
+    assert list(ours.table[:k]) == list(ref[:k])
+
+
+def test_the_table_on_c_instances_simulates_to_its_exact_evaluation():
+    p = _problem(2, rho=0.7, sizes="1,2,4,8")
+    sol = solve_instances(p)
+    sim = simulate(p, np.asarray(sol.table), requests=400_000, seed=3)
+    half = sim.mean_latency_ci  # the 95 % half-width
+    assert abs(sim.mean_latency_ms - sol.table_eval.mean_latency_ms) <= 3 * half + 1e-3 * sim.mean_latency_ms
+    assert sim.mean_power_w == pytest.approx(sol.table_eval.mean_power_w, rel=0.01)
+    assert sim.mean_batch_size == pytest.approx(sol.table_eval.mean_batch, rel=0.01)
+
+
+def test_erlang_k_converges_as_k_grows_toward_the_fixed_batch_time():
+    p = _problem(2, rho=0.6, service="det", sizes="1,2")
+    g = [solve_instances(p, phases=k).optimal.avg_cost for k in (1, 2, 4, 8)]
+    d = np.abs(np.diff(g))
+    assert d[1] < 0.7 * d[0] and d[2] < 0.7 * d[1], g
+    sol = solve_instances(p, phases=8)
+    sim = simulate(p, np.asarray(sol.table), requests=200_000, seed=1)  # the fixed batch times themselves
+    assert abs(sim.mean_latency_ms - sol.table_eval.mean_latency_ms) < abs(sim.mean_latency_ms - solve_instances(
+        p, phases=1).table_eval.mean_latency_ms)
+
+
+def test_idle_power_is_charged_per_idle_instance():
+    p = _problem(3, rho=0.5)
+    a = evaluate_instances_table(p, [0, 1, 2, 3], n_max=30)
+    b = evaluate_instances_table(p, [0, 1, 2, 3], n_max=30, idle_power_w=7.5)
+    assert b.mean_power_w - a.mean_power_w == pytest.approx(7.5 * (3 - a.busy_instances), rel=1e-10)
+    assert b.idle_power_w == pytest.approx(7.5 * (3 - a.busy_instances), rel=1e-10)
+    assert b.mean_latency_ms == pytest.approx(a.mean_latency_ms, rel=1e-12)
+
+
+def test_the_phase_type_laws_keep_the_mean():
+    for svc in ("exp", "erlang:3", "gamma:2", "hyperexp", "det", "gamma:0.5", "gamma:2.5", "lognormal:0.5"):
+        p = _problem(2, service=svc)
+        ph = phase_type(p, 4)
+        assert np.allclose(ph.means(), p.latency_ms(), rtol=1e-12), svc
+    assert phase_type(_problem(2, service="det"), 5).phases == 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, PHASES_LIMIT + 1, 2.5, True, "3"])
+def test_bad_phase_counts_are_one_line(bad):
+    with pytest.raises(InputError, match="phases must be an integer from 1 to"):
+        solve_instances(_problem(2, service="det"), phases=bad)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_bad_idle_power_is_one_line(bad):
+    with pytest.raises(InputError, match="idle power per instance"):
+        solve_instances(_problem(2), idle_power_w=bad)
+
+
+def test_a_model_past_the_state_limit_is_refused_before_work():
+    p = BatchingProblem.from_rho(0.5, service="det", instances=8)
+    with pytest.raises(InputError, match=r"configurations × .* states, over the limit .*--sizes 1,2,4,8,16,32"):
+        solve_instances(p)
+
+
+def test_a_truncation_that_cannot_grow_enough_is_never_returned_silently(monkeypatch):
+    monkeypatch.setattr("smdp_batch.model.multi_server.MULTI_STATE_LIMIT", 2_000)
+    p = BatchingProblem.from_rho(0.9, service="exp", batch_sizes="1,2,4", instances=2)
+    with pytest.raises(NotConvergedWarning, match="did not converge"):
+        solve_instances(p, tol=1e-14)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        sol = solve_instances(p, tol=1e-14, throw=False)
+    assert not sol.converged and any(issubclass(x.category, NotConvergedWarning) for x in w)
