@@ -109,7 +109,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
     confs = [cf for k in range(c + 1) for cf in itertools.combinations_with_replacement(syms, k)]
     states = [(n, cf) for n in range(N + 1) for cf in confs]
     idx = {s: i for i, s in enumerate(states)}
-    cols, costs, taus, flows = [], [], [], []
+    cols, costs, taus = [], [], []
     for (n, cf), i in idx.items():
         busy = sum(sizes[a] for a, _ in cf)
         if not (n == N and len(cf) < c):  # wait (at N an idle instance must serve)
@@ -224,7 +224,7 @@ def test_bad_idle_power_is_one_line(bad):
 
 def test_a_model_past_the_state_limit_is_refused_before_work():
     p = BatchingProblem.from_rho(0.5, service="det", instances=8)
-    with pytest.raises(InputError, match=r"configurations × .* states, over the limit .*--sizes 1,2,4,8,16,32"):
+    with pytest.raises(InputError, match=r"configurations × .* states, over the limit .*--batch-sizes 1,2,4,8,16,32"):
         solve_instances(p)
 
 
@@ -237,3 +237,41 @@ def test_a_truncation_that_cannot_grow_enough_is_never_returned_silently(monkeyp
         warnings.simplefilter("always")
         sol = solve_instances(p, tol=1e-14, throw=False)
     assert not sol.converged and any(issubclass(x.category, NotConvergedWarning) for x in w)
+
+
+def test_solve_instances_on_the_command_line(capsys):
+    from smdp_batch.cli import main
+
+    args = ["solve", "--instances", "2", "--batch-sizes", "1,2,4,8", "--service", "exp", "--rho", "0.6"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 instances sharing one queue" in out and "its table n ↦ b" in out and "split over 2 queues" in out
+    assert main(args + ["--json"]) == 0
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["instances"] == 2 and d["converged"] and d["optimal"]["avg_cost"] <= d["split_evenly"]["avg_cost"]
+    assert d["optimal"]["avg_cost"] <= d["table_eval"]["avg_cost"] + 1e-9
+    assert d["optimal"]["avg_cost"] <= d["one_instance_table_shared"]["avg_cost"] + 1e-9
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--instances", "0"], "--instances must be ≥ 1"),
+    (["--instances", "-1"], "--instances must be ≥ 1"),
+    (["--instances", "65"], "--instances must be ≤ 64"),
+    (["--instances", "2.5"], "--instances must be an integer"),
+    (["--phases", "4"], "add --instances c > 1"),
+    (["--idle-power", "5"], "add --instances c > 1"),
+    (["--instances", "2", "--idle-power", "-1"], "--idle-power must be ≥ 0"),
+    (["--instances", "2", "--phases", "0"], "--phases must be ≥ 1"),
+    (["--instances", "2", "-o", "x.h5"], "cannot be combined with -o"),
+    (["--instances", "2", "--rho-grid", "0.3,0.5"], "cannot be combined with --rho-grid"),
+    (["--instances", "8"], "over the limit"),
+])
+def test_bad_instance_options_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, match):
+    from smdp_batch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["solve", *args]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

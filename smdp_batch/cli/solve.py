@@ -28,6 +28,8 @@ from .options import (
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
+from ..model.multi_server import PHASES_DEFAULT, PHASES_LIMIT
+from ..model.problem import MAX_INSTANCES
 from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 
@@ -51,11 +53,19 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
         help="poisson | mmpp:L1,L2,R12,R21 | map:FILE.json (bursty arrivals: a table per queue length and phase; "
              "the load is the MAP's mean rate).")
+@option("--instances", type=Number(integer=True, min=1, max=MAX_INSTANCES), default="1", show_default=True,
+        help="Model instances sharing the one queue (Triton's instance_group count); ρ is per instance. Above 1 the "
+             "c-server SMDP is solved with phase-type batch times.")
+@option("--phases", type=Number(integer=True, min=1, max=PHASES_LIMIT), default=None,
+        show_default=f"{PHASES_DEFAULT} for a fixed batch time",
+        help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
+@option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
+        help="With --instances > 1: power of an idle instance, W.")
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
-def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, output,
-              as_json, **opts):
+def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, instances,
+              phases, idle_power, output, as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
     prepare_outputs([("-o", output)], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     check_backend(backend)
@@ -71,6 +81,9 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
         return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
+    if instances > 1 or phases is not None or idle_power:
+        return _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max,
+                                solver, backend)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
                     max_iter=max_iter, backend=backend)
     if lam_grid is not None or rho_grid is not None:
@@ -115,6 +128,28 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         + ([f"  written     {output}"] if output else [])
     )
     emit(d, as_json, text)
+
+
+def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,
+                     backend) -> None:
+    """solve --instances c (with --phases / --idle-power): the c-server SMDP (cli/instances.py)."""
+    from .instances import solve_instances_cmd
+
+    bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid), ("-o", output)) if v is not None]
+    bad += ["--solver rvi"] if solver != "pi" else []
+    bad += ["--backend jax"] if backend != "numba" else []
+    bad += [f"--s-max {s_max}"] if str(s_max).lower() != "auto" else []
+    if instances == 1:
+        bad.append("--phases" if phases is not None else "--idle-power")
+    if bad:
+        what = (f"--instances {instances}" if instances > 1 else
+                "--phases and --idle-power (they shape the model of several instances: add --instances c > 1)")
+        raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
+                         "iteration with its own truncation and prints its table (writing it to a file is not "
+                         "supported yet)" if instances > 1 else f"{what}; got {', '.join(bad)} with one instance")
+    problem = build_problem({**opts, "instances": instances})
+    note_energy(problem, opts)
+    solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json)
 
 
 def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:

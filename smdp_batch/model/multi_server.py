@@ -44,7 +44,7 @@ from .problem import BatchingProblem
 
 __all__ = [
     "PhaseType", "MultiServerSMDP", "phase_type", "count_configurations", "MULTI_STATE_LIMIT", "PHASES_DEFAULT",
-    "PHASES_LIMIT", "check_multi_size",
+    "PHASES_LIMIT", "check_multi_size", "MULTI_WORK_LIMIT",
 ]
 
 #: Erlang phases standing for deterministic batch times unless asked otherwise.
@@ -55,6 +55,8 @@ PHASES_LIMIT = 64
 #: step factorises one sparse system, whose LU fills to 50–550 entries per state (c = 2: 28 700 states in
 #: 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core development machine).
 MULTI_STATE_LIMIT = 60_000
+#: Most states × configurations: the LU's fill, hence its time, grows with both (≈ 1 s per 10⁶ here).
+MULTI_WORK_LIMIT = 3_000_000
 #: Bytes per state of the model and its policy iteration (the LU's fill dominates).
 BYTES_PER_STATE = 8_000
 
@@ -153,12 +155,17 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tup
     A, c = len(problem.batch_sizes), problem.instances
     confs = count_configurations(A * ph.phases, c)
     states = confs * (n_max + 1)
-    fix = (f"fewer sizes (--sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
+    fix = (f"fewer sizes (--batch-sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
            f"{ph.phases}) or fewer instances")
     if states > MULTI_STATE_LIMIT:
         raise InputError(f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} "
                          f"configurations × {n_max + 1} queue levels = {states} states, over the limit "
                          f"{MULTI_STATE_LIMIT}; use {fix}")
+    if states * confs > MULTI_WORK_LIMIT:
+        raise InputError(f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} "
+                         f"configurations × {n_max + 1} queue levels: {states} states × {confs} configurations is over "
+                         f"the work limit {MULTI_WORK_LIMIT:.0e} (each policy-iteration step factorises the system); "
+                         f"use {fix}")
     check_memory(states * BYTES_PER_STATE, f"the {c}-instance model of {states} states", f"use {fix}")
     return confs, states
 
@@ -196,14 +203,13 @@ class MultiServerSMDP:
                 cnt = cf.count(sym)
                 i, j = divmod(sym - 1, m)
                 pos = cf.index(sym)
-                for j2 in range(m):
-                    r = ph.moves[i, j, j2]
-                    if r > 0:
-                        src.append(k), dst.append(index[tuple(sorted(cf[:pos] + (1 + i * m + j2,) + cf[pos + 1:]))])
-                        rate.append(cnt * r)
+                moved = [(1 + i * m + j2, ph.moves[i, j, j2]) for j2 in range(m) if ph.moves[i, j, j2] > 0]
                 if ph.exits[i, j] > 0:
-                    src.append(k), dst.append(index[tuple(sorted(cf[:pos] + (0,) + cf[pos + 1:]))])
-                    rate.append(cnt * ph.exits[i, j])
+                    moved.append((0, ph.exits[i, j]))
+                for sym2, r in moved:
+                    src.append(k)
+                    dst.append(index[tuple(sorted(cf[:pos] + (sym2,) + cf[pos + 1:]))])
+                    rate.append(cnt * r)
             if cf[0] == 0:
                 rest = cf[1:]
                 for i in range(A):

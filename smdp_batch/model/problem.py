@@ -108,8 +108,9 @@ class BatchingProblem:
     service : shape of the batch-time law G_b with mean l(b).
     w1, w2 : weights of mean latency (per ms) and mean power (per W); w1 > 0, w2 ≥ 0.
     instances : c identical model instances sharing the one FIFO queue (Triton's ``instance_group``), 1 to
-        64; ρ and the stable rate then count all c.  The solvers and the exact evaluation are for one
-        server and refuse c > 1; the simulator runs any rule on c instances.
+        64; ρ and the stable rate then count all c.  The one-server solvers and evaluation refuse c > 1; the
+        c-server SMDP (:func:`smdp_batch.solvers.multi_pi.solve_instances`) solves it, and the simulator runs any
+        rule on c instances.
     """
 
     lam: float
@@ -256,7 +257,7 @@ class BatchingProblem:
         evaluation, which are those of one server (paper 004)."""
         if self.instances > 1:
             raise InputError(
-                f"the optimal table and its exact evaluation are for one server; {self.instances} instances sharing "
-                "a queue are only simulated so far (simulate --instances): solve for one instance at its share of "
-                "the load, or simulate your rule on all of them")
+                f"this solve and its exact evaluation are for one server; {self.instances} instances sharing a queue "
+                "are solved by the c-server model (solve --instances, solvers.multi_pi.solve_instances) and "
+                "simulated by simulate --instances")
         return self

@@ -139,23 +139,22 @@ class _System:
         S = self.model.n_states
         wait = act == 0
         ws = np.nonzero(wait)[0]
-        rows, cols, vals = [ws], [ws], [self.q[ws]]
+        parts = [(ws, ws, self.q[ws])]
         a_ok = ws[self.arr[ws]]
-        rows.append(a_ok), cols.append(a_ok + 1), vals.append(np.full(a_ok.size, -self.lam))
-        Ew = self.E[ws]
-        coo = Ew.tocoo()
-        rows.append(ws[coo.row]), cols.append(coo.col), vals.append(-coo.data)
+        parts.append((a_ok, a_ok + 1, np.full(a_ok.size, -self.lam)))
+        coo = self.E[ws].tocoo()
+        parts.append((ws[coo.row], coo.col, -coo.data))
         ds = np.nonzero(~wait)[0]
-        rows.append(ds), cols.append(ds), vals.append(np.ones(ds.size))
+        parts.append((ds, ds, np.ones(ds.size)))
         i = act[ds] - 1
         for j in range(self.alpha.shape[1]):
             pj = self.alpha[i, j]
-            tgt = self.next[ds, i, j]
             use = pj > 0
-            rows.append(ds[use]), cols.append(tgt[use]), vals.append(-pj[use])
-        r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+            parts.append((ds[use], self.next[ds, i, j][use], -pj[use]))
+        r, c, v = (np.concatenate(x) for x in zip(*parts))
         v = np.where(c == 0, 0.0, v)  # h(s₀) = 0: its column carries g instead
-        r = np.concatenate([r, ws]); c = np.concatenate([c, np.zeros(ws.size, dtype=np.int64)])
+        r = np.concatenate([r, ws])
+        c = np.concatenate([c, np.zeros(ws.size, dtype=np.int64)])
         v = np.concatenate([v, np.ones(ws.size)])
         M = sp.csc_matrix((v, (r, c)), shape=(S, S))
         rhs = np.where(wait, self.cost_rate, 0.0)
@@ -255,14 +254,14 @@ def table_policy(sysm: _System, table: np.ndarray) -> np.ndarray:
 
 def _project(sysm: _System, act: np.ndarray) -> np.ndarray:
     """At each n, the size the optimal policy starts most often (visits weighted) among states with an idle
-    instance; levels never visited take the all-idle state's action."""
+    instance; levels it (almost) never visits take the all-idle state's action."""
     N, A = sysm.N, sysm.sizes.size
-    v = sysm._visits
+    v = np.maximum(sysm._visits, 0.0)
     ok = sysm.idle > 0
     w = np.zeros((N + 1, A + 1))
     np.add.at(w, (sysm.n[ok], act[ok]), v[ok])
     choice = np.argmax(w, axis=1)
-    none = w.sum(axis=1) <= 0
+    none = w.sum(axis=1) <= 1e-12 * v.sum()
     choice[none] = act[: N + 1][none]  # configuration 0 is all idle
     return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
 
@@ -303,7 +302,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     t0 = time.perf_counter()
     ph: PhaseType = phase_type(problem, phases)
     fixed = n_max is not None
-    N = int(n_max) if fixed else _n_start(problem)
+    N = _n_start(problem) if n_max is None else int(n_max)
     check_multi_size(problem, ph, N)
     act, n_old, total, why = None, N, 0, ""
     while True:
