@@ -1,0 +1,77 @@
+"""The c-server SMDP's size and cost: c = 2, 4, 8 instances with Bmax 32 at ρ 0.5 and 0.9 per instance.
+
+Each case runs in its own process (peak memory is that process's), under a time limit, and prints the state count,
+the configurations of the instances, the truncation N, policy iterations, the solve time, the peak memory and
+whether it converged, or the one line that refused it before work.  Beside it, the one-server solve of the same
+scenario at its share of the load (today's answer per instance), for scale.
+
+    python benchmarks/bench_instances.py            # the whole grid (several minutes on 2 cores)
+    python benchmarks/bench_instances.py --quick    # c = 2 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+
+CASE = textwrap.dedent("""
+    import json, resource, sys, time
+    from smdp_batch.errors import InputError
+    from smdp_batch.model.problem import BatchingProblem
+    from smdp_batch.solvers import solve
+    from smdp_batch.solvers.multi_pi import solve_instances
+    c, rho, sizes, service = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+    p = BatchingProblem.from_rho(rho, service=service, batch_sizes=sizes, instances=c)
+    t = time.perf_counter()
+    one = solve(p.replace(instances=1, lam=p.lam / c))
+    t1 = time.perf_counter() - t
+    try:
+        s = solve_instances(p, throw=False)
+    except InputError as e:
+        print(json.dumps({"refused": str(e), "one_s": t1}))
+        sys.exit(0)
+    print(json.dumps({"states": s.states, "configs": s.configurations, "N": s.n_max, "its": s.iterations,
+                      "solve_s": s.solve_time_s, "converged": s.converged, "one_s": t1,
+                      "mem_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "g": s.optimal.avg_cost, "g_split": one.deployed.mean_latency_ms * p.w1
+                      + p.w2 * c * one.deployed.mean_power_w}))
+""")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--service", default="exp")
+    ap.add_argument("--timeout", type=float, default=240.0)
+    a = ap.parse_args()
+    grid = [(2, "1,2,4,8,16,32"), (4, "1,2,4,8,16,32"), (4, "8,16,32"), (8, "16,32")]
+    if a.quick:
+        grid = grid[:1]
+    print(f"service {a.service}, Bmax 32, l(b) = 0.3051 b + 1.0524 ms (paper 004 basic); ρ per instance")
+    print(f"{'c':>2} {'sizes':<15} {'ρ':>4} {'states':>7} {'configs':>7} {'N':>5} {'PI':>3} {'solve s':>8} "
+          f"{'peak MB':>8} {'1-server s':>10}  ĝ vs split   note")
+    for c, sizes in grid:
+        for rho in (0.5, 0.9):
+            try:
+                out = subprocess.run([sys.executable, "-c", CASE, str(c), str(rho), sizes, a.service],
+                                     capture_output=True, text=True, timeout=a.timeout)
+                r = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {
+                    "refused": out.stderr.strip().splitlines()[-1]}
+            except subprocess.TimeoutExpired:
+                r = {"refused": f"over {a.timeout:g} s"}
+            if "states" in r:
+                gain = 100 * (1 - r["g"] / r["g_split"])
+                print(f"{c:>2} {sizes:<15} {rho:>4} {r['states']:>7} {r['configs']:>7} {r['N']:>5} {r['its']:>3} "
+                      f"{r['solve_s']:>8.2f} {r['mem_mb']:>8.0f} {r['one_s']:>10.3f}  {gain:>+6.2f} %    "
+                      f"{'converged' if r['converged'] else 'NOT converged'}")
+            else:
+                print(f"{c:>2} {sizes:<15} {rho:>4} {'—':>7} {'':>7} {'':>5} {'':>3} {'':>8} {'':>8} "
+                      f"{r.get('one_s', float('nan')):>10.3f}  {'':>9}   {r['refused'][:150]}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
