@@ -81,7 +81,7 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
 def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table):
     p = _problem(c, rho=0.7)
     N = 14
-    ev = evaluate_instances_table(p, table, n_max=N, idle_power_w=3.0)
+    ev = evaluate_instances_table(p, table, n_max=N, idle_power_w=3.0, boundary="loss")
     ref = _ctmc_metrics(p, table, N, idle_power_w=3.0)
     assert ev.mean_latency_ms == pytest.approx(ref["W"], rel=1e-9)
     assert ev.mean_power_w == pytest.approx(ref["P"], rel=1e-9)
@@ -91,7 +91,7 @@ def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table):
 
 def test_the_solved_table_evaluates_as_the_ctmc_says():
     p = _problem(2, rho=0.7)
-    sol = solve_instances(p, n_max=20)
+    sol = solve_instances(p, n_max=20, boundary="loss")
     ref = _ctmc_metrics(p, sol.table, 20)
     assert sol.table_eval.mean_latency_ms == pytest.approx(ref["W"], rel=1e-9)
     assert sol.table_eval.mean_power_w == pytest.approx(ref["P"], rel=1e-9)
@@ -156,8 +156,22 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
 def test_policy_iteration_equals_the_linear_program_on_a_tiny_truncation(service, c):
     p = _problem(c, rho=0.65, service=service, sizes="1,2")
     N = 9
-    sol = solve_instances(p, n_max=N)
+    sol = solve_instances(p, n_max=N, boundary="loss")
     assert sol.optimal.model_cost == pytest.approx(_lp_optimum(p, N, phase_type(p)), rel=1e-9)
+
+
+@pytest.mark.parametrize("c,rho,service,sizes,longer", [(2, 0.9, "exp", "1,2,4", 8), (3, 0.7, "exp", "1,2", 6),
+                                                        (2, 0.8, "erlang:2", "1,2", 3)])
+def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer):
+    p = _problem(c, rho=rho, service=service, sizes=sizes)
+    tail = solve_instances(p, tol=1e-10)
+    long = solve_instances(p, n_max=longer * tail.n_max, boundary="loss")
+    assert long.optimal.boundary_mass < 1e-11
+    assert tail.optimal.avg_cost == pytest.approx(long.optimal.avg_cost, rel=1e-9)
+    assert tail.optimal.mean_latency_ms == pytest.approx(long.optimal.mean_latency_ms, rel=1e-8)
+    assert tail.optimal.mean_power_w == pytest.approx(long.optimal.mean_power_w, rel=1e-9)
+    assert tail.optimal.throughput == pytest.approx(p.lam, rel=1e-12)  # the tail serves every arrival
+    assert tail.optimal.model_cost == pytest.approx(tail.optimal.avg_cost, rel=1e-12)
 
 
 def test_one_instance_equals_todays_single_server_solve():
@@ -231,11 +245,11 @@ def test_a_model_past_the_state_limit_is_refused_before_work():
 def test_a_truncation_that_cannot_grow_enough_is_never_returned_silently(monkeypatch):
     monkeypatch.setattr("smdp_batch.model.multi_server.MULTI_STATE_LIMIT", 2_000)
     p = BatchingProblem.from_rho(0.9, service="exp", batch_sizes="1,2,4", instances=2)
-    with pytest.raises(NotConvergedWarning, match="did not converge"):
-        solve_instances(p, tol=1e-14)
+    with pytest.raises(NotConvergedWarning, match="did not converge: the average cost still moves"):
+        solve_instances(p, tol=1e-17)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        sol = solve_instances(p, tol=1e-14, throw=False)
+        sol = solve_instances(p, tol=1e-17, throw=False)
     assert not sol.converged and any(issubclass(x.category, NotConvergedWarning) for x in w)
 
 

@@ -19,8 +19,9 @@ semi-Markov decision process with instantaneous dispatch decisions:
   + w2·p_idle·(idle instances), and the next state by the event rates;
 * dispatching b: no time, cost w2·ζ(b), the batch starts in phase j with probability α_b[j].
 
-**Truncation.** The queue stops at N: an arrival at n = N is lost (the solver grows N until the time share of
-n = N is below its tolerance, so the loss is negligible and reported) and at n = N an idle instance must serve.
+**Truncation.** The queue stops at N, where an idle instance must serve.  An arrival at n = N either steps
+into the closed-form tail above N (the solver's default, :mod:`smdp_batch.solvers.multi_pi`) or is lost and
+charged the latency it would have had (the plain truncation).
 
 **Service laws** (:func:`phase_type`): exponential (1 phase), Erlang-k and gamma with integer shape (k
 phases), hyperexponential (one phase per branch) are exact.  Deterministic batch times are an Erlang of
