@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ..limits import MEMORY_BUDGET, check_memory, gib
+from ..limits import check_memory
 from .laws import Deterministic, Exponential, Gamma, HyperExponential
 from .problem import BatchingProblem
 
@@ -224,6 +224,3 @@ class MultiServerSMDP:
     def state(self, n, conf):
         """The index of state (n, configuration): configuration-major, queue level minor."""
         return np.asarray(conf) * (self.N + 1) + np.asarray(n)
-
-    def memory_note(self) -> str:
-        return f"{self.n_states} states (~{gib(self.n_states * BYTES_PER_STATE)}; budget {gib(MEMORY_BUDGET)})"

@@ -251,7 +251,6 @@ class _System:
         p = self.model.problem
         ev = MultiEvaluation(p.w1 * W + p.w2 * P, W, P, idle_p, thr / rate if rate > 0 else 0.0, thr, busy, bound, g)
         self._visits = np.where(wait, y * self.q, y)
-        self.level_time = np.bincount(self.n, weights=t, minlength=self.N + 1)
         return g, h, ev
 
 
