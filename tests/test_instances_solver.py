@@ -281,6 +281,8 @@ def test_solve_instances_on_the_command_line(capsys):
     (["--instances", "2", "-o", "x.h5"], "cannot be combined with -o"),
     (["--instances", "2", "--rho-grid", "0.3,0.5"], "cannot be combined with --rho-grid"),
     (["--instances", "8"], "over the limit"),
+    (["--instances", "2", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --instances 2"),
+    (["--phases", "3", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --phases"),
 ])
 def test_bad_instance_options_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, match):
     from smdp_batch.cli import main

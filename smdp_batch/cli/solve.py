@@ -77,6 +77,9 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         bad += ["--solver rvi"] if solver != "pi" else []
         bad += ["--backend jax"] if backend != "numba" else []
         bad += ["--s-max minimal"] if str(s_max).lower() == "minimal" else []
+        bad += [f"--instances {instances}"] if instances > 1 else []
+        bad += ["--phases"] if phases is not None else []
+        bad += ["--idle-power"] if idle_power else []
         if bad:
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
