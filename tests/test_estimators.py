@@ -82,7 +82,7 @@ def test_a_cpu_starved_ray_replicas_clumped_arrivals_keep_the_estimate_sane():
     (the Autopilot server test's load: 30/s, then 90/s from the 151st): the replica's event loop let them
     in as clumps of up to 40 within 1 ms between gaps of up to 600 ms.  Gap by gap, the CUSUM declared 11
     changes, λ̂ was blank for 123 arrivals and reached 14/ms (185× the rate).  With confirmation: at most
-    3 changes, never blank after the warm-up, and within [1/4, 3]× the rate the replica saw after the step."""
+    3 changes, never blank after the warm-up, and within [1/4, 2.5]× the rate the replica saw after the step."""
     from pathlib import Path
 
     t = np.loadtxt(Path(__file__).parent / "data" / "ray_replica_arrivals_cpu_starved.txt")
@@ -93,8 +93,11 @@ def test_a_cpu_starved_ray_replicas_clumped_arrivals_keep_the_estimate_sane():
         if i >= 100:
             assert r.rate is not None, i
         if i >= 300:
-            assert lam / 4 <= r.rate <= 3 * lam, (i, r.rate, lam)
+            assert lam / 4 <= r.rate <= 2.5 * lam, (i, r.rate, lam)
     assert r.changes <= 3
+    # the stalls after the last clumps count against a slower reference than the inflated λ̂: 1.54× here, 2.40×
+    # when the clip followed λ̂ itself (and 2.70× at worst after the 300th arrival, where now 2.35×)
+    assert r.rate <= 2.0 * lam and r.clipped <= 3, (r.rate / lam, r.clipped)
 
 
 @pytest.mark.parametrize("factor, within", [(10.0, 150), (3.0, 170)])
