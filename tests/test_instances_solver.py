@@ -270,10 +270,10 @@ def test_solve_instances_on_the_command_line(capsys):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--instances", "0"], "--instances must be ≥ 1"),
-    (["--instances", "-1"], "--instances must be ≥ 1"),
-    (["--instances", "65"], "--instances must be ≤ 64"),
-    (["--instances", "2.5"], "--instances must be an integer"),
+    (["--instances", "0"], "--instances must be auto or an integer in 1..64"),
+    (["--instances", "-1"], "--instances must be auto or an integer in 1..64"),
+    (["--instances", "65"], "--instances must be auto or an integer in 1..64"),
+    (["--instances", "2.5"], "--instances must be auto or an integer in 1..64"),
     (["--phases", "4"], "add --instances c > 1"),
     (["--idle-power", "5"], "add --instances c > 1"),
     (["--instances", "2", "--idle-power", "-1"], "--idle-power must be ≥ 0"),
@@ -285,6 +285,42 @@ def test_solve_instances_on_the_command_line(capsys):
     (["--phases", "3", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --phases"),
 ])
 def test_bad_instance_options_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, match):
+    from smdp_batch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["solve", *args]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_solve_instances_auto_picks_the_count_of_least_objective_at_the_total_load(capsys):
+    from smdp_batch.cli import main
+    import json
+
+    args = ["solve", "--instances", "auto", "--lam", "5", "--batch-sizes", "8,16,32", "--service", "exp",
+            "--idle-power", "10", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = d["auto"]
+    assert "unstable" in rows[0]["why"]  # one instance cannot carry 5 /ms
+    solved = [r for r in rows if "optimal" in r]
+    best = min(solved, key=lambda r: r["optimal"]["avg_cost"])
+    assert d["instances"] == best["instances"] == 2
+    assert len(solved) >= 3  # it went two counts past the best
+    # idle power: each extra instance mostly adds its idle draw
+    p = [r["optimal"]["mean_power_w"] for r in solved]
+    assert all(b > a for a, b in zip(p, p[1:]))
+    ref = solve_instances(BatchingProblem(lam=5.0, batch_sizes="8,16,32", service="exp", instances=2), idle_power_w=10.0)
+    assert d["optimal"]["avg_cost"] == pytest.approx(ref.optimal.avg_cost, rel=1e-12)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--instances", "auto"], "give it as --lam"),
+    (["--instances", "auto", "--rho", "0.5"], "give it as --lam"),
+    (["--instances", "Auto2"], "--instances must be auto or an integer in 1..64"),
+    (["--instances", "auto", "--lam", "1", "-o", "x.h5"], "cannot be combined with -o"),
+])
+def test_bad_auto_instances_are_one_line(capsys, tmp_path, monkeypatch, args, match):
     from smdp_batch.cli import main
 
     monkeypatch.chdir(tmp_path)

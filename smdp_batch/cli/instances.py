@@ -8,9 +8,9 @@ import warnings
 import click
 
 from ..analysis.report import describe_policy
-from ..errors import NotConvergedWarning
+from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
-from ..solvers.multi_pi import MultiEvaluation, evaluate_instances_table, solve_instances
+from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, solve_instances
 from .options import emit, scenario_line
 
 
@@ -19,12 +19,60 @@ def _row(name: str, e: MultiEvaluation) -> str:
             f"mean batch {e.mean_batch:.3g}")
 
 
-def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power_w: float, as_json: bool) -> None:
-    """Solve, compare and print (see the module doc)."""
+AUTO_MAX = 8  #: solve --instances auto tries 1..AUTO_MAX instances
+
+
+def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w: float) -> tuple[list[dict], MultiSolution]:
+    """--instances auto at the problem's total λ: the c-server optimum for c = 1..AUTO_MAX (or why a count cannot
+    be solved: the load is unstable on it, or its model is past the limits), and the solution of least
+    objective (the fewest instances on a tie within 1e-9).  It stops two counts past the best, or at the first count
+    past the limits (larger ones are larger models)."""
+    rows: list[dict] = []
+    best: MultiSolution | None = None
+    worse = 0
+    for c in range(1, AUTO_MAX + 1):
+        try:
+            pc = problem.replace(instances=c)
+        except InputError as e:  # the load is beyond c instances
+            rows.append({"instances": c, "why": str(e)})
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NotConvergedWarning)
+                sol = solve_instances(pc, phases=phases, idle_power_w=idle_power_w, throw=False)
+        except InputError as e:  # past the model's limits: so are all larger counts
+            rows.append({"instances": c, "why": str(e)})
+            break
+        rows.append({"instances": c, "converged": sol.converged, "optimal": _metrics(sol.optimal)})
+        if sol.converged and (best is None or sol.optimal.avg_cost < best.optimal.avg_cost * (1 - 1e-9)):
+            best, worse = sol, 0
+        elif best is not None:
+            worse += 1
+            if worse == 2:  # two counts past the best that cost more: more instances only add idle power and time
+                break
+    if best is None:
+        why = "; ".join(f"{r['instances']}: {r.get('why', 'not converged')}" for r in rows)
+        raise InputError(f"no instance count 1..{AUTO_MAX} could be solved at λ = {problem.lam:.6g} /ms: {why}")
+    return rows, best
+
+
+def _metrics(e: MultiEvaluation) -> dict:
+    return {k: float(getattr(e, k)) for k in MultiEvaluation.__dataclass_fields__}
+
+
+def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power_w: float, as_json: bool,
+                        auto: bool = False) -> None:
+    """Solve, compare and print (see the module doc); ``auto``: choose the count first (:func:`choose_instances`)."""
+    rows: list[dict] = []
+    sol: MultiSolution | None = None
+    if auto:
+        rows, sol = choose_instances(problem, phases, idle_power_w)
+        problem = sol.problem
     c = problem.instances
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
-        sol = solve_instances(problem, phases=phases, idle_power_w=idle_power_w, throw=False)
+        if sol is None:
+            sol = solve_instances(problem, phases=phases, idle_power_w=idle_power_w, throw=False)
         one = solve_instances(problem.replace(instances=1, lam=problem.lam / c), phases=phases,
                               idle_power_w=idle_power_w, throw=False)
         # today's answer: the table solved for one instance at the whole load is not stable there, so the
@@ -40,13 +88,25 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         mean_batch=e1.mean_batch, throughput=c * e1.throughput, busy_instances=c * e1.busy_instances,
         boundary_mass=e1.boundary_mass, model_cost=problem.w1 * e1.mean_latency_ms + problem.w2 * c * e1.mean_power_w)
     d = {**sol.to_dict(), "problem": problem.describe(), "idle_power_w": idle_power_w,
-         "split_evenly": {k: float(getattr(split, k)) for k in MultiEvaluation.__dataclass_fields__},
-         "one_instance_table_shared": {k: float(getattr(shared, k)) for k in MultiEvaluation.__dataclass_fields__}}
+         "split_evenly": _metrics(split), "one_instance_table_shared": _metrics(shared)}
+    lines = []
+    if auto:
+        d["auto"] = rows
+        lines.append(f"  instances   auto at λ = {problem.lam:.6g} /ms: the count of least w1·W̄ + w2·P̄ (each exact, "
+                     f"c-server model{f', idle {idle_power_w:g} W per instance' if idle_power_w else ''})")
+        for r in rows:
+            if "why" in r:
+                lines.append(f"    {r['instances']:>2}  {r['why'][:150]}")
+            else:
+                o = r["optimal"]
+                lines.append(f"    {r['instances']:>2}  ĝ = {o['avg_cost']:<9.6g} W̄ = {o['mean_latency_ms']:<8.4g} ms  "
+                             f"P̄ = {o['mean_power_w']:<8.5g} W{'' if r['converged'] else '  (not converged)'}"
+                             + ("   ← chosen" if r["instances"] == c else ""))
     conv = "converged" if sol.converged else "NOT CONVERGED"
     o, t = sol.optimal, sol.table_eval
     text = "\n".join([
         f"smdp-batch — optimal batching policy for {c} instances sharing one queue (c-server SMDP)",
-        scenario_line(problem),
+        scenario_line(problem), *lines,
         f"  batch time  {sol.phase_law}{'' if not idle_power_w else f'; idle power {idle_power_w:g} W per instance'}",
         f"  model       {sol.states} states ({sol.configurations} configurations of the instances × queue 0..{sol.n_max}), "
         f"{sol.iterations} policy iterations, {conv}, {sol.solve_time_s:.2f} s",

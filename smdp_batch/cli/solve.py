@@ -29,8 +29,7 @@ from .options import (
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
 from ..model.multi_server import PHASES_DEFAULT, PHASES_LIMIT
-from ..model.problem import MAX_INSTANCES
-from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, OutputPath, SMax, option
+from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 
 @click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
@@ -53,9 +52,10 @@ from .types import FigurePath, Grid, InputFile, Number, OneOf, OutputDir, Output
 @option("--arrivals", default="poisson", show_default=True, metavar="SPEC",
         help="poisson | mmpp:L1,L2,R12,R21 | map:FILE.json (bursty arrivals: a table per queue length and phase; "
              "the load is the MAP's mean rate).")
-@option("--instances", type=Number(integer=True, min=1, max=MAX_INSTANCES), default="1", show_default=True,
+@option("--instances", type=Instances(), default="1", show_default=True,
         help="Model instances sharing the one queue (Triton's instance_group count); ρ is per instance. Above 1 the "
-             "c-server SMDP is solved with phase-type batch times.")
+             "c-server SMDP is solved with phase-type batch times; auto (with --lam, the total rate) picks the count "
+             "of least objective among 1..8.")
 @option("--phases", type=Number(integer=True, min=1, max=PHASES_LIMIT), default=None,
         show_default=f"{PHASES_DEFAULT} for a fixed batch time",
         help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
@@ -77,14 +77,14 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         bad += ["--solver rvi"] if solver != "pi" else []
         bad += ["--backend jax"] if backend != "numba" else []
         bad += ["--s-max minimal"] if str(s_max).lower() == "minimal" else []
-        bad += [f"--instances {instances}"] if instances > 1 else []
+        bad += [f"--instances {instances}"] if instances != 1 else []
         bad += ["--phases"] if phases is not None else []
         bad += ["--idle-power"] if idle_power else []
         if bad:
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
         return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
-    if instances > 1 or phases is not None or idle_power:
+    if instances != 1 or phases is not None or idle_power:
         return _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max,
                                 solver, backend)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
@@ -136,23 +136,27 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
 def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,
                      backend) -> None:
     """solve --instances c (with --phases / --idle-power): the c-server SMDP (cli/instances.py)."""
-    from .instances import solve_instances_cmd
+    from .instances import AUTO_MAX, solve_instances_cmd
 
     bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid), ("-o", output)) if v is not None]
     bad += ["--solver rvi"] if solver != "pi" else []
     bad += ["--backend jax"] if backend != "numba" else []
     bad += [f"--s-max {s_max}"] if str(s_max).lower() != "auto" else []
+    auto = instances == "auto"
     if instances == 1:
         bad.append("--phases" if phases is not None else "--idle-power")
     if bad:
-        what = (f"--instances {instances}" if instances > 1 else
+        what = (f"--instances {instances}" if instances != 1 else
                 "--phases and --idle-power (they shape the model of several instances: add --instances c > 1)")
         raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
                          "iteration with its own truncation and prints its table (writing it to a file is not "
-                         "supported yet)" if instances > 1 else f"{what}; got {', '.join(bad)} with one instance")
-    problem = build_problem({**opts, "instances": instances})
+                         "supported yet)" if instances != 1 else f"{what}; got {', '.join(bad)} with one instance")
+    if auto and opts.get("lam") is None:
+        raise InputError("--instances auto compares counts at the same total load: give it as --lam (requests/ms, "
+                         "e.g. --lam 3.5 for 3 500 req/s), not --rho, which is per instance")
+    problem = build_problem({**opts, "instances": AUTO_MAX if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
-    solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json)
+    solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto)
 
 
 def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:
