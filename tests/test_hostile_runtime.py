@@ -721,7 +721,9 @@ def test_a_result_that_is_not_a_sized_sequence_fails_only_its_batch(bad, asynchr
     for out in first:
         assert isinstance(out, TypeError) and "infer returned a" in str(out) and "sequence of 2 results" in str(out)
     assert second == [6, 8] and m.failed == 2 and m.completed == 2
-    assert gap < 0.5
+    # a loop that iterated an endless result would stall past the 2 s outcome limit; the other xdist worker's
+    # solves on a 2-core machine delayed the 10 ms ticks by 0.61 s once in CI, so the bound leaves room for that
+    assert gap < 1.5
 
 
 class _Rows:

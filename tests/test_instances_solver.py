@@ -327,3 +327,10 @@ def test_bad_auto_instances_are_one_line(capsys, tmp_path, monkeypatch, args, ma
     assert main(["solve", *args]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_tail_boundary_refuses_a_table_that_does_not_end_in_bmax():
+    p = _problem(2, rho=0.5)
+    with pytest.raises(InputError, match="ends in 2: evaluate it with boundary='loss'"):
+        evaluate_instances_table(p, [0, 1, 2])
+    assert evaluate_instances_table(p, [0, 1, 2], boundary="loss", n_max=60).throughput > 0

@@ -77,8 +77,10 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
                               idle_power_w=idle_power_w, throw=False)
         # today's answer: the table solved for one instance at the whole load is not stable there, so the
         # one-instance table at its share of the load, run on all c behind the shared queue
+        tail = int(one.table[-1]) == problem.bmax  # else its own long-queue size, on a longer plain truncation
         shared = evaluate_instances_table(problem, one.table, phases=phases, idle_power_w=idle_power_w,
-                                          n_max=sol.n_max)
+                                          n_max=sol.n_max if tail else 4 * sol.n_max,
+                                          boundary="tail" if tail else "loss")
     for w in caught:
         click.echo(f"smdp-batch: warning: {w.message}", err=True)
     e1 = one.optimal

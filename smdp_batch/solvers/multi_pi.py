@@ -377,6 +377,9 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
     it ends in Bmax)."""
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
+    if boundary == "tail" and int(np.asarray(table)[-1]) != problem.bmax:
+        raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
+                         f"{int(np.asarray(table)[-1])}: evaluate it with boundary='loss' and a long n_max")
     ph = phase_type(problem, phases)
     N = max(_n_start(problem), len(table)) if n_max is None else int(n_max)
     sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
