@@ -98,7 +98,8 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
                      f"c-server model{f', idle {idle_power_w:g} W per instance' if idle_power_w else ''})")
         for r in rows:
             if "why" in r:
-                lines.append(f"    {r['instances']:>2}  {r['why'][:150]}")
+                why = r["why"] if len(r["why"]) <= 150 else r["why"][:149] + "…"
+                lines.append(f"    {r['instances']:>2}  {why}")
             else:
                 o = r["optimal"]
                 lines.append(f"    {r['instances']:>2}  ĝ = {o['avg_cost']:<9.6g} W̄ = {o['mean_latency_ms']:<8.4g} ms  "
@@ -107,7 +108,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
     conv = "converged" if sol.converged else "NOT CONVERGED"
     o, t = sol.optimal, sol.table_eval
     text = "\n".join([
-        f"smdp-batch — optimal batching policy for {c} instances sharing one queue (c-server SMDP)",
+        f"smdp-batch — optimal batching policy for {c} instance{'s sharing one queue' if c > 1 else ''} (c-server SMDP)",
         scenario_line(problem), *lines,
         f"  batch time  {sol.phase_law}{'' if not idle_power_w else f'; idle power {idle_power_w:g} W per instance'}",
         f"  model       {sol.states} states ({sol.configurations} configurations of the instances × queue 0..{sol.n_max}), "
@@ -116,8 +117,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         "  exact metrics, all on the phase-type model:",
         _row("optimal (n, running)", o),
         _row("its table n ↦ b", t) + f"   (+{100 * (t.avg_cost / o.avg_cost - 1):.2g} %)",
-        _row(f"split over {c} queues", split),
-        _row("1-instance table, shared", shared),
+        *([_row(f"split over {c} queues", split), _row("1-instance table, shared", shared)] if c > 1 else []),
         f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
         "optimal policy also looks at what the running batches are doing",
     ])
