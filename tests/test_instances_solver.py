@@ -283,6 +283,10 @@ def test_solve_instances_on_the_command_line(capsys):
     (["--instances", "8"], "over the limit"),
     (["--instances", "2", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --instances 2"),
     (["--phases", "3", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --phases"),
+    (["--instances", "auto"], "give it as --lam"),
+    (["--instances", "auto", "--rho", "0.5"], "give it as --lam"),
+    (["--instances", "Auto2"], "--instances must be auto or an integer in 1..64"),
+    (["--instances", "auto", "--lam", "1", "-o", "x.h5"], "cannot be combined with -o"),
 ])
 def test_bad_instance_options_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, match):
     from smdp_batch.cli import main
@@ -312,21 +316,6 @@ def test_solve_instances_auto_picks_the_count_of_least_objective_at_the_total_lo
     assert all(b > a for a, b in zip(p, p[1:]))
     ref = solve_instances(BatchingProblem(lam=5.0, batch_sizes="8,16,32", service="exp", instances=2), idle_power_w=10.0)
     assert d["optimal"]["avg_cost"] == pytest.approx(ref.optimal.avg_cost, rel=1e-12)
-
-
-@pytest.mark.parametrize("args,match", [
-    (["--instances", "auto"], "give it as --lam"),
-    (["--instances", "auto", "--rho", "0.5"], "give it as --lam"),
-    (["--instances", "Auto2"], "--instances must be auto or an integer in 1..64"),
-    (["--instances", "auto", "--lam", "1", "-o", "x.h5"], "cannot be combined with -o"),
-])
-def test_bad_auto_instances_are_one_line(capsys, tmp_path, monkeypatch, args, match):
-    from smdp_batch.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    assert main(["solve", *args]) == 2
-    err = capsys.readouterr().err
-    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_the_tail_boundary_refuses_a_table_that_does_not_end_in_bmax():

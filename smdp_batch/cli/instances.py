@@ -43,7 +43,7 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
         except InputError as e:  # past the model's limits: so are all larger counts
             rows.append({"instances": c, "why": str(e)})
             break
-        rows.append({"instances": c, "converged": sol.converged, "optimal": _metrics(sol.optimal)})
+        rows.append({"instances": c, "converged": sol.converged, "optimal": sol.optimal.to_dict()})
         if sol.converged and (best is None or sol.optimal.avg_cost < best.optimal.avg_cost * (1 - 1e-9)):
             best, worse = sol, 0
         elif best is not None:
@@ -54,10 +54,6 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
         why = "; ".join(f"{r['instances']}: {r.get('why', 'not converged')}" for r in rows)
         raise InputError(f"no instance count 1..{AUTO_MAX} could be solved at λ = {problem.lam:.6g} /ms: {why}")
     return rows, best
-
-
-def _metrics(e: MultiEvaluation) -> dict:
-    return {k: float(getattr(e, k)) for k in MultiEvaluation.__dataclass_fields__}
 
 
 def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power_w: float, as_json: bool,
@@ -84,13 +80,13 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
     for w in caught:
         click.echo(f"smdp-batch: warning: {w.message}", err=True)
     e1 = one.optimal
+    cost = problem.w1 * e1.mean_latency_ms + problem.w2 * c * e1.mean_power_w  # c copies of one queue at λ/c
     split = MultiEvaluation(
-        avg_cost=problem.w1 * e1.mean_latency_ms + problem.w2 * c * e1.mean_power_w,
-        mean_latency_ms=e1.mean_latency_ms, mean_power_w=c * e1.mean_power_w, idle_power_w=c * e1.idle_power_w,
-        mean_batch=e1.mean_batch, throughput=c * e1.throughput, busy_instances=c * e1.busy_instances,
-        boundary_mass=e1.boundary_mass, model_cost=problem.w1 * e1.mean_latency_ms + problem.w2 * c * e1.mean_power_w)
+        avg_cost=cost, mean_latency_ms=e1.mean_latency_ms, mean_power_w=c * e1.mean_power_w,
+        idle_power_w=c * e1.idle_power_w, mean_batch=e1.mean_batch, throughput=c * e1.throughput,
+        busy_instances=c * e1.busy_instances, boundary_mass=e1.boundary_mass, model_cost=cost)
     d = {**sol.to_dict(), "problem": problem.describe(), "idle_power_w": idle_power_w,
-         "split_evenly": _metrics(split), "one_instance_table_shared": _metrics(shared)}
+         "split_evenly": split.to_dict(), "one_instance_table_shared": shared.to_dict()}
     lines = []
     if auto:
         d["auto"] = rows

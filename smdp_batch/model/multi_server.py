@@ -80,13 +80,19 @@ class PhaseType:
     def phases(self) -> int:
         return int(self.alpha.shape[1])
 
-    def means(self) -> np.ndarray:
-        """The mean batch time of each size (ms): α (−T)⁻¹ 1, for the tests' checks."""
-        out = []
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """E[G_b] (ms) and E[G_b²] (ms²) of each size: α (−T)⁻¹ 1 and 2 α (−T)⁻² 1."""
+        m1, m2 = [], []
         for a, mv, ex in zip(self.alpha, self.moves, self.exits):
-            gen = mv - np.diag(mv.sum(axis=1) + ex)
-            out.append(float(a @ np.linalg.solve(-gen, np.ones(len(a)))))
-        return np.array(out)
+            inv = np.linalg.inv(np.diag(mv.sum(axis=1) + ex) - mv)  # (−T)⁻¹
+            first = inv @ np.ones(len(a))
+            m1.append(float(a @ first))
+            m2.append(2.0 * float(a @ inv @ first))
+        return np.array(m1), np.array(m2)
+
+    def means(self) -> np.ndarray:
+        """The mean batch time of each size (ms)."""
+        return self.moments()[0]
 
 
 def _erlang(l: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -158,15 +164,13 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tup
     states = confs * (n_max + 1)
     fix = (f"fewer sizes (--batch-sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
            f"{ph.phases}) or fewer instances")
+    size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
+            f"{n_max + 1} queue levels")
     if states > MULTI_STATE_LIMIT:
-        raise InputError(f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} "
-                         f"configurations × {n_max + 1} queue levels = {states} states, over the limit "
-                         f"{MULTI_STATE_LIMIT}; use {fix}")
+        raise InputError(f"{size} = {states} states, over the limit {MULTI_STATE_LIMIT}; use {fix}")
     if states * confs > MULTI_WORK_LIMIT:
-        raise InputError(f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} "
-                         f"configurations × {n_max + 1} queue levels: {states} states × {confs} configurations is over "
-                         f"the work limit {MULTI_WORK_LIMIT:.0e} (each policy-iteration step factorises the system); "
-                         f"use {fix}")
+        raise InputError(f"{size}: {states} states × {confs} configurations is over the work limit "
+                         f"{MULTI_WORK_LIMIT:.0e} (each policy-iteration step factorises the system); use {fix}")
     check_memory(states * BYTES_PER_STATE, f"the {c}-instance model of {states} states", f"use {fix}")
     return confs, states
 

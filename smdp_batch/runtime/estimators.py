@@ -29,10 +29,10 @@ holds the old rate's count.  A gap is clipped at ``clip`` mean gaps for the CUSU
 clock jump or pause moves the estimate by a bounded amount (counted in ``clipped``); the mean gap is that of
 the slower of λ̂ and a twin with 8× its memory that goes on through changes, because a clump let in at once
 inflates λ̂ and the stall before the next clump must still count (on the recorded Ray replica trace of
-``tests/test_estimators.py`` the last λ̂ fell from 2.4× to 1.5× the rate the replica saw, clips from 9 to 2).  Defaults κ = 2,
-h = 12, ``warmup`` = 32 gaps (no test before), ``confirm`` = 32, ``lookback`` = 16.  Measured on seeded
-Poisson streams (``tests/test_estimators.py``): a 3× step up is declared within 140 arrivals and a 3×
-step down within 115 in each of 200 runs (medians 64 and 46); a stationary stream gave no false change in
+``tests/test_estimators.py`` the last λ̂ fell from 2.4× to 1.5× the rate the replica saw, clips from 9 to 2).
+Defaults κ = 2, h = 12, ``warmup`` = 32 gaps (no test before), ``confirm`` = 32, ``lookback`` = 16.
+Measured on seeded Poisson streams (``tests/test_estimators.py``): a 3× step up is declared within 140
+arrivals and a 3× step down within 115 in each of 200 runs (medians 64 and 46); a stationary stream gave no false change in
 20 runs of 10⁵ arrivals (3 alarms dropped); a stall whose arrivals are let through is not a change up to
 20 mean gaps at any release spacing, up to 40 released at most 0.2 mean gaps apart, and up to 60 released
 at once (without confirmation, a stall of 18 mean gaps let through at once was a change in about every
@@ -95,6 +95,14 @@ def chi2_quantile(k: float, z: float) -> float:
     (relative error < 1 % for k ≥ 10 at |z| ≤ 3; never below 0)."""
     a = 2.0 / (9.0 * k)
     return k * max(1.0 - a + z * math.sqrt(a), 0.0) ** 3
+
+
+def _forgetting(n: float, s: float, x: float, memory: int) -> tuple[float, float]:
+    """(gaps, their sum) with gap x added, forgetting to a weighted mean of the last ≈ ``memory`` gaps."""
+    if n >= memory:
+        f = 1.0 - 1.0 / memory
+        n, s = n * f, s * f
+    return n + 1.0, s + x
 
 
 class RateChange:
@@ -211,16 +219,8 @@ class RateChange:
         self._up, self._down = [0.0, 0, 0.0], [0.0, 0, 0.0]
 
     def _absorb(self, x: float) -> None:
-        if self._n >= self.memory:  # forget: a weighted mean of the last ≈ memory gaps
-            f = 1.0 - 1.0 / self.memory
-            self._n, self._s = self._n * f, self._s * f
-        self._n += 1.0
-        self._s += x
-        if self._ns >= SLOW_MEMORY * self.memory:
-            f = 1.0 - 1.0 / (SLOW_MEMORY * self.memory)
-            self._ns, self._ss = self._ns * f, self._ss * f
-        self._ns += 1.0
-        self._ss += x
+        self._n, self._s = _forgetting(self._n, self._s, x, self.memory)
+        self._ns, self._ss = _forgetting(self._ns, self._ss, x, SLOW_MEMORY * self.memory)
 
     def _settle(self) -> bool:
         """Judge the pending alarm (module docstring): N gaps over D ms from ``lookback`` mean gaps before

@@ -54,8 +54,12 @@ class MultiEvaluation:
     mean_batch: float
     throughput: float  # requests/ms served
     busy_instances: float  # mean instances serving
-    boundary_mass: float  # share of time at n = N (the share of arrivals lost to the truncation)
-    model_cost: float  # the truncated model's average cost: avg_cost plus the charge for arrivals lost at N
+    boundary_mass: float  # share of time at n = N (with the plain truncation, the share of arrivals lost there)
+    model_cost: float  # the truncated model's average cost: avg_cost, plus the charge for arrivals lost at N with
+    # the plain truncation
+
+    def to_dict(self) -> dict:
+        return {k: float(getattr(self, k)) for k in MultiEvaluation.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -87,14 +91,11 @@ class MultiSolution:
         return int(self.table[min(int(n), self.table.size - 1)])
 
     def to_dict(self) -> dict:
-        def ev(e: MultiEvaluation) -> dict:
-            return {k: float(getattr(e, k)) for k in MultiEvaluation.__dataclass_fields__}
-
         return {
             "instances": self.problem.instances, "phase_law": self.phase_law, "phases": self.phases,
             "n_max": self.n_max, "configurations": self.configurations, "states": self.states,
-            "iterations": self.iterations, "converged": self.converged, "optimal": ev(self.optimal),
-            "table": [int(x) for x in self.table], "table_eval": ev(self.table_eval),
+            "iterations": self.iterations, "converged": self.converged, "optimal": self.optimal.to_dict(),
+            "table": [int(x) for x in self.table], "table_eval": self.table_eval.to_dict(),
             "solve_time_s": self.solve_time_s,
         }
 
@@ -111,14 +112,14 @@ class _System:
         self.idle = model.idle[self.conf]
         self.lam = p.lam
         self.sizes = np.asarray(p.batch_sizes, dtype=np.int64)
-        self.cost_lump = p.w2 * p.energy_mj()
         self.zeta = p.energy_mj()
+        self.cost_lump = p.w2 * self.zeta
         self.hold = (self.n + model.in_service[self.conf]) / p.lam  # W̄ rate per ms, before w1
         self.idle_w = model.idle_power_w * self.idle
         # an arrival lost at n = N costs the latency it would have had, over-estimated as twice the time to drain
         # N + c·Bmax requests at the full rate: losing requests must never pay (it would at no cost)
-        c, bmax = model.problem.instances, p.bmax
-        self.loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) / (c * bmax)
+        c, bmax, self.l_bmax = p.instances, p.bmax, float(p.latency_ms()[-1])
+        self.loss_ms = 2.0 * (N + c * bmax) * self.l_bmax / (c * bmax)
         self.tail = tail
         self.cost_rate = p.w1 * self.hold + p.w2 * self.idle_w
         if not tail:
@@ -128,8 +129,9 @@ class _System:
         self.top = np.nonzero(self.n == N)[0]
         self._tail_terms(p, model.ph)
         src, dst, rate = model.events
-        rows = (src[:, None] * (N + 1) + np.arange(N + 1)[None, :]).ravel()
-        cols = (dst[:, None] * (N + 1) + np.arange(N + 1)[None, :]).ravel()
+        levels = np.arange(N + 1)[None, :]
+        rows = model.state(levels, src[:, None]).ravel()
+        cols = model.state(levels, dst[:, None]).ravel()
         vals = np.repeat(rate, N + 1)
         self.E = sp.csr_matrix((vals, (rows, cols)), shape=(S, S))
         A = self.sizes.size
@@ -139,7 +141,7 @@ class _System:
         for i, b in enumerate(self.sizes):
             ok = (self.idle > 0) & (self.n >= b)
             st = model.start[self.conf[ok], i, :]
-            nxt[ok, i, :] = np.where(st >= 0, st * (N + 1) + (self.n[ok] - b)[:, None], -1)
+            nxt[ok, i, :] = np.where(st >= 0, model.state((self.n[ok] - b)[:, None], st), -1)
         self.next = nxt
         self.alpha = model.ph.alpha
         self.feasible = np.concatenate([(~((self.n == N) & (self.idle > 0)) & (self.q > 0))[:, None],
@@ -153,12 +155,8 @@ class _System:
         κ₁·n + κ₀.  An arrival at n = N goes to h(N) + a(2N + 1) + b: ``delta_w``, ``delta_p``, ``delta_t`` are that
         step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for time (κ₀ = 1), without g."""
         c, B = p.instances, p.bmax
-        lB, zB = float(p.latency_ms()[-1]), float(p.energy_mj()[-1])
-        a_, mv, ex = ph.alpha[-1], ph.moves[-1], ph.exits[-1]
-        gen = mv - np.diag(mv.sum(axis=1) + ex)
-        inv = np.linalg.inv(-gen)
-        m2 = 2.0 * float(a_ @ inv @ inv @ np.ones(len(a_)))
-        cv2 = m2 / (lB * lB) - 1.0
+        lB, zB = self.l_bmax, float(self.zeta[-1])
+        cv2 = float(ph.moments()[1][-1]) / (lB * lB) - 1.0
         self.d = c * B / lB - self.lam
         sigma2 = self.lam + B * B * c * cv2 / lB
         a_w = 1.0 / (2.0 * self.lam * self.d)
@@ -185,16 +183,15 @@ class _System:
             pj = self.alpha[i, j]
             use = pj > 0
             parts.append((ds[use], self.next[ds, i, j][use], -pj[use]))
-        r, c, v = (np.concatenate(x) for x in zip(*parts))
-        v = np.where(c == 0, 0.0, v)  # h(s₀) = 0: its column carries g instead
         gcoef = np.ones(ws.size)
         rhs = np.where(wait, self.cost_rate, 0.0)
         if self.tail:  # an arrival at N steps to h(N) + Δ − g/d (the tail boundary)
             top = ws[self.n[ws] == self.N]
-            r, c, v = np.concatenate([r, top]), np.concatenate([c, top]), np.concatenate([v, np.full(top.size, -self.lam)])
-            v = np.where(c == 0, 0.0, v)
+            parts.append((top, top, np.full(top.size, -self.lam)))
             gcoef = np.where(self.n[ws] == self.N, 1.0 + self.lam / self.d, 1.0)
             rhs[top] += self.lam * self.delta
+        r, c, v = (np.concatenate(x) for x in zip(*parts))
+        v = np.where(c == 0, 0.0, v)  # h(s₀) = 0: its column carries g instead
         r = np.concatenate([r, ws])
         c = np.concatenate([c, np.zeros(ws.size, dtype=np.int64)])
         v = np.concatenate([v, gcoef])
@@ -240,8 +237,7 @@ class _System:
         bound = float(t[self.n == self.N].sum())
         at_top = self.lam * bound if self.tail else 0.0  # rate of steps into the tail, per ms
         lam_in = self.lam * (1.0 - (0.0 if self.tail else bound))
-        W = (float(t @ (self.n + self.model.in_service[self.conf])) / self.lam + at_top * self.delta_w) \
-            * self.lam / lam_in
+        W = (float(t @ self.hold) + at_top * self.delta_w) * self.lam / lam_in
         idle_p = float(t @ self.idle_w)
         P = float(starts @ self.zeta[i]) + idle_p + at_top * self.delta_p
         tb, tr, tn = (x * at_top * self.delta_t for x in self.tail_rates)
@@ -336,7 +332,6 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     ph: PhaseType = phase_type(problem, phases)
     fixed = n_max is not None
     N = _n_start(problem) if n_max is None else int(n_max)
-    check_multi_size(problem, ph, N)
     act, n_old, total, why, prev = None, N, 0, "", None
     while True:
         sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
