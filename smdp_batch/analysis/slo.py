@@ -448,7 +448,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     sizes = problem.batch_sizes
     B = problem.bmax
     cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO
-    fams = set(families)
+    fams = set(families) - ({"torchserve"} if problem.instances > 1 else set())  # its workers: not simulated on c
     unknown = fams - set(FAMILIES)
     if unknown:
         raise InputError(f"unknown family {sorted(unknown)[0]!r}; valid: {', '.join(FAMILIES)}")
@@ -519,13 +519,15 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         if pick is not None and pick.family != "table+timer":
             pick = Setting("table+timer", pick.spec, pick.knobs, pick.loads, pick.meets, pick.rule, pick.policy)
         best["table+timer"] = pick
-    wanted = [f for f in FAMILIES if f in set(families) or (f in fams and "table+timer" in set(families))]
+    wanted = [f for f in FAMILIES if f in fams and (f in set(families) or "table+timer" in set(families))]
     best = {f: best.get(f) for f in wanted}
     dflt: list[Setting] = []
     if defaults:
         from ..baselines.servers import parse_rule
 
         for spec in DEFAULT_SETTINGS:
+            if problem.instances > 1 and spec.startswith("torchserve"):
+                continue
             try:
                 text = spec.format(B=B) + ("" if full else (",allowed=" if spec.startswith("tf") else ",pad=")
                                            + "/".join(map(str, sizes)))
@@ -541,45 +543,45 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:
-    """SMDP tables of the w2 front at ``solve_lam``, each with its best timer (every table of the front: the
-    power over the front need not be unimodal once simulated percentiles and their intervals decide).
+    """SMDP tables at ``solve_lam`` (:mod:`~smdp_batch.analysis.table_candidates`: the w2 front; on c instances
+    also the c-server front), each with its best timer (every table is tried: the power over the front need
+    not be unimodal once simulated percentiles and their intervals decide).  A pure table that meets the SLO
+    needs no timer; the others get the timer search, with each forced-batch form the runtime offers (largest
+    allowed size ≤ n; with allowed sizes other than 1..Bmax also min(n, Bmax) padded up).  Then the one-server
+    tables with the largest batch capped at Bmax/2, Bmax/4, … while that lowers the power: with heavy-tailed
+    batch times one long batch of Bmax after a backlog costs more tail latency than it saves power, and a
+    mean-cost table never caps itself."""
+    from .table_candidates import instances_tables, one_server_tables
 
-    A pure table that meets the SLO needs no timer; the tables that do not (they wait longer) get the timer
-    search, with each forced-batch form the runtime offers (largest allowed size ≤ n; with allowed sizes
-    other than 1..Bmax also min(n, Bmax) padded up).  Then the same with the largest batch capped at half,
-    a quarter, … of Bmax (the tables of the problem with those sizes only) while that lowers the power: with
-    heavy-tailed batch times one long batch of Bmax after a backlog costs more tail latency than it saves
-    power, and a mean-cost table never caps itself."""
-    best = _smdp_tables(problem, chk, cap, solve_lam, problem.batch_sizes)
+    multi = len(chk.lams) > 1
+    sizes = problem.batch_sizes
+    cands = one_server_tables(problem, solve_lam, sizes, multi)
+    if problem.instances > 1:
+        cands += instances_tables(problem, solve_lam, multi)[0]
+    best = _smdp_tables(chk, cap, cands, sizes)
     c = problem.bmax // 2
+    per = problem.instances
     while best is not None and c >= max(problem.bmin, 2):
-        sizes = tuple(b for b in problem.batch_sizes if b <= c)
-        if sizes[-1] != c or not sizes[-1] / float(problem.latency(np.float64(sizes[-1]))) > max(chk.lams):
+        sub = tuple(b for b in sizes if b <= c)
+        if sub[-1] != c or not per * sub[-1] / float(problem.latency(np.float64(sub[-1]))) > max(chk.lams):
             break  # c is not an allowed size, or batches of c cannot carry the top load
-        found = _smdp_tables(problem.replace(batch_sizes=sizes), chk, cap, solve_lam, sizes)
+        found = _smdp_tables(chk, cap, one_server_tables(problem, solve_lam, sub, multi), sub)
         if found is None or not found.power_w < best.power_w:
             break
         best, c = found, c // 2
     return best
 
 
-def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float, sizes) -> Setting | None:
-    from .pareto import sweep_w2
-
-    front = sweep_w2(problem.replace(lam=solve_lam))
+def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
+    """The least-power of ``cands`` (Candidate tables over ``sizes``), each pure or with its best timer."""
     forms = ("largest",) if list(sizes) == list(range(1, sizes[-1] + 1)) else ("largest", "pad")
-    capped = sizes[-1] < chk.problem.bmax
     pick: Setting | None = None
     guess: dict[str, float | None] = dict.fromkeys(forms)
-    for p in front.points:
-        pol = np.asarray(p.policy, dtype=np.int64)
-        w2 = math.sqrt(p.w2_lo * p.w2_hi) if p.w2_lo > 0 and math.isfinite(p.w2_hi) else p.w2_lo  # as Front.solution
-        name = f"smdp:w2={w2:.6g}" if math.isfinite(w2) else f"static:{int(max(p.policy))}"
-        name += (f",bmax={sizes[-1]}" if capped else "") + (f",lam={solve_lam:.6g}" if len(chk.lams) > 1 else "")
-        knobs = {"w2": w2, "w2_lo": p.w2_lo, "w2_hi": p.w2_hi, "control_limit": p.control_limit, "solve_lam": solve_lam,
-                 **({"batch_sizes": list(sizes)} if capped else {})}
+    for cand in cands:
+        pol, name, knobs = cand.policy, cand.name, cand.knobs
+        policy = pol.tolist()
         pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
-                       policy=p.policy)
+                       policy=policy)
         if pure.meets:
             pick = _better(pick, pure)
             continue
@@ -589,7 +591,7 @@ def _smdp_tables(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
             def check(t: float, form=form, suffix=suffix) -> Setting:  # searched within this iteration (B023)
                 t = float(f"{t:.6g}")  # as the spelling writes it
                 return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
-                               {**knobs, "tau_ms": t, "forced": form}, policy=p.policy)  # noqa: B023
+                               {**knobs, "tau_ms": t, "forced": form}, policy=policy)  # noqa: B023
 
             s = _largest_delay(check, cap, guess[form], scale=chk.scale)
             if s is not None:

@@ -127,6 +127,10 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
              "load checked (a trace alone: its own mean rate).")
 @time_unit_option
 @current_option
+@option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
+        help="Model instances sharing the one queue (Triton's instance_group count, TF-Serving's batch threads); "
+             "--rho is then per instance. The tables tried are then the c-server SMDP's and the one-instance "
+             "tables at λ/c, each run on all instances.")
 @json_option
 def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
@@ -159,7 +163,10 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     lines = [f"smdp-batch — least power with {slo.text()} {where} ({ans.requests} simulated requests per load, seed "
              f"{seed}, {arrivals} arrivals; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
              scenario_line(problem, w2="searched")]
-    lines += answer_lines(ans)
+    lines += answer_lines(ans, problem.instances)
+    if problem.instances > 1:
+        lines.append("  not tried   torchserve: its workers, each with its own queue, are not simulated on several "
+                     "instances")
     if mine is not None:
         lines.append(current_line(ans))
     emit(d, as_json, "\n".join(lines))

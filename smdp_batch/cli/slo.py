@@ -173,8 +173,8 @@ def worded_difference(ours: float, theirs: float, ci: float, name: str, who: str
     return f"{who} draws {abs(d):.3g} W ({pct:.2g} %) {'less' if d > 0 else 'more'} than {name}{tie}"
 
 
-def answer_lines(answer) -> list[str]:
-    """The per-family table and the savings, worded for a user."""
+def answer_lines(answer, instances: int = 1) -> list[str]:
+    """The per-family table and the savings, worded for a user (on ``instances`` sharing the queue)."""
     slo = answer.slo
     metrics = [m for m, _ in slo.bounds]
     lines = [f"  {'family':17s}{'setting':58s}{'P̄ [W] (95%)':>17s}   worst load: " + ", ".join(
@@ -191,7 +191,7 @@ def answer_lines(answer) -> list[str]:
         lines.append("")
         lines.append(f"  answer      {rec.spec}: {rec.power_w:.4g} W, {slo.text()} at every load checked")
         if rec.family == "table+timer":
-            lines.append(f"  run it      {_deploy(rec)}")
+            lines.append(f"  run it      {_deploy(rec, instances)}")
         else:
             lines.append(f"  note        here a server rule beats every table + timer setting: {rec.family}'s own rule, "
                          "tuned, is the answer")
@@ -205,15 +205,19 @@ def answer_lines(answer) -> list[str]:
     return lines
 
 
-def _deploy(rec) -> str:
-    """How to run a table + timer setting: the table from solve (or the control limit), the runtime's timer."""
+def _deploy(rec, instances: int = 1) -> str:
+    """How to run a table + timer setting: the table from solve (the c-server solve for a c-server table, or the
+    control limit), the runtime's timer, on the instances sharing the queue."""
     k = rec.knobs
     tau = k.get("tau_ms")
     wait = "None" if tau is None or not math.isfinite(tau) else f"{tau:g}"
     short = ', short_batch="pad-up", pad_item=…' if k.get("forced") == "pad" else ""
+    short += f", instances={instances}" if instances > 1 else ""
     if "w2" in k and math.isfinite(k["w2"]):
-        bmax = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
-        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{bmax} (and these scenario options) "
+        opts = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
+        if k.get("instances"):  # the c-server table: solved for these instances (its λ is the total)
+            opts = f" --instances {k['instances']}" + opts + (f" --phases {k['phases']}" if k.get("phases") else "")
+        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{opts} (and these scenario options) "
                 f"-o table.h5; "
                 f"DynamicBatcher(infer, PolicyTable.load(\"table.h5\"), max_wait_ms={wait}{short})")
     table = k.get("table") or rec.spec.partition("+")[0]
