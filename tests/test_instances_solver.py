@@ -278,7 +278,7 @@ def test_solve_instances_on_the_command_line(capsys):
     (["--idle-power", "5"], "add --instances c > 1"),
     (["--instances", "2", "--idle-power", "-1"], "--idle-power must be ≥ 0"),
     (["--instances", "2", "--phases", "0"], "--phases must be ≥ 1"),
-    (["--instances", "2", "-o", "x.h5"], "cannot be combined with -o"),
+    (["--instances", "2", "-o", "x.txt"], "-o"),
     (["--instances", "2", "--rho-grid", "0.3,0.5"], "cannot be combined with --rho-grid"),
     (["--instances", "8"], "over the limit"),
     (["--instances", "2", "--arrivals", "mmpp:1,2,0.1,0.1"], "cannot be combined with --instances 2"),
@@ -286,7 +286,7 @@ def test_solve_instances_on_the_command_line(capsys):
     (["--instances", "auto"], "give it as --lam"),
     (["--instances", "auto", "--rho", "0.5"], "give it as --lam"),
     (["--instances", "Auto2"], "--instances must be auto or an integer in 1..64"),
-    (["--instances", "auto", "--lam", "1", "-o", "x.h5"], "cannot be combined with -o"),
+    (["--phases", "2", "-o", "x.h5"], "add --instances c > 1"),
 ])
 def test_bad_instance_options_are_one_line_and_exit_2(capsys, tmp_path, monkeypatch, args, match):
     from smdp_batch.cli import main

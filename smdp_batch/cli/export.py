@@ -46,7 +46,7 @@ def _where(lams: list[float]) -> str:
 @slo_options
 @load_range_options
 @search_options
-@option("--instances", type=Instances(), default="1", show_default=True,
+@option("--instances", type=Instances(), default=None, show_default="1; a c-server table: the count it was solved for",
         help="Model instances (triton: instance_group count; tfserving: num_batch_threads; ray: num_replicas behind its "
              "router). With an SLO: the setting is tuned on that many, the load (the table's, or --load-range) their "
              "total. auto (with an SLO): the fewest of 1..8 whose least power is within 1 % of the least seen.")
@@ -63,6 +63,11 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
+    if instances is None:  # a c-server table names its own count
+        instances = _table_instances(path)
+        if instances > 1 and slo is None:
+            raise InputError(f"{path} is a table for {instances} instances sharing the queue: its export is the server "
+                             f"rule tuned on them, so give the SLO to meet (--slo-p99-ms X …)")
     auto = instances == "auto"
     if auto and rho_range is not None:
         raise InputError("--instances auto takes the load in req/s (--load-range, or the table's λ): ρ per instance "
@@ -186,6 +191,15 @@ def _off_peak(problem, rule, planned: float, requests: int, seed: int, arrival_m
                    f"{worst['share']:g}× it ({worst['p99_ms'] / planned:.2g}×); give the SLO and the loads the server "
                    f"sees (--slo-p99-ms X --load-range LO:HI) to export a setting that holds across them")
     return {"planned_p99_ms": planned, "loads": rows, "warning": warning}
+
+
+def _table_instances(path: str) -> int:
+    """The instance count a version-1 table was solved for (1 for any other file: its own reader says what it is)."""
+    from ..runtime.phase_file import policy_version
+
+    if policy_version(path) != 1:
+        return 1
+    return int(read_policy(path).inputs.get("instances", 1))
 
 
 def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> tuple[list[dict], int | None]:

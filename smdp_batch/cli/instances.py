@@ -57,7 +57,7 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
 
 
 def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power_w: float, as_json: bool,
-                        auto: bool = False) -> None:
+                        auto: bool = False, output: str | None = None) -> None:
     """Solve, compare and print (see the module doc); ``auto``: choose the count first (:func:`choose_instances`)."""
     rows: list[dict] = []
     sol: MultiSolution | None = None
@@ -85,8 +85,13 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         avg_cost=cost, mean_latency_ms=e1.mean_latency_ms, mean_power_w=c * e1.mean_power_w,
         idle_power_w=c * e1.idle_power_w, mean_batch=e1.mean_batch, throughput=c * e1.throughput,
         busy_instances=c * e1.busy_instances, boundary_mass=e1.boundary_mass, model_cost=cost)
+    if output:
+        from ..export.hdf5 import write_instances_policy
+
+        write_instances_policy(sol, output, idle_power_w)
     d = {**sol.to_dict(), "problem": problem.describe(), "idle_power_w": idle_power_w,
-         "split_evenly": split.to_dict(), "one_instance_table_shared": shared.to_dict()}
+         "split_evenly": split.to_dict(), "one_instance_table_shared": shared.to_dict(),
+         **({"output": output} if output else {})}
     lines = []
     if auto:
         d["auto"] = rows
@@ -116,5 +121,29 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         *([_row(f"split over {c} queues", split), _row("1-instance table, shared", shared)] if c > 1 else []),
         f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
         "optimal policy also looks at what the running batches are doing",
+        *([f"  written     {output} (its table n ↦ b for {c} instances: PolicyTable.load, simulate --policy FILE)"]
+          if output else []),
+    ])
+    emit(d, as_json, text)
+
+
+def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bool) -> None:
+    """evaluate --policy FILE for a c-server table: its exact metrics on the c-server model (the phases and idle
+    power it was solved with, on the scenario given or stored)."""
+    phases = pf.inputs.get("phases")
+    idle = float(pf.inputs.get("idle_power_w", 0.0))
+    table = pf.policy[:-1]
+    tail = int(table[-1]) == problem.bmax  # else its own long-queue size, on a longer plain truncation
+    ev = evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle,
+                                  n_max=None if tail else 4 * max(len(table), 2 * problem.instances * problem.bmax),
+                                  boundary="tail" if tail else "loss")
+    c = problem.instances
+    d = {**problem.describe(), "policy_spec": path, **ev.to_dict(), "objective": ev.avg_cost,
+         "policy": [int(a) for a in pf.policy], "phases": phases, "idle_power_w": idle}
+    text = "\n".join([
+        f"smdp-batch — exact evaluation of {path} on {c} instances sharing the queue (c-server model)",
+        scenario_line(problem),
+        f"  policy      {describe_policy(pf.policy, problem.batch_sizes)}",
+        _row("the table", ev),
     ])
     emit(d, as_json, text)

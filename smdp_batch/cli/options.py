@@ -137,7 +137,7 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
               w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"),
-              instances=int(opts.get("instances") or 1))
+              instances=int(opts.get("instances") or v.get("instances") or 1))
     if v.get("lam") is not None:
         return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
@@ -249,6 +249,7 @@ def file_inputs(pf, opts: dict | None = None, how: str = "give it again with --s
     base["batch_sizes"] = sizes
     base["latency"] = _stored_curve(pf, "latency", "latency_ms")
     base["energy"] = _stored_curve(pf, "energy", "energy_mj")
+    base["instances"] = int(i.get("instances", 1))  # a c-server table: run on the count it was solved for
     if _NAMES_A_FILE.search(i["service"]):
         if (opts or {}).get("service") is None:
             raise InputError(

@@ -52,7 +52,8 @@ def _stream_rate(spec: str, arr) -> float:
               help="Batch-means groups for the 95% intervals.")
 @option("--within-ms", type=Grid(), default=None,
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
-@option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
+@option("--instances", type=Number(integer=True, min=1, max=64), default=None,
+        show_default="1; a c-server table file: the count it was solved for",
         help="Model instances: sharing the one queue (Triton's instance_group count, TF-Serving's batch threads; the "
              "rule forms each batch when an instance is free), or ray: rules on that many replicas behind Ray's router. "
              "--rho is then per instance.")

@@ -138,7 +138,8 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
     """solve --instances c (with --phases / --idle-power): the c-server SMDP (cli/instances.py)."""
     from .instances import AUTO_MAX, solve_instances_cmd
 
-    bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid), ("-o", output)) if v is not None]
+    bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
+    bad += ["-o"] if output is not None and instances == 1 else []
     bad += ["--solver rvi"] if solver != "pi" else []
     bad += ["--backend jax"] if backend != "numba" else []
     bad += [f"--s-max {s_max}"] if str(s_max).lower() != "auto" else []
@@ -149,14 +150,15 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
         what = (f"--instances {instances}" if instances != 1 else
                 "--phases and --idle-power (they shape the model of several instances: add --instances c > 1)")
         raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
-                         "iteration with its own truncation and prints its table (writing it to a file is not "
-                         "supported yet)" if instances != 1 else f"{what}; got {', '.join(bad)} with one instance")
+                         "iteration with its own truncation (one table per solve)" if instances != 1 else
+                         f"{what}; got {', '.join(bad)} with one instance")
     if auto and opts.get("lam") is None:
         raise InputError("--instances auto compares counts at the same total load: give it as --lam (requests/ms, "
                          "e.g. --lam 3.5 for 3 500 req/s), not --rho, which is per instance")
     problem = build_problem({**opts, "instances": AUTO_MAX if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
-    solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto)
+    solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto,
+                        output=output)
 
 
 def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:
@@ -226,6 +228,10 @@ def evaluate_cmd(policy_spec, as_json, **opts):
                 f"{policy_spec} was solved for batch sizes {list(pf.batch_sizes)}, not {list(problem.batch_sizes)}"
             )
         policy = pf.policy
+        if problem.instances > 1:  # a c-server table: exact on the c-server model it was solved on
+            from .instances import evaluate_instances_file
+
+            return evaluate_instances_file(policy_spec, pf, problem, as_json)
     else:
         problem = build_problem(opts)
         policy = parse_policy(policy_spec, problem.batch_sizes, _policy_smax(policy_spec, problem.bmax))
@@ -303,18 +309,24 @@ def show_cmd(path, as_json):
         "integrity": pf.integrity,
     }
     i, t, s = pf.inputs, pf.truncation, pf.solution
+    c = int(i.get("instances", 1))
+    many = [f"  instances   {c} sharing the queue (c-server SMDP, batch times as {i.get('batch_time_model', 'phase-type')}"
+            f"{'; idle power ' + format(i['idle_power_w'], 'g') + ' W per instance' if i.get('idle_power_w') else ''}): "
+            f"run it with DynamicBatcher(…, instances={c}) or simulate --policy FILE"] if c > 1 else []
     text = "\n".join(
         [
             f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",
-            f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}), batch sizes {sizes[0]}..{sizes[-1]} ({len(sizes)}), "
+            f"  scenario    λ = {i['lam']:.6g} /ms (ρ = {i['rho']:.4g}{' per instance' if c > 1 else ''}), batch sizes "
+            f"{sizes[0]}..{sizes[-1]} ({len(sizes)}), "
             f"l = {i['latency']}, ζ = {i['energy']}, service {i['service']}, w1 = {i['w1']:g}, w2 = {i['w2']:g}",
+            *many,
             f"  truncation  s_max = {t['s_max']}{' (' + t['s_max_rule'] + ')' if 's_max_rule' in t else ''}, "
             f"{boundary_text(t.get('boundary', 'overflow'), t['abstract_cost'])}, Δ = {t['delta']:.3g}",
             f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'), limiting_sizes(sizes, i['latency_ms']))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
-            cost_line(s["avg_cost"], "truncated model, eq. 21"),
+            cost_line(s["avg_cost"], "the table's, exact on the c-server model" if c > 1 else "truncated model, eq. 21"),
             f"  integrity   {integrity_text(pf.integrity)}",
         ]
     )

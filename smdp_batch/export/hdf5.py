@@ -19,9 +19,10 @@ import numpy as np
 from ..errors import InputError
 from ..files import atomic_output
 from ..runtime.phase_file import phase_digest
+from ..runtime.table import control_limit
 from ..runtime.schema import BANK_FORMAT, FORMAT, PHASE_SCHEMA_VERSION, SCHEMA_VERSION, table_digest
 
-__all__ = ["write_policy", "write_bank", "write_phase_policy"]
+__all__ = ["write_policy", "write_bank", "write_phase_policy", "write_instances_policy"]
 
 
 def _creator() -> str:
@@ -55,12 +56,14 @@ def _dataset(group, name: str, data) -> None:
     group.create_dataset(name, data=data, fletcher32=True)
 
 
-def _write_inputs(f, p):
+def _write_inputs(f, p, idle_power_w: float = 0.0):
     """The /inputs group of a problem; returns (scalar inputs, batch sizes, l(b), ζ(b)) for the digest."""
     sizes = np.asarray(p.batch_sizes, dtype=np.int32)
     latency, energy = np.asarray(p.latency_ms(), dtype=np.float64), np.asarray(p.energy_mj(), dtype=np.float64)
     inputs = {"lam": float(p.lam), "rho": float(p.rho), "w1": float(p.w1), "w2": float(p.w2),
               "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
+    if p.instances > 1 or idle_power_w:  # a c-server table (absent: one instance, no idle power)
+        inputs.update(instances=int(p.instances), idle_power_w=float(idle_power_w))
     g = f.create_group("inputs")
     g.attrs.update(inputs)
     _dataset(g, "batch_sizes", sizes)
@@ -101,6 +104,41 @@ def _fill_table(f, solution) -> None:
     )
     _dataset(s, "relative_values", values)
     f.attrs["content_sha256"] = table_digest(policy, sizes, latency, energy, values, inputs, m.s_max)
+
+
+def _fill_instances_table(f, sol, idle_power_w: float) -> None:
+    """A c-server table (:class:`~smdp_batch.solvers.multi_pi.MultiSolution`) in the version-1 layout: its table
+    n ↦ b for n = 0..N (s_max = N; above N every instance serves Bmax, the tail boundary, so the S_o entry
+    repeats it), the table's exact metrics, and its relative values with every instance idle."""
+    p, ev = sol.problem, sol.table_eval
+    policy = np.append(sol.table, sol.table[-1]).astype(np.int32)
+    values = np.append(sol.table_values, sol.table_values[-1]).astype(np.float64)
+    _dataset(f, "policy", policy)
+    inputs, sizes, latency, energy = _write_inputs(f, p, idle_power_w)
+    f["inputs"].attrs.update({"batch_time_model": sol.phase_law, "phases": int(sol.phases)})
+    t = f.create_group("truncation")
+    t.attrs.update({"s_max": sol.n_max, "s_max_auto": True, "abstract_cost": 0.0,
+                    "delta": 0.0 if np.isnan(sol.delta) else sol.delta, "tol_delta": 1e-7, "s_max_rule": "auto",
+                    "converged_upto": sol.agrees_upto, "boundary": "tail"})
+    d = sol.to_dict()
+    s = f.create_group("solution")
+    cl = control_limit(sol.table, p.batch_sizes)
+    s.attrs.update({
+        "avg_cost": ev.avg_cost, "solver": "c-server policy iteration", "iterations": sol.iterations,
+        "converged": sol.converged, "eps": np.nan, "eta": np.nan, "span": np.nan, "gain_lo": np.nan,
+        "gain_hi": np.nan, "mean_latency_ms": ev.mean_latency_ms, "mean_power_w": ev.mean_power_w,
+        "throughput": ev.throughput, "mean_batch_size": ev.mean_batch, "objective": ev.avg_cost,
+        "control_limit": -1 if cl is None else cl, "solve_seconds": sol.solve_time_s,
+        "summary_json": json.dumps({k: v for k, v in d.items() if k != "table"}),
+    })
+    _dataset(s, "relative_values", values)
+    f.attrs["content_sha256"] = table_digest(policy, sizes, latency, energy, values, inputs, sol.n_max)
+
+
+def write_instances_policy(solution, path: str | os.PathLike, idle_power_w: float = 0.0) -> Path:
+    """Write a c-server table (:func:`~smdp_batch.solvers.multi_pi.solve_instances`) as an HDF5 policy table,
+    atomically: ``inputs@instances`` names the count it was solved for (the readers run it on that many)."""
+    return _write_atomically(path, FORMAT, lambda f: _fill_instances_table(f, solution, idle_power_w))
 
 
 def write_policy(solution, path: str | os.PathLike) -> Path:

@@ -147,6 +147,10 @@ class DynamicBatcher:
             table = PolicyTable.load(table)
         if not (callable(table) or callable(getattr(table, "decide", None))):
             raise TypeError("table must be a PolicyTable, an AdaptivePolicy, a PhasePolicy, a path or a callable n -> b")
+        solved_for = getattr(table, "instances", 1)  # a c-server table knows the count it was solved for
+        if isinstance(solved_for, int) and solved_for > 1 and solved_for != int(count):
+            raise ValueError(f"this table was solved for {solved_for} instances sharing the queue; pass "
+                             f"instances={solved_for} (got {int(count)})")
         if short_batch not in _SHORT:
             raise ValueError(f"short_batch must be one of {_SHORT}, got {short_batch!r}")
         default_max_wait_ms(table, lam)  # checks lam

@@ -72,6 +72,7 @@ MAX_BANK_TABLES = 1_000
 MAX_BANK_STATES = 20_000_000  # Σ (s_max + 2) over a bank's tables
 MAX_CHUNK_BYTES = 8 << 20  # one HDF5 chunk, decompressed (h5py's own chunks are ≤ 1 MiB)
 MAX_TEXT = 4 << 20  # characters of one string attribute
+MAX_INSTANCES = 64  # model instances a c-server table may name (the problem's own limit)
 
 _ALLOWED_FILTERS = {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32, 32000}  # 32000: lzf
 
@@ -149,6 +150,8 @@ def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, in
         h.update(a.tobytes())
     scalars: list[float | str] = [float(inputs[k]) for k in ("lam", "rho", "w1", "w2")]
     scalars += [str(inputs[k]) for k in ("service", "latency", "energy")] + [int(s_max)]
+    if "instances" in inputs:  # a c-server table (files without it: one instance, the digest as before)
+        scalars += [int(inputs["instances"]), float(inputs["idle_power_w"])]
     h.update(json.dumps(scalars, allow_nan=False).encode())
     return h.hexdigest()
 
@@ -364,11 +367,22 @@ def _load_inputs(w: _Where, g, s_max: int):
         "latency": _attr(w, gi, "latency", "str"),
         "energy": _attr(w, gi, "energy", "str"),
     }
+    if "instances" in gi.attrs:  # a c-server table: solved for that many instances sharing the queue
+        inputs["instances"] = _attr(w, gi, "instances", "int", low=1, high=MAX_INSTANCES)
+        inputs["idle_power_w"] = _attr(w, gi, "idle_power_w", "float", low=0)
+        model = _attr(w, gi, "batch_time_model", "str", None)
+        if model is not None:
+            inputs["batch_time_model"] = model[:200]
+        phases = _attr(w, gi, "phases", "int", None, low=1, high=64)
+        if phases is not None:
+            inputs["phases"] = phases
+    c = inputs.get("instances", 1)
     if not inputs["rho"] < 1:
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r}; expected ρ in (0, 1)")
-    rho = inputs["lam"] * float(lat[-1]) / bmax
+    rho = inputs["lam"] * float(lat[-1]) / (c * bmax)
     if not math.isclose(rho, inputs["rho"], rel_tol=1e-6):
-        w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r} disagrees with λ·l(Bmax)/Bmax = {rho!r}")
+        per = "/(c·Bmax)" if c > 1 else "/Bmax"
+        w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r} disagrees with λ·l(Bmax){per} = {rho!r}")
     inputs.update(batch_sizes=sizes, latency_ms=lat, energy_mj=en)
     return inputs, sizes, lat, en, bool(c1 and c2 and c3)
 

@@ -85,6 +85,11 @@ class PolicyTable:
         return None if v is None else real(v)  # an int beyond the float range: inf (unusable, see bound)
 
     @property
+    def instances(self) -> int:
+        """The model instances sharing the queue the table was solved for (a c-server table), else 1."""
+        return int(self.meta.get("inputs", {}).get("instances", 1))
+
+    @property
     def max_batch(self) -> int:
         return int(self._policy.max())
 
@@ -118,5 +123,6 @@ class PolicyTable:
         q = self.control_limit
         rule = f"wait below {q}, then serve min(n, {self.max_batch})" if q is not None else "general table"
         lam = f", λ = {self.lam:.6g}/ms" if self.lam is not None else ""
+        lam += f", {self.instances} instances" if self.instances > 1 else ""
         src = f" from {self.path}" if self.path else ""
         return f"<PolicyTable s_max={self.s_max}{lam}: {rule}{src}>"

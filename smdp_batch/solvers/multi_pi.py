@@ -26,6 +26,7 @@ the start the optimal policy makes most often among states with an idle instance
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -85,6 +86,13 @@ class MultiSolution:
     solve_time_s: float
     policy: np.ndarray = field(repr=False)
     model: MultiServerSMDP = field(repr=False)
+    #: |ĝ(N) − ĝ(previous N)| / |ĝ(N)| of the last two truncations (NaN with a fixed ``n_max``)
+    delta: float = math.nan
+    #: R: the table serves table[R] at every n ≥ R, equals the previous truncation's table at 0..R, and N ≥ 2R
+    #: (−1: not verified)
+    agrees_upto: int = -1
+    #: the table's relative values h(n) with every instance idle, n = 0..N (h(0) = 0)
+    table_values: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
 
     def decide(self, n: int) -> int:
         """The table's batch size at queue length n with an instance idle (0: wait)."""
@@ -96,7 +104,8 @@ class MultiSolution:
             "n_max": self.n_max, "configurations": self.configurations, "states": self.states,
             "iterations": self.iterations, "converged": self.converged, "optimal": self.optimal.to_dict(),
             "table": [int(x) for x in self.table], "table_eval": self.table_eval.to_dict(),
-            "solve_time_s": self.solve_time_s,
+            "solve_time_s": self.solve_time_s, "delta": None if math.isnan(self.delta) else self.delta,
+            "agrees_upto": self.agrees_upto,
         }
 
 
@@ -336,7 +345,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     ph: PhaseType = phase_type(problem, phases)
     fixed = n_max is not None
     N = _n_start(problem) if n_max is None else int(n_max)
-    act, n_old, total, why, prev = None, N, 0, "", None
+    act, n_old, total, why, prev, table, before = None, N, 0, "", None, None, None
     while True:
         sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
         act = _initial(sysm) if act is None else _extend(act, n_old, sysm)
@@ -345,6 +354,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         if not ok:
             why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"
             break
+        before, table = table, _project(sysm, act)
         if fixed or (prev is not None and abs(ev.model_cost - prev) <= tol * abs(ev.model_cost)):
             break
         prev, n_old, N = ev.model_cost, N, N + max(N // 2, problem.bmax)
@@ -361,10 +371,19 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         if throw:
             raise NotConvergedWarning(msg)
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
+        before = None
     table = _project(sysm, act)
-    _, _, tev = sysm.evaluate(table_policy(sysm, table))
+    _, h, tev = sysm.evaluate(table_policy(sysm, table))
+    delta, upto = math.nan, -1
+    if prev is not None and before is not None:
+        delta = abs(ev.model_cost - prev) / abs(ev.model_cost)
+        changes = np.nonzero(table[1:] != table[:-1])[0]
+        onset = int(changes[-1]) + 1 if changes.size else 0  # the table is constant from here on
+        if onset <= min(N // 2, before.size - 1) and np.array_equal(before[: onset + 1], table[: onset + 1]):
+            upto = onset
     return MultiSolution(problem, ph.how, ph.phases, N, sysm.model.n_conf, sysm.model.n_states, total, converged, ev,
-                         table, tev, time.perf_counter() - t0, act.reshape(-1, N + 1), sysm.model)
+                         table, tev, time.perf_counter() - t0, act.reshape(-1, N + 1), sysm.model, delta, upto,
+                         h[: N + 1].copy())
 
 
 def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | None = None,
