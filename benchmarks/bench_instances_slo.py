@@ -77,7 +77,7 @@ def figure(path: str, requests: int, slo_ms: float, idle_w: float) -> None:
 
     base = BatchingProblem.from_rho(0.5)
     top = 0.85 * base.max_lam  # 85 % of what one instance can carry
-    loads = np.linspace(0.1, 3.4, 12) * top
+    loads = np.linspace(0.15, 3.4, 8) * top
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for c in (1, 2, 3, 4):
         xs, ys = [], []

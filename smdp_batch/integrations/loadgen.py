@@ -99,10 +99,11 @@ def simulated_run(problem, rule, arrival_ms: np.ndarray, seed: int = 0) -> Run:
     resp = response_times(problem, rule, arr, seed=seed)
     served = int(np.isfinite(resp).sum())  # FIFO: requests 0..served-1
     done = arr[:served] + resp[:served]
-    # one batch at a time: a batch's requests complete together, and the next batch ends ≥ min l(b) later
+    # a batch's requests are consecutive (FIFO) and complete together; the next batch ends at another time (later
+    # on one instance; on several it may end earlier, on another instance)
     batch_of = np.full(arr.size, -1, dtype=np.int64)
     if served:
-        starts = np.concatenate(([True], np.diff(done) > 1e-6))
+        starts = np.concatenate(([True], np.abs(np.diff(done)) > 1e-6))
         batch_of[:served] = np.cumsum(starts) - 1
     pad = rule.pad_map(max(rule.max_executed(), problem.bmax) + 1)
     counts = np.bincount(batch_of[:served]) if served else np.zeros(0, dtype=np.int64)

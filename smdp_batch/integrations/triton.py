@@ -4,7 +4,7 @@ What runs: ``tritonserver`` from the ``nvidia-pytriton`` wheel (``pip install -e
 model repository written here: one model per batching setting, each with Triton's own dynamic batcher
 configured by ``max_batch_size`` / ``dynamic_batching { preferred_batch_size, max_queue_delay_microseconds }``
 exactly as ``smdp-batch export --to triton`` writes them (the delay multiplied by the time scale), one
-CPU instance, and the Python-backend stub of :mod:`smdp_batch.integrations.triton_stub_model`: a batch of b
+CPU instance or several (``ModelSpec.instances``), and the Python-backend stub of :mod:`smdp_batch.integrations.triton_stub_model`: a batch of b
 sleeps l(b)·scale and reports its size and start/end times.
 
 Why not ``pytriton.Triton.bind``: PyTriton's proxy builds its outputs with ``pb_utils.Tensor(name, ndarray)``
@@ -90,7 +90,8 @@ class ModelSpec:
     """One stub model: its Triton batching settings (model units) and its l(b) (ms), in real time × scale.
 
     ``pad_to[b]`` is the size the model executes for a batch of b requests (TensorRT-style profiles: a batch
-    of 3 runs as 4); by default every b runs as itself.
+    of 3 runs as 4); by default every b runs as itself.  ``instances``: Triton's ``instance_group`` count (each
+    instance a stub process; the dynamic batcher's one queue feeds them all).
     """
 
     max_batch_size: int
@@ -98,6 +99,7 @@ class ModelSpec:
     preferred: tuple[int, ...] = ()
     latency_ms: dict = field(default_factory=dict)
     pad_to: dict = field(default_factory=dict)
+    instances: int = 1
 
 
 def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> str:
@@ -114,7 +116,7 @@ def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> st
         f'name: "{name}"\nbackend: "python"\n' + block
         + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ 3 ] } ]\n'
-        + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        + f"instance_group [ {{ count: {int(spec.instances)} kind: KIND_CPU }} ]\n"
         + "".join(f'parameters: {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}\n' for k, v in params.items())
     )
 
