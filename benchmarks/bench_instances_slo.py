@@ -12,8 +12,7 @@ seeded Poisson stream (``--requests`` per load):
 * Triton's default (max_queue_delay 0).
 
 ``--figure PATH`` also draws the least power (table + timer) against the total load for c = 1..4 at the SLO, with
-an idle power per instance added (``--idle-w``; the simulator charges ζ(b) per batch, the idle draw is added from
-the simulated busy time).
+an idle power per instance (``--idle-w``, charged by the simulator for the time each instance runs no batch).
 
     python benchmarks/bench_instances_slo.py [--requests 200000] [--figure docs/images/instances_power.png]
 """
@@ -25,7 +24,6 @@ import time
 
 import numpy as np
 
-from smdp_batch.analysis.simulate import simulate
 from smdp_batch.analysis.slo import optimise
 from smdp_batch.model.problem import BatchingProblem
 
@@ -85,16 +83,13 @@ def figure(path: str, requests: int, slo_ms: float, idle_w: float) -> None:
             if lam >= 0.95 * c * base.max_lam:
                 continue
             p = base.replace(instances=c, lam=float(lam))
-            a = optimise(p, {"p99": slo_ms}, families=("table+timer",), requests=requests, seed=0, defaults=False)
+            a = optimise(p, {"p99": slo_ms}, families=("table+timer",), requests=requests, seed=0, defaults=False,
+                         idle_power_w=idle_w)
             s = a.best["table+timer"]
             if s is None:
                 continue
-            r = simulate(p, s.rule, requests=requests, seed=0)
-            counts = r.batch_size_counts  # busy instances = batch rate × the mean batch time
-            mean_l = sum(k * float(p.latency(np.float64(b))) for b, k in counts.items()) / sum(counts.values())
-            busy = r.throughput / r.mean_batch_size * mean_l
             xs.append(lam * 1e3)
-            ys.append(s.power_w + idle_w * max(c - busy, 0.0))
+            ys.append(s.power_w)
         ax.plot(xs, ys, marker="o", label=f"{c} instance{'s' if c > 1 else ''}")
         print(f"  c = {c}: " + ", ".join(f"{x:.0f} req/s {y:.1f} W" for x, y in zip(xs, ys)))
     ax.set_xlabel("total load (requests/s)")

@@ -57,10 +57,11 @@ def test_evaluate_and_simulate_run_it_on_its_instances(written, capsys):
     assert d["instances"] == 2 and d["avg_cost"] == pytest.approx(sol.table_eval.avg_cost, rel=1e-9)
     assert main(["simulate", "--policy", written, "--requests", "200000", "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
-    direct = simulate(_problem(), np.asarray(sol.table), requests=200_000, seed=0)
+    direct = simulate(_problem(), np.asarray(sol.table), requests=200_000, seed=0, idle_power_w=3.0)
     assert s["instances"] == 2 and s["mean_latency_ms"] == pytest.approx(direct.mean_latency_ms, rel=1e-12)
-    # the exact evaluation leaves out the idle power the simulator does not charge: compare the latency
-    assert abs(s["mean_latency_ms"] - sol.table_eval.mean_latency_ms) <= 3 * s["mean_latency_ci_ms"]
+    assert s["mean_power_w"] == pytest.approx(direct.mean_power_w, rel=1e-12)  # the file's idle power, 3 W
+    for k, exact in (("mean_latency_ms", sol.table_eval.mean_latency_ms), ("mean_power_w", sol.table_eval.mean_power_w)):
+        assert abs(s[k] - exact) <= 3 * s[k.replace("_ms", "_ci_ms") if k.endswith("_ms") else "mean_power_ci_w"], k
     assert main(["show", written]) == 0
     out = capsys.readouterr().out
     assert "instances   2 sharing the queue" in out and "ρ = 0.6 per instance" in out

@@ -75,8 +75,50 @@ def test_compare_with_instances_says_how_to_run_the_answer_on_them(capsys):
     assert d["instances"] == 2 and "torchserve" not in d["best"]
 
 
-@pytest.mark.parametrize("bad", ["0", "65", "2.5", "auto"])
+@pytest.mark.parametrize("bad", ["0", "65", "2.5", "Auto2"])
 def test_compare_refuses_a_bad_instance_count_in_one_line(capsys, bad):
     assert main(["compare", "--instances", bad, "--slo-p99-ms", "25"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--instances" in err
+
+
+def test_the_simulators_idle_power_equals_the_exact_c_server_evaluation():
+    from smdp_batch.analysis.simulate import simulate
+    from smdp_batch.solvers.multi_pi import evaluate_instances_table
+
+    p = _problem(rho=0.5)
+    table = np.array([0, 0, 0, 0, 4, 4, 4, 4, 8])
+    bare = simulate(p, table, requests=400_000, seed=0)
+    idle = simulate(p, table, requests=400_000, seed=0, idle_power_w=10.0)
+    exact = evaluate_instances_table(p, table, idle_power_w=10.0)
+    assert idle.mean_latency_ms == bare.mean_latency_ms  # the same run, only P̄ gains the idle draw
+    assert idle.mean_power_w - bare.mean_power_w == pytest.approx(exact.idle_power_w, rel=0.01)
+    assert abs(idle.mean_power_w - exact.mean_power_w) <= 3 * idle.mean_power_ci
+    with pytest.raises(Exception, match="idle power must be a number of W ≥ 0"):
+        simulate(p, table, requests=1000, idle_power_w=-1.0)
+
+
+def test_compare_auto_picks_the_count_of_least_power_with_idle_power(capsys):
+    args = ["compare", "--instances", "auto", "--lam", "3", "--service", "exp", "--batch-sizes", "1,2,4,8,16,32",
+            "--slo-p99-ms", "60", "--idle-power", "20", "--requests", "20000", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {r["instances"]: r for r in d["auto"]}
+    assert "unstable" in rows[1]["why"]  # λ = 3/ms is past one instance
+    tried = [r for r in d["auto"] if "mean_power_w" in r]
+    best = min(tried, key=lambda r: r["mean_power_w"])
+    assert d["instances"] == best["instances"] == 2 and best["chosen"]
+    assert d["idle_power_w"] == 20.0
+    # idle instances cost power: each count past the best draws more
+    assert all(r["mean_power_w"] > best["mean_power_w"] for r in tried if r["instances"] > 2)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--instances", "auto", "--rho", "0.5"], "not --rho or --rho-range"),
+    (["--instances", "auto"], "give it as --lam"),
+    (["--instances", "2", "--idle-power", "-3"], "--idle-power"),
+])
+def test_compare_auto_refuses_a_per_instance_load_in_one_line(capsys, args, match):
+    assert main(["compare", *args, "--slo-p99-ms", "30"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1, err

@@ -288,6 +288,7 @@ def simulate(
     keep_responses: bool = False,
     progress: Callable[[int], None] | None = None,
     within_ms=(),
+    idle_power_w: float = 0.0,
 ) -> SimulationResult:
     """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
 
@@ -301,8 +302,14 @@ def simulate(
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
     :class:`~smdp_batch.baselines.servers.ServerRule`.  ``within_ms``: latency bounds (ms) whose
     satisfaction share P(W ≤ bound) is reported (paper 004 Fig. 6(c)), with batch-means intervals.
+    ``idle_power_w``: power (W) of an instance while it runs no batch, added to P̄ as idle_power_w × (c − the mean
+    busy instances), the busy ones from the batches run and their mean times l(b) (exact for fixed batch times;
+    its own sampling noise is left out of the interval).
     """
     t0 = time.perf_counter()
+    if not (isinstance(idle_power_w, (int, float)) and not isinstance(idle_power_w, bool)
+            and math.isfinite(idle_power_w) and idle_power_w >= 0):
+        raise InputError(f"idle power must be a number of W ≥ 0, got {idle_power_w!r}")
     rng = np.random.default_rng(seed)
     if isinstance(arrivals, str):
         arr = read_trace(arrivals)
@@ -367,15 +374,19 @@ def simulate(
     pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(names)}
     counts = {int(s): int(c) for s, c in enumerate(sizes_hist) if c}
     n_batches = int(sizes_hist.sum())
+    idle = 0.0
+    if idle_power_w:  # every batch run (from the first request on) over the time they were run in
+        busy = sum(c * float(problem.latency(np.float64(s))) for s, c in counts.items()) / (arr[last - 1] - arr[0] + gap)
+        idle = float(idle_power_w) * max(problem.instances - busy, 0.0)
     return SimulationResult(
         requests=n_req, measured=int(r.size),
         mean_latency_ms=mean_latency, mean_latency_ci=ci(mean_g),
-        mean_power_w=float(genergy.sum() / duration), mean_power_ci=ci(power_g),
+        mean_power_w=float(genergy.sum() / duration) + idle, mean_power_ci=ci(power_g),
         throughput=float(r.size / duration), mean_batch_size=float(last / n_batches) if n_batches else 0.0,
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
-        group_latency=mean_g, group_power=power_g,
+        group_latency=mean_g, group_power=power_g + idle,
     )
 
 

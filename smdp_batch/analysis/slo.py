@@ -50,6 +50,7 @@ from ..baselines.servers import ServerRule, ray_serve, table_timer, tf_serving, 
 from ..errors import InputError
 from ..limits import SLO_MAX_MS
 from ..model.problem import BatchingProblem
+from .loads import load_grid
 
 __all__ = ["METRICS", "SLO", "LoadResult", "Setting", "SLOAnswer", "optimise", "load_grid", "RULE_FAMILIES",
            "FAMILIES", "DEFAULT_SETTINGS"]
@@ -256,44 +257,15 @@ class SLOAnswer:
                    {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
 
 
-# ------------------------------------------------------------------------------------------ loads
-def _servers(problem: BatchingProblem) -> str:
-    c = problem.instances
-    return f"{c} instances do, {c}·Bmax/l(Bmax)," if c > 1 else "a server does, Bmax/l(Bmax),"
-
-
-def load_grid(problem: BatchingProblem, lo: float | None = None, hi: float | None = None, points: int = 5) -> list[float]:
-    """The loads (requests/ms) a setting is checked at: λ alone, or ``points`` ≥ 5 loads spaced evenly in
-    log λ over [lo, hi], both ends included.  Refuses an empty or inverted range, and one reaching ρ ≥ 1."""
-    if lo is None and hi is None:
-        return [problem.lam]
-    if lo is None or hi is None:
-        raise InputError("a load range needs both ends, LO:HI")
-    lo, hi = float(lo), float(hi)
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo > 0):
-        raise InputError(f"a load range must have finite ends > 0, got {lo:g}:{hi:g}")
-    if hi < lo:
-        raise InputError(f"the load range {lo * 1e3:g}:{hi * 1e3:g} req/s is inverted: write it LO:HI with LO < HI")
-    if hi == lo:
-        raise InputError(f"the load range {lo * 1e3:g}:{hi * 1e3:g} req/s is empty; for one load give --lam or --rho")
-    if not hi < problem.max_lam:
-        raise InputError(
-            f"the load range reaches {hi * 1e3:g} req/s, ρ = {hi / problem.max_lam:.4g} ≥ 1: no batching rule can serve "
-            f"it (the most {_servers(problem)} is {problem.max_lam * 1e3:.6g} req/s)"
-        )
-    points = max(5, int(points))
-    return [float(x) for x in np.geomspace(lo, hi, points)]
-
-
 # ------------------------------------------------------------------------------------------ the search
 class _Checker:
     """Simulates settings at every load on common random numbers, and counts the work."""
 
     def __init__(self, problem: BatchingProblem, slo: SLO, lams: list[float], requests: int, seed: int,
-                 unit_arrivals: np.ndarray | None, progress=None):
+                 unit_arrivals: np.ndarray | None, progress=None, idle_power_w: float = 0.0):
         from ..limits import check_requests
 
-        self.problem, self.slo, self.lams, self.seed = problem, slo, lams, int(seed)
+        self.problem, self.slo, self.lams, self.seed, self.idle_w = problem, slo, lams, int(seed), idle_power_w
         self.requests = check_requests(requests, "requests")
         if self.requests < 1000:
             raise InputError(f"requests per load must be ≥ 1000 for percentile intervals, got {requests!r}")
@@ -320,7 +292,8 @@ class _Checker:
             if self.progress is not None:
                 self.progress(1)
             try:
-                res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed)
+                res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed,
+                               idle_power_w=self.idle_w)
             except InputError as e:  # cannot carry this load: never meets the SLO
                 if not str(e).startswith(("unstable", rule.spec, "only ")):
                     raise
@@ -425,7 +398,8 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
 
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
-             solve_lam: float | None = None, defaults: bool = True, progress=None, current=None) -> SLOAnswer:
+             solve_lam: float | None = None, defaults: bool = True, progress=None, current=None,
+             idle_power_w: float = 0.0) -> SLOAnswer:
     """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
 
     ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
@@ -433,6 +407,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     ``solve_lam``: the load the SMDP tables are solved at (default: the top load).  ``families``: which to
     search (``table+timer`` needs ``smdp`` and the Triton forms, and searches them).  ``requests``: per load.
     ``current``: the user's own rule (a ServerRule), simulated at every load on the same arrivals.
+    ``idle_power_w``: power of an idle instance (W), added to every setting's P̄ (see ``simulate``).
     """
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
@@ -444,7 +419,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         if arr.ndim != 1 or arr.size < 1000 or not np.all(np.diff(arr) >= 0) or not arr[-1] > arr[0]:
             raise InputError("arrivals for the SLO search must be ≥ 1000 sorted times in ms")
         unit = (arr - arr[0]) * ((arr.size - 1) / (arr[-1] - arr[0]))  # mean rate 1/ms, then scaled per load
-    chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress)
+    chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress, idle_power_w)
     sizes = problem.batch_sizes
     B = problem.bmax
     cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO

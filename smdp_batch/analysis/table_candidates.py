@@ -12,7 +12,9 @@ would run it: the coarsening only limits how good the candidates can be, never h
 * *c-server*: the optimal table of the c-server SMDP (:func:`~smdp_batch.solvers.multi_pi.solve_instances`) at
   w2 = 2⁻⁶ … 2⁶ (extended upward while the table still changes), each distinct table once.  The model is the
   finest that solves within its limits: every allowed size with the law's own phases, then fewer Erlang
-  phases for a fixed batch time (8, 4, 2, 1), then the sizes 1, 2, 4, … and Bmax, then Bmax/4, Bmax/2, Bmax.
+  phases for a fixed batch time (8, 4, 2, 1), then the sizes 1, 2, 4, … and Bmax, then Bmax/4, Bmax/2, Bmax.  A
+  model whose states × configurations × sizes at the start exceed :data:`CANDIDATE_WORK` is skipped for the next:
+  its sparse LU would take seconds to minutes per policy-iteration step.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ __all__ = ["Candidate", "one_server_tables", "instances_tables", "instances_mode
 W2_GRID = tuple(2.0 ** k for k in range(-6, 7))
 W2_TOP = 2.0 ** 12
 _PHASE_STEPS = (8, 4, 2, 1)
+#: The most states × configurations × sizes a candidate model may start with (at N = 2·c·Bmax): the sparse LU's
+#: fill grows with all three (measured: 2 instances, six sizes, 18 172 states: 0.4 s a factorisation; 3 instances,
+#: six sizes, 24 276 states: 16 s).  The candidates only propose tables, so a coarser model is taken instead.
+CANDIDATE_WORK = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,8 @@ def _size_steps(problem: BatchingProblem) -> list[tuple[int, ...]]:
 def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | None, str]:
     """(sizes, phases, why) of the finest c-server model that solves at the problem's load and w2 within the
     model's limits (module doc); sizes is empty, with the last refusal in ``why``, when none does."""
-    from ..model.multi_server import phase_type
-    from ..solvers.multi_pi import solve_instances
+    from ..model.multi_server import count_configurations, phase_type
+    from ..solvers.multi_pi import _n_start, solve_instances
 
     own = phase_type(problem).phases
     fitted = "exact" not in phase_type(problem).how
@@ -84,6 +90,13 @@ def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | No
     why = ""
     for sizes in _size_steps(problem):
         for k in phases:
+            q = problem.replace(batch_sizes=sizes)
+            confs = count_configurations(len(sizes) * phase_type(q, k).phases, problem.instances)
+            work = confs * (_n_start(q) + 1) * confs * len(sizes)
+            if work > CANDIDATE_WORK:
+                why = (f"sizes {','.join(map(str, sizes))} with {phase_type(q, k).phases} phases: {work:.2g} states × "
+                       f"configurations × sizes, over {CANDIDATE_WORK:.0e}")
+                continue
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", NotConvergedWarning)

@@ -3,6 +3,7 @@ traffic over c one-instance tables and today's one-instance table run on all c."
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import click
@@ -147,3 +148,59 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
         _row("the table", ev),
     ])
     emit(d, as_json, text)
+
+
+def compare_counts(problem: BatchingProblem, slo, lams: list[float], requests: int, seed: int, shape,
+                   idle_power_w: float) -> tuple[list[dict], BatchingProblem]:
+    """compare --instances auto: at the same total loads, the table + timer family's least power (idle power
+    included) meeting ``slo`` on c = 1, 2, … AUTO_MAX instances; it stops two counts past the best.  Returns one
+    row per count tried and the problem on the count of least power (the fewest on a tie within the intervals)."""
+    from ..analysis.slo import optimise
+
+    rows: list[dict] = []
+    best: dict | None = None
+    worse = 0
+    for c in range(1, AUTO_MAX + 1):
+        try:
+            pc = problem.replace(instances=c)
+            ans = optimise(pc, slo, lams, families=("table+timer",), requests=requests, seed=seed, arrivals=shape,
+                           defaults=False, idle_power_w=idle_power_w)
+        except InputError as e:  # the load is beyond c instances
+            rows.append({"instances": c, "why": str(e)})
+            continue
+        s = ans.best["table+timer"]
+        if s is None:
+            rows.append({"instances": c, "why": f"no table + timer setting meets {slo.text()} at every load"})
+        else:
+            rows.append({"instances": c, "setting": s.spec, "mean_power_w": s.power_w, "mean_power_ci_w": s.power_ci,
+                         "problem": pc})
+        if s is not None and (best is None or s.power_w + math.hypot(s.power_ci, best["mean_power_ci_w"])
+                              < best["mean_power_w"]):
+            best, worse = rows[-1], 0
+        elif best is not None:
+            worse += 1
+            if worse == 2:  # two counts past the best that draw no less: more only add idle instances
+                break
+    if best is None:
+        why = "; ".join(f"{r['instances']}: {r['why']}" for r in rows)
+        raise InputError(f"no instance count 1..{AUTO_MAX} meets {slo.text()} at every load: {why}")
+    chosen = best["problem"]
+    for r in rows:
+        r.pop("problem", None)
+        r["chosen"] = r["instances"] == chosen.instances
+    return rows, chosen
+
+
+def count_lines(rows: list[dict], chosen: int) -> list[str]:
+    """The per-count table of ``compare --instances auto``."""
+    out = ["  instances   auto: the table + timer family's least power meeting the SLO on each count (same total load)"]
+    for r in rows:
+        if "why" in r:
+            why = r["why"] if len(r["why"]) <= 150 else r["why"][:149] + "…"
+            out.append(f"    {r['instances']:>2}  {why}")
+        else:
+            out.append(f"    {r['instances']:>2}  {r['mean_power_w']:9.4g} ± {r['mean_power_ci_w']:<5.2g} W  {r['setting']}"
+                       + ("   ← chosen" if r["instances"] == chosen else ""))
+    out.append(f"  chosen      {chosen} instance{'s' if chosen > 1 else ''}: the least power (a count only replaces a "
+               "smaller one when it saves more than their intervals); its full comparison follows")
+    return out

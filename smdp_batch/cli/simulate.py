@@ -15,7 +15,7 @@ from .slo import (answer_lines, current_line, current_option, current_rule, load
                   slo_from, slo_options, smdp_rule)
 from .options import NOTICES_INFO, note_energy, time_unit_option
 from ..limits import SEED_MAX, REQUESTS_LIMIT
-from .types import Grid, Number, OneOf, option
+from .types import Grid, Instances, Number, OneOf, option
 
 
 _LOAD_KEYS = ("lam", "rho", "rps")
@@ -57,9 +57,13 @@ def _stream_rate(spec: str, arr) -> float:
         help="Model instances: sharing the one queue (Triton's instance_group count, TF-Serving's batch threads; the "
              "rule forms each batch when an instance is free), or ray: rules on that many replicas behind Ray's router. "
              "--rho is then per instance.")
+@option("--idle-power", "idle_power", type=Number(min=0), default=None,
+        show_default="0; a c-server table file: the idle power it was solved with",
+        help="Power of an instance while it runs no batch, W: added to P̄.")
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress bar on stderr.")
 @json_option
-def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, warmup, batches, within_ms, progress, as_json,
+def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, warmup, batches, within_ms, idle_power,
+                 progress, as_json,
                  **opts):
     """Simulate a policy or a server's batching rule: latency percentiles, power, 95% intervals."""
     from ..analysis.simulate import simulate
@@ -71,6 +75,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
                                      "in the rule: --policy smdp:w2=X)")
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
+    pf = None
     if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
         from ..runtime.phase_file import read_phase_policy
         from ..model.arrivals import MAP
@@ -96,8 +101,10 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
                                 f"λ = {problem.lam:.6g} /ms (times ×{rate / problem.lam:.6g})")
         rule = smdp_rule(policy_spec, problem) if policy_spec.strip().lower().startswith("smdp:") else \
             parse_rule(policy_spec, problem)
+    if idle_power is None:
+        idle_power = read_policy(policy_spec).inputs.get("idle_power_w", 0.0) if is_file and pf is None else 0.0
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
-              within_ms=() if within_ms is None else tuple(within_ms))
+              within_ms=() if within_ms is None else tuple(within_ms), idle_power_w=float(idle_power))
     if sys.stderr.isatty() if progress is None else progress:
         with click.progressbar(length=n if arr is None else arr.size, label="simulating", file=sys.stderr) as bar:
             res = simulate(problem, rule, progress=bar.update, **kw)
@@ -128,22 +135,34 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
              "load checked (a trace alone: its own mean rate).")
 @time_unit_option
 @current_option
-@option("--instances", type=Number(integer=True, min=1, max=64), default="1", show_default=True,
+@option("--instances", type=Instances(), default="1", show_default=True,
         help="Model instances sharing the one queue (Triton's instance_group count, TF-Serving's batch threads); "
              "--rho is then per instance. The tables tried are then the c-server SMDP's and the one-instance "
-             "tables at λ/c, each run on all instances.")
+             "tables at λ/c, each run on all instances. auto (with the total load as --lam, --rps or "
+             "--load-range): the count of least power among 1..8.")
+@option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
+        help="Power of an instance while it runs no batch, W: added to every setting's P̄.")
 @json_option
-def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, **opts):
+def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, instances, idle_power,
+                **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import optimise
     from .bursty import stream
+    from .instances import AUTO_MAX, compare_counts, count_lines
 
     slo = slo_from(opts)
     refuse_swept(opts, ("w1", "w2"), "compare searches over the weights (the SMDP tables of the whole w2 front)")
-    problem = build_problem(opts)
-    note_energy(problem, opts)
+    auto = instances == "auto"
+    if auto and (opts.get("rho") is not None or rho_range is not None):
+        raise InputError("--instances auto compares counts at the same total load: give it as --lam, --rps or "
+                         "--load-range (req/s), not --rho or --rho-range, which are per instance")
     single = opts.get("lam") is not None or opts.get("rho") is not None
+    if auto and not single and load_range is None:
+        raise InputError("--instances auto compares counts at the same total load: give it as --lam (requests/ms), "
+                         "--rps or --load-range (req/s)")
+    problem = build_problem({**opts, "instances": AUTO_MAX if auto else instances})  # stable on the most tried
+    note_energy(problem, opts)
     shape = None
     if arrivals.strip().lower() != "poisson" or time_unit is not None:
         shape, _ = stream(arrivals, requests, seed, time_unit=time_unit)
@@ -152,18 +171,26 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
         if arrivals.strip().lower().startswith("trace:") and not single and load_range is None and rho_range is None:
             problem = problem.replace(lam=_stream_rate(arrivals, shape))  # the trace's own rate
     problem, lams = loads_for(problem, load_range, rho_range, single)
+    counts: list[dict] = []
+    if auto:
+        counts, problem = compare_counts(problem, slo, lams, requests, seed, shape, float(idle_power))
     mine = current_rule(current, problem)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
-        ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick, current=mine)
+        ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick, current=mine,
+                       idle_power_w=float(idle_power))
     finally:
         finish()
-    d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS)}
+    d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS),
+         "idle_power_w": float(idle_power), **({"auto": counts} if auto else {})}
     where = (f"at {lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
              f"at {len(lams)} loads {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
     lines = [f"smdp-batch — least power with {slo.text()} {where} ({ans.requests} simulated requests per load, seed "
              f"{seed}, {arrivals} arrivals; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
              scenario_line(problem, w2="searched")]
+    if idle_power:
+        lines.append(f"  idle power  {float(idle_power):g} W per instance while it runs no batch, in every P̄")
+    lines += count_lines(counts, problem.instances) if auto else []
     lines += answer_lines(ans, problem.instances)
     if problem.instances > 1:
         lines.append("  not tried   torchserve: its workers, each with its own queue, are not simulated on several "
