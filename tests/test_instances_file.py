@@ -88,6 +88,11 @@ def test_a_file_whose_instance_count_was_changed_is_refused(written, tmp_path):
     with pytest.raises(PolicyFileError, match="checksum"):
         read_policy(bad)
     with h5py.File(bad, "r+") as f:
+        f["inputs"].attrs["idle_power_w"] = 3.0
+        f["inputs"].attrs["phases"] = 2
+    with pytest.raises(PolicyFileError, match="checksum"):
+        read_policy(bad)
+    with h5py.File(bad, "r+") as f:
         f["inputs"].attrs["instances"] = 99
     with pytest.raises(PolicyFileError, match="instances"):
         read_policy(bad)

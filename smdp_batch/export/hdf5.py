@@ -115,6 +115,7 @@ def _fill_instances_table(f, sol, idle_power_w: float) -> None:
     values = np.append(sol.table_values, sol.table_values[-1]).astype(np.float64)
     _dataset(f, "policy", policy)
     inputs, sizes, latency, energy = _write_inputs(f, p, idle_power_w)
+    inputs["phases"] = int(sol.phases)  # how it was solved: evaluate rebuilds the same model (in the digest)
     f["inputs"].attrs.update({"batch_time_model": sol.phase_law, "phases": int(sol.phases)})
     t = f.create_group("truncation")
     t.attrs.update({"s_max": sol.n_max, "s_max_auto": True, "abstract_cost": 0.0,

@@ -12,7 +12,9 @@ Layout (DESIGN.md §4)::
                             units_time="ms", units_energy="mJ", units_power="W", units_rate="1/ms"
     /policy          int32 (s_max+2,): batch size per queue length 0..s_max, then S_o;
                      for n > s_max serve policy[s_max] (paper 004 eq. 30, :func:`eq30`)
-    /inputs          attrs: lam, rho, w1, w2, service, latency, energy (model specs: provenance text)
+    /inputs          attrs: lam, rho, w1, w2, service, latency, energy (model specs: provenance text); a
+                     c-server table also instances (c; ρ is then per instance), idle_power_w, phases (these
+                     three in its digest) and batch_time_model (provenance text)
     /inputs/batch_sizes   int32;  /inputs/latency_ms, /inputs/energy_mj  float64 per batch size
     /truncation      attrs: s_max, s_max_auto, abstract_cost, delta, tol_delta
                      (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto);
@@ -151,7 +153,7 @@ def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, in
     scalars: list[float | str] = [float(inputs[k]) for k in ("lam", "rho", "w1", "w2")]
     scalars += [str(inputs[k]) for k in ("service", "latency", "energy")] + [int(s_max)]
     if "instances" in inputs:  # a c-server table (files without it: one instance, the digest as before)
-        scalars += [int(inputs["instances"]), float(inputs["idle_power_w"])]
+        scalars += [int(inputs["instances"]), float(inputs["idle_power_w"]), int(inputs.get("phases", 0))]
     h.update(json.dumps(scalars, allow_nan=False).encode())
     return h.hexdigest()
 
