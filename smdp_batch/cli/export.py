@@ -63,8 +63,10 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
+    given = f"--instances {instances}"
     if instances is None:  # a c-server table names its own count
         instances = _table_instances(path)
+        given = f"{path} is a table for {instances} instances: it"
         if instances > 1 and slo is None:
             raise InputError(f"{path} is a table for {instances} instances sharing the queue: its export is the server "
                              f"rule tuned on them, so give the SLO to meet (--slo-p99-ms X …)")
@@ -74,7 +76,7 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
                          "changes with the count")
     if auto or instances > 1:
         if target == "torchserve":
-            raise InputError(f"--instances {instances} exports to triton (instance_group), tfserving "
+            raise InputError(f"{given} exports to triton (instance_group), tfserving "
                              "(num_batch_threads) or ray (num_replicas); torchserve's workers are not simulated yet")
         if slo is None:
             many = "the number of instances it picks" if auto else f"{instances} instances"
