@@ -99,8 +99,8 @@ def test_the_simulators_idle_power_equals_the_exact_c_server_evaluation():
 
 
 def test_compare_auto_picks_the_count_of_least_power_with_idle_power(capsys):
-    args = ["compare", "--instances", "auto", "--lam", "3", "--service", "exp", "--batch-sizes", "1,2,4,8,16,32",
-            "--slo-p99-ms", "60", "--idle-power", "20", "--requests", "20000", "--json"]
+    args = ["compare", "--instances", "auto", "--lam", "2.5", "--service", "exp", "--batch-sizes", "4,8",
+            "--slo-p99-ms", "40", "--idle-power", "20", "--requests", "20000", "--json"]
     assert main(args) == 0
     d = json.loads(capsys.readouterr().out)
     rows = {r["instances"]: r for r in d["auto"]}

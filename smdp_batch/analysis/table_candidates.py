@@ -10,11 +10,11 @@ would run it: the coarsening only limits how good the candidates can be, never h
 
 * *shared*: the one-instance table solved at λ/c (paper 004, eq. 14), run on all c behind the shared queue;
 * *c-server*: the optimal table of the c-server SMDP (:func:`~smdp_batch.solvers.multi_pi.solve_instances`) at
-  w2 = 2⁻⁶ … 2⁶ (extended upward while the table still changes), each distinct table once.  The model is the
+  w2 = 4⁻³ … 4³ (extended upward while the table still changes), each distinct table once.  The model is the
   finest that solves within its limits: every allowed size with the law's own phases, then fewer Erlang
   phases for a fixed batch time (8, 4, 2, 1), then the sizes 1, 2, 4, … and Bmax, then Bmax/4, Bmax/2, Bmax.  A
-  model whose states × configurations × sizes at the start exceed :data:`CANDIDATE_WORK` is skipped for the next:
-  its sparse LU would take seconds to minutes per policy-iteration step.
+  model whose states × configurations at the start exceed :data:`CANDIDATE_WORK` is skipped for the next: its
+  sparse LU would take seconds to minutes per policy-iteration step.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["Candidate", "one_server_tables", "instances_tables", "instances_model", "W2_GRID"]
 
-#: The w2 values of the c-server front (then doubled while the table still changes, up to W2_TOP).
-W2_GRID = tuple(2.0 ** k for k in range(-6, 7))
-W2_TOP = 2.0 ** 12
+#: The w2 values of the c-server front (then ×4 while the table still changes, up to W2_TOP).
+W2_GRID = tuple(4.0 ** k for k in range(-3, 4))
+W2_TOP = 4.0 ** 6
 _PHASE_STEPS = (8, 4, 2, 1)
-#: The most states × configurations × sizes a candidate model may start with (at N = 2·c·Bmax): the sparse LU's
-#: fill grows with all three (measured: 2 instances, six sizes, 18 172 states: 0.4 s a factorisation; 3 instances,
-#: six sizes, 24 276 states: 16 s).  The candidates only propose tables, so a coarser model is taken instead.
-CANDIDATE_WORK = 4_000_000
+#: The most states × configurations a candidate model may start with (at N = 2·c·Bmax): the sparse LU's time grows
+#: faster than both (measured at the start, exponential times: 2 instances, six sizes, 1.0·10⁵: 0.05 s a
+#: factorisation; 4 instances, sizes 8,16,32, 3.1·10⁵: 0.08 s, a whole front 8–17 s as N grows; 3 instances, six
+#: sizes, 1.4·10⁶: 5.5 s).  The candidates only propose tables, so a coarser model is taken instead.
+CANDIDATE_WORK = 400_000
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,10 @@ def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | No
         for k in phases:
             q = problem.replace(batch_sizes=sizes)
             confs = count_configurations(len(sizes) * phase_type(q, k).phases, problem.instances)
-            work = confs * (_n_start(q) + 1) * confs * len(sizes)
+            work = confs * (_n_start(q) + 1) * confs
             if work > CANDIDATE_WORK:
                 why = (f"sizes {','.join(map(str, sizes))} with {phase_type(q, k).phases} phases: {work:.2g} states × "
-                       f"configurations × sizes, over {CANDIDATE_WORK:.0e}")
+                       f"configurations, over {CANDIDATE_WORK:.0e}")
                 continue
             try:
                 with warnings.catch_warnings():
@@ -140,7 +141,7 @@ def instances_tables(problem: BatchingProblem, solve_lam: float, label_lam: bool
             seen[key] = Candidate(np.asarray(sol.table, dtype=np.int64), name,
                                   {"w2": w2, "solve_lam": solve_lam, "instances": c, "phases": phases,
                                    **({"batch_sizes": list(sizes)} if coarse else {}), "model": sol.phase_law})
-        if i == len(w2s) and key != last and w2 * 2 <= W2_TOP:
-            w2s.append(w2 * 2)  # the table still changes at the top: larger w2 may batch more
+        if i == len(w2s) and key != last and w2 * 4 <= W2_TOP:
+            w2s.append(w2 * 4)  # the table still changes at the top: larger w2 may batch more
         last = key
     return list(seen.values()), ""
