@@ -134,7 +134,9 @@ def instances_tables(problem: BatchingProblem, solve_lam: float, label_lam: bool
         i += 1
         if not sol.converged:
             continue
-        key = tuple(int(x) for x in sol.table)
+        t = sol.table
+        changes = np.nonzero(t[1:] != t[:-1])[0]
+        key = tuple(int(x) for x in t[: int(changes[-1]) + 2 if changes.size else 1])  # the decisions, not N
         if key not in seen:
             name = f"smdp-c{c}:w2={w2:.6g}" + (f",sizes={'/'.join(map(str, sizes))}" if coarse else "") \
                 + (f",phases={sol.phases}" if phases is not None else "") + (f",lam={solve_lam:.6g}" if label_lam else "")
