@@ -83,7 +83,7 @@ def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | No
     """(sizes, phases, why) of the finest c-server model that solves at the problem's load and w2 within the
     model's limits (module doc); sizes is empty, with the last refusal in ``why``, when none does."""
     from ..model.multi_server import count_configurations, phase_type
-    from ..solvers.multi_pi import _n_start, solve_instances
+    from ..solvers.multi_pi import n_start, solve_instances
 
     own = phase_type(problem).phases
     fitted = "exact" not in phase_type(problem).how
@@ -93,7 +93,7 @@ def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | No
         for k in phases:
             q = problem.replace(batch_sizes=sizes)
             confs = count_configurations(len(sizes) * phase_type(q, k).phases, problem.instances)
-            work = confs * (_n_start(q) + 1) * confs
+            work = confs * (n_start(q) + 1) * confs
             if work > CANDIDATE_WORK:
                 why = (f"sizes {','.join(map(str, sizes))} with {phase_type(q, k).phases} phases: {work:.2g} states × "
                        f"configurations, over {CANDIDATE_WORK:.0e}")

@@ -11,8 +11,9 @@ import click
 from ..analysis.report import describe_policy
 from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
-from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, solve_instances
+from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
 from .options import emit, scenario_line
+from .slo import _short
 
 
 def _row(name: str, e: MultiEvaluation) -> str:
@@ -21,6 +22,14 @@ def _row(name: str, e: MultiEvaluation) -> str:
 
 
 AUTO_MAX = 8  #: solve --instances auto tries 1..AUTO_MAX instances
+
+
+def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int) -> MultiEvaluation:
+    """Exact metrics of a table n ↦ b on the problem's instances, truncated at ``n``: with the tail boundary when
+    the table ends in Bmax (the tail serves Bmax), else on a plain truncation 4× longer (its own long-queue size)."""
+    tail = int(table[-1]) == problem.bmax
+    return evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle_power_w,
+                                    n_max=n if tail else 4 * n, boundary="tail" if tail else "loss")
 
 
 def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w: float) -> tuple[list[dict], MultiSolution]:
@@ -74,10 +83,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
                               idle_power_w=idle_power_w, throw=False)
         # today's answer: the table solved for one instance at the whole load is not stable there, so the
         # one-instance table at its share of the load, run on all c behind the shared queue
-        tail = int(one.table[-1]) == problem.bmax  # else its own long-queue size, on a longer plain truncation
-        shared = evaluate_instances_table(problem, one.table, phases=phases, idle_power_w=idle_power_w,
-                                          n_max=sol.n_max if tail else 4 * sol.n_max,
-                                          boundary="tail" if tail else "loss")
+        shared = _price_table(problem, one.table, phases, idle_power_w, sol.n_max)
     for w in caught:
         click.echo(f"smdp-batch: warning: {w.message}", err=True)
     e1 = one.optimal
@@ -100,8 +106,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
                      f"c-server model{f', idle {idle_power_w:g} W per instance' if idle_power_w else ''})")
         for r in rows:
             if "why" in r:
-                why = r["why"] if len(r["why"]) <= 150 else r["why"][:149] + "…"
-                lines.append(f"    {r['instances']:>2}  {why}")
+                lines.append(f"    {r['instances']:>2}  {_short(r['why'], 150)}")
             else:
                 o = r["optimal"]
                 lines.append(f"    {r['instances']:>2}  ĝ = {o['avg_cost']:<9.6g} W̄ = {o['mean_latency_ms']:<8.4g} ms  "
@@ -134,10 +139,7 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
     phases = pf.inputs.get("phases")
     idle = float(pf.inputs.get("idle_power_w", 0.0))
     table = pf.policy[:-1]
-    tail = int(table[-1]) == problem.bmax  # else its own long-queue size, on a longer plain truncation
-    ev = evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle,
-                                  n_max=None if tail else 4 * max(len(table), 2 * problem.instances * problem.bmax),
-                                  boundary="tail" if tail else "loss")
+    ev = _price_table(problem, table, phases, idle, max(n_start(problem), len(table)))
     c = problem.instances
     d = {**problem.describe(), "policy_spec": path, **ev.to_dict(), "objective": ev.avg_cost,
          "policy": [int(a) for a in pf.policy], "phases": phases, "idle_power_w": idle}
@@ -196,8 +198,7 @@ def count_lines(rows: list[dict], chosen: int) -> list[str]:
     out = ["  instances   auto: the table + timer family's least power meeting the SLO on each count (same total load)"]
     for r in rows:
         if "why" in r:
-            why = r["why"] if len(r["why"]) <= 150 else r["why"][:149] + "…"
-            out.append(f"    {r['instances']:>2}  {why}")
+            out.append(f"    {r['instances']:>2}  {_short(r['why'], 150)}")
         else:
             out.append(f"    {r['instances']:>2}  {r['mean_power_w']:9.4g} ± {r['mean_power_ci_w']:<5.2g} W  {r['setting']}"
                        + ("   ← chosen" if r["instances"] == chosen else ""))

@@ -75,7 +75,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
                                      "in the rule: --policy smdp:w2=X)")
     n, sd = requests, seed
     is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
-    pf = None
+    idle_default = 0.0  # a c-server table file: the idle power it was solved with
     if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
         from ..runtime.phase_file import read_phase_policy
         from ..model.arrivals import MAP
@@ -94,17 +94,19 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
         rate = None if arr is None else _stream_rate(arrivals, arr)
         if rate is not None and not given:  # the stream sets the load
             opts = {**opts, "lam": rate}
-        problem = build_problem(opts, file_inputs(read_policy(policy_spec), opts) if is_file else None)
+        table_file = read_policy(policy_spec) if is_file else None
+        if table_file is not None:
+            idle_default = float(table_file.inputs.get("idle_power_w", 0.0))
+        problem = build_problem(opts, file_inputs(table_file, opts) if table_file is not None else None)
         if rate is not None and given:  # the load given: the stream's shape, scaled to it (as compare does)
             arr = arr * (rate / problem.lam)
             NOTICES_INFO.append(f"--arrivals {arrivals} (λ = {rate:.6g} /ms) scaled to the load given, "
                                 f"λ = {problem.lam:.6g} /ms (times ×{rate / problem.lam:.6g})")
         rule = smdp_rule(policy_spec, problem) if policy_spec.strip().lower().startswith("smdp:") else \
             parse_rule(policy_spec, problem)
-    if idle_power is None:
-        idle_power = read_policy(policy_spec).inputs.get("idle_power_w", 0.0) if is_file and pf is None else 0.0
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
-              within_ms=() if within_ms is None else tuple(within_ms), idle_power_w=float(idle_power))
+              within_ms=() if within_ms is None else tuple(within_ms),
+              idle_power_w=idle_default if idle_power is None else float(idle_power))
     if sys.stderr.isatty() if progress is None else progress:
         with click.progressbar(length=n if arr is None else arr.size, label="simulating", file=sys.stderr) as bar:
             res = simulate(problem, rule, progress=bar.update, **kw)

@@ -320,7 +320,8 @@ def _project(sysm: _System, act: np.ndarray) -> np.ndarray:
     return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
 
 
-def _n_start(problem: BatchingProblem) -> int:
+def n_start(problem: BatchingProblem) -> int:
+    """The first queue truncation N of a solve: 2·c·Bmax (at least 16·c)."""
     return int(max(2 * problem.bmax, 16) * max(1, problem.instances))
 
 
@@ -344,7 +345,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     t0 = time.perf_counter()
     ph: PhaseType = phase_type(problem, phases)
     fixed = n_max is not None
-    N = _n_start(problem) if n_max is None else int(n_max)
+    N = n_start(problem) if n_max is None else int(n_max)
     act, n_old, total, why, prev, table, before = None, N, 0, "", None, None, None
     while True:
         sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
@@ -399,7 +400,7 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
         raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
                          f"{int(np.asarray(table)[-1])}: evaluate it with boundary='loss' and a long n_max")
     ph = phase_type(problem, phases)
-    N = max(_n_start(problem), len(table)) if n_max is None else int(n_max)
+    N = max(n_start(problem), len(table)) if n_max is None else int(n_max)
     sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
     return sysm.evaluate(table_policy(sysm, np.asarray(table)))[2]
 
