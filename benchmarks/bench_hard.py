@@ -31,6 +31,7 @@ import warnings
 
 from smdp_batch import BatchingProblem, InputError, solve
 from smdp_batch.analysis.pareto import sweep_w2
+from smdp_batch.solvers.geometric import warm_up_geometric
 from smdp_batch.solvers.pi import warm_up_pi
 from smdp_batch.solvers.limit import reach
 from smdp_batch.solvers.search import (PROBABLE_MASS, PROBABLE_START, SMAX_LIMIT, Candidates, _search_probable,
@@ -50,6 +51,8 @@ SOLVES = [
     ("--service hyperexp --rho 0.9 --w2 2", lambda: basic(0.9, 2.0, service="hyperexp")),
     ("--rho 0.9 --w2 100", lambda: basic(0.9, 100.0)),
     ("--service lognormal:1 --rho 0.7", lambda: basic(0.7, service="lognormal:1")),
+    ("--bmax 128 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 129), service="exp")),
+    ("--bmax 256 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 257), service="exp")),
     ("--bmax 1024 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 1025), service="exp")),
     ("--bmax 4096 --rho 0.9", lambda: basic(0.9, batch_sizes=range(1, 4097))),
     ("--bmax 4096 --rho 0.9 --batch-sizes 1,2,4,…,4096",
@@ -71,6 +74,8 @@ FRONTS = [  # (name, problem, ftol): the default front tolerance, and ftol = 0 (
 
 SIDE_BY_SIDE = [
     ("ties: --latency affine:0.25,0 --rho 0.5", lambda: basic(0.5, latency="affine:0.25,0")),
+    ("--bmax 128 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 129), service="exp")),
+    ("--bmax 256 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 257), service="exp")),
     ("--bmax 1024 --rho 0.9 --service exp", lambda: basic(0.9, batch_sizes=range(1, 1025), service="exp")),
 ]
 
@@ -130,6 +135,7 @@ def main() -> None:
                     help="the converged rule's truncation boundary (default: tail)")
     args = ap.parse_args()
     warm_up_pi()
+    warm_up_geometric()
     if args.side_by_side:
         return side_by_side()
     print("| case | seconds | s_max | Δ | converged up to R | truncations |")

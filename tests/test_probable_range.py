@@ -94,7 +94,7 @@ def test_an_overflow_table_shorter_than_bmax_is_still_refused(tmp_path):
 
 
 def test_a_probable_range_too_long_for_the_work_limit_is_refused_in_one_line():
-    r = _cli("solve", "--bmax", "1024", "--rho", "0.9", "--service", "exp")
+    r = _cli("solve", "--bmax", "1024", "--rho", "0.9", "--service", "hyperexp")
     assert r.returncode == 2 and r.stdout == ""
     lines = [x for x in r.stderr.strip().splitlines() if x]
     assert len(lines) == 1 and "probable range" in lines[0], r.stderr

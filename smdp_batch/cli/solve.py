@@ -35,7 +35,8 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
 @click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
 @scenario_options
 @option("--s-max", "s_max", type=SMax(), default="auto", show_default=True,
-              help="auto: a converged table (every stored decision verified against a truncation ≥ 2× longer); "
+              help="auto: a converged table (every stored decision verified against a truncation ≥ 2× longer, or, "
+                   "for exponential batch times beyond that search, one past the bias's dying terms); "
                    "minimal: paper 004's smallest s_max with Δ < δ; or a truncation s_max ≥ Bmax.")
 @deprecated_option("--smax", "--s-max", "s_max", type=SMax())
 @option("--abstract-cost", type=Number(), default="100", show_default=True,
@@ -122,7 +123,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
             scenario_line(problem),
             f"  truncation  s_max = {sol.s_max} ({sol.rule}), {boundary_text(sol.model.boundary, sol.model.abstract_cost, sol.model.tail_action)}, "
             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
-            f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule, limiting_actions(sol.problem))}",
+            f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule, limiting_actions(sol.problem), sol.verified_against)}",
             f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
             f"  policy      {describe_policy(sol.policy, problem.batch_sizes)}",
             cost_line(d["avg_cost"], "truncated model, eq. 21"),
@@ -333,15 +334,18 @@ def show_cmd(path, as_json):
     emit(d, as_json, text, strict=True)
 
 
-def converged_text(R: int | None, policy, rule: str | None, limiting: set[int] | None = None) -> str:
+def converged_text(R: int | None, policy, rule: str | None, limiting: set[int] | None = None,
+                   against: int | None = None) -> str:
     """One line on what the table's stored range means (the converged rule of solvers.search); ``limiting``:
-    the batch sizes of greatest throughput, to tell a probable-range table (π(R) not among them)."""
+    the batch sizes of greatest throughput, to tell a probable-range table (π(R) not among them); ``against``:
+    the truncation R was verified against when it is not "≥ 2R" (the exponential rule, solvers.exponential)."""
     if R is not None and limiting and int(policy[R]) not in limiting:
         return (f"verified up to n = {R} (against a truncation ≥ {2 * R}; longer queues have probability < "
                 f"{PROBABLE_MASS:g}), NOT converged to the limit: the optimal batch still grows beyond n = {R} "
                 f"(to {max(limiting)}); serve {int(policy[R])} for every n > {R}")
     if R is not None:
-        return (f"converged up to n = {R}: decisions for n ≤ {R} verified against a truncation ≥ {2 * R}, "
+        versus = f"≥ {2 * R}" if against is None else f"of {against} states (its tail terms < 1e-17)"
+        return (f"converged up to n = {R}: decisions for n ≤ {R} verified against a truncation {versus}, "
                 f"serve {int(policy[R])} for every n > {R}")
     if rule == "auto":
         return "NOT verified as converged (the search reached its state or work limit)"

@@ -33,7 +33,10 @@ from .pi import policy_iteration, warm_up_pi
 from .result import SolveResult
 from .threads import single_blas
 from .rvi import ETA_FRACTION, relative_value_iteration, warm_up_rvi
-from .search import Candidates, Progress, limiting_actions, search_converged, search_minimal
+from .search import PROBABLE_START, SMAX_LIMIT, Candidates, Progress, limiting_actions, search_converged, search_minimal
+from .exponential import applies, solve_exponential
+from .geometric import GeometricModel, warm_up_geometric
+from .limit import reach
 
 __all__ = ["BACKENDS", "BOUNDARIES", "SOLVERS", "SMAX_RULES", "Solution", "TableNotConvergedWarning", "check_backend", "solve",
            "solve_truncated"]
@@ -59,6 +62,7 @@ class Solution:
     rule: str = "fixed"  # how s_max was chosen: "auto" (converged), "minimal" (paper 004) or "fixed"
     converged_upto: int | None = None  # R: decisions for n ≤ R verified against a truncation ≥ 2R, π(R) beyond
     table: np.ndarray | None = None  # the stored policy when it differs from result.policy (auto: π(R) above R)
+    verified_against: int | None = None  # the truncation R was verified against when not 2R (exponential rule)
 
     @cached_property
     def deployed(self) -> Evaluation:
@@ -68,6 +72,8 @@ class Solution:
         share of the cost below 1e-10, and the policy already constant from s_max on), its evaluation is
         reused with c_o's part taken out of ĝ — the same numbers evaluate_deployed computes."""
         ev, m, pol = self.evaluation, self.model, self.policy
+        if isinstance(m, GeometricModel):  # the exponential rule's table: its metrics are already the deployed ones
+            return ev
         if m.extra is None and ev.overflow_probability < 1e-10 and ev.delta < 1e-10 * max(1.0, ev.avg_cost) and pol[-1] == pol[-2]:
             idx = m.action_index(pol)
             T = float(ev.stationary @ m.y[idx])
@@ -284,7 +290,11 @@ def solve(
         raise InputError(f"unknown boundary {boundary!r}; valid: {', '.join(BOUNDARIES)}")
     if boundary == "tail" and not exact_pi:
         raise InputError("the tail boundary is solved by policy iteration on numba only (solver='pi', backend='numba')")
-    warm_up_pi()  # numba's load-or-compile stays out of Solution.seconds (the search always runs PI)
+    exponential = smax == "auto" and boundary == "tail" and exponential_route(problem)
+    if exponential:
+        warm_up_geometric()  # numba's load-or-compile stays out of Solution.seconds
+    else:
+        warm_up_pi()  # (the search always runs PI)
     if solver == "rvi":
         warm_up_rvi()
     t0 = time.perf_counter()
@@ -303,10 +313,25 @@ def solve(
             )
         return sol
 
+    if exponential:
+        return _solve_exponential(problem, tol, t0)
     check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before searching
     with single_blas():
         return _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,
                            boundary)
+
+
+def exponential_route(problem: BatchingProblem) -> bool:
+    """Whether "auto" takes :mod:`.exponential`'s rule: exponential batch times whose converged table the general
+    search cannot reach (:func:`~.limit.reach`); every other problem keeps the general rule."""
+    return applies(problem) and not reach(problem, SMAX_LIMIT, PROBABLE_START).converged_ok
+
+
+def _solve_exponential(problem: BatchingProblem, tol: float, t0: float) -> Solution:
+    ans = solve_exponential(problem, tol)
+    return Solution(problem, ans.model, ans.result, ans.evaluation, tol, True, time.perf_counter() - t0,  # type: ignore[arg-type]
+                    ans.candidates, rule="auto", converged_upto=ans.converged_upto, table=ans.table,
+                    verified_against=ans.model.s_max)
 
 
 def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,

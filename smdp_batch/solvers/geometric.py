@@ -1,0 +1,589 @@
+"""Exponential batch times: exact policy iteration in O(S) memory (paper 004 eqs. 18–22).
+
+With an exponential batch time of mean l(b) the arrivals during a batch of b are geometric,
+p_k = (1 − q_b)·q_bᵏ with q_b = λl(b)/(1 + λl(b)) (eqs. 4–6).  On the tail boundary of
+:mod:`~smdp_batch.model.truncation` (B served above s_max, each jump past s_max charged its excursion, S_o a
+copy of s_max) the bias equation (eq. 20) of state s under batch a, j = s − a, is
+
+    h(s) = c(s, a) − g·l(a) + V_a(j),   V_a(i) = (1 − q)·h(i) + q·V_a(i + 1),
+    V_a(s_max + 1) = h(s_max) + Cc_a − g·Ct_a,
+
+with c(s, a) = fixed + slope·s (eq. 11) and Cc_a, Ct_a the excursion's expected cost and time after a
+geometric overshoot (mean 1/(1 − q); the truncation module's e₁ = q^{m+1}/(1 − q) and
+e₂ = q^{m+1}[(1 + q)/(1 − q)² + 2s_max/(1 − q)]).  Where s and s + 1 serve the same a, row s − q·row(s+1) has
+three terms,
+
+    h(s) − q·h(s+1) − (1 − q)·h(s − a) + g·l(a)(1 − q) = c(s, a) − q·c(s+1, a),                  (T)
+
+so the system is banded with one super-diagonal.  Doolittle's LU of (T) without pivoting (an M-matrix once
+h(ref) = 0) keeps U bidiagonal, and row s of L is ℓ_s·Π γ/U_t on its window [s − a, s): a product fold that
+a sliding-window aggregate keeps in O(1) per row (:func:`_sweep`).  Factor and solve: O(S) time and memory.
+The general banded solver (:mod:`.banded`) needs O(S·Bmax·K), K ≈ 40·λl(Bmax) the arrival support —
+2·10¹³ operations at Bmax 1 024, ρ = 0.9, where the optimal batch grows until n ≈ 1.5·10⁵.
+
+A row whose successor serves another action (an *end*: about one per batch size) keeps its exact equation,
+written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (:func:`_v_at`).  GMRES
+(scipy) solves the exact system with (T) as preconditioner — the ends are a low-rank change, and the
+residual falls about a decade per 25 iterations — and every evaluation is certified by the residual of
+the untransformed equations.  Policy iteration (Puterman §11.4, Howard) improves with V_a(·) by its
+recursion for every allowed a: O(S·A) time, O(S) memory, no arrival table.  Early evaluations are loose
+(GMRES to 1e-7; inexact policy iteration), the last ones tight (1e-12), and the loop ends only when a tight
+evaluation's improvement returns the same policy.
+
+Metrics (W̄, P̄, batches, Δ and the overflow share) are the gains of the same policy under their own cost
+vectors (each of the form fixed + slope·s + q^{m+1}·cc), ĝ = π·c/π·y; throughput is λ (flow balance).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, gmres
+
+from ..errors import InputError, NotConvergedWarning
+from ..kernel_cache import njit
+from ..model.problem import BatchingProblem
+from .jit import warm_up
+
+__all__ = ["Costs", "GeometricModel", "GeometricPI", "evaluate", "geometric_model", "metrics", "policy_iteration",
+           "warm_up_geometric"]
+
+#: GMRES tolerances: loose while the policy still moves (inexact policy iteration), tight to finish.
+LOOSE, TIGHT = 1e-7, 1e-12
+#: Values below this are set to 0 in the kernels' outputs (the decaying parts of a solve would otherwise turn
+#: subnormal, and a subnormal makes each later floating-point operation on it ~100× slower).
+TINY = 1e-250
+#: GMRES's restart length (Krylov vectors kept: RESTART × S floats).
+RESTART = 60
+#: An evaluation is accepted when eq. 20's residual, relative to 1 + max|h|, is below this.
+RESIDUAL_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class Costs:
+    """A cost per decision epoch: fixed[a] + slope[a]·s, plus q_a^{m+1}·cc[a] for the excursion past s_max."""
+
+    fixed: np.ndarray
+    slope: np.ndarray
+    cc: np.ndarray
+
+
+@dataclass(frozen=True)
+class GeometricModel:
+    """The tail-boundary SMDP of exponential batch times on states 0..s_max (action 0 waits, i ≥ 1 serves
+    ``sizes[i]``); ``cost`` is the objective w1·holding + w2·energy, ``parts`` its metrics' cost vectors."""
+
+    problem: BatchingProblem
+    s_max: int
+    sizes: np.ndarray  # int64 (A,), 0 first
+    q: np.ndarray  # (A,) q_a; 1 for waiting
+    y: np.ndarray  # (A,) l(a) ms; 1/λ for waiting
+    ct: np.ndarray  # (A,) the excursion's expected time after the overshoot, per q^{m+1}
+    cost: Costs
+    parts: dict  # name -> Costs: "hold", "energy", "batches", "excursion", "leave", "epochs"
+    tail: int  # action index of B
+
+    # what Solution and the CLI read off a truncated model
+    abstract_cost: float = 0.0
+    boundary: str = "tail"
+    extra = None
+
+    @property
+    def tail_action(self) -> int:
+        return int(self.sizes[self.tail])
+
+
+def geometric_model(problem: BatchingProblem, s_max: int, tail: int | None = None) -> GeometricModel:
+    """The model of the module doc at truncation ``s_max``; ``tail`` = B (default Bmax) must drain the queue."""
+    p = problem.single()
+    lam, w1, w2 = p.lam, p.w1, p.w2
+    sizes = np.concatenate([[0], np.asarray(p.batch_sizes, dtype=np.int64)])
+    l = p.latency_ms()
+    B = int(p.bmax if tail is None else tail)
+    iB = int(np.searchsorted(sizes, B))
+    if iB >= sizes.size or sizes[iB] != B or not lam * l[iB - 1] < B:
+        raise InputError(f"the tail action must be an allowed batch size that drains the queue, got {B}")
+    if not B <= s_max:
+        raise InputError(f"s_max = {s_max} must be at least the tail action B = {B}")
+    y = np.concatenate([[1.0 / lam], l])
+    x = lam * l
+    q = np.concatenate([[1.0], x / (1.0 + x)])
+    m2 = p.second_moments()  # E G² = 2l² for exponential service
+    energy = np.concatenate([[0.0], p.energy_mj()])
+    hold_fixed = np.concatenate([[0.0], 0.5 * m2])
+    # the excursion under B (truncation._tail_extras), per q^{m+1}
+    lB, m2B = float(l[iB - 1]), float(m2[iB - 1])
+    d = B - lam * lB
+    M2 = lam * lB + lam * lam * m2B - 2.0 * B * lam * lB + B * B
+    qa = q[1:]
+    e1 = np.concatenate([[0.0], 1.0 / (1.0 - qa)])
+    e2 = np.concatenate([[0.0], (1.0 + qa) / (1.0 - qa) ** 2 + 2.0 * s_max / (1.0 - qa)])
+    ct = lB / d * e1
+    hold_cc = lB / (2.0 * lam * d) * e2 + (0.5 * m2B / d + lB * M2 / (2.0 * lam * d * d)) * e1
+    energy_cc = float(energy[iB]) / d * e1
+    zero = np.zeros(sizes.size)
+    serving = (sizes > 0).astype(np.float64)
+    hold = Costs(hold_fixed, y / lam, hold_cc)
+    en = Costs(energy, zero, energy_cc)
+    cost = Costs(w2 * energy + w1 * hold_fixed, w1 * y / lam, w2 * energy_cc + w1 * hold_cc)
+    parts = {
+        "hold": hold, "energy": en,
+        "batches": Costs(serving, zero, ct / lB),  # the excursion's batches: its time over l(B)
+        "excursion": Costs(zero, zero, cost.cc),
+        "leave": Costs(zero, zero, serving),  # q^{m+1}: the chance the epoch leaves the truncation
+        "epochs": Costs(np.ones(sizes.size), zero, zero),
+    }
+    return GeometricModel(p, int(s_max), sizes, q, y, ct, cost, parts, iB)
+
+
+# ----------------------------------------------------------------------------------- kernels
+@njit(cache=True)
+def _rows(pol, sizes, q, S):
+    """Per row of (T): lower column (−1: none), lower value, super value (at s+1; folded into the diagonal at
+    the top), diagonal, and whether the row is an end (the next row serves another action)."""
+    lc = np.full(S, -1, dtype=np.int64)
+    lv = np.zeros(S)
+    up = np.zeros(S)
+    dg = np.ones(S)
+    end = np.zeros(S, dtype=np.bool_)
+    for s in range(S):
+        ai = pol[s]
+        a = sizes[ai]
+        qa = q[ai]
+        if a == 0:
+            up[s] = -1.0
+            continue
+        lc[s] = s - a
+        lv[s] = -(1.0 - qa)
+        if s == S - 1:
+            dg[s] -= qa
+            end[s] = True
+        else:
+            up[s] = -qa
+            end[s] = pol[s + 1] != ai
+    return lc, lv, up, dg, end
+
+
+@njit(cache=True)
+def _effective_up(up, ref):
+    """The super-diagonal of B: row ``ref`` and column ``ref`` dropped (they are the identity's)."""
+    u = up.copy()
+    u[ref] = 0.0
+    if ref > 0:
+        u[ref - 1] = 0.0
+    return u
+
+
+@njit(cache=True)
+def _sweep(lc, lv, ue, dg, ref, U, f, factor):
+    """Doolittle's LU of B (factor=True: returns the pivots U) or its forward and back solve for f.
+
+    Row s of L is ℓ_s·(Π_{τ=c}^{t−1} γ_τ)/U_t on its window t ∈ [c, s−1] (c = lc[s], γ_t = −ue[t]/U_t),
+    so U_s = dg_s + ℓ_s·Π_{t=c}^{s−1} γ_t and the forward step needs Σ_t (Π_{τ=c}^{t−1} γ_τ)·y_t/U_t.  Both are
+    the fold of (P₁, S₁)∘(P₂, S₂) = (P₁P₂, S₁ + P₁S₂) over the window, an associative operation kept by the
+    two-stack sliding-window aggregate: suffix folds of a frozen segment [φ, β) and one running fold of
+    [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no cancellation.
+    """
+    S = dg.size
+    gam = np.zeros(S)
+    z = np.zeros(S)
+    fP = np.ones(S)
+    fS = np.zeros(S)
+    y = f.copy()
+    Uo = U if not factor else np.empty(S)
+    phi = 0
+    beta = 0
+    BP = 1.0
+    BS = 0.0
+    for s in range(S):
+        c = lc[s]
+        acc_p = 0.0
+        acc_s = 0.0
+        if s != ref and c >= 0 and c != ref:
+            if c < phi or c >= beta:  # refold: suffix folds of [lo, s) and an empty running fold
+                lo = c if c < phi else beta
+                if c < phi:
+                    lo = c
+                aP = 1.0
+                aS = 0.0
+                for t in range(s - 1, lo - 1, -1):
+                    aS = z[t] + gam[t] * aS
+                    aP = gam[t] * aP
+                    fP[t] = aP
+                    fS[t] = aS
+                phi = lo
+                beta = s
+                BP = 1.0
+                BS = 0.0
+            acc_p = fP[c] * BP
+            acc_s = fS[c] + fP[c] * BS
+        if factor:
+            Uo[s] = 1.0 if s == ref else dg[s] + (lv[s] * acc_p if acc_p != 0.0 else 0.0)
+        elif s != ref:
+            y[s] -= lv[s] * acc_s
+        gam[s] = -ue[s] / Uo[s] if Uo[s] != 0.0 else 0.0
+        if not factor:
+            if abs(y[s]) < TINY:
+                y[s] = 0.0
+            z[s] = y[s] / Uo[s]
+        # push s onto the running fold
+        BS += BP * z[s]
+        BP *= gam[s]
+    if factor:
+        return Uo
+    x = np.empty(S)
+    for s in range(S - 1, -1, -1):
+        v = y[s]
+        if s + 1 < S:
+            v -= ue[s] * x[s + 1]
+        v /= Uo[s]
+        x[s] = v if abs(v) > TINY else 0.0  # no subnormals: they make every later dot product crawl
+    return x
+
+
+def _factor(lc, lv, ue, dg, ref):
+    return _sweep(lc, lv, ue, dg, ref, np.empty(0), np.empty(0), True)
+
+
+def _solve(lc, lv, ue, U, ref, f, dg=None):
+    return _sweep(lc, lv, ue, U, ref, U, f, False)
+
+
+#: Terms of V_a's sum below this weight are dropped (relative to the largest, 1 − q); 41/(1 − q) terms at most.
+V_EPS = 1e-18
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _v_at(h, g, i, qa, cc, ct, s_max):
+    """V_a(i) for i ≤ s_max + 1 (module doc): Σ_k (1 − q)qᵏ·h(i + k) up to s_max, then the excursion's
+    term; terms with qᵏ < :data:`V_EPS` are dropped.  Summed in blocks of 32 with the powers precomputed,
+    so the inner loop vectorises (it is most of GMRES's operator)."""
+    nmax = s_max - i + 1  # terms up to s_max
+    if qa > 0.0:
+        kcut = int(math.log(V_EPS) / math.log(qa)) + 1
+    else:
+        kcut = 1
+    n = min(nmax, kcut)
+    pw = np.empty(32)
+    pw[0] = 1.0 - qa
+    for r in range(1, 32):
+        pw[r] = pw[r - 1] * qa
+    q32 = qa ** 32
+    acc = 0.0
+    scale = 1.0
+    k0 = 0
+    while k0 < n:
+        m = min(32, n - k0)
+        blk = 0.0
+        base = i + k0
+        for r in range(m):
+            blk += pw[r] * h[base + r]
+        acc += scale * blk
+        scale *= q32
+        k0 += 32
+    if n < nmax:
+        return acc
+    return acc + qa ** nmax * (h[s_max] + cc - g * ct)
+
+
+@njit(cache=True)
+def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
+    """The exact system's operator on x (x[ref] = g, h(ref) = 0): rows (T), and at ends
+    (T) − q·(Q_a(s+1) − h(s+1)) without its constant part."""
+    S = x.size
+    s_max = S - 1
+    g = x[ref]
+    h = x.copy()
+    h[ref] = 0.0
+    out = np.empty(S)
+    for s in range(S):
+        ai = pol[s]
+        v = dg[s] * h[s]
+        if s + 1 < S:
+            v += up[s] * h[s + 1]
+        if lc[s] >= 0:
+            v += lv[s] * h[lc[s]]
+        v += g * (y[ai] * (1.0 - q[ai]) if sizes[ai] > 0 else lam_inv)
+        if end[s]:
+            nxt = h[s + 1] if s + 1 < S else h[s_max]
+            v -= q[ai] * (-g * y[ai] + _v_at(h, g, s + 1 - sizes[ai], q[ai], 0.0, ct[ai], s_max) - nxt)
+        out[s] = v if abs(v) > TINY else 0.0
+    return out
+
+
+@njit(cache=True)
+def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
+    """The exact system's right-hand side for the cost fixed + slope·s + q^{m+1}·cc."""
+    s_max = S - 1
+    f = np.empty(S)
+    zero = np.zeros(S)
+    for s in range(S):
+        ai = pol[s]
+        c0 = fixed[ai] + slope[ai] * s
+        if sizes[ai] == 0:
+            f[s] = c0
+            continue
+        qa = q[ai]
+        c1 = fixed[ai] + slope[ai] * (s + 1)
+        f[s] = c0 - qa * c1
+        if end[s]:
+            f[s] += qa * (c1 + _v_at(zero, 0.0, s + 1 - sizes[ai], qa, cc[ai], 0.0, s_max))
+    return f
+
+
+@njit(cache=True)
+def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
+    """Q(s, π(s)) and the best Q(s, a) over the allowed a (a ≤ s; B alone at s_max) with its action, each
+    V_a(·) by its recursion: O(S·A) time, O(S) memory (no S × A table)."""
+    S = s_max + 1
+    A = sizes.size
+    qcur = np.full(S, np.inf)
+    qbest = np.full(S, np.inf)
+    best = pol.copy()
+    for ai in range(A):
+        a = sizes[ai]
+        if a > s_max:
+            continue
+        if a == 0:
+            for s in range(S - 1):
+                v = fixed[ai] + slope[ai] * s - g * y[ai] + h[s + 1]
+                if pol[s] == ai:
+                    qcur[s] = v
+                if v < qbest[s]:
+                    qbest[s] = v
+                    best[s] = ai
+            continue
+        qa = q[ai]
+        V = h[s_max] + cc[ai] - g * ct[ai]
+        for j in range(s_max, -1, -1):
+            V = (1.0 - qa) * h[j] + qa * V
+            s = j + a
+            if s > s_max or (s == s_max and ai != tail):
+                continue
+            v = fixed[ai] + slope[ai] * s - g * y[ai] + V
+            if pol[s] == ai:
+                qcur[s] = v
+            if v < qbest[s]:
+                qbest[s] = v
+                best[s] = ai
+    return qcur, qbest, best
+
+
+# ----------------------------------------------------------------------------------- evaluation
+def _reference(pol: np.ndarray, sizes: np.ndarray) -> int:
+    """A recurrent state: L, the least state reachable from s_max.  Every state reaches s_max (arrivals are
+    unbounded, waiting moves up) and [L, s_max] is closed and communicating, so the chain is unichain and L
+    recurrent; L is the fixed point of L ← min{s − π(s) : s ≥ L, π(s) > 0} (a serving row reaches every state
+    ≥ s − π(s))."""
+    a = sizes[pol]
+    j = np.where(a > 0, np.arange(pol.size) - a, pol.size)
+    low = np.minimum.accumulate(j[::-1])[::-1]  # low[L] = min_{s ≥ L} j(s)
+    L = pol.size - 1
+    while low[L] < L:
+        L = int(low[L])
+    return L
+
+
+def _flush(x: np.ndarray) -> np.ndarray:
+    """x with the entries below 1e-200·max|x| set to 0: GMRES normalises its vectors, and such an entry of a vector
+    whose norm is large would become subnormal, which slows every later product on it ~100-fold."""
+    x[np.abs(x) < 1e-200 * np.max(np.abs(x), initial=0.0)] = 0.0
+    return x
+
+
+class _System:
+    """One policy's exact bias system, factored once: :meth:`solve` gives (g, h) for any cost vector."""
+
+    def __init__(self, model: GeometricModel, pol: np.ndarray):
+        S = model.s_max + 1
+        self.model, self.S = model, S
+        self.pol = pol = np.ascontiguousarray(pol, dtype=np.int64)
+        lc, lv, up, dg, end = _rows(pol, model.sizes, model.q, S)
+        self.ref = ref = _reference(pol, model.sizes)
+        ue = _effective_up(up, ref)
+        U = _factor(lc, lv, ue, dg, ref)
+        if not (np.all(np.isfinite(U)) and np.all(U > 0)):
+            raise InputError("the policy's chain has more than one recurrent class (a non-positive pivot)")
+        self.end = end
+        lam_inv = 1.0 / model.problem.lam
+        # (T) in x (x[ref] = g) is B + u·e_refᵀ + e_ref·vᵀ, B with row and column ref the identity (Woodbury)
+        G = np.where(model.sizes[pol] > 0, model.y[pol] * (1.0 - model.q[pol]), lam_inv)
+        u = G.copy()
+        u[ref] = 0.0
+        v = np.zeros(S)
+        if lc[ref] >= 0 and lc[ref] != ref:
+            v[lc[ref]] += lv[ref]
+        if ref + 1 < S:
+            v[ref + 1] += up[ref]
+        v[ref] = G[ref] - 1.0
+        e = np.zeros(S)
+        e[ref] = 1.0
+        self._b = (lc, lv, ue, U, ref)
+        Z0, Z1 = _flush(_solve(*self._b, u)), _flush(_solve(*self._b, e))
+        self._w = (Z0, Z1, v, np.linalg.inv(np.array([[1.0 + Z0[ref], Z1[ref]], [v @ Z0, 1.0 + v @ Z1]])))
+        args = (pol, model.sizes, model.q, model.y, model.ct, lc, lv, up, dg, end, ref, lam_inv)
+        self.A = LinearOperator((S, S), matvec=lambda x: _flush(_matvec(np.ascontiguousarray(x), *args)),
+                                dtype=np.float64)
+        self.AM = LinearOperator((S, S), matvec=lambda y: self.A.matvec(self._precondition(y)), dtype=np.float64)
+
+    def _precondition(self, r: np.ndarray) -> np.ndarray:
+        Z0, Z1, v, Ci = self._w
+        z = _solve(*self._b, np.ascontiguousarray(r))
+        w = Ci @ np.array([z[self.ref], v @ z])
+        return _flush(z - Z0 * w[0] - Z1 * w[1])
+
+    def solve(self, cost: Costs, rtol: float, guess: tuple[float, np.ndarray] | None = None,
+              maxiter: int = 40) -> tuple[float, np.ndarray, int]:
+        """(g, h, GMRES iterations) for ``cost``; ``guess`` a nearby (g, h) to start from."""
+        m = self.model
+        f = _rhs(self.pol, m.sizes, m.q, cost.fixed, cost.slope, cost.cc, self.end, self.S)
+        if guess is None:
+            x = self._precondition(f)
+        else:
+            x = guess[1].copy()
+            x[self.ref] = guess[0]
+        its = [0]
+
+        def count(_):
+            its[0] += 1
+
+        # right preconditioning, A·M y = f − A x, so GMRES's residual is the exact system's; one restart cycle
+        # at a time, stopping at rtol or when a cycle gains less than 10 % (the round-off floor)
+        goal = rtol * (float(np.linalg.norm(f)) or 1.0)
+        last = math.inf
+        for _ in range(maxiter):
+            r = f - self.A.matvec(x)
+            rn = float(np.linalg.norm(r))
+            if rn <= goal or rn > 0.9 * last:
+                break
+            last = rn
+            y, _ = gmres(self.AM, r, rtol=0.0, atol=goal, restart=RESTART, maxiter=1, callback=count,
+                         callback_type="pr_norm")
+            x = x + self._precondition(y)
+        g = float(x[self.ref])
+        h = x.copy()
+        h[self.ref] = 0.0
+        return g, h, its[0]
+
+
+def _q(model: GeometricModel, cost: Costs, pol: np.ndarray, g: float, h: np.ndarray):
+    return _q_pass(h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct,
+                   model.s_max, model.tail)
+
+
+def _residual(h: np.ndarray, qcur: np.ndarray) -> float:
+    return float(np.max(np.abs(h - qcur)) / (1.0 + np.max(np.abs(h))))
+
+
+def evaluate(model: GeometricModel, pol: np.ndarray, cost: Costs | None = None,
+             rtol: float = TIGHT) -> tuple[float, np.ndarray]:
+    """(g, h) of ``pol`` (action indices, length s_max + 1, B at s_max), certified: eq. 20's residual
+    < :data:`RESIDUAL_TOL` (relative to 1 + max|h|) or InputError."""
+    cost = model.cost if cost is None else cost
+    g, h, _ = _System(model, pol).solve(cost, rtol)
+    res = _residual(h, _q(model, cost, pol, g, h)[0])
+    if not res < RESIDUAL_TOL:
+        raise InputError(f"the policy's evaluation did not converge (residual {res:.3g})")
+    return g, h
+
+
+def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, delta: bool = True) -> dict:
+    """W̄ (ms), P̄ (W), throughput (/ms), mean batch, Δ (the excursions' cost per ms) and the chance an epoch
+    leaves the truncation, each the gain of its own cost vector (module doc), certified like :func:`evaluate`;
+    ``gain``: the policy's ĝ when known (P̄ = (ĝ − w1·W̄)/w2 then costs no solve); ``delta=False`` skips Δ."""
+    system = _System(model, pol)
+    p = model.problem
+    gains = {}
+    for name, cost in model.parts.items():
+        if (name == "energy" and p.w2 > 0) or (name == "excursion" and not delta):  # ĝ = w1·W̄ + w2·P̄ gives P̄
+            continue
+        g, h, _ = system.solve(cost, TIGHT, maxiter=8)  # certified below: GMRES may stall at round-off before 1e-12
+        res = _residual(h, _q(model, cost, pol, g, h)[0])
+        if not res < RESIDUAL_TOL:
+            raise InputError(f"the policy's {name} evaluation did not converge (residual {res:.3g})")
+        gains[name] = g
+    if "energy" not in gains:
+        g = system.solve(model.cost, TIGHT, maxiter=8)[0] if gain is None else gain
+        gains["energy"] = (g - p.w1 * gains["hold"]) / p.w2
+    lam = p.lam
+    return {"mean_latency_ms": gains["hold"], "mean_power_w": gains["energy"], "throughput": lam,
+            "mean_batch_size": lam / gains["batches"], "delta": gains.get("excursion", math.nan),
+            "overflow_probability": gains["leave"] / gains["epochs"]}
+
+
+@dataclass(frozen=True)
+class GeometricPI:
+    """Policy iteration's answer on one truncation: π (action indices), ĝ, h, iterations, GMRES iterations."""
+
+    policy: np.ndarray
+    gain: float
+    values: np.ndarray
+    iterations: int
+    krylov: int
+    seconds: float
+    converged: bool
+
+
+def greedy(model: GeometricModel) -> np.ndarray:
+    """Serve the largest feasible batch (eq. 16), B at s_max."""
+    pol = np.searchsorted(model.sizes, np.minimum(np.arange(model.s_max + 1), model.sizes[-1]), side="right") - 1
+    pol[-1] = model.tail
+    return pol.astype(np.int64)
+
+
+def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_iter: int = 200,
+                     log=None, near: bool | None = None) -> GeometricPI:
+    """Exact PI (module doc) from ``pol0`` (default greedy), ended by a tight evaluation that improves to itself;
+    ``near`` (default: whether pol0 is given): start with tight evaluations, pol0 being nearly optimal."""
+    t0 = time.perf_counter()
+    pol = greedy(model) if pol0 is None else np.asarray(pol0, dtype=np.int64).copy()
+    pol[-1] = model.tail
+    near = pol0 is not None if near is None else near
+    guess, rtol, krylov = None, TIGHT if near else LOOSE, 0
+    g, h = 0.0, np.zeros(pol.size)
+    for it in range(max_iter):
+        system = _System(model, pol)
+        g, h, k = system.solve(model.cost, rtol, guess, maxiter=40 if rtol == LOOSE else 60)
+        krylov += k
+        guess = (g, h)
+        qcur, qbest, best = _q(model, model.cost, pol, g, h)
+        res = _residual(h, qcur)
+        new = np.where(qcur - qbest > 1e-11 * (1.0 + np.abs(qcur)), best, pol)
+        changed = int(np.count_nonzero(new != pol))
+        if log is not None:
+            log(f"PI {it}: ĝ = {g:.12g}, {k} GMRES iterations (rtol {rtol:.0e}), residual {res:.1e}, "
+                f"{changed} states change")
+        if rtol == TIGHT and not res < RESIDUAL_TOL:
+            raise InputError(f"policy iteration's evaluation did not converge (residual {res:.3g} at ĝ = {g:.6g})")
+        if changed == 0:
+            if rtol == TIGHT:
+                return GeometricPI(pol, g, h, it + 1, krylov, time.perf_counter() - t0, True)
+            rtol = TIGHT
+            continue
+        if changed <= max(16, pol.size // 1000):
+            rtol = TIGHT
+        pol = new
+    import warnings
+
+    warnings.warn(f"policy iteration stopped after {max_iter} iterations", NotConvergedWarning, stacklevel=2)
+    return GeometricPI(pol, g, h, max_iter, krylov, time.perf_counter() - t0, False)
+
+
+#: Cold compile of these kernels on the 2-core dev machine, seconds (the notice :func:`~.jit.warm_up` prints).
+COLD_SECONDS = 8
+
+
+def _tiny_run() -> None:
+    p = BatchingProblem.from_rho(0.8, batch_sizes=(1, 2, 3), service="exp")
+    m = geometric_model(p, 12)
+    r = policy_iteration(m)
+    metrics(m, r.policy, r.gain)
+
+
+def warm_up_geometric() -> float:
+    """Load or compile this module's kernels once per process (:mod:`.jit`); the seconds it took."""
+    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_at, _matvec, _rhs, _q_pass), _tiny_run,
+                   COLD_SECONDS)
