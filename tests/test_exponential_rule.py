@@ -137,3 +137,26 @@ def test_bmax_1024_at_rho_09_solves_and_independent_computations_agree():
     ev = sol.deployed
     assert abs(sim.mean_latency_ms - ev.mean_latency_ms) <= 3 * sim.mean_latency_ci
     assert abs(sim.mean_power_w - ev.mean_power_w) <= 3 * sim.mean_power_ci
+
+
+def test_the_table_file_keeps_what_it_was_verified_against(tmp_path):
+    """solve -o FILE, then show: the exponential rule's R was verified against a stated truncation, not 2R."""
+    import json
+    import subprocess
+    import sys
+
+    from smdp_batch.runtime.schema import read_policy
+
+    path = tmp_path / "exp128.h5"
+    run = [sys.executable, "-m", "smdp_batch", "solve", "--bmax", "128", "--rho", "0.9", "--service", "exp"]
+    r = subprocess.run([*run, "-o", str(path), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    R, against = d["converged_upto"], d["verified_against"]
+    assert R == 2017 and R < against < d["s_max"] and d["converged_to_limit"] is True
+    pf = read_policy(path)
+    assert pf.converged_upto == R and pf.truncation["verified_against"] == against
+    assert pf.truncation["delta"] < 1e-3
+    show = subprocess.run([sys.executable, "-m", "smdp_batch", "show", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert show.returncode == 0 and f"verified against a truncation of {against} states" in show.stdout, show.stdout

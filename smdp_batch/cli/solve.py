@@ -323,7 +323,7 @@ def show_cmd(path, as_json):
             *many,
             f"  truncation  s_max = {t['s_max']}{' (' + t['s_max_rule'] + ')' if 's_max_rule' in t else ''}, "
             f"{boundary_text(t.get('boundary', 'overflow'), t['abstract_cost'])}, Δ = {t['delta']:.3g}",
-            f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'), limiting_sizes(sizes, i['latency_ms']))}",
+            f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'), limiting_sizes(sizes, i['latency_ms']), t.get('verified_against'))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",

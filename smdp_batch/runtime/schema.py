@@ -22,7 +22,9 @@ Layout (DESIGN.md §4)::
                      converged_upto R (−1: not verified) — policy[n] for n ≤ R equals the decision
                      of a truncation ≥ 2R, and policy[n] = policy[R] above R (a version-1 addition);
                      newer files: boundary ("tail": exact excursion costs above s_max, abstract_cost 0 and
-                     delta = |ĝ(s_max) − ĝ(s_max/2)|; "overflow": eq. 19's S_o; absent = overflow)
+                     delta = |ĝ(s_max) − ĝ(s_max/2)|; "overflow": eq. 19's S_o; absent = overflow);
+                     verified_against (the exponential rule: R verified against this truncation, not 2R;
+                     delta = |ĝ(s_max) − ĝ(verified_against)|)
     /solution        attrs: avg_cost, solver, iterations, converged, eps, eta (NaN = none), span, gain_lo,
                             gain_hi, mean_latency_ms, mean_power_w, throughput, mean_batch_size, objective,
                             control_limit (-1 = none), solve_seconds, summary_json
@@ -399,6 +401,7 @@ def _load_truncation(w: _Where, gt, s_max: int) -> dict:
         "s_max_rule": _attr(w, gt, "s_max_rule", "str", None),
         "converged_upto": _attr(w, gt, "converged_upto", "int", None, low=-1, high=s_max),
         "boundary": _attr(w, gt, "boundary", "str", None),
+        "verified_against": _attr(w, gt, "verified_against", "int", None, low=0, high=s_max),
     }
     if truncation["s_max_rule"] is not None and truncation["s_max_rule"] not in ("auto", "minimal", "fixed"):
         w.fail(f"{gt.name}@s_max_rule", f"= {truncation['s_max_rule'][:40]!r}; expected auto, minimal or fixed")

@@ -79,7 +79,7 @@ def transient_length(problem: BatchingProblem, B: int) -> float:
 class ExponentialAnswer:
     """What :func:`solve_exponential` found: the model and PI answer of the verifying truncation S', the stored
     table (batch sizes, length S' + 2), R, the smaller truncation S it agreed with, and the table's metrics (Δ is
-    |ĝ(S') − ĝ(S)|, as for the general rule on the tail boundary)."""
+    |ĝ(S') − ĝ(S)|, as for the general rule on the tail boundary; no stationary law is formed, its field is empty)."""
 
     model: GeometricModel
     result: SolveResult
@@ -107,7 +107,7 @@ def quadratic_start(problem: BatchingProblem, model: GeometricModel) -> np.ndarr
     return pol
 
 
-def _final_run(sizes: np.ndarray, pol: np.ndarray) -> int:
+def _final_run(pol: np.ndarray) -> int:
     """R: where the final run of equal actions starts."""
     change = np.nonzero(pol[1:] != pol[:-1])[0]
     return int(change[-1]) + 1 if change.size else 0
@@ -144,6 +144,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None) -> 
     S = max(4 * problem.bmax, int(math.ceil(onset)) + 2 * margin)  # the onset is a lower bound on R (g = 0)
     _check(problem, S, f"the optimal batch reaches its limit {B} only near n ≈ {onset:.0f}, and a converged table")
     pol = None
+    tried = {B}
     small: tuple[int, GeometricPI] | None = None
     candidates = 0
     while True:
@@ -155,15 +156,21 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None) -> 
         candidates += 1
         if not res.converged:
             raise InputError(f"policy iteration did not converge on the truncation s_max = {S}")
-        R = _final_run(model.sizes, res.policy)
+        R = _final_run(res.policy)
         b = int(model.sizes[res.policy[R]])
         if b not in limiting:
             small, pol = None, res.policy
             S = R + margin + S // 2
             _check(problem, S, f"the table still grows at n = {R} (it serves {b} there) and its limit")
             continue
-        if b != B:  # tied limiting sizes: the table settled on another one, which becomes the tail boundary's
+        if b != B and b not in tried:  # tied limiting sizes: the table settled on another, now the boundary's B
             B, small, pol = b, None, res.policy
+            tried.add(b)
+            continue
+        if b != B:  # it settled back on a size already tried: a longer truncation decides
+            small, pol = None, res.policy
+            S += margin
+            _check(problem, S, "the tied limiting sizes' table")
             continue
         if S - R < margin:
             small, pol = None, res.policy
@@ -172,7 +179,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None) -> 
             continue
         if small is not None:
             S0, r0 = small
-            R0 = _final_run(model.sizes, r0.policy)
+            R0 = _final_run(r0.policy)
             if R0 == R and np.array_equal(r0.policy[: R + 1], res.policy[: R + 1]) and abs(res.gain - r0.gain) < tol:
                 agreed, moved = S0, abs(res.gain - r0.gain)
                 break

@@ -23,7 +23,7 @@ The general banded solver (:mod:`.banded`) needs O(S·Bmax·K), K ≈ 40·λl(Bm
 
 A row whose successor serves another action (an *end*: about one per batch size) keeps its exact equation,
 written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (:func:`_v_at`).  GMRES
-(scipy) solves the exact system with (T) as preconditioner — the ends are a low-rank change, and the
+(scipy) solves the exact system with (T) as right preconditioner — the ends are a low-rank change, and the
 residual falls about a decade per 25 iterations — and every evaluation is certified by the residual of
 the untransformed equations.  Policy iteration (Puterman §11.4, Howard) improves with V_a(·) by its
 recursion for every allowed a: O(S·A) time, O(S) memory, no arrival table.  Early evaluations are loose
@@ -205,8 +205,6 @@ def _sweep(lc, lv, ue, dg, ref, U, f, factor):
         if s != ref and c >= 0 and c != ref:
             if c < phi or c >= beta:  # refold: suffix folds of [lo, s) and an empty running fold
                 lo = c if c < phi else beta
-                if c < phi:
-                    lo = c
                 aP = 1.0
                 aS = 0.0
                 for t in range(s - 1, lo - 1, -1):
@@ -248,7 +246,7 @@ def _factor(lc, lv, ue, dg, ref):
     return _sweep(lc, lv, ue, dg, ref, np.empty(0), np.empty(0), True)
 
 
-def _solve(lc, lv, ue, U, ref, f, dg=None):
+def _solve(lc, lv, ue, U, ref, f):
     return _sweep(lc, lv, ue, U, ref, U, f, False)
 
 
@@ -401,12 +399,19 @@ class _System:
         S = model.s_max + 1
         self.model, self.S = model, S
         self.pol = pol = np.ascontiguousarray(pol, dtype=np.int64)
+        if pol.shape != (S,) or pol.min() < 0 or pol.max() >= model.sizes.size:
+            raise InputError(f"a policy here is {S} action indices in 0..{model.sizes.size - 1}")
+        bad = np.nonzero(model.sizes[pol] > np.arange(S))[0]
+        if bad.size or pol[-1] != model.tail:
+            raise InputError(f"the policy serves more than the queue holds at n = {int(bad[0])}" if bad.size else
+                             f"the policy must serve B = {model.tail_action} at s_max = {model.s_max}")
         lc, lv, up, dg, end = _rows(pol, model.sizes, model.q, S)
         self.ref = ref = _reference(pol, model.sizes)
         ue = _effective_up(up, ref)
         U = _factor(lc, lv, ue, dg, ref)
         if not (np.all(np.isfinite(U)) and np.all(U > 0)):
-            raise InputError("the policy's chain has more than one recurrent class (a non-positive pivot)")
+            raise InputError("the policy's three-term system has a non-positive pivot (round-off); its chain is "
+                             "unichain, so this is numerical, not the model's")
         self.end = end
         lam_inv = 1.0 / model.problem.lam
         # (T) in x (x[ref] = g) is B + u·e_refᵀ + e_ref·vᵀ, B with row and column ref the identity (Woodbury)

@@ -144,6 +144,7 @@ class Solution:
             "s_max_auto": self.s_max_auto,
             "s_max_rule": self.rule,
             "converged_upto": self.converged_upto,
+            "verified_against": self.verified_against,
             "converged_to_limit": self.converged_to_limit,
             "s_max_candidates": self.candidates,
             "abstract_cost": self.model.abstract_cost,
@@ -331,7 +332,7 @@ def _solve_exponential(problem: BatchingProblem, tol: float, t0: float) -> Solut
     ans = solve_exponential(problem, tol)
     return Solution(problem, ans.model, ans.result, ans.evaluation, tol, True, time.perf_counter() - t0,  # type: ignore[arg-type]
                     ans.candidates, rule="auto", converged_upto=ans.converged_upto, table=ans.table,
-                    verified_against=ans.model.s_max)
+                    verified_against=ans.agreed_with)
 
 
 def _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,
