@@ -106,8 +106,17 @@ def test_bmax_128_at_rho_09_was_refused_and_now_solves_as_the_general_solver_dec
 
 def test_too_long_a_table_is_refused_before_any_work_in_one_line():
     p = _p(0.97, 2048)
+    calls = []
     with pytest.raises(InputError, match=r"no verified table is within reach for Bmax = 2048.*limits 524288 states"):
-        solve(p)
+        solve(p, progress=lambda *a: calls.append(a))
+    assert calls == []  # no truncation was solved
+
+
+def test_progress_is_reported_per_policy_iteration():
+    calls = []
+    solve(_p(0.9, 128), progress=lambda *a: calls.append(a))
+    assert calls and all(stage == "exponential rule" for stage, _, _ in calls)
+    assert [done for _, _, done in calls] == sorted(done for _, _, done in calls)
 
 
 def test_other_laws_and_reachable_problems_keep_the_general_rule():

@@ -131,9 +131,10 @@ def _check(problem: BatchingProblem, S: int, why: str) -> None:
             "Bmax, fewer batch sizes (--batch-sizes) or a lower load")
 
 
-def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None) -> ExponentialAnswer:
+def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, progress=None) -> ExponentialAnswer:
     """The converged table of the module doc for an exponential-service problem (:func:`applies`); the pair must
-    also agree on ĝ to ``tol`` (δ, cost per ms), as the general rule's."""
+    also agree on ĝ to ``tol`` (δ, cost per ms), as the general rule's.  ``log`` gets a line per policy iteration,
+    ``progress`` (as :func:`~.solution.solve`'s) is called after each with the truncation and those solved."""
     if not applies(problem):
         raise InputError("the exponential rule solves one server with exponential batch times")
     t0 = time.perf_counter()
@@ -149,10 +150,17 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None) -> 
     candidates = 0
     while True:
         model = geometric_model(problem, S, B)
+
+        def note(line: str, S: int = S, done: int = candidates) -> None:
+            if log is not None:
+                log(line)
+            if progress is not None:
+                progress("exponential rule", S, done)
+
         if pol is None:
-            res = policy_iteration(model, quadratic_start(problem, model), log=log, near=False)
+            res = policy_iteration(model, quadratic_start(problem, model), log=note, near=False)
         else:
-            res = policy_iteration(model, _extend(pol, S, model.tail), log=log)
+            res = policy_iteration(model, _extend(pol, S, model.tail), log=note)
         candidates += 1
         if not res.converged:
             raise InputError(f"policy iteration did not converge on the truncation s_max = {S}")

@@ -315,7 +315,7 @@ def solve(
         return sol
 
     if exponential:
-        return _solve_exponential(problem, tol, t0)
+        return _solve_exponential(problem, tol, t0, progress)
     check_tail(problem, tol)  # a law whose tail needs s_max beyond the state limit is refused before searching
     with single_blas():
         return _solve_auto(problem, smax, c_o, tol, solver, eps, max_iter, eta_fraction, backend, progress, hint, t0,
@@ -328,8 +328,8 @@ def exponential_route(problem: BatchingProblem) -> bool:
     return applies(problem) and not reach(problem, SMAX_LIMIT, PROBABLE_START).converged_ok
 
 
-def _solve_exponential(problem: BatchingProblem, tol: float, t0: float) -> Solution:
-    ans = solve_exponential(problem, tol)
+def _solve_exponential(problem: BatchingProblem, tol: float, t0: float, progress: Progress | None) -> Solution:
+    ans = solve_exponential(problem, tol, progress=progress)
     return Solution(problem, ans.model, ans.result, ans.evaluation, tol, True, time.perf_counter() - t0,  # type: ignore[arg-type]
                     ans.candidates, rule="auto", converged_upto=ans.converged_upto, table=ans.table,
                     verified_against=ans.agreed_with)
