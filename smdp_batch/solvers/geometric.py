@@ -27,7 +27,7 @@ written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over 
 residual falls about a decade per 25 iterations — and every evaluation is certified by the residual of
 the untransformed equations.  Policy iteration (Puterman §11.4, Howard) improves with V_a(·) by its
 recursion for every allowed a: O(S·A) time, O(S) memory, no arrival table.  Early evaluations are loose
-(GMRES to 1e-7; inexact policy iteration), the last ones tight (1e-12), and the loop ends only when a tight
+(GMRES to 1e-5, then 1e-7; inexact policy iteration), the last ones tight (1e-12), and the loop ends only when a tight
 evaluation's improvement returns the same policy.
 
 Metrics (W̄, P̄, batches, Δ and the overflow share) are the gains of the same policy under their own cost
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,8 +52,9 @@ from .jit import warm_up
 __all__ = ["Costs", "GeometricModel", "GeometricPI", "evaluate", "geometric_model", "metrics", "policy_iteration",
            "warm_up_geometric"]
 
-#: GMRES tolerances: loose while the policy still moves (inexact policy iteration), tight to finish.
-LOOSE, TIGHT = 1e-7, 1e-12
+#: GMRES tolerances: rough while a tenth of the states still change, loose while the policy still moves
+#: (inexact policy iteration), tight to finish.
+ROUGH, LOOSE, TIGHT = 1e-5, 1e-7, 1e-12
 #: Values below this are set to 0 in the kernels' outputs (the decaying parts of a solve would otherwise turn
 #: subnormal, and a subnormal makes each later floating-point operation on it ~100× slower).
 TINY = 1e-250
@@ -547,11 +549,11 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
     pol = greedy(model) if pol0 is None else np.asarray(pol0, dtype=np.int64).copy()
     pol[-1] = model.tail
     near = pol0 is not None if near is None else near
-    guess, rtol, krylov = None, TIGHT if near else LOOSE, 0
+    guess, rtol, krylov = None, TIGHT if near else ROUGH, 0
     g, h = 0.0, np.zeros(pol.size)
     for it in range(max_iter):
         system = _System(model, pol)
-        g, h, k = system.solve(model.cost, rtol, guess, maxiter=40 if rtol == LOOSE else 60)
+        g, h, k = system.solve(model.cost, rtol, guess, maxiter=60 if rtol == TIGHT else 40)
         krylov += k
         guess = (g, h)
         qcur, qbest, best = _q(model, model.cost, pol, g, h)
@@ -570,9 +572,9 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
             continue
         if changed <= max(16, pol.size // 1000):
             rtol = TIGHT
+        elif changed <= pol.size // 10 and rtol == ROUGH:
+            rtol = LOOSE
         pol = new
-    import warnings
-
     warnings.warn(f"policy iteration stopped after {max_iter} iterations", NotConvergedWarning, stacklevel=2)
     return GeometricPI(pol, g, h, max_iter, krylov, time.perf_counter() - t0, False)
 
