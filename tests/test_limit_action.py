@@ -158,14 +158,8 @@ def test_a_bias_onset_matches_a_long_truncation_with_geometric_rows():
 @pytest.mark.slow
 def test_the_onset_grows_like_the_square_of_bmax_exponential_service():
     """Bmax 128 (ρ = 0.9, exponential): a tail-boundary truncation of 8 192 states (4× the onset) serves 128
-    from n = 2 017 on, the onset of its ĝ; Bmax 1 024 has n*(0) ≈ 1.5·10⁵."""
-    from smdp_batch.model.truncation import truncate
-    from smdp_batch.solvers.pi import policy_iteration
-
-    p = BatchingProblem.from_rho(0.9, latency=AFF, energy=LIN, batch_sizes=range(1, 129), service="exp")
-    r = policy_iteration(truncate(p, 8192, 0.0, tail=128))
-    last = int(np.nonzero(r.policy[:4096] != 128)[0].max()) + 1
-    assert last == 2017 and last - (math.floor(limit_onset(p, 128, r.gain)) + 1) in (0, 1)
+    from n = 2 017 on, the onset of its ĝ (checked with the general policy iteration in
+    tests/test_exponential_rule.py); Bmax 1 024 has n*(0) ≈ 1.5·10⁵."""
     big = BatchingProblem.from_rho(0.9, latency=AFF, energy=LIN, batch_sizes=range(1, 1025), service="exp")
     assert 1.4e5 < limit_onset(big, 1024, 0.0) < 1.6e5
 

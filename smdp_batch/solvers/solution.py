@@ -52,7 +52,7 @@ class Solution:
     """A solved batching problem: inputs, truncation, solver result and exact evaluation."""
 
     problem: BatchingProblem
-    model: TruncatedSMDP
+    model: TruncatedSMDP | GeometricModel  # GeometricModel: the exponential rule (solvers.exponential)
     result: SolveResult
     evaluation: Evaluation
     tol_delta: float
@@ -330,7 +330,7 @@ def exponential_route(problem: BatchingProblem) -> bool:
 
 def _solve_exponential(problem: BatchingProblem, tol: float, t0: float, progress: Progress | None) -> Solution:
     ans = solve_exponential(problem, tol, progress=progress)
-    return Solution(problem, ans.model, ans.result, ans.evaluation, tol, True, time.perf_counter() - t0,  # type: ignore[arg-type]
+    return Solution(problem, ans.model, ans.result, ans.evaluation, tol, True, time.perf_counter() - t0,
                     ans.candidates, rule="auto", converged_upto=ans.converged_upto, table=ans.table,
                     verified_against=ans.agreed_with)
 
