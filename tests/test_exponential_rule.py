@@ -128,6 +128,7 @@ def test_other_laws_and_reachable_problems_keep_the_general_rule():
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_heavy
 def test_bmax_1024_at_rho_09_solves_and_independent_computations_agree():
     """The case the general search refuses (its converged table would need ~6·10⁵ states × 1 024 sizes with
     38 000-state arrival rows).  Independent checks: the quadratic bias of eq. 20 with the solved ĝ puts the
