@@ -87,7 +87,7 @@ def _fill_table(f, solution) -> None:
          "converged_upto": -1 if solution.converged_upto is None else solution.converged_upto,
          "boundary": m.boundary}
     )
-    if getattr(solution, "verified_against", None) is not None:  # the exponential rule's pair
+    if solution.verified_against is not None:  # the exponential rule's pair
         t.attrs["verified_against"] = int(solution.verified_against)
     s = f.create_group("solution")
     cl = solution.control_limit

@@ -56,7 +56,8 @@ from ..errors import InputError
 from ..limits import arrival_table_bytes, check_memory, check_model
 from .problem import BatchingProblem
 
-__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "check_tail_action", "check_truncation", "truncate"]
+__all__ = ["ArrivalTable", "TruncatedSMDP", "arrival_table", "check_tail_action", "check_truncation", "excursion_rates",
+           "truncate"]
 
 #: Terms p_k of a row outside [klo, khi] carry less than this mass on each side; the solver
 #: kernels skip them (their effect on any value is below 1e-18·span(h)).  Evaluation uses full rows.
@@ -436,6 +437,18 @@ def check_tail_action(problem: BatchingProblem, tail) -> int:
     return b
 
 
+def excursion_rates(problem: BatchingProblem, B: int) -> tuple[float, float, float, float]:
+    """(c_t, c_e, c_h1, c_h2): the excursion above s_max under "serve B" costs time c_t·e, energy c_e·e and holding
+    c_h2·e·(e + 2s_max) + c_h1·e for an overshoot e (module doc: d = B − E K_B, M2 = E (K_B − B)²)."""
+    sizes = [int(b) for b in problem.batch_sizes]
+    iB = sizes.index(B)
+    lam, l, m2 = problem.lam, float(problem.latency_ms()[iB]), float(problem.second_moments()[iB])
+    EK_B = lam * l
+    d = B - EK_B
+    M2 = lam * l + lam * lam * m2 - 2.0 * B * EK_B + B * B
+    return l / d, float(problem.energy_mj()[iB]) / d, 0.5 * m2 / d + l * M2 / (2.0 * lam * d * d), l / (2.0 * lam * d)
+
+
 def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B: int) -> np.ndarray:
     """(3, S, A): expected time, energy and holding of the excursion above s_max after (s, a) (module doc).
 
@@ -448,16 +461,9 @@ def _tail_extras(problem: BatchingProblem, arrivals: ArrivalTable, s_max: int, B
     sizes = [int(b) for b in problem.batch_sizes]
     l = problem.latency_ms()
     m2 = problem.second_moments()
-    zeta = problem.energy_mj()
     A, S, n = len(sizes) + 1, s_max + 2, s_max + 1
     kmax = arrivals.kmax
-    iB = sizes.index(B)
-    EK_B = lam * l[iB]
-    d = B - EK_B
-    M2 = lam * l[iB] + lam * lam * m2[iB] - 2.0 * B * EK_B + B * B  # E (K_B − B)²
-    c_t, c_e = l[iB] / d, zeta[iB] / d
-    c_h2 = l[iB] / (2.0 * lam * d)
-    c_h1 = 0.5 * m2[iB] / d + l[iB] * M2 / (2.0 * lam * d * d)
+    c_t, c_e, c_h1, c_h2 = excursion_rates(problem, B)
     out = np.zeros((3, S, A))
     s = np.arange(n)
     U = int(np.searchsorted(np.asarray(sizes), s_max, side="right"))  # sizes ≤ s_max; the rest are infeasible

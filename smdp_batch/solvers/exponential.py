@@ -34,7 +34,7 @@ from ..model.laws import Exponential
 from ..model.problem import BatchingProblem
 from .evaluation import Evaluation
 from .geometric import GeometricModel, GeometricPI, geometric_model, metrics, policy_iteration
-from .limit import limit_onset, onset_terms
+from .limit import limit_onset, onset_terms, quadratic_choice
 from .result import SolveResult
 from .search import limiting_actions
 
@@ -92,17 +92,13 @@ class ExponentialAnswer:
 
 def quadratic_start(problem: BatchingProblem, model: GeometricModel) -> np.ndarray:
     """PI's first policy: at each n the size b ≤ n of least n·L_b + C_b, the quadratic bias of eq. 20 under
-    "serve B" with ĝ = 0 (:func:`~.limit.onset_terms`); waiting at n = 0.  At Bmax 1 024, ρ = 0.9 it halves the
+    "serve B" with ĝ = 0 (:func:`~.limit.quadratic_choice`); waiting where no size fits.  At Bmax 1 024, ρ = 0.9 it halves the
     GMRES iterations of greedy's start (the same ten policies)."""
     L, C = onset_terms(problem, model.tail_action, 0.0)
-    sizes = np.asarray(problem.batch_sizes)
     pol = np.zeros(model.s_max + 1, dtype=np.int64)
     for a in range(0, model.s_max + 1, 4096):
         n = np.arange(a, min(model.s_max + 1, a + 4096))
-        v = n[:, None] * L[None, :] + C[None, :]
-        v[sizes[None, :] > n[:, None]] = np.inf
-        pol[n] = np.argmin(v, axis=1) + 1
-    pol[0] = 0
+        pol[n] = quadratic_choice(n, L, C, problem.batch_sizes) + 1  # −1 (no size fits) → 0, waiting
     pol[-1] = model.tail
     return pol
 

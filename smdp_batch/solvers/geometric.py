@@ -47,6 +47,7 @@ from scipy.sparse.linalg import LinearOperator, gmres
 from ..errors import InputError, NotConvergedWarning
 from ..kernel_cache import njit
 from ..model.problem import BatchingProblem
+from ..model.truncation import excursion_rates
 from .jit import warm_up
 
 __all__ = ["Costs", "GeometricModel", "GeometricPI", "evaluate", "geometric_model", "metrics", "policy_iteration",
@@ -113,19 +114,17 @@ def geometric_model(problem: BatchingProblem, s_max: int, tail: int | None = Non
     y = np.concatenate([[1.0 / lam], l])
     x = lam * l
     q = np.concatenate([[1.0], x / (1.0 + x)])
-    m2 = p.second_moments()  # E G² = 2l² for exponential service
     energy = np.concatenate([[0.0], p.energy_mj()])
-    hold_fixed = np.concatenate([[0.0], 0.5 * m2])
-    # the excursion under B (truncation._tail_extras), per q^{m+1}
-    lB, m2B = float(l[iB - 1]), float(m2[iB - 1])
-    d = B - lam * lB
-    M2 = lam * lB + lam * lam * m2B - 2.0 * B * lam * lB + B * B
+    hold_fixed = np.concatenate([[0.0], 0.5 * p.second_moments()])  # E G² = 2l² for exponential service
+    # the excursion under B per q^{m+1}: E e⁺ = q^{m+1}·e1, E e⁺(e⁺ + 2s_max) = q^{m+1}·e2 (geometric overshoot)
+    c_t, c_e, c_h1, c_h2 = excursion_rates(p, B)
+    lB = float(l[iB - 1])
     qa = q[1:]
     e1 = np.concatenate([[0.0], 1.0 / (1.0 - qa)])
     e2 = np.concatenate([[0.0], (1.0 + qa) / (1.0 - qa) ** 2 + 2.0 * s_max / (1.0 - qa)])
-    ct = lB / d * e1
-    hold_cc = lB / (2.0 * lam * d) * e2 + (0.5 * m2B / d + lB * M2 / (2.0 * lam * d * d)) * e1
-    energy_cc = float(energy[iB]) / d * e1
+    ct = c_t * e1
+    hold_cc = c_h2 * e2 + c_h1 * e1
+    energy_cc = c_e * e1
     zero = np.zeros(sizes.size)
     serving = (sizes > 0).astype(np.float64)
     hold = Costs(hold_fixed, y / lam, hold_cc)
@@ -256,17 +255,21 @@ def _solve(lc, lv, ue, U, ref, f):
 V_EPS = 1e-18
 
 
+@njit(cache=True)
+def _v_terms(i, qa, s_max):
+    """(n, nmax): the terms of V_a(i)'s sum kept (those with qᵏ ≥ :data:`V_EPS`) and the terms up to s_max; the
+    excursion's term q^nmax·(h(s_max) + Cc − g·Ct) counts only when n = nmax (else it is below V_EPS too)."""
+    nmax = s_max - i + 1
+    kcut = int(math.log(V_EPS) / math.log(qa)) + 1 if qa > 0.0 else 1
+    return min(nmax, kcut), nmax
+
+
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _v_at(h, g, i, qa, cc, ct, s_max):
     """V_a(i) for i ≤ s_max + 1 (module doc): Σ_k (1 − q)qᵏ·h(i + k) up to s_max, then the excursion's
-    term; terms with qᵏ < :data:`V_EPS` are dropped.  Summed in blocks of 32 with the powers precomputed,
+    term, over the terms :func:`_v_terms` keeps.  Summed in blocks of 32 with the powers precomputed,
     so the inner loop vectorises (it is most of GMRES's operator)."""
-    nmax = s_max - i + 1  # terms up to s_max
-    if qa > 0.0:
-        kcut = int(math.log(V_EPS) / math.log(qa)) + 1
-    else:
-        kcut = 1
-    n = min(nmax, kcut)
+    n, nmax = _v_terms(i, qa, s_max)
     pw = np.empty(32)
     pw[0] = 1.0 - qa
     for r in range(1, 32):
@@ -319,7 +322,6 @@ def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
     """The exact system's right-hand side for the cost fixed + slope·s + q^{m+1}·cc."""
     s_max = S - 1
     f = np.empty(S)
-    zero = np.zeros(S)
     for s in range(S):
         ai = pol[s]
         c0 = fixed[ai] + slope[ai] * s
@@ -329,8 +331,9 @@ def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
         qa = q[ai]
         c1 = fixed[ai] + slope[ai] * (s + 1)
         f[s] = c0 - qa * c1
-        if end[s]:
-            f[s] += qa * (c1 + _v_at(zero, 0.0, s + 1 - sizes[ai], qa, cc[ai], 0.0, s_max))
+        if end[s]:  # V_a(s + 1 − a)'s constant: the excursion's cost, where its term is kept
+            n, nmax = _v_terms(s + 1 - sizes[ai], qa, s_max)
+            f[s] += qa * (c1 + (qa ** nmax * cc[ai] if n == nmax else 0.0))
     return f
 
 
@@ -592,5 +595,5 @@ def _tiny_run() -> None:
 
 def warm_up_geometric() -> float:
     """Load or compile this module's kernels once per process (:mod:`.jit`); the seconds it took."""
-    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_at, _matvec, _rhs, _q_pass), _tiny_run,
+    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rhs, _q_pass), _tiny_run,
                    COLD_SECONDS)

@@ -47,7 +47,7 @@ from ..errors import InputError
 from ..limits import WORK_LIMIT, predicted_queue
 from ..model.problem import BatchingProblem
 
-__all__ = ["PROBABLE_MASS", "Reach", "check_reach", "estimated_width", "limit_onset", "limiting_sizes",
+__all__ = ["PROBABLE_MASS", "Reach", "check_reach", "estimated_width", "limit_onset", "limiting_sizes", "quadratic_choice",
            "onset_terms", "probable_range", "reach", "retarget", "truncation_work"]
 
 #: The probable-range table is accepted when the queue exceeds its verified range with probability below this
@@ -124,6 +124,14 @@ def limit_onset(problem: BatchingProblem, B: int, g: float = 0.0, stats: _Stats 
     return float((-C[free] / L[free]).max()) if free.any() else 0.0
 
 
+def quadratic_choice(n: np.ndarray, L: np.ndarray, C: np.ndarray, sizes) -> np.ndarray:
+    """Per queue length in ``n``, the index of the size b ≤ n of least n·L_b + C_b (the quadratic bias's choice,
+    :func:`onset_terms`), or −1 where no size is feasible."""
+    v = n[:, None] * L[None, :] + C[None, :]
+    v[np.asarray(sizes)[None, :] > n[:, None]] = np.inf
+    return np.where(np.isfinite(v).any(axis=1), np.argmin(v, axis=1), -1)
+
+
 def probable_range(problem: BatchingProblem, cap: float = math.inf, stats: _Stats | None = None) -> float:
     """An estimate of the queue length n_p the queue exceeds with probability PROBABLE_MASS (at decision epochs),
     before any solve: P(N > n) ≈ exp(−Σ_{m ≤ n} θ(π(m))), with π(m) the size that minimises m·L_b + C_b (the
@@ -139,10 +147,8 @@ def probable_range(problem: BatchingProblem, cap: float = math.inf, stats: _Stat
     n0 = 1
     while n0 <= cap:
         n = np.arange(n0, n0 + 256 * h, h, dtype=np.float64)
-        q = n[:, None] * L[None, :] + C[None, :]
-        q[st.sizes[None, :] > n[:, None]] = np.inf
-        ok = np.isfinite(q).any(axis=1)
-        step = np.where(ok, theta[np.argmin(q, axis=1)] * h, 0.0)
+        b = quadratic_choice(n, L, C, st.sizes)
+        step = np.where(b >= 0, theta[b] * h, 0.0)
         run = total + np.cumsum(step)
         hit = np.nonzero(run >= target)[0]
         if hit.size:
