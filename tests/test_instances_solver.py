@@ -31,6 +31,9 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     sizes = list(p.batch_sizes)
     l = dict(zip(sizes, p.latency_ms()))
     z = dict(zip(sizes, p.energy_mj()))
+    cont = p.contention
+    s_k = (lambda k: 1.0) if cont is None else (lambda k: cont.latency[max(k, 1) - 1])
+    e_k = (lambda k: 1.0) if cont is None else (lambda k: cont.energy[max(k, 1) - 1])
 
     def settle(n, busy):  # start table[n] while an instance is idle (at n = N the largest size)
         started = []
@@ -58,7 +61,7 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
         for b in set(busy):
             rest = list(busy)
             rest.remove(b)
-            moves.append((busy.count(b) / l[b], n, tuple(rest)))
+            moves.append((busy.count(b) / (l[b] * s_k(len(busy))), n, tuple(rest)))
         for r, n2, busy2 in moves:
             s2, started = settle(n2, busy2)
             Q[i, idx[s2]] += r
@@ -73,7 +76,10 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     idle = np.array([c - len(s[1]) for s in stable])
     lost = float(pi[at_n == N].sum())
     rates = pi @ starts
-    return {"W": float(pi @ in_sys) / (lam * (1 - lost)), "P": rates[2] + idle_power_w * float(pi @ idle),
+    # with contention, power as each running batch's draw e_k·ζ(b)/(s_k·l(b)), not as ζ(b) per start
+    run_w = np.array([sum(e_k(len(s[1])) * z[b] / (s_k(len(s[1])) * l[b]) for b in s[1]) for s in stable])
+    power = rates[2] if cont is None else float(pi @ run_w)
+    return {"W": float(pi @ in_sys) / (lam * (1 - lost)), "P": power + idle_power_w * float(pi @ idle),
             "batch": rates[1] / rates[0], "lost": lost}
 
 
@@ -89,6 +95,22 @@ def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table):
     assert ev.boundary_mass == pytest.approx(ref["lost"], rel=1e-7, abs=1e-15)
 
 
+@pytest.mark.parametrize("c,table,spec", [(2, [0, 0, 2, 3], "2:1.6:0.8"), (3, [0, 1, 0, 3, 3, 0, 3], "2:1.3,3:1.9:1.2"),
+                                          (3, [0, 1, 2, 3], "2:2,3:2.5:0.5")])
+def test_contention_evaluates_as_an_independent_ctmc_solve(c, table, spec):
+    """Contention slows every running batch by s_k and draws e_k·ζ(b)/(s_k·l(b)) W each, k busy: the dense CTMC
+    prices power as that draw (the solver as ζ(b) per start plus the difference), so the check is independent."""
+    p = _problem(c, rho=0.7, contention=spec)
+    N = 14
+    ev = evaluate_instances_table(p, table, n_max=N, idle_power_w=3.0, boundary="loss")
+    ref = _ctmc_metrics(p, table, N, idle_power_w=3.0)
+    assert ev.mean_latency_ms == pytest.approx(ref["W"], rel=1e-9)
+    assert ev.mean_power_w == pytest.approx(ref["P"], rel=1e-9)
+    assert ev.mean_batch == pytest.approx(ref["batch"], rel=1e-9)
+    plain = evaluate_instances_table(p.replace(contention=None), table, n_max=N, boundary="loss")
+    assert ev.mean_latency_ms > plain.mean_latency_ms  # the same table on slower instances waits longer
+
+
 def test_the_solved_table_evaluates_as_the_ctmc_says():
     p = _problem(2, rho=0.7)
     sol = solve_instances(p, n_max=20, boundary="loss")
@@ -99,12 +121,17 @@ def test_the_solved_table_evaluates_as_the_ctmc_says():
 
 def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
     """The least average cost of the truncated c-server SMDP by its linear program over state-action
-    frequencies (Σ τ·x = 1), built here from the model's definition with dense matrices."""
+    frequencies (Σ τ·x = 1), built here from the model's definition with dense matrices.  With contention,
+    power is each running batch's draw e_k·ζ(b)/(s_k·l(b)) while k are busy, not ζ(b) per start."""
     c, lam, m = p.instances, p.lam, ph.phases
     sizes = list(p.batch_sizes)
     z = p.energy_mj()
+    l = p.latency_ms()
     bmax = sizes[-1]
-    loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) / (c * bmax)
+    cont = p.contention
+    s_k = (lambda k: 1.0) if cont is None else (lambda k: cont.latency[max(k, 1) - 1])
+    e_k = (lambda k: 1.0) if cont is None else (lambda k: cont.energy[max(k, 1) - 1])
+    loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) * s_k(c) / (c * bmax)
     syms = [(i, j) for i in range(len(sizes)) for j in range(m)]
     confs = [cf for k in range(c + 1) for cf in itertools.combinations_with_replacement(syms, k)]
     states = [(n, cf) for n in range(N + 1) for cf in confs]
@@ -120,7 +147,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
                 a, j = sym
                 rest = list(cf)
                 rest.remove(sym)
-                cnt = cf.count(sym)
+                cnt = cf.count(sym) / s_k(len(cf))
                 for j2 in range(m):
                     if ph.moves[a, j, j2] > 0:
                         moves.append((cnt * ph.moves[a, j, j2], (n, tuple(sorted(rest + [(a, j2)])))))
@@ -129,6 +156,8 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
             q = sum(r for r, _ in moves)
             if q > 0:
                 rate = p.w1 * (n + busy) / lam + (p.w1 * loss_ms if n == N else 0.0)
+                if cont is not None:
+                    rate += p.w2 * sum(e_k(len(cf)) * z[a] / (s_k(len(cf)) * l[a]) for a, _ in cf)
                 col = np.zeros(len(states))
                 col[i] += 1.0
                 for r, s2 in moves:
@@ -142,7 +171,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
                     for j in range(m):
                         if ph.alpha[a, j] > 0:
                             col[idx[(n - b, tuple(sorted(cf + ((a, j),))))]] -= ph.alpha[a, j]
-                    cols.append(col), costs.append(p.w2 * z[a]), taus.append(0.0)
+                    cols.append(col), costs.append(p.w2 * z[a] if cont is None else 0.0), taus.append(0.0)
     A_eq = np.vstack([np.array(cols).T, np.array(taus)[None, :]])
     b_eq = np.zeros(len(states) + 1)
     b_eq[-1] = 1.0
@@ -160,10 +189,20 @@ def test_policy_iteration_equals_the_linear_program_on_a_tiny_truncation(service
     assert sol.optimal.model_cost == pytest.approx(_lp_optimum(p, N, phase_type(p)), rel=1e-9)
 
 
+@pytest.mark.parametrize("service,c,spec", [("exp", 2, "2:1.7:0.7"), ("erlang:2", 2, "2:1.2:1.5"),
+                                            ("hyperexp", 3, "2:1.3,3:1.8:0.9")])
+def test_policy_iteration_with_contention_equals_the_linear_program(service, c, spec):
+    p = _problem(c, rho=0.65, service=service, sizes="1,2", contention=spec, w2=3.0)
+    N = 9
+    sol = solve_instances(p, n_max=N, boundary="loss")
+    assert sol.optimal.model_cost == pytest.approx(_lp_optimum(p, N, phase_type(p)), rel=1e-9)
+
+
 @pytest.mark.parametrize("c,rho,service,sizes,longer", [(2, 0.9, "exp", "1,2,4", 8), (3, 0.7, "exp", "1,2", 6),
                                                         (2, 0.8, "erlang:2", "1,2", 3)])
-def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer):
-    p = _problem(c, rho=rho, service=service, sizes=sizes)
+@pytest.mark.parametrize("spec", [None, "2:1.5:0.8,3:2"])
+def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer, spec):
+    p = _problem(c, rho=rho, service=service, sizes=sizes, contention=spec)
     tail = solve_instances(p, tol=1e-10)
     long = solve_instances(p, n_max=longer * tail.n_max, boundary="loss")
     assert long.optimal.boundary_mass < 1e-11

@@ -11,12 +11,17 @@ phase-type time PH(α_b, T_b) with mean l(b) (ms) and costs ζ(b) (mJ) when it s
 ``idle_power_w`` (W).  The state is (n, the multiset of (size, phase) of the running batches): with A sizes and m
 phases, C(A·m + c, c) configurations of the c instances times the queue levels 0..N.
 
+**Contention** (``problem.contention``, :mod:`smdp_batch.model.contention`): while k instances are busy every
+phase rate is divided by s_k, and each running batch of b draws ζ(b)·(e_k − 1)/(s_k·l(b)) W beyond the ζ(b)
+charged at its start, so a batch run entirely beside k − 1 others takes s_k·l(b) on average and costs e_k·ζ(b).
+
 **Objective** (paper 004 eq. 2 with c servers): w1·W̄ + w2·P̄, with W̄ = L/λ (Little's law, L the mean number of
-requests waiting or in service) and P̄ = (Σ ζ of batches started)/time + idle_power_w · E[idle instances].  As a
+requests waiting or in service) and P̄ = (Σ ζ of batches started)/time + idle_power_w · E[idle instances] (+ the
+contention's energy rate).  As a
 semi-Markov decision process with instantaneous dispatch decisions:
 
 * waiting in state s: sojourn 1/q(s) with q(s) the total event rate, cost rate (w1/λ)(n + requests in service)
-  + w2·p_idle·(idle instances), and the next state by the event rates;
+  + w2·(p_idle·(idle instances) + the contention's energy rate), and the next state by the event rates;
 * dispatching b: no time, cost w2·ζ(b), the batch starts in phase j with probability α_b[j].
 
 **Truncation.** The queue stops at N, where an idle instance must serve.  An arrival at n = N either steps
@@ -199,6 +204,15 @@ class MultiServerSMDP:
         busy_size = np.where(arr > 0, sizes[np.maximum(arr - 1, 0) // m], 0)
         self.in_service = busy_size.sum(axis=1).astype(np.float64)  # requests in service
         self.idle = (arr == 0).sum(axis=1)
+        busy = c - self.idle
+        cont = problem.contention
+        speed = 1.0 / cont.slow(busy) if cont is not None else np.ones(len(confs))  # 1/s_k of each configuration
+        #: power (W) of the running batches beyond ζ(b) charged at their start: ζ(b)·(e_k − 1)/(s_k·l(b)) each
+        self.energy_rate = np.zeros(len(confs))
+        if cont is not None:
+            per = problem.energy_mj() / ph.means()  # ζ(b)/l(b) per size
+            z = np.where(arr > 0, per[np.maximum(arr - 1, 0) // m], 0.0).sum(axis=1)
+            self.energy_rate = z * (cont.energy_factor(busy) - 1.0) * speed
         src, dst, rate = [], [], []
         self.start = np.full((len(confs), A, m), -1, dtype=np.int64)
         for k, cf in enumerate(confs):
@@ -214,7 +228,7 @@ class MultiServerSMDP:
                 for sym2, r in moved:
                     src.append(k)
                     dst.append(index[tuple(sorted(cf[:pos] + (sym2,) + cf[pos + 1:]))])
-                    rate.append(cnt * r)
+                    rate.append(cnt * r * speed[k])
             if cf[0] == 0:
                 rest = cf[1:]
                 for i in range(A):

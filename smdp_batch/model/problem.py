@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, WEIGHT_LIMIT, check_int, check_rate
+from .contention import Contention, parse_contention
 from .curves import Affine, Curve, PowerEnergy
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
@@ -111,6 +112,10 @@ class BatchingProblem:
         64; ρ and the stable rate then count all c.  The one-server solvers and evaluation refuse c > 1; the
         c-server SMDP (:func:`smdp_batch.solvers.multi_pi.solve_instances`) solves it, and the simulator runs any
         rule on c instances.
+    contention : how instances on one device slow each other down (:mod:`smdp_batch.model.contention`): a
+        :class:`~smdp_batch.model.contention.Contention` or its spec ``K:S[:E],…``; None (default) for
+        instances that do not interact.  It must cover every count up to ``instances``, and the stable rate
+        counts it: c·Bmax/(s_c·l(Bmax)).
     """
 
     lam: float
@@ -124,11 +129,12 @@ class BatchingProblem:
     w1: float = 1.0
     w2: float = 1.0
     instances: int = 1
+    contention: Contention | None = None
 
     if TYPE_CHECKING:  # what the constructor takes; __post_init__ turns it into the fields above
         def __init__(self, lam: float, batch_sizes: Iterable[int] | str = ..., latency: Curve | str | None = None,
                      energy: Curve | str = ..., service: ServiceLaw | str = ..., w1: float = 1.0,
-                     w2: float = 1.0, instances: int = 1) -> None: ...
+                     w2: float = 1.0, instances: int = 1, contention: Contention | str | None = None) -> None: ...
 
     def __post_init__(self):
         sizes = batch_size_set(sizes=self.batch_sizes)
@@ -142,6 +148,10 @@ class BatchingProblem:
         object.__setattr__(self, "w1", _finite_number("w1", self.w1, positive=True))
         object.__setattr__(self, "w2", _finite_number("w2", self.w2, nonneg=True))
         object.__setattr__(self, "instances", check_instances(self.instances))
+        cont = parse_contention(self.contention)
+        if cont is not None:
+            cont.check(self.instances)
+        object.__setattr__(self, "contention", cont)
         lam = _finite_number("λ (lam)", self.lam, positive=True)
         check_rate("λ (lam)", lam)
         object.__setattr__(self, "lam", lam)
@@ -163,9 +173,10 @@ class BatchingProblem:
         if bad:
             raise InputError(f"energy ζ(b) must be finite and ≥ 0 mJ; ζ({bad[0][0]}) = {bad[0][1]!r}")
         c = self.instances
-        max_lam = c * sizes[-1] / l[-1]
+        max_lam = self.max_lam
         if not lam < max_lam:
-            on = f"{c}·Bmax/l(Bmax) on {c} instances" if c > 1 else "Bmax/l(Bmax)"
+            slowed = "s_c·" if cont is not None and c > 1 else ""
+            on = f"{c}·Bmax/({slowed}l(Bmax)) on {c} instances" if c > 1 else "Bmax/l(Bmax)"
             raise InputError(
                 f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
                 f"the maximum stable λ is {on} = {max_lam:.6g} /ms (use ρ < 1)"
@@ -174,7 +185,8 @@ class BatchingProblem:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_rho(cls, rho: float, **kwargs) -> "BatchingProblem":
-        """Build from the normalised load ρ = λ·l(Bmax)/(c·Bmax) ∈ (0, 1) (c = ``instances``, default 1)."""
+        """Build from the normalised load ρ = λ·s_c·l(Bmax)/(c·Bmax) ∈ (0, 1) (c = ``instances``, default 1; s_c
+        the contention's latency factor at c busy, else 1)."""
         rho_v = _finite_number("ρ (rho)", rho)
         if not 0 < rho_v < 1:
             raise InputError(f"ρ must lie in (0, 1) for a stable queue, got {rho!r}")
@@ -183,7 +195,12 @@ class BatchingProblem:
         lmax = float(latency(np.float64(sizes[-1])))
         if not (math.isfinite(lmax) and lmax > 0):
             raise InputError(f"latency l(b) must be finite and > 0 ms; l({sizes[-1]}) = {lmax!r}")
-        return cls(lam=rho_v * check_instances(kwargs.get("instances", 1)) * sizes[-1] / lmax, **kwargs)
+        c = check_instances(kwargs.get("instances", 1))
+        cont = parse_contention(kwargs.get("contention"))
+        if cont is not None:
+            cont.check(c)
+            lmax *= float(cont.slow(c))
+        return cls(lam=rho_v * c * sizes[-1] / lmax, **kwargs)
 
     @classmethod
     def basic(cls, rho: float = 0.5, w2: float = 1.0, **kwargs) -> "BatchingProblem":
@@ -208,8 +225,11 @@ class BatchingProblem:
 
     @property
     def max_lam(self) -> float:
-        """Maximum stable arrival rate c·Bmax/l(Bmax) (requests/ms; c = ``instances``)."""
-        return self.instances * self.bmax / float(self.latency(np.float64(self.bmax)))
+        """Maximum stable arrival rate c·Bmax/(s_c·l(Bmax)) (requests/ms; c = ``instances``, s_c the contention's
+        latency factor at c busy, else 1)."""
+        c = self.instances
+        s = float(self.contention.slow(c)) if self.contention is not None else 1.0
+        return c * self.bmax / (s * float(self.latency(np.float64(self.bmax))))
 
     @property
     def rho(self) -> float:
@@ -233,7 +253,7 @@ class BatchingProblem:
         """A copy with some fields changed (validated again)."""
         fields: dict[str, Any] = dict(
             lam=self.lam, batch_sizes=self.batch_sizes, latency=self.latency, energy=self.energy,
-            service=self.service, w1=self.w1, w2=self.w2, instances=self.instances,
+            service=self.service, w1=self.w1, w2=self.w2, instances=self.instances, contention=self.contention,
         )
         fields.update(changes)
         return BatchingProblem(**fields)
@@ -250,6 +270,7 @@ class BatchingProblem:
             "w1": self.w1,
             "w2": self.w2,
             **({"instances": self.instances} if self.instances > 1 else {}),
+            **({"contention": self.contention.spec()} if self.contention is not None and self.instances > 1 else {}),
         }
 
     def single(self) -> "BatchingProblem":

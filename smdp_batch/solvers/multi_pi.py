@@ -125,16 +125,20 @@ class _System:
         self.cost_lump = p.w2 * self.zeta
         self.hold = (self.n + model.in_service[self.conf]) / p.lam  # W̄ rate per ms, before w1
         self.idle_w = model.idle_power_w * self.idle
+        self.run_w = model.energy_rate[self.conf]  # the contention's power beyond ζ(b) at each start (W)
+        cont = p.contention
+        self.s_c = float(cont.slow(p.instances)) if cont is not None else 1.0  # every instance busy: s_c, e_c
+        self.e_c = float(cont.energy_factor(p.instances)) if cont is not None else 1.0
         # an arrival lost at n = N costs the latency it would have had, over-estimated as twice the time to drain
         # N + c·Bmax requests at the full rate: losing requests must never pay (it would at no cost)
-        c, bmax, self.l_bmax = p.instances, p.bmax, float(p.latency_ms()[-1])
+        c, bmax, self.l_bmax = p.instances, p.bmax, float(p.latency_ms()[-1]) * self.s_c  # l(Bmax) at c busy
         self.loss_ms = 2.0 * (N + c * bmax) * self.l_bmax / (c * bmax)
         self.tail = tail
         # SuperLU's column ordering: minimum degree on A + Aᵀ keeps the fill least when each batch is one phase
         # or parallel branches, but it takes 10–40× longer than COLAMD (similar fill) once Erlang phases chain
         # (measured: c = 2, six sizes, Erlang-2, 26 299 states: 47 s against 1.1 s)
         self.permc = "COLAMD" if np.any(model.ph.moves) else "MMD_AT_PLUS_A"
-        self.cost_rate = p.w1 * self.hold + p.w2 * self.idle_w
+        self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
         if not tail:
             self.cost_rate = self.cost_rate + np.where(self.n == N, p.w1 * self.loss_ms, 0.0)
         self.arr = self.n < N
@@ -166,10 +170,12 @@ class _System:
         h(n) = a·n² + b(g)·n + … (the terms dropped die out geometrically in n): with drift d = c·Bmax/l(Bmax) − λ
         and variance rate σ² = λ + Bmax²·c·cv²/l(Bmax), a = κ₁/(2d) and b = (κ₀ + a·σ² − g)/d for a cost rate
         κ₁·n + κ₀.  An arrival at n = N goes to h(N) + a(2N + 1) + b: ``delta_w``, ``delta_p``, ``delta_t`` are that
-        step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for time (κ₀ = 1), without g."""
+        step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for time (κ₀ = 1), without g.
+        With contention every instance above N runs at level c: l(Bmax) and ζ(Bmax) become s_c·l(Bmax), e_c·ζ(Bmax)."""
         c, B = p.instances, p.bmax
-        lB, zB = self.l_bmax, float(self.zeta[-1])
-        cv2 = float(ph.moments()[1][-1]) / (lB * lB) - 1.0
+        lB, zB = self.l_bmax, float(self.zeta[-1]) * self.e_c  # at c busy: s_c·l(Bmax), e_c·ζ(Bmax)
+        m1, m2 = ph.moments()
+        cv2 = float(m2[-1]) / float(m1[-1]) ** 2 - 1.0
         self.d = c * B / lB - self.lam
         sigma2 = self.lam + B * B * c * cv2 / lB
         a_w = 1.0 / (2.0 * self.lam * self.d)
@@ -252,7 +258,7 @@ class _System:
         lam_in = self.lam * (1.0 - (0.0 if self.tail else bound))
         W = (float(t @ self.hold) + at_top * self.delta_w) * self.lam / lam_in
         idle_p = float(t @ self.idle_w)
-        P = float(starts @ self.zeta[i]) + idle_p + at_top * self.delta_p
+        P = float(starts @ self.zeta[i]) + idle_p + float(t @ self.run_w) + at_top * self.delta_p
         tb, tr, tn = (x * at_top * self.delta_t for x in self.tail_rates)
         rate = float(starts.sum()) + tn
         thr = float(starts @ self.sizes[i]) + tr
