@@ -55,8 +55,77 @@ def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, 
 
 
 @njit(cache=True)
+def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state):
+    """Contention: run the instances' batches from the clock (state[5]) to ``t`` (ms; ∞ finishes them all).
+
+    ``run[i]`` = (first request, size, executed size) of instance i's batch, size 0 when idle; ``rem[i]`` its
+    remaining work in ms of a batch run alone.  While k are busy each progresses at speed 1/slow[k] and accrues
+    (efac[k] − 1)·ζ/l mJ per ms of work beyond the ζ charged in full at its end (a batch run entirely at level
+    k: e_k·ζ on average).  A batch that ends writes its requests' response times and energy shares; state[6]
+    adds the busy instance-time."""
+    clock = state[5]
+    c = rem.size
+    n_groups = genergy.size
+    while True:
+        k = 0
+        first = -1
+        for i in range(c):
+            if run[i, 1] > 0:
+                k += 1
+                if first < 0 or rem[i] < rem[first]:
+                    first = i
+        if k == 0:
+            if t > clock and t < np.inf:
+                clock = t
+            break
+        s = slow[k]
+        w = max(rem[first], 0.0)
+        done = clock + w * s
+        ends = done <= t
+        if not ends:  # nothing ends before t: every batch runs on to t
+            w = (t - clock) / s
+            done = t
+        for i in range(c):
+            if run[i, 1] > 0:
+                rem[i] -= w
+                e = run[i, 2]
+                extra[i] += (efac[k] - 1.0) * en_of[e] / lat_of[e] * w
+        state[6] += (done - clock) * k
+        clock = done
+        if not ends:
+            break
+        head, size, e = run[first, 0], run[first, 1], run[first, 2]
+        share = (en_of[e] + extra[first]) / size
+        for j in range(head, head + size):
+            resp[j] = done - arr[j]
+            if j >= bounds[0]:
+                g = np.searchsorted(bounds, j, side="right") - 1
+                if g < n_groups:
+                    genergy[g] += share
+        run[first, 1] = 0
+        rem[first] = 0.0
+        extra[first] = 0.0
+    state[5] = clock
+
+
+@njit(cache=True)
+def _next_free(run, rem, slow, state):
+    """Contention: when an instance is next free (ms): now if one is idle, else the earliest end at the busy
+    speed."""
+    k = 0
+    w = np.inf
+    for i in range(rem.size):
+        if run[i, 1] > 0:
+            k += 1
+            w = min(w, max(rem[i], 0.0))
+    if k < rem.size:
+        return state[5]
+    return state[5] + w * slow[k]
+
+
+@njit(cache=True)
 def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
-            bounds, genergy, sizes_hist, qhist, state, stop, free):
+            bounds, genergy, sizes_hist, qhist, state, stop, free, cont, slow, efac, run, rem, extra):
     """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, the latest batch
     start, group; ``free`` = the time each of the c instances is free from).
 
@@ -66,6 +135,10 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     adds each request's energy share ζ(b)/b to its statistics group (groups start at ``bounds[g]``; requests
     before bounds[0] are warm-up).  Returns the number of batches served, or −1 if the rule waits forever
     (no more arrivals): the run is then complete.
+
+    ``cont``: the instances contend (:mod:`smdp_batch.model.contention`): a batch's end is not known when it
+    starts, so the running batches live in ``run``/``rem``/``extra`` and :func:`_advance` ends them (the caller
+    finishes the last with ``_advance(∞)``).
     """
     n_req = arr.size
     head = int(state[0])
@@ -79,7 +152,8 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
         for i in range(1, free.size):
             if free[i] < free[k]:
                 k = i
-        tau = max(free[k], last)  # the next batch is decided from then on
+        # the next batch is decided from then on
+        tau = max(_next_free(run, rem, slow, state) if cont else free[k], last)
         while nxt < n_req and arr[nxt] <= tau:
             nxt += 1
         n = nxt - head
@@ -207,8 +281,21 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             state[1] = nxt
             state[2] = tau
             return -1
-        free[k], grp = _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds,
-                              genergy, sizes_hist, qhist, grp)
+        if cont:
+            _advance(start, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state)
+            k = 0
+            while run[k, 1] > 0:
+                k += 1
+            s_exec = pad[size]
+            run[k, 0] = head
+            run[k, 1] = size
+            run[k, 2] = s_exec
+            rem[k] = _duration(s_exec, lat_of, det, pool_of, unit, ptr)
+            sizes_hist[s_exec] += 1
+            qhist[min(nxt - head, qhist.size - 1)] += 1
+        else:
+            free[k], grp = _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
+                                  bounds, genergy, sizes_hist, qhist, grp)
         last = start
         batches += 1
         head += size

@@ -38,7 +38,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
-from .sim_kernels import MODES, _context_kernel, _kernel, _replicas_kernel
+from .sim_kernels import MODES, _advance, _context_kernel, _kernel, _replicas_kernel
 
 
 @dataclass
@@ -193,6 +193,11 @@ def _instances(problem: BatchingProblem, rule) -> int:
             f"{rule.spec} on {c} instances is not simulated: c instances sharing one queue are simulated for "
             "tables, tables with a timer and Triton's (TF-Serving's) rule, and Ray Serve's replicas behind its "
             "router; TorchServe's workers and phase or λ-bank tables are not modelled on several instances yet")
+    if c > 1 and rule.mode == "ray" and problem.contention is not None:
+        raise InputError(
+            f"{rule.spec} on {c} replicas with contention is not simulated: contention is simulated for instances "
+            "sharing one queue (Triton's instance_group); Ray Serve's replicas each with their own queue run "
+            "without it (leave out the contention, or compare the shared-queue rules)")
     return c
 
 
@@ -236,8 +241,15 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     genergy = np.zeros(bounds.size - 1)
     sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
     qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
-    state = np.zeros(5)
+    state = np.zeros(7)  # head, next, latest start, group, phase pointer; contention: clock, busy instance-ms
     free = np.zeros(instances)  # when each instance is free (ms)
+    cont = problem.contention is not None and instances > 1
+    levels = np.arange(instances + 1)
+    slow = problem.contention.slow(levels) if cont else np.ones(instances + 1)
+    efac = problem.contention.energy_factor(levels) if cont else np.ones(instances + 1)
+    run = np.zeros((instances, 3), dtype=np.int64)  # contention: each instance's batch (first, size, executed)
+    rem = np.zeros(instances)
+    extra = np.zeros(instances)
     pad = rule.pad_map(smax_exec)
     chunk = 1_000_000
     ctx = rule.context(arr) if rule.mode == "context" else None
@@ -255,11 +267,13 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
         else:
             got = _kernel(arr, MODES[rule.mode], rule.table, rule.top, rule.maxb, rule.pref, rule.delay, pad, lat_of,
                           en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state,
-                          min(before + chunk, n_req), free)
+                          min(before + chunk, n_req), free, cont, slow, efac, run, rem, extra)
         if progress is not None:
             progress(int(state[0]) - before)
         if got < 0:
             break
+    if cont:  # the batches still running end
+        _advance(np.inf, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state)
     return resp, genergy, sizes_hist, qhist, state
 
 
@@ -296,14 +310,17 @@ def simulate(
     ``instance_group { count: c }``): the rule forms batches one after the other, each when an instance is
     free, and a batch runs on the instance free earliest; a Ray Serve rule runs on c replicas, each with its
     own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
-    figures are those of that table on c instances, not of a table optimal for c.
+    figures are those of that table on c instances, not of a table optimal for c.  With ``problem.contention``
+    the instances sharing the queue slow each other down: while k are busy each batch progresses at 1/s_k and
+    draws e_k·ζ(b)/(s_k·l(b)) W (:mod:`smdp_batch.model.contention`), so its end is known only as it runs.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a
     :class:`~smdp_batch.baselines.servers.ServerRule`.  ``within_ms``: latency bounds (ms) whose
     satisfaction share P(W ≤ bound) is reported (paper 004 Fig. 6(c)), with batch-means intervals.
     ``idle_power_w``: power (W) of an instance while it runs no batch, added to P̄ as idle_power_w × (c − the mean
-    busy instances), the busy ones from the batches run and their mean times l(b) (exact for fixed batch times;
+    busy instances), the busy ones from the batches run and their mean times l(b) (with contention: their
+    measured run times) (exact for fixed batch times;
     its own sampling noise is left out of the interval).
     """
     t0 = time.perf_counter()
@@ -376,7 +393,9 @@ def simulate(
     n_batches = int(sizes_hist.sum())
     idle = 0.0
     if idle_power_w:  # every batch run (from the first request on) over the time they were run in
-        busy = sum(c * float(problem.latency(np.float64(s))) for s, c in counts.items()) / (arr[last - 1] - arr[0] + gap)
+        run_ms = state[6] if problem.contention is not None and problem.instances > 1 else \
+            sum(c * float(problem.latency(np.float64(s))) for s, c in counts.items())
+        busy = run_ms / (arr[last - 1] - arr[0] + gap)
         idle = float(idle_power_w) * max(problem.instances - busy, 0.0)
     return SimulationResult(
         requests=n_req, measured=int(r.size),

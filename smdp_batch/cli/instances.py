@@ -10,6 +10,7 @@ import click
 
 from ..analysis.report import describe_policy
 from ..errors import InputError, NotConvergedWarning
+from ..model.contention import parse_contention
 from ..model.problem import BatchingProblem
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
 from .options import emit, scenario_line
@@ -22,6 +23,12 @@ def _row(name: str, e: MultiEvaluation) -> str:
 
 
 AUTO_MAX = 8  #: solve --instances auto tries 1..AUTO_MAX instances
+
+
+def auto_count(opts: dict) -> int:
+    """The most instances ``--instances auto`` tries: AUTO_MAX, or fewer where ``--contention`` covers fewer."""
+    cont = parse_contention(opts.get("contention"))
+    return AUTO_MAX if cont is None else min(AUTO_MAX, cont.levels)
 
 
 def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int) -> MultiEvaluation:
@@ -40,7 +47,7 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
     rows: list[dict] = []
     best: MultiSolution | None = None
     worse = 0
-    for c in range(1, AUTO_MAX + 1):
+    for c in range(1, problem.instances + 1):
         try:
             pc = problem.replace(instances=c)
         except InputError as e:  # the load is beyond c instances
@@ -62,7 +69,7 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
                 break
     if best is None:
         why = "; ".join(f"{r['instances']}: {r.get('why', 'not converged')}" for r in rows)
-        raise InputError(f"no instance count 1..{AUTO_MAX} could be solved at λ = {problem.lam:.6g} /ms: {why}")
+        raise InputError(f"no instance count 1..{problem.instances} could be solved at λ = {problem.lam:.6g} /ms: {why}")
     return rows, best
 
 
@@ -96,8 +103,10 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         from ..export.hdf5 import write_instances_policy
 
         write_instances_policy(sol, output, idle_power_w)
+    # c queues on one device still contend, which the one-instance model cannot price: no split row then
+    split_ok = problem.contention is None
     d = {**sol.to_dict(), "problem": problem.describe(), "idle_power_w": idle_power_w,
-         "split_evenly": split.to_dict(), "one_instance_table_shared": shared.to_dict(),
+         "split_evenly": split.to_dict() if split_ok else None, "one_instance_table_shared": shared.to_dict(),
          **({"output": output} if output else {})}
     lines = []
     if auto:
@@ -124,7 +133,10 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         "  exact metrics, all on the phase-type model:",
         _row("optimal (n, running)", o),
         _row("its table n ↦ b", t) + f"   (+{100 * (t.avg_cost / o.avg_cost - 1):.2g} %)",
-        *([_row(f"split over {c} queues", split), _row("1-instance table, shared", shared)] if c > 1 else []),
+        *([_row(f"split over {c} queues", split)] if c > 1 and split_ok else []),
+        *([_row("1-instance table, shared", shared)] if c > 1 else []),
+        *([f"  not priced  split over {c} queues: queues on one device still slow each other down, which the "
+           "one-instance model leaves out"] if c > 1 and not split_ok else []),
         f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
         "optimal policy also looks at what the running batches are doing",
         *([f"  written     {output} (its table n ↦ b for {c} instances: PolicyTable.load, simulate --policy FILE)"]
@@ -162,7 +174,7 @@ def compare_counts(problem: BatchingProblem, slo, lams: list[float], requests: i
     rows: list[dict] = []
     best: dict | None = None
     worse = 0
-    for c in range(1, AUTO_MAX + 1):
+    for c in range(1, problem.instances + 1):
         try:
             pc = problem.replace(instances=c)
             ans = optimise(pc, slo, lams, families=("table+timer",), requests=requests, seed=seed, arrivals=shape,
@@ -185,7 +197,7 @@ def compare_counts(problem: BatchingProblem, slo, lams: list[float], requests: i
                 break
     if best is None:
         why = "; ".join(f"{r['instances']}: {r['why']}" for r in rows)
-        raise InputError(f"no instance count 1..{AUTO_MAX} meets {slo.text()} at every load: {why}")
+        raise InputError(f"no instance count 1..{problem.instances} meets {slo.text()} at every load: {why}")
     chosen = best["problem"]
     for r in rows:
         r.pop("problem", None)

@@ -137,7 +137,8 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
               w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"),
-              instances=int(opts.get("instances") or v.get("instances") or 1))
+              instances=int(opts.get("instances") or v.get("instances") or 1),
+              contention=opts.get("contention") if opts.get("contention") is not None else v.get("contention"))
     if v.get("lam") is not None:
         return BatchingProblem(lam=number.parse_one(str(v["lam"]), "--lam"), **kw)
     return BatchingProblem.from_rho(number.parse_one(str(v["rho"]), "--rho"), **kw)
@@ -250,6 +251,7 @@ def file_inputs(pf, opts: dict | None = None, how: str = "give it again with --s
     base["latency"] = _stored_curve(pf, "latency", "latency_ms")
     base["energy"] = _stored_curve(pf, "energy", "energy_mj")
     base["instances"] = int(i.get("instances", 1))  # a c-server table: run on the count it was solved for
+    base["contention"] = i.get("contention") or None  # and with the contention it was solved with
     if _NAMES_A_FILE.search(i["service"]):
         if (opts or {}).get("service") is None:
             raise InputError(
@@ -367,9 +369,19 @@ def sizes_text(sizes) -> str:
     return ",".join(map(str, sizes))
 
 
+def contention_option(f):
+    """``--contention K:S[:E],…``: instances on one device slowing each other (model.contention)."""
+    return option("--contention", default=None, metavar="K:S[:E],…",
+                  help="With --instances > 1: instances on one device slow each other down. While K are busy each batch "
+                       "takes S× as long and E× the energy (default 1), for K = 2, 3, …: e.g. 2:1.4,3:1.9:0.95 (time "
+                       "one batch size with K concurrent callers against one).")(f)
+
+
 def scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:
     """Two lines describing the scenario; ``w2`` replaces the weight's value (e.g. "swept")."""
     per = f" per instance, {p.instances} instances sharing the queue" if p.instances > 1 else ""
+    if p.instances > 1 and p.contention is not None:
+        per += f"; contention {p.contention.describe()}"
     rate = rate or f"λ = {p.lam:.6g} /ms ({p.lam * 1e3:.6g} req/s, ρ = {p.rho:.4g}{per})"
     power = getattr(p.energy, "power", None)  # ζ(b) = P(b)·l(b) (--power)
     energy = f"ζ(b) = P(b)·l(b), P(b) = {power.spec()} W" if power is not None else f"ζ(b) = {p.energy.spec()} mJ"

@@ -9,7 +9,7 @@ import click
 
 from ..errors import InputError
 from ..runtime.schema import read_policy
-from .options import (UNITS, build_problem, emit, file_inputs, json_option, progress_line, refuse_swept, scenario_line,
+from .options import (UNITS, build_problem, contention_option, emit, file_inputs, json_option, progress_line, refuse_swept, scenario_line,
                       scenario_options)
 from .slo import (answer_lines, current_line, current_option, current_rule, load_range_options, loads_for, search_options,
                   slo_from, slo_options, smdp_rule)
@@ -60,6 +60,7 @@ def _stream_rate(spec: str, arr) -> float:
 @option("--idle-power", "idle_power", type=Number(min=0), default=None,
         show_default="0; a c-server table file: the idle power it was solved with",
         help="Power of an instance while it runs no batch, W: added to P̄.")
+@contention_option
 @option("--progress/--no-progress", default=None, show_default="on a terminal", help="Progress bar on stderr.")
 @json_option
 def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, warmup, batches, within_ms, idle_power,
@@ -104,6 +105,8 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
                                 f"λ = {problem.lam:.6g} /ms (times ×{rate / problem.lam:.6g})")
         rule = smdp_rule(policy_spec, problem) if policy_spec.strip().lower().startswith("smdp:") else \
             parse_rule(policy_spec, problem)
+    if opts.get("contention") is not None and problem.instances == 1:
+        raise InputError("--contention shapes several instances on one device: add --instances c > 1")
     kw = dict(requests=n, seed=sd, arrivals=arr, warmup=warmup, batches=batches,
               within_ms=() if within_ms is None else tuple(within_ms),
               idle_power_w=idle_default if idle_power is None else float(idle_power))
@@ -144,6 +147,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
              "--load-range): the count of least power among 1..8.")
 @option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
         help="Power of an instance while it runs no batch, W: added to every setting's P̄.")
+@contention_option
 @json_option
 def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, instances, idle_power,
                 **opts):
@@ -151,7 +155,7 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import optimise
     from .bursty import stream
-    from .instances import AUTO_MAX, compare_counts, count_lines
+    from .instances import auto_count, compare_counts, count_lines
 
     slo = slo_from(opts)
     refuse_swept(opts, ("w1", "w2"), "compare searches over the weights (the SMDP tables of the whole w2 front)")
@@ -163,7 +167,9 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     if auto and not single and load_range is None:
         raise InputError("--instances auto compares counts at the same total load: give it as --lam (requests/ms), "
                          "--rps or --load-range (req/s)")
-    problem = build_problem({**opts, "instances": AUTO_MAX if auto else instances})  # stable on the most tried
+    if instances == 1 and opts.get("contention") is not None:
+        raise InputError("--contention shapes several instances on one device: add --instances c > 1 (or auto)")
+    problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
     shape = None
     if arrivals.strip().lower() != "poisson" or time_unit is not None:

@@ -22,7 +22,7 @@ from ..solvers.evaluation import control_limit_of, evaluate_deployed
 from ..solvers.search import PROBABLE_MASS, limiting_actions, limiting_sizes
 from ..solvers.solution import check_backend
 from .options import (
-    ARGV, UNITS, apply_renames, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
+    ARGV, UNITS, apply_renames, contention_option, cost_line, deprecated_option, emit, file_inputs, build_problem, json_option,
     load_grids, metrics_line, note_energy, prepare_outputs, problems_over, scenario_files, scenario_line, scenario_options, sizes_text,
     progress_line, refuse_swept, solve_progress, spec_files, integrity_text,
     write_text_atomically,
@@ -62,6 +62,7 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
         help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
 @option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
         help="With --instances > 1: power of an idle instance, W.")
+@contention_option
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
@@ -81,11 +82,12 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         bad += [f"--instances {instances}"] if instances != 1 else []
         bad += ["--phases"] if phases is not None else []
         bad += ["--idle-power"] if idle_power else []
+        bad += ["--contention"] if opts.get("contention") is not None else []
         if bad:
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
         return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
-    if instances != 1 or phases is not None or idle_power:
+    if instances != 1 or phases is not None or idle_power or opts.get("contention") is not None:
         return _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max,
                                 solver, backend)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
@@ -137,7 +139,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
 def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,
                      backend) -> None:
     """solve --instances c (with --phases / --idle-power): the c-server SMDP (cli/instances.py)."""
-    from .instances import AUTO_MAX, solve_instances_cmd
+    from .instances import auto_count, solve_instances_cmd
 
     bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
     bad += ["-o"] if output is not None and instances == 1 else []
@@ -146,17 +148,18 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
     bad += [f"--s-max {s_max}"] if str(s_max).lower() != "auto" else []
     auto = instances == "auto"
     if instances == 1:
-        bad.append("--phases" if phases is not None else "--idle-power")
+        bad.append("--phases" if phases is not None else "--idle-power" if idle_power else "--contention")
     if bad:
         what = (f"--instances {instances}" if instances != 1 else
-                "--phases and --idle-power (they shape the model of several instances: add --instances c > 1)")
+                "--phases, --idle-power and --contention (they shape the model of several instances: add --instances "
+                "c > 1)")
         raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
                          "iteration with its own truncation (one table per solve)" if instances != 1 else
                          f"{what}; got {', '.join(bad)} with one instance")
     if auto and opts.get("lam") is None:
         raise InputError("--instances auto compares counts at the same total load: give it as --lam (requests/ms, "
                          "e.g. --lam 3.5 for 3 500 req/s), not --rho, which is per instance")
-    problem = build_problem({**opts, "instances": AUTO_MAX if auto else instances})  # stable on the most tried
+    problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
     solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto,
                         output=output)

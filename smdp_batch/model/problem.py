@@ -175,8 +175,8 @@ class BatchingProblem:
         c = self.instances
         max_lam = self.max_lam
         if not lam < max_lam:
-            slowed = "s_c·" if cont is not None and c > 1 else ""
-            on = f"{c}·Bmax/({slowed}l(Bmax)) on {c} instances" if c > 1 else "Bmax/l(Bmax)"
+            slowed = f"({cont.latency[c - 1]:g}·l(Bmax))" if cont is not None and c > 1 else "l(Bmax)"
+            on = f"{c}·Bmax/{slowed} on {c} instances" if c > 1 else "Bmax/l(Bmax)"
             raise InputError(
                 f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
                 f"the maximum stable λ is {on} = {max_lam:.6g} /ms (use ρ < 1)"

@@ -218,8 +218,8 @@ class _System:
         rhs[ds] = self.cost_lump[act[ds] - 1]
         return M, rhs
 
-    def improve(self, act: np.ndarray, h: np.ndarray, g: float) -> np.ndarray:
-        """One Bellman step: every state's best action, keeping the current one unless another beats it."""
+    def action_values(self, h: np.ndarray, g: float) -> np.ndarray:
+        """(S, A + 1): each state's value of waiting (column 0) and of starting each size, +∞ where infeasible."""
         S = self.model.n_states
         A = self.sizes.size
         vals = np.full((S, A + 1), np.inf)
@@ -234,6 +234,12 @@ class _System:
             ok = self.feasible[:, i + 1]
             ev = (self.alpha[i][None, :] * np.where(tgt >= 0, h[np.maximum(tgt, 0)], 0.0)).sum(axis=1)
             vals[:, i + 1] = np.where(ok, self.cost_lump[i] + ev, np.inf)
+        return vals
+
+    def improve(self, act: np.ndarray, h: np.ndarray, g: float) -> np.ndarray:
+        """One Bellman step: every state's best action, keeping the current one unless another beats it."""
+        S = self.model.n_states
+        vals = self.action_values(h, g)
         best = np.argmin(vals, axis=1)
         cur = vals[np.arange(S), act]
         keep = cur <= vals[np.arange(S), best] + 1e-12 * (1.0 + abs(g))
@@ -326,6 +332,53 @@ def _project(sysm: _System, act: np.ndarray) -> np.ndarray:
     return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
 
 
+#: Most evaluations :func:`_refine_table` spends improving the projected table.
+TABLE_ROUNDS = 8
+
+
+def _table_choice(sysm: _System, act_t: np.ndarray, h: np.ndarray, g: float) -> np.ndarray:
+    """The table's improvement step: at each n the action of least visit-weighted value Σ_s v(s)·Q(s, a) over the
+    states at n with an idle instance, v the visit rates under the current table (a table sees n only)."""
+    N, A = sysm.N, sysm.sizes.size
+    vals = sysm.action_values(h, g)
+    v = np.maximum(sysm._visits, 0.0)
+    ok = sysm.idle > 0
+    w = np.zeros((N + 1, A + 1))
+    bad = np.zeros((N + 1, A + 1), dtype=bool)
+    fin = np.isfinite(vals)
+    np.add.at(w, sysm.n[ok], np.where(fin[ok], vals[ok], 0.0) * v[ok][:, None])
+    np.logical_or.at(bad, sysm.n[ok], ~fin[ok])  # infeasible in some state at n: not a table's choice at n
+    w[bad] = np.inf
+    cur = np.where(act_t > 0, np.searchsorted(sysm.sizes, act_t) + 1, 0)
+    best = np.argmin(w, axis=1)
+    rows = np.arange(N + 1)
+    seen = np.zeros(N + 1)
+    np.add.at(seen, sysm.n[ok], v[ok])
+    keep = (w[rows, cur] <= w[rows, best] + 1e-12 * (1.0 + abs(g)) * np.maximum(seen, 1e-300)) | (seen <= 0)
+    keep[N] = True  # the truncation's row stays: the tail boundary serves Bmax above it
+    choice = np.where(keep, cur, best)
+    return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
+
+
+def _refine_table(sysm: _System, table: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, MultiEvaluation]:
+    """The best table found from ``table`` by up to :data:`TABLE_ROUNDS` improvement steps
+    (:func:`_table_choice`), each kept only if its exact cost is lower: the projection of the optimal policy
+    can lose to simpler tables where the instances' states matter (contention: starting beside a running batch
+    slows both).  Returns (table, g, h, evaluation)."""
+    g, h, ev = sysm.evaluate(table_policy(sysm, table))
+    best = (table, g, h, ev, sysm._visits)
+    for _ in range(TABLE_ROUNDS):
+        new = _table_choice(sysm, best[0], best[2], best[1])
+        if np.array_equal(new, best[0]):
+            break
+        g2, h2, ev2 = sysm.evaluate(table_policy(sysm, new))
+        if not ev2.model_cost < best[3].model_cost * (1 - 1e-12):
+            break
+        best = (new, g2, h2, ev2, sysm._visits)
+    sysm._visits = best[4]
+    return best[0], best[1], best[2], best[3]
+
+
 def n_start(problem: BatchingProblem) -> int:
     """The first queue truncation N of a solve: 2·c·Bmax (at least 16·c)."""
     return int(max(2 * problem.bmax, 16) * max(1, problem.instances))
@@ -352,7 +405,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     ph: PhaseType = phase_type(problem, phases)
     fixed = n_max is not None
     N = n_start(problem) if n_max is None else int(n_max)
-    act, n_old, total, why, prev, table, before = None, N, 0, "", None, None, None
+    act, n_old, total, why, prev, table, before, tev, h = None, N, 0, "", None, None, None, None, None
     while True:
         sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
         act = _initial(sysm) if act is None else _extend(act, n_old, sysm)
@@ -361,15 +414,17 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         if not ok:
             why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"
             break
-        before, table = table, _project(sysm, act)
+        before = table
+        table, _, h, tev = _refine_table(sysm, _project(sysm, act))
         if fixed or (prev is not None and abs(ev.model_cost - prev) <= tol * abs(ev.model_cost)):
             break
+        moved = math.inf if prev is None else abs(ev.model_cost - prev) / abs(ev.model_cost)
         prev, n_old, N = ev.model_cost, N, N + max(N // 2, problem.bmax)
         try:
             check_multi_size(problem, ph, N)
         except InputError as e:
-            why = (f"the average cost still moves by {abs(ev.model_cost - prev) / abs(ev.model_cost):.2g} at N = "
-                   f"{n_old}, and a longer truncation is refused ({e})")
+            why = (f"the average cost still moves by {moved:.2g} at N = {n_old} (tolerance {tol:.2g}), and a longer "
+                   f"truncation is refused ({e})")
             N = n_old
             break
     converged = not why
@@ -379,8 +434,8 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
             raise NotConvergedWarning(msg)
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
         before = None
-    table = _project(sysm, act)
-    _, h, tev = sysm.evaluate(table_policy(sysm, table))
+    if tev is None or table.size != N + 1:  # policy iteration stopped before this truncation's table
+        table, _, h, tev = _refine_table(sysm, _project(sysm, act))
     delta, upto = math.nan, -1
     if prev is not None and before is not None:
         delta = abs(ev.model_cost - prev) / abs(ev.model_cost)
