@@ -312,7 +312,7 @@ def simulate(
     own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
     figures are those of that table on c instances, not of a table optimal for c.  With ``problem.contention``
     the instances sharing the queue slow each other down: while k are busy each batch progresses at 1/s_k and
-    draws e_k·ζ(b)/(s_k·l(b)) W (:mod:`smdp_batch.model.contention`), so its end is known only as it runs.
+    draws e_k·ζ(b)/(s_k·l(b)) W (:mod:`smdp_batch.runtime.contention`), so its end is known only as it runs.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a

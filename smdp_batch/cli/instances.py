@@ -10,7 +10,7 @@ import click
 
 from ..analysis.report import describe_policy
 from ..errors import InputError, NotConvergedWarning
-from ..model.contention import parse_contention
+from ..runtime.contention import parse_contention
 from ..model.problem import BatchingProblem
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
 from .options import emit, scenario_line

@@ -64,6 +64,8 @@ def _write_inputs(f, p, idle_power_w: float = 0.0):
               "service": p.service.spec(), "latency": p.latency.spec(), "energy": p.energy.spec()}
     if p.instances > 1 or idle_power_w:  # a c-server table (absent: one instance, no idle power)
         inputs.update(instances=int(p.instances), idle_power_w=float(idle_power_w))
+        if p.contention is not None and p.instances > 1:  # absent: instances that do not slow each other
+            inputs["contention"] = p.contention.spec()
     g = f.create_group("inputs")
     g.attrs.update(inputs)
     _dataset(g, "batch_sizes", sizes)

@@ -11,7 +11,7 @@ phase-type time PH(α_b, T_b) with mean l(b) (ms) and costs ζ(b) (mJ) when it s
 ``idle_power_w`` (W).  The state is (n, the multiset of (size, phase) of the running batches): with A sizes and m
 phases, C(A·m + c, c) configurations of the c instances times the queue levels 0..N.
 
-**Contention** (``problem.contention``, :mod:`smdp_batch.model.contention`): while k instances are busy every
+**Contention** (``problem.contention``, :mod:`smdp_batch.runtime.contention`): while k instances are busy every
 phase rate is divided by s_k, and each running batch of b draws ζ(b)·(e_k − 1)/(s_k·l(b)) W beyond the ζ(b)
 charged at its start, so a batch run entirely beside k − 1 others takes s_k·l(b) on average and costs e_k·ζ(b).
 

@@ -13,8 +13,9 @@ Layout (DESIGN.md §4)::
     /policy          int32 (s_max+2,): batch size per queue length 0..s_max, then S_o;
                      for n > s_max serve policy[s_max] (paper 004 eq. 30, :func:`eq30`)
     /inputs          attrs: lam, rho, w1, w2, service, latency, energy (model specs: provenance text); a
-                     c-server table also instances (c; ρ is then per instance), idle_power_w, phases (these
-                     three in its digest) and batch_time_model (provenance text)
+                     c-server table also instances (c; ρ is then per instance), idle_power_w, phases, and
+                     contention (K:S[:E],… when its instances slow each other; ρ then counts s_c) (these in its
+                     digest) and batch_time_model (provenance text)
     /inputs/batch_sizes   int32;  /inputs/latency_ms, /inputs/energy_mj  float64 per batch size
     /truncation      attrs: s_max, s_max_auto, abstract_cost, delta, tol_delta
                      (files written before 0.2 say smax, smax_auto: read as s_max, s_max_auto);
@@ -61,6 +62,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError, PolicyFileError
+from .contention import parse_contention
 
 FORMAT = "smdp-batch-policy"
 BANK_FORMAT = "smdp-batch-policy-bank"
@@ -156,6 +158,8 @@ def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, in
     scalars += [str(inputs[k]) for k in ("service", "latency", "energy")] + [int(s_max)]
     if "instances" in inputs:  # a c-server table (files without it: one instance, the digest as before)
         scalars += [int(inputs["instances"]), float(inputs["idle_power_w"]), int(inputs.get("phases", 0))]
+        if inputs.get("contention"):  # files without it: no contention, the digest as before
+            scalars.append(str(inputs["contention"]))
     h.update(json.dumps(scalars, allow_nan=False).encode())
     return h.hexdigest()
 
@@ -380,12 +384,24 @@ def _load_inputs(w: _Where, g, s_max: int):
         phases = _attr(w, gi, "phases", "int", None, low=1, high=64)
         if phases is not None:
             inputs["phases"] = phases
+        spec = _attr(w, gi, "contention", "str", None)
+        if spec is not None:
+            try:
+                cont = parse_contention(spec)
+                if cont is None:
+                    raise InputError("names no contention")
+                cont.check(inputs["instances"])
+            except InputError as e:
+                w.fail(f"{gi.name}@contention", f"is not a contention for its instances: {e}")
+            inputs["contention"] = cont.spec()
     c = inputs.get("instances", 1)
     if not inputs["rho"] < 1:
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r}; expected ρ in (0, 1)")
-    rho = inputs["lam"] * float(lat[-1]) / (c * bmax)
+    slow = parse_contention(inputs["contention"]).latency[c - 1] if inputs.get("contention") else 1.0
+    rho = inputs["lam"] * float(lat[-1]) * slow / (c * bmax)
     if not math.isclose(rho, inputs["rho"], rel_tol=1e-6):
         per = "/(c·Bmax)" if c > 1 else "/Bmax"
+        per = f"·s_c{per}" if slow != 1.0 else per
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r} disagrees with λ·l(Bmax){per} = {rho!r}")
     inputs.update(batch_sizes=sizes, latency_ms=lat, energy_mj=en)
     return inputs, sizes, lat, en, bool(c1 and c2 and c3)

@@ -360,13 +360,28 @@ def _table_choice(sysm: _System, act_t: np.ndarray, h: np.ndarray, g: float) -> 
     return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
 
 
-def _refine_table(sysm: _System, table: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, MultiEvaluation]:
-    """The best table found from ``table`` by up to :data:`TABLE_ROUNDS` improvement steps
-    (:func:`_table_choice`), each kept only if its exact cost is lower: the projection of the optimal policy
-    can lose to simpler tables where the instances' states matter (contention: starting beside a running batch
-    slows both).  Returns (table, g, h, evaluation)."""
-    g, h, ev = sysm.evaluate(table_policy(sysm, table))
-    best = (table, g, h, ev, sysm._visits)
+def _idle_table(sysm: _System, act: np.ndarray) -> np.ndarray:
+    """The optimal policy's start at each n with every instance idle (configuration 0)."""
+    a = act[: sysm.N + 1]
+    return np.where(a > 0, sysm.sizes[np.maximum(a - 1, 0)], 0)
+
+
+def _refine_table(sysm: _System, act: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, MultiEvaluation]:
+    """The table n ↦ b servers follow, from the optimal policy ``act`` (whose evaluation left the visit rates).
+
+    A table sees n only, while the optimal policy also sees what the running batches are doing: where that
+    matters (contention: starting beside running batches slows them all) no projection of it need be good.  So
+    two candidates are priced exactly: the visit-weighted projection (:func:`_project`) and the optimal start
+    with every instance idle; the better one is then improved by up to :data:`TABLE_ROUNDS` visit-weighted steps
+    (:func:`_table_choice`), each kept only if its exact cost is lower.  Returns (table, g, h, evaluation)."""
+    best = None
+    for table in (_project(sysm, act), _idle_table(sysm, act)):
+        if best is not None and np.array_equal(table, best[0]):
+            continue
+        g, h, ev = sysm.evaluate(table_policy(sysm, table))
+        if best is None or ev.model_cost < best[3].model_cost:
+            best = (table, g, h, ev, sysm._visits)
+    assert best is not None
     for _ in range(TABLE_ROUNDS):
         new = _table_choice(sysm, best[0], best[2], best[1])
         if np.array_equal(new, best[0]):
@@ -415,7 +430,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
             why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"
             break
         before = table
-        table, _, h, tev = _refine_table(sysm, _project(sysm, act))
+        table, _, h, tev = _refine_table(sysm, act)
         if fixed or (prev is not None and abs(ev.model_cost - prev) <= tol * abs(ev.model_cost)):
             break
         moved = math.inf if prev is None else abs(ev.model_cost - prev) / abs(ev.model_cost)
@@ -435,7 +450,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
         before = None
     if tev is None or table.size != N + 1:  # policy iteration stopped before this truncation's table
-        table, _, h, tev = _refine_table(sysm, _project(sysm, act))
+        table, _, h, tev = _refine_table(sysm, act)
     delta, upto = math.nan, -1
     if prev is not None and before is not None:
         delta = abs(ev.model_cost - prev) / abs(ev.model_cost)
