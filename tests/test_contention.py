@@ -151,3 +151,23 @@ def test_a_file_carries_its_contention(tmp_path, capsys):
         f["inputs"].attrs["contention"] = "2:9"
     with pytest.raises(PolicyFileError, match="contention"):
         read_policy(bad)
+
+
+def test_compare_runs_contending_instances_and_names_the_contention_to_solve_with(capsys):
+    args = ["compare", "--instances", "2", "--contention", SPEC, "--slo-p99-ms", "30", "--rho", "0.5",
+            "--batch-sizes", "1,2,4", "--service", "exp", "--requests", "4000"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "not tried   ray: its replicas, each with its own queue, are not simulated with contention" in out
+    assert "ray              no setting" not in out
+    from types import SimpleNamespace
+
+    from smdp_batch.analysis.table_candidates import instances_tables
+    from smdp_batch.cli.slo import _deploy
+
+    p = _problem(2, SPEC, rho=0.5, sizes="1,2,4")
+    tables, why = instances_tables(p, p.lam, False)
+    assert tables and not why
+    for cand in tables:  # each c-server table's run-it line solves it with the contention it was solved with
+        line = _deploy(SimpleNamespace(knobs={**cand.knobs, "tau_ms": 5.0}, spec=cand.name), 2)
+        assert f"--instances 2 --contention {SPEC}" in line and "instances=2" in line

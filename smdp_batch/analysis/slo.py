@@ -396,6 +396,13 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
     return best
 
 
+def not_simulated(problem: BatchingProblem) -> set[str]:
+    """The rule families the simulator does not run on this problem's instances: TorchServe's workers on c > 1
+    (each with its own queue), and Ray Serve's replicas under contention."""
+    out = {"torchserve"} if problem.instances > 1 else set()
+    return out | ({"ray"} if problem.instances > 1 and problem.contention is not None else set())
+
+
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
              solve_lam: float | None = None, defaults: bool = True, progress=None, current=None,
@@ -423,7 +430,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     sizes = problem.batch_sizes
     B = problem.bmax
     cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO
-    fams = set(families) - ({"torchserve"} if problem.instances > 1 else set())  # its workers: not simulated on c
+    fams = set(families) - not_simulated(problem)
     unknown = fams - set(FAMILIES)
     if unknown:
         raise InputError(f"unknown family {sorted(unknown)[0]!r}; valid: {', '.join(FAMILIES)}")
@@ -501,7 +508,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         from ..baselines.servers import parse_rule
 
         for spec in DEFAULT_SETTINGS:
-            if problem.instances > 1 and spec.startswith("torchserve"):
+            if spec.partition(":")[0] in not_simulated(problem):
                 continue
             try:
                 text = spec.format(B=B) + ("" if full else (",allowed=" if spec.startswith("tf") else ",pad=")

@@ -142,6 +142,7 @@ def instances_tables(problem: BatchingProblem, solve_lam: float, label_lam: bool
                 + (f",phases={sol.phases}" if phases is not None else "") + (f",lam={solve_lam:.6g}" if label_lam else "")
             seen[key] = Candidate(np.asarray(sol.table, dtype=np.int64), name,
                                   {"w2": w2, "solve_lam": solve_lam, "instances": c, "phases": phases,
+                                   **({"contention": problem.contention.spec()} if problem.contention else {}),
                                    **({"batch_sizes": list(sizes)} if coarse else {}), "model": sol.phase_law})
         if i == len(w2s) and key != last and w2 * 4 <= W2_TOP:
             w2s.append(w2 * 4)  # the table still changes at the top: larger w2 may batch more

@@ -153,7 +153,7 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
                 **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
-    from ..analysis.slo import optimise
+    from ..analysis.slo import not_simulated, optimise
     from .bursty import stream
     from .instances import auto_count, compare_counts, count_lines
 
@@ -203,6 +203,8 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     if problem.instances > 1:
         lines.append("  not tried   torchserve: its workers, each with its own queue, are not simulated on several "
                      "instances")
+    if "ray" in not_simulated(problem):
+        lines.append("  not tried   ray: its replicas, each with its own queue, are not simulated with contention")
     if mine is not None:
         lines.append(current_line(ans))
     emit(d, as_json, "\n".join(lines))

@@ -217,6 +217,7 @@ def _deploy(rec, instances: int = 1) -> str:
         opts = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
         if k.get("instances"):  # the c-server table: solved for these instances (its λ is the total)
             opts = f" --instances {k['instances']}" + opts + (f" --phases {k['phases']}" if k.get("phases") else "")
+            opts += f" --contention {k['contention']}" if k.get("contention") else ""
         return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{opts} (and these scenario options) "
                 f"-o table.h5; "
                 f"DynamicBatcher(infer, PolicyTable.load(\"table.h5\"), max_wait_ms={wait}{short})")
