@@ -11,10 +11,15 @@ seeded Poisson stream (``--requests`` per load):
 * split: c queues, each with its own table + timer tuned at λ/c (the power of c of them);
 * Triton's default (max_queue_delay 0).
 
+``--contention K:S[:E],…`` runs the table on instances that slow each other down (every batch S× as long
+while K are busy; ρ then counts the slowdown at c busy).  The split row is then not priced (c queues on one
+device contend too, which a one-instance model leaves out), and Ray Serve's replicas are not simulated with it.
+
 ``--figure PATH`` also draws the least power (table + timer) against the total load for c = 1..4 at the SLO, with
 an idle power per instance (``--idle-w``, charged by the simulator for the time each instance runs no batch).
 
     python benchmarks/bench_instances_slo.py [--requests 200000] [--figure docs/images/instances_power.png]
+    python benchmarks/bench_instances_slo.py --contention 2:1.5,3:1.9,4:2.3
 """
 
 from __future__ import annotations
@@ -36,29 +41,38 @@ def _power(s) -> str:
     return "—" if s is None else f"{s.power_w:.2f}"
 
 
-def table(requests: int, slos: dict) -> None:
-    print(f"least power (W) meeting p99 ≤ SLO; basic l(b), ζ(b), det, sizes 1..32; {requests} requests per load, seed 0")
+def table(requests: int, slos: dict, contention: str | None = None) -> None:
+    print(f"least power (W) meeting p99 ≤ SLO; basic l(b), ζ(b), det, sizes 1..32; {requests} requests per load, seed 0"
+          + (f"; contention {contention}" if contention else ""))
     for c in (2, 4):
         for rho in (0.5, 0.8):
-            p = BatchingProblem.from_rho(rho, instances=c)
+            p = BatchingProblem.from_rho(rho, instances=c, contention=contention)
             slo = {"p99": slos[rho]}
             t0 = time.perf_counter()
             a = optimise(p, slo, requests=requests, seed=0)
-            half = p.replace(instances=1, lam=p.lam / c)
-            s = optimise(half, slo, families=("table+timer",), requests=requests, seed=0, defaults=False)
-            split = s.best["table+timer"]
+            split = None
+            if not contention:
+                half = p.replace(instances=1, lam=p.lam / c)
+                s = optimise(half, slo, families=("table+timer",), requests=requests, seed=0, defaults=False)
+                split = s.best["table+timer"]
             tt = a.best["table+timer"]
             print(f"\n  c = {c}, ρ {rho} per instance ({p.lam * 1e3:.0f} req/s), p99 ≤ {slos[rho]:g} ms "
                   f"({time.perf_counter() - t0:.0f} s)")
             for fam, name in ROWS:
+                if fam not in a.best:
+                    print(f"    {name:<32} {'not simulated with contention':>30}")
+                    continue
                 b = a.best.get(fam)
                 gap = "" if b is None or tt is None else f"{100 * (b.power_w / tt.power_w - 1):+6.2f} %"
                 spec = "" if b is None else b.spec
                 print(f"    {name:<32} {_power(b):>8} ± {0 if b is None else b.power_ci:.2f}  {gap:>9}   {spec}")
             sp = None if split is None else c * split.power_w
             gap = "" if sp is None or tt is None else f"{100 * (sp / tt.power_w - 1):+6.2f} %"
-            print(f"    {'split: ' + str(c) + ' queues, each tuned':<32} {'—' if sp is None else f'{sp:.2f}':>8}"
-                  f"          {gap:>9}   {'' if split is None else split.spec}")
+            if contention:
+                print(f"    {'split: ' + str(c) + ' queues, each tuned':<32} {'not priced (queues contend)':>30}")
+            else:
+                print(f"    {'split: ' + str(c) + ' queues, each tuned':<32} {'—' if sp is None else f'{sp:.2f}':>8}"
+                      f"          {gap:>9}   {'' if split is None else split.spec}")
             d = next((x for x in a.defaults if x.spec.startswith("triton:") and "delay_us=0" in x.spec), None)
             if d is not None:
                 dp = float(np.mean([x.power_w for x in d.loads]))
@@ -110,9 +124,10 @@ def main() -> None:
     ap.add_argument("--slo-ms", type=float, default=20.0, help="the figure's p99 SLO (ms)")
     ap.add_argument("--idle-w", type=float, default=20.0, help="the figure's idle power per instance (W)")
     ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--contention", default=None, help="K:S[:E],… for K = 2..4: instances that slow each other")
     a = ap.parse_args()
     if not a.no_table:
-        table(a.requests, {0.5: 10.0, 0.8: 20.0})
+        table(a.requests, {0.5: 10.0, 0.8: 20.0}, a.contention)
     if a.figure:
         figure(a.figure, a.requests, a.slo_ms, a.idle_w)
 

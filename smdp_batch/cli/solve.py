@@ -29,6 +29,7 @@ from .options import (
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
 from ..model.multi_server import PHASES_DEFAULT, PHASES_LIMIT
+from ..runtime.contention import parse_contention
 from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 
@@ -317,6 +318,9 @@ def show_cmd(path, as_json):
     many = [f"  instances   {c} sharing the queue (c-server SMDP, batch times as {i.get('batch_time_model', 'phase-type')}"
             f"{'; idle power ' + format(i['idle_power_w'], 'g') + ' W per instance' if i.get('idle_power_w') else ''}): "
             f"run it with DynamicBatcher(…, instances={c}) or simulate --policy FILE"] if c > 1 else []
+    if c > 1 and i.get("contention"):
+        many.append(f"  contention  {parse_contention(i['contention']).describe()} (solved with it: run it on such a "
+                    "device)")
     text = "\n".join(
         [
             f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",

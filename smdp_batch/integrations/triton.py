@@ -91,7 +91,9 @@ class ModelSpec:
 
     ``pad_to[b]`` is the size the model executes for a batch of b requests (TensorRT-style profiles: a batch
     of 3 runs as 4); by default every b runs as itself.  ``instances``: Triton's ``instance_group`` count (each
-    instance a stub process; the dynamic batcher's one queue feeds them all).
+    instance a stub process; the dynamic batcher's one queue feeds them all).  ``onnx_path``: an ONNX model each
+    instance runs on the CPU instead of sleeping (its input [N, D] float32; run the server at scale 1, and list
+    the sizes to warm in ``latency_ms``).
     """
 
     max_batch_size: int
@@ -100,6 +102,7 @@ class ModelSpec:
     latency_ms: dict = field(default_factory=dict)
     pad_to: dict = field(default_factory=dict)
     instances: int = 1
+    onnx_path: str = ""
 
 
 def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> str:
@@ -111,7 +114,7 @@ def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> st
              + f"  max_queue_delay_microseconds: {us}\n}}\n")
     params = {"latency_ms": json.dumps({str(k): float(v) for k, v in spec.latency_ms.items()}),
               "pad_to": json.dumps({str(k): int(v) for k, v in spec.pad_to.items()}),
-              "scale": repr(float(scale)), "batch_log": batch_log}
+              "scale": repr(float(scale)), "batch_log": batch_log, "onnx_path": str(spec.onnx_path)}
     return (
         f'name: "{name}"\nbackend: "python"\n' + block
         + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'

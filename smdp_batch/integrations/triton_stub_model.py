@@ -1,8 +1,9 @@
 """The stub model that Triton's Python backend runs (copied into the model repository as ``1/model.py``).
 
 Loaded by Triton's own ``triton_python_backend_stub`` process; smdp-batch never uses it in-process.  A batch
-of b requests (the list Triton's dynamic batcher hands to ``execute``) sleeps l(pad(b))·scale ms and books
-ζ(pad(b)); each request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One
+of b requests (the list Triton's dynamic batcher hands to ``execute``) sleeps l(pad(b))·scale ms, or, when the
+config names an ONNX model (``onnx_path``), runs it on pad(b) rows with ONNX Runtime on the CPU (one thread per
+instance: each instance is its own stub process, so instances contend for the cores as real ones do); each request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One
 line ``b,start,end`` per batch is appended to the log file named in the config's parameters.
 
 Outputs are built with ``Tensor.from_dlpack``: the Python backend stub shipped with PyTriton (Triton 2.51)
@@ -28,12 +29,31 @@ class TritonPythonModel:
         self.pad = {int(k): int(v) for k, v in json.loads(get("pad_to")).items()}
         self.scale = float(get("scale"))
         self.log = open(get("batch_log"), "a", buffering=1)
+        self.session = None
+        path = params.get("onnx_path", {}).get("string_value", "")
+        if path:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.inter_op_num_threads = 1
+            self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            inp = self.session.get_inputs()[0]
+            self.input_name, dim = inp.name, int(inp.shape[1])
+            rng = np.random.default_rng(0)
+            top = max([*self.pad.values(), *self.latency_ms.keys(), 1])
+            self.rows = rng.standard_normal((top, dim)).astype(np.float32)
+            for size in sorted(set(self.pad.values()) | set(self.latency_ms)):  # warm each executed size
+                self.session.run(None, {self.input_name: self.rows[:size]})
 
     def execute(self, requests):
         b = len(requests)
         size = self.pad.get(b, b)
         t0 = time.time()
-        time.sleep(self.latency_ms[size] * self.scale / 1000.0)
+        if self.session is not None:
+            self.session.run(None, {self.input_name: self.rows[:size]})
+        else:
+            time.sleep(self.latency_ms[size] * self.scale / 1000.0)
         t1 = time.time()
         self.log.write(f"{b},{size},{t0:.6f},{t1:.6f}\n")
         info = np.array([[b, t0, t1]], dtype=np.float64)
