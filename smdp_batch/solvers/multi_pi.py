@@ -449,7 +449,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
             raise NotConvergedWarning(msg)
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
         before = None
-    if tev is None or table.size != N + 1:  # policy iteration stopped before this truncation's table
+    if tev is None or table is None or h is None or table.size != N + 1:  # PI stopped before this truncation's table
         table, _, h, tev = _refine_table(sysm, act)
     delta, upto = math.nan, -1
     if prev is not None and before is not None:
