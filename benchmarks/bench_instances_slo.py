@@ -13,7 +13,7 @@ seeded Poisson stream (``--requests`` per load):
 
 ``--contention K:S[:E],…`` runs the table on instances that slow each other down (every batch S× as long
 while K are busy; ρ then counts the slowdown at c busy).  The split row is then not priced (c queues on one
-device contend too, which a one-instance model leaves out), and Ray Serve's replicas are not simulated with it.
+device contend too, which a one-instance model leaves out); Ray Serve's replicas contend like the instances.
 
 ``--figure PATH`` also draws the least power (table + timer) against the total load for c = 1..4 at the SLO, with
 an idle power per instance (``--idle-w``, charged by the simulator for the time each instance runs no batch).

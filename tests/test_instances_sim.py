@@ -279,7 +279,7 @@ def test_one_replica_behind_the_router_is_the_single_server_ray_rule(spec):
     """The replicas loop with c = 1 (every request to replica 0) gives, request by request, what the
     single-server loop gives for the same rule: the two implement @serve.batch's batches the same way."""
     from smdp_batch.analysis import simulate as sim
-    from smdp_batch.analysis.sim_kernels import _replicas_kernel
+    from smdp_batch.analysis.sim_replicas import _replicas_kernel
     from smdp_batch.baselines.servers import parse_rule
 
     p = BatchingProblem.basic(rho=0.6, service="exp")

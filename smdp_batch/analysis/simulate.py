@@ -38,7 +38,8 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
-from .sim_kernels import MODES, _advance, _context_kernel, _kernel, _replicas_kernel
+from .sim_kernels import MODES, _advance, _context_kernel, _kernel
+from .sim_replicas import _replicas_contention_kernel, _replicas_kernel
 
 
 @dataclass
@@ -193,11 +194,6 @@ def _instances(problem: BatchingProblem, rule) -> int:
             f"{rule.spec} on {c} instances is not simulated: c instances sharing one queue are simulated for "
             "tables, tables with a timer and Triton's (TF-Serving's) rule, and Ray Serve's replicas behind its "
             "router; TorchServe's workers and phase or λ-bank tables are not modelled on several instances yet")
-    if c > 1 and rule.mode == "ray" and problem.contention is not None:
-        raise InputError(
-            f"{rule.spec} on {c} replicas with contention is not simulated: contention is simulated for instances "
-            "sharing one queue (Triton's instance_group); Ray Serve's replicas each with their own queue run "
-            "without it (leave out the contention, or compare the shared-queue rules)")
     return c
 
 
@@ -253,7 +249,17 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     pad = rule.pad_map(smax_exec)
     chunk = 1_000_000
     ctx = rule.context(arr) if rule.mode == "context" else None
-    if rule.mode == "ray" and instances > 1:  # c replicas, each with its own queue, behind Ray's router
+    if rule.mode == "ray" and instances > 1 and cont:  # replicas on one device that slow each other
+        acc = np.zeros(1)
+        _replicas_contention_kernel(arr, rule.maxb, rule.delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
+                                    bounds, genergy, sizes_hist, qhist, _router_picks(rng, n_req, instances), instances,
+                                    slow, efac, acc)
+        state[0] = n_req
+        state[6] = acc[0]
+        cont = False  # every batch has ended
+        if progress is not None:
+            progress(n_req)
+    elif rule.mode == "ray" and instances > 1:  # c replicas, each with its own queue, behind Ray's router
         _replicas_kernel(arr, rule.maxb, rule.delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                          sizes_hist, qhist, _router_picks(rng, n_req, instances), instances)
         state[0] = n_req

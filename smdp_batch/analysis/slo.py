@@ -398,9 +398,8 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
 
 def not_simulated(problem: BatchingProblem) -> set[str]:
     """The rule families the simulator does not run on this problem's instances: TorchServe's workers on c > 1
-    (each with its own queue), and Ray Serve's replicas under contention."""
-    out = {"torchserve"} if problem.instances > 1 else set()
-    return out | ({"ray"} if problem.instances > 1 and problem.contention is not None else set())
+    (each with its own queue)."""
+    return {"torchserve"} if problem.instances > 1 else set()
 
 
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,

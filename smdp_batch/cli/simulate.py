@@ -200,11 +200,9 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
         lines.append(f"  idle power  {float(idle_power):g} W per instance while it runs no batch, in every P̄")
     lines += count_lines(counts, problem.instances) if auto else []
     lines += answer_lines(ans, problem.instances)
-    if problem.instances > 1:
+    if "torchserve" in not_simulated(problem):
         lines.append("  not tried   torchserve: its workers, each with its own queue, are not simulated on several "
                      "instances")
-    if "ray" in not_simulated(problem):
-        lines.append("  not tried   ray: its replicas, each with its own queue, are not simulated with contention")
     if mine is not None:
         lines.append(current_line(ans))
     emit(d, as_json, "\n".join(lines))
