@@ -109,7 +109,6 @@ def test_replicas_under_contention_match_an_independent_event_loop():
     """Ray Serve's replicas on one device, checked against a plain-Python event loop written here: each arrival
     goes to the replica of fewer ongoing requests among its two picks; a batch closes at its timeout or when full
     and runs when its replica is free; while k replicas run, every batch progresses at 1/s_k."""
-    import heapq
 
     from smdp_batch.analysis.simulate import _router_picks
 
