@@ -253,3 +253,10 @@ def test_compare_runs_contending_instances_and_names_the_contention_to_solve_wit
     for cand in tables:  # each c-server table's run-it line solves it with the contention it was solved with
         line = _deploy(SimpleNamespace(knobs={**cand.knobs, "tau_ms": 5.0}, spec=cand.name), 2)
         assert f"--instances 2 --contention {SPEC}" in line and "instances=2" in line
+
+
+def test_auto_tries_the_counts_the_contention_covers(capsys):
+    assert main(["solve", "--instances", "auto", "--lam", "1.5", "--contention", "2:1.3", "--batch-sizes", "1,2,4,8",
+                 "--service", "exp", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["instances"] for r in d["auto"]] == [1, 2]  # not 1..8: the factors stop at 2 busy

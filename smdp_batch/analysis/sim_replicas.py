@@ -133,7 +133,7 @@ def _replicas_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, p
 
 @njit(cache=True)
 def _rep_close(r, close, open_n, members, pad, lat_of, det, pool_of, unit, ptr, sizes_hist, qhist, flat, b_off,
-               b_size, b_exec, b_work, nxt_in_q, q_first, q_last, run_id, rem, nb, pos):
+               b_size, b_exec, b_work, nxt_in_q, q_first, q_last, q_req, run_id, rem, nb, pos):
     """Contention: close replica r's open batch at ``close`` (the clock): it runs now if r is idle, else it
     queues behind r's closed batches.  Returns (batches, requests) closed so far."""
     size = open_n[r]
@@ -145,21 +145,18 @@ def _rep_close(r, close, open_n, members, pad, lat_of, det, pool_of, unit, ptr, 
     b_exec[nb] = s_exec
     b_work[nb] = _duration(s_exec, lat_of, det, pool_of, unit, ptr)
     sizes_hist[s_exec] += 1
-    waiting = size
-    k = q_first[r]
-    while k >= 0:
-        waiting += b_size[k]
-        k = nxt_in_q[k]
-    qhist[min(waiting, qhist.size - 1)] += 1
+    qhist[min(size + q_req[r], qhist.size - 1)] += 1  # with the requests of r's closed batches not started
     if run_id[r] < 0:
         run_id[r] = nb
         rem[r] = b_work[nb]
     elif q_last[r] < 0:
         q_first[r] = nb
         q_last[r] = nb
+        q_req[r] += size
     else:
         nxt_in_q[q_last[r]] = nb
         q_last[r] = nb
+        q_req[r] += size
     open_n[r] = 0
     return nb + 1, pos + size
 
@@ -187,6 +184,7 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
     nxt_in_q = np.full(n_req, -1, dtype=np.int64)  # per replica, its closed batches not started: a linked list
     q_first = np.full(c, -1, dtype=np.int64)
     q_last = np.full(c, -1, dtype=np.int64)
+    q_req = np.zeros(c, dtype=np.int64)  # requests in those batches
     run_id = np.full(c, -1, dtype=np.int64)
     rem = np.zeros(c)
     extra = np.zeros(c)
@@ -248,10 +246,11 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
                         q_last[rc] = -1
                     run_id[rc] = q
                     rem[rc] = b_work[q]
+                    q_req[rc] -= b_size[q]
             elif rd >= 0:
                 nb, pos = _rep_close(rd, td, open_n, members, pad, lat_of, det, pool_of, unit, ptr, sizes_hist, qhist,
-                                     flat, b_off, b_size, b_exec, b_work, nxt_in_q, q_first, q_last, run_id, rem, nb,
-                                     pos)
+                                     flat, b_off, b_size, b_exec, b_work, nxt_in_q, q_first, q_last, q_req, run_id,
+                                     rem, nb, pos)
             else:
                 break
         if j == n_req:
@@ -268,6 +267,7 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
         open_n[r] += 1
         if open_n[r] == maxb:  # full: it closes now
             nb, pos = _rep_close(r, t, open_n, members, pad, lat_of, det, pool_of, unit, ptr, sizes_hist, qhist, flat,
-                                 b_off, b_size, b_exec, b_work, nxt_in_q, q_first, q_last, run_id, rem, nb, pos)
+                                 b_off, b_size, b_exec, b_work, nxt_in_q, q_first, q_last, q_req, run_id, rem, nb,
+                                 pos)
     acc[0] = busy_ms
     return nb
