@@ -317,7 +317,7 @@ def simulate(
     free, and a batch runs on the instance free earliest; a Ray Serve rule runs on c replicas, each with its
     own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
     figures are those of that table on c instances, not of a table optimal for c.  With ``problem.contention``
-    the instances sharing the queue slow each other down: while k are busy each batch progresses at 1/s_k and
+    the instances (or Ray's replicas) slow each other down: while k are busy each batch progresses at 1/s_k and
     draws e_k·ζ(b)/(s_k·l(b)) W (:mod:`smdp_batch.runtime.contention`), so its end is known only as it runs.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
@@ -325,9 +325,8 @@ def simulate(
     :class:`~smdp_batch.baselines.servers.ServerRule`.  ``within_ms``: latency bounds (ms) whose
     satisfaction share P(W ≤ bound) is reported (paper 004 Fig. 6(c)), with batch-means intervals.
     ``idle_power_w``: power (W) of an instance while it runs no batch, added to P̄ as idle_power_w × (c − the mean
-    busy instances), the busy ones from the batches run and their mean times l(b) (with contention: their
-    measured run times) (exact for fixed batch times;
-    its own sampling noise is left out of the interval).
+    busy instances), the busy ones from the batches run and their mean times l(b), exact for fixed batch times
+    (with contention, from the times the batches ran); its own sampling noise is left out of the interval.
     """
     t0 = time.perf_counter()
     if not (isinstance(idle_power_w, (int, float)) and not isinstance(idle_power_w, bool)
