@@ -87,7 +87,7 @@ def test_contention_of_one_is_the_plain_simulation_to_the_request():
 def test_the_simulated_table_matches_its_exact_evaluation_under_contention(c, spec):
     p = _problem(c, spec)
     sol = solve_instances(p, idle_power_w=4.0)
-    sim = simulate(p, np.asarray(sol.table), requests=400_000, seed=11, idle_power_w=4.0)
+    sim = simulate(p, np.asarray(sol.table), requests=250_000, seed=11, idle_power_w=4.0)
     ev = sol.table_eval
     assert abs(sim.mean_latency_ms - ev.mean_latency_ms) <= 3 * sim.mean_latency_ci
     assert abs(sim.mean_power_w - ev.mean_power_w) <= 3 * sim.mean_power_ci
@@ -238,7 +238,7 @@ def test_a_file_carries_its_contention(tmp_path, capsys):
 
 def test_compare_runs_contending_instances_and_names_the_contention_to_solve_with(capsys):
     args = ["compare", "--instances", "2", "--contention", SPEC, "--slo-p99-ms", "30", "--rho", "0.5",
-            "--batch-sizes", "1,2,4", "--service", "exp", "--requests", "4000"]
+            "--batch-sizes", "1,2,4", "--service", "exp", "--requests", "2000"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ray              ray:" in out  # Ray Serve's replicas are tuned under contention too

@@ -190,9 +190,9 @@ def test_policy_iteration_with_contention_equals_the_linear_program(service, c, 
     assert sol.optimal.model_cost == pytest.approx(_lp_optimum(p, N, phase_type(p)), rel=1e-9)
 
 
-@pytest.mark.parametrize("c,rho,service,sizes,longer", [(2, 0.9, "exp", "1,2,4", 8), (3, 0.7, "exp", "1,2", 6),
-                                                        (2, 0.8, "erlang:2", "1,2", 3)])
-@pytest.mark.parametrize("spec", [None, "2:1.5:0.8,3:2"])
+@pytest.mark.parametrize("c,rho,service,sizes,longer,spec", [
+    (2, 0.9, "exp", "1,2,4", 8, None), (3, 0.7, "exp", "1,2", 6, None), (2, 0.8, "erlang:2", "1,2", 3, None),
+    (3, 0.7, "exp", "1,2", 6, "2:1.5:0.8,3:2"), (2, 0.8, "erlang:2", "1,2", 3, "2:1.3")])
 def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer, spec):
     p = _problem(c, rho=rho, service=service, sizes=sizes, contention=spec)
     tail = solve_instances(p, tol=1e-10)
