@@ -260,3 +260,18 @@ def test_auto_tries_the_counts_the_contention_covers(capsys):
                  "--service", "exp", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["instances"] for r in d["auto"]] == [1, 2]  # not 1..8: the factors stop at 2 busy
+
+
+def test_export_tunes_on_contending_instances(tmp_path, capsys):
+    path = str(tmp_path / "one.h5")
+    assert main(["solve", "--rho", "0.5", "--batch-sizes", "1,2,4,8,16,32", "-o", path]) == 0
+    capsys.readouterr()
+    assert main(["export", path, "--to", "triton", "--contention", "2:1.5", "--slo-p99-ms", "40"]) == 2
+    assert "add --instances c > 1" in capsys.readouterr().err
+    args = ["export", path, "--to", "triton", "--slo-p99-ms", "40", "--requests", "5000", "--contention", "2:1.5"]
+    assert main([*args, "--instances", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "contention 2 busy ×1.5" in out and "count: 2" in out
+    assert main([*args, "--instances", "auto", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {r["instances"] for r in d["instances"]["counts"]} <= {1, 2}  # the factors stop at 2 busy

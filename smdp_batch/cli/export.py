@@ -17,7 +17,8 @@ from ..errors import InputError
 from ..export.configs import SLO_FAMILY, TARGETS
 from ..runtime.schema import read_policy
 from .options import (
-    build_problem, emit, file_inputs, json_option, prepare_outputs, scenario_line, write_text_atomically,
+    build_problem, contention_option, emit, file_inputs, json_option, prepare_outputs, scenario_line,
+    write_text_atomically,
 )
 from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
 from .types import InputFile, Instances, OneOf, OutputPath, check_extension, option
@@ -53,6 +54,7 @@ def _where(lams: list[float]) -> str:
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
+@contention_option
 @json_option
 def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, **kw):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost;
@@ -71,6 +73,9 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
             raise InputError(f"{path} is a table for {instances} instances sharing the queue: its export is the server "
                              f"rule tuned on them, so give the SLO to meet (--slo-p99-ms X …)")
     auto = instances == "auto"
+    contention = kw.get("contention")
+    if contention is not None and not auto and instances <= 1:
+        raise InputError("--contention shapes several instances on one device: add --instances c > 1 (or auto)")
     if auto and rho_range is not None:
         raise InputError("--instances auto takes the load in req/s (--load-range, or the table's λ): ρ per instance "
                          "changes with the count")
@@ -87,7 +92,8 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     if phases is None:
         pf = read_policy(path)
         # the scenario comes from the values stored in the file: no path recorded in it is read
-        problem = build_problem({"instances": 1 if auto else instances}, file_inputs(pf, how=how))
+        problem = build_problem({"instances": 1 if auto else instances, "contention": contention},
+                                file_inputs(pf, how=how))
     else:
         if auto or instances > 1:
             raise InputError(f"{path} is a phase table: its export is not simulated on several instances; use "
@@ -213,7 +219,8 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> 
 
     rows: list[dict] = []
     best = math.inf
-    for c in range(1, INSTANCES_AUTO_MAX + 1):
+    top = INSTANCES_AUTO_MAX if problem.contention is None else min(INSTANCES_AUTO_MAX, problem.contention.levels)
+    for c in range(1, top + 1):
         try:
             pc, lams = loads_for(problem.replace(instances=c), load_range, None)
             ans = optimise(pc, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False)
