@@ -275,3 +275,8 @@ def test_export_tunes_on_contending_instances(tmp_path, capsys):
     assert main([*args, "--instances", "auto", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert {r["instances"] for r in d["instances"]["counts"]} <= {1, 2}  # the factors stop at 2 busy
+
+
+def test_the_spec_keeps_every_digit():
+    c = parse_contention("2:1.23456789012,3:1.7777777777:0.987654321")
+    assert parse_contention(c.spec()) == c

@@ -92,13 +92,19 @@ class Contention:
         return np.asarray(self.energy)[np.maximum(np.asarray(k, dtype=np.int64), 1) - 1]
 
     def spec(self) -> str:
-        return ",".join(f"{k}:{s:g}" + (f":{e:g}" if e != 1.0 else "")
+        """``K:S[:E],…`` that parses back to these factors exactly (shortest round-trip digits)."""
+        return ",".join(f"{k}:{_exact(s)}" + (f":{_exact(e)}" if e != 1.0 else "")
                         for k, (s, e) in enumerate(zip(self.latency, self.energy), start=1) if k > 1)
 
     def describe(self) -> str:
         """Words for a user: the latency (and energy) factor per busy count."""
         return ", ".join(f"{k} busy ×{s:g}" + (f" time, ×{e:g} energy" if e != 1.0 else "")
                          for k, (s, e) in enumerate(zip(self.latency, self.energy), start=1) if k > 1)
+
+
+def _exact(x: float) -> str:
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def parse_contention(spec) -> Contention | None:
