@@ -3,8 +3,8 @@
 1. **Measure** the example MLP (``examples/onnx_mlp.py``, ONNX Runtime on the CPU, one thread per instance), made
    ``--depth`` hidden layers deep (default 24 of width 2 048: l(32) ≈ 0.1 s, so that the few hundred requests per
    second a 2-core machine can send over gRPC load it; the example's own 2 layers take 6 ms at b = 32, where
-   Triton's per-request time would dominate), at the sizes 1, 2, 4, 8, 16, 32: each size alone, then in two processes at once (what two instances on one machine
-   do).  l(b) is the affine fit of the times alone; the contention factor S₂ is the median over sizes of
+   Triton's per-request time would dominate), at the sizes 1, 2, 4, 8, 16, 32: each size alone, then in two
+   processes at once (what two instances on one machine do).  l(b) is the affine fit of the times alone; the contention factor S₂ is the median over sizes of
    (time beside another) / (time alone).
 2. **Run** Triton with ``instance_group { count: 2 }``: its dynamic batcher's one queue feeds two Python-backend
    instances, each running the ONNX model on the batch (``ModelSpec.onnx_path``, real time: scale 1).  Two loads

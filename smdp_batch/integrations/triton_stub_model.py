@@ -3,8 +3,9 @@
 Loaded by Triton's own ``triton_python_backend_stub`` process; smdp-batch never uses it in-process.  A batch
 of b requests (the list Triton's dynamic batcher hands to ``execute``) sleeps l(pad(b))·scale ms, or, when the
 config names an ONNX model (``onnx_path``), runs it on pad(b) rows with ONNX Runtime on the CPU (one thread per
-instance: each instance is its own stub process, so instances contend for the cores as real ones do); each request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One
-line ``b,start,end`` per batch is appended to the log file named in the config's parameters.
+instance: each instance is its own stub process, so instances contend for the cores as real ones do); each
+request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One line ``b,start,end`` per batch
+is appended to the log file named in the config's parameters.
 
 Outputs are built with ``Tensor.from_dlpack``: the Python backend stub shipped with PyTriton (Triton 2.51)
 is compiled against numpy 1.x, and ``pb_utils.Tensor(name, ndarray)`` under numpy 2 sends empty tensors
