@@ -24,6 +24,14 @@ def _problem(c, rho=0.6, service="exp", sizes="1,2,3", **kw):
     return BatchingProblem.from_rho(rho, service=service, batch_sizes=sizes, instances=c, **kw)
 
 
+def _factors(p: BatchingProblem):
+    """The contention's s_k and e_k as functions of the busy count k (1 without contention)."""
+    c = p.contention
+    if c is None:
+        return (lambda k: 1.0), (lambda k: 1.0)
+    return (lambda k: c.latency[max(k, 1) - 1]), (lambda k: c.energy[max(k, 1) - 1])
+
+
 def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) -> dict:
     """Exact W̄, P̄ and mean batch of ``table`` on c instances with exponential batch times: a dense generator
     over (n, sorted sizes in service) after every start the table makes, written from the model's definition."""
@@ -32,8 +40,7 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     l = dict(zip(sizes, p.latency_ms()))
     z = dict(zip(sizes, p.energy_mj()))
     cont = p.contention
-    s_k = (lambda k: 1.0) if cont is None else (lambda k: cont.latency[max(k, 1) - 1])
-    e_k = (lambda k: 1.0) if cont is None else (lambda k: cont.energy[max(k, 1) - 1])
+    s_k, e_k = _factors(p)
 
     def settle(n, busy):  # start table[n] while an instance is idle (at n = N the largest size)
         started = []
@@ -121,8 +128,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
     l = p.latency_ms()
     bmax = sizes[-1]
     cont = p.contention
-    s_k = (lambda k: 1.0) if cont is None else (lambda k: cont.latency[max(k, 1) - 1])
-    e_k = (lambda k: 1.0) if cont is None else (lambda k: cont.energy[max(k, 1) - 1])
+    s_k, e_k = _factors(p)
     loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) * s_k(c) / (c * bmax)
     syms = [(i, j) for i in range(len(sizes)) for j in range(m)]
     confs = [cf for k in range(c + 1) for cf in itertools.combinations_with_replacement(syms, k)]

@@ -54,6 +54,17 @@ def _serve(arr, head, nxt, size, start, pad, lat_of, en_of, det, pool_of, unit, 
     return done, grp
 
 
+@njit(cache=True, inline="always")
+def _book(i, done, share, arr, resp, bounds, genergy):
+    """Request i, ended at ``done`` (ms): its response time, and its energy share to its statistics group (none
+    before bounds[0], the warm-up).  For batches whose requests are not consecutive or end out of order."""
+    resp[i] = done - arr[i]
+    if i >= bounds[0]:
+        g = np.searchsorted(bounds, i, side="right") - 1
+        if g < genergy.size:
+            genergy[g] += share
+
+
 @njit(cache=True)
 def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state):
     """Contention: run the instances' batches from the clock (state[5]) to ``t`` (ms; ∞ finishes them all).
@@ -65,7 +76,6 @@ def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, g
     adds the busy instance-time."""
     clock = state[5]
     c = rem.size
-    n_groups = genergy.size
     while True:
         k = 0
         first = -1
@@ -97,11 +107,7 @@ def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, g
         head, size, e = run[first, 0], run[first, 1], run[first, 2]
         share = (en_of[e] + extra[first]) / size
         for j in range(head, head + size):
-            resp[j] = done - arr[j]
-            if j >= bounds[0]:
-                g = np.searchsorted(bounds, j, side="right") - 1
-                if g < n_groups:
-                    genergy[g] += share
+            _book(j, done, share, arr, resp, bounds, genergy)
         run[first, 1] = 0
         rem[first] = 0.0
         extra[first] = 0.0

@@ -15,7 +15,25 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
-from .sim_kernels import _duration
+from .sim_kernels import _book, _duration
+
+
+@njit(cache=True, inline="always")
+def _route(j, t, pick, assigned, completed, open_n, open_t, members):
+    """Request j, arriving at t (ms), goes to the replica of fewer ongoing requests (assigned, not completed)
+    among its two picks (a tie: the first), as Ray's ``PowerOfTwoChoicesRequestRouter`` does, and joins that
+    replica's open batch (opening it at t).  Returns the replica."""
+    a = pick[j, 0]
+    b = pick[j, 1]
+    r = a
+    if assigned[b] - completed[b] < assigned[a] - completed[a]:
+        r = b
+    assigned[r] += 1
+    if open_n[r] == 0:
+        open_t[r] = t
+    members[r, open_n[r]] = j
+    open_n[r] += 1
+    return r
 
 
 @njit(cache=True)
@@ -28,14 +46,8 @@ def _close_batch(r, close, open_n, members, last_done, q_done, q_size, q_start, 
     done = start + _duration(s_exec, lat_of, det, pool_of, unit, ptr)
     last_done[r] = done
     share = en_of[s_exec] / size
-    n_groups = genergy.size
     for m in range(size):
-        i = members[r, m]
-        resp[i] = done - arr[i]
-        if i >= bounds[0]:
-            g = np.searchsorted(bounds, i, side="right") - 1
-            if g < n_groups:
-                genergy[g] += share
+        _book(members[r, m], done, share, arr, resp, bounds, genergy)
     sizes_hist[s_exec] += 1
     waiting = size
     for k in range(q_head[r], q_tail[r]):
@@ -112,16 +124,7 @@ def _replicas_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, p
                 q_head[r] += 1
         if j == n_req:
             break
-        a = pick[j, 0]
-        b = pick[j, 1]
-        r = a
-        if assigned[b] - completed[b] < assigned[a] - completed[a]:
-            r = b
-        assigned[r] += 1
-        if open_n[r] == 0:
-            open_t[r] = t
-        members[r, open_n[r]] = j
-        open_n[r] += 1
+        r = _route(j, t, pick, assigned, completed, open_n, open_t, members)
         if open_n[r] == maxb:  # full: it closes now
             if q_tail[r] == q_done.shape[1]:
                 q_done, q_size, q_start = _room(q_done, q_size, q_start, q_head, q_tail)
@@ -170,7 +173,6 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
     its replica starting the next) are taken in time order.  acc[0] gets the busy replica-ms.  Returns the
     number of batches."""
     n_req = arr.size
-    n_groups = genergy.size
     open_t = np.zeros(c)
     open_n = np.zeros(c, dtype=np.int64)
     members = np.empty((c, maxb), dtype=np.int64)
@@ -229,12 +231,7 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
                 size = b_size[kid]
                 share = (en_of[b_exec[kid]] + extra[rc]) / size
                 for m in range(b_off[kid], b_off[kid] + size):
-                    i = flat[m]
-                    resp[i] = tc - arr[i]
-                    if i >= bounds[0]:
-                        g = np.searchsorted(bounds, i, side="right") - 1
-                        if g < n_groups:
-                            genergy[g] += share
+                    _book(flat[m], tc, share, arr, resp, bounds, genergy)
                 completed[rc] += size
                 run_id[rc] = -1
                 rem[rc] = 0.0
@@ -255,16 +252,7 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
                 break
         if j == n_req:
             break
-        a = pick[j, 0]
-        b = pick[j, 1]
-        r = a
-        if assigned[b] - completed[b] < assigned[a] - completed[a]:
-            r = b
-        assigned[r] += 1
-        if open_n[r] == 0:
-            open_t[r] = t
-        members[r, open_n[r]] = j
-        open_n[r] += 1
+        r = _route(j, t, pick, assigned, completed, open_n, open_t, members)
         if open_n[r] == maxb:  # full: it closes now
             nb, pos = _rep_close(r, t, open_n, members, pad, lat_of, det, pool_of, unit, ptr, sizes_hist, qhist, flat,
                                  b_off, b_size, b_exec, b_work, nxt_in_q, q_first, q_last, q_req, run_id, rem, nb,

@@ -375,6 +375,7 @@ def _load_inputs(w: _Where, g, s_max: int):
         "latency": _attr(w, gi, "latency", "str"),
         "energy": _attr(w, gi, "energy", "str"),
     }
+    cont = None
     if "instances" in gi.attrs:  # a c-server table: solved for that many instances sharing the queue
         inputs["instances"] = _attr(w, gi, "instances", "int", low=1, high=MAX_INSTANCES)
         inputs["idle_power_w"] = _attr(w, gi, "idle_power_w", "float", low=0)
@@ -397,7 +398,6 @@ def _load_inputs(w: _Where, g, s_max: int):
     c = inputs.get("instances", 1)
     if not inputs["rho"] < 1:
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r}; expected ρ in (0, 1)")
-    cont = parse_contention(inputs.get("contention"))
     slow = cont.latency[c - 1] if cont is not None else 1.0
     rho = inputs["lam"] * float(lat[-1]) * slow / (c * bmax)
     if not math.isclose(rho, inputs["rho"], rel_tol=1e-6):

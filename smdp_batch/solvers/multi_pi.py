@@ -372,10 +372,10 @@ def _idle_table(sysm: _System, act: np.ndarray) -> np.ndarray:
     return np.where(a > 0, sysm.sizes[np.maximum(a - 1, 0)], 0)
 
 
-def _refine_table(sysm: _System, act: np.ndarray, optimum: float) -> tuple[np.ndarray, float, np.ndarray,
-                                                                          MultiEvaluation]:
-    """The table n ↦ b servers follow, from the optimal policy ``act`` of cost ``optimum`` (whose evaluation
-    left the visit rates).
+def _refine_table(sysm: _System, table: np.ndarray, act: np.ndarray,
+                  optimum: float) -> tuple[np.ndarray, float, np.ndarray, MultiEvaluation]:
+    """The table n ↦ b servers follow, from the optimal policy ``act`` of cost ``optimum`` and its projection
+    ``table`` (:func:`_project`, taken while the visit rates were the optimal policy's).
 
     A table sees n only, while the optimal policy also sees what the running batches are doing: where that
     matters (contention: starting beside running batches slows them all) no projection of it need be good.  The
@@ -385,7 +385,6 @@ def _refine_table(sysm: _System, act: np.ndarray, optimum: float) -> tuple[np.nd
     visit-weighted steps (:func:`_table_choice`), each kept only if its exact cost is lower.  Returns (table, g,
     h, evaluation)."""
     close = optimum + TABLE_CLOSE * abs(optimum)
-    table = _project(sysm, act)
     g, h, ev = sysm.evaluate(table_policy(sysm, table))
     best = (table, g, h, ev, sysm._visits)
     idle = _idle_table(sysm, act)
@@ -462,9 +461,10 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
         before = None
     projected = _project(sysm, act)
-    table, _, h, tev = _refine_table(sysm, act, ev.model_cost)
+    table, _, h, tev = _refine_table(sysm, projected, act, ev.model_cost)
     if before is not None and last is not None and not np.array_equal(table, projected):
-        before = _refine_table(*last)[0]  # the tables compared across truncations are the ones servers follow
+        s, a, o = last  # the tables compared across truncations are the ones servers follow
+        before = _refine_table(s, _project(s, a), a, o)[0]
     delta, upto = math.nan, -1
     if prev is not None and before is not None:
         delta = abs(ev.model_cost - prev) / abs(ev.model_cost)
