@@ -10,7 +10,7 @@ and sits in a 50 ms polling loop, so it acts at once:
 
 1. it forwards the signal to the child, whose handler (:func:`smdp_batch.cli.main`) unwinds every
    ``finally``, removes the temporary files of its outputs (:mod:`smdp_batch.files`) and exits 130 / 143
-   with its one line;
+   with its one line, skipping the interpreter's teardown (whose finalizers could print after it);
 2. if the child is still running :data:`GRACE_S` seconds later (stuck in a compiled call), the parent
    kills it and its descendants, removes the temporary files and folders the child recorded in its
    journal (a pipe: :func:`smdp_batch.files.journal`), prints the line and exits 130 / 143 itself.
@@ -73,7 +73,29 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
         except (OSError, ValueError):
             pass
     _mark_done(journal_fd, code)
+    if code in (128 + int(signal.SIGINT), 128 + int(signal.SIGTERM)):
+        _leave_now(code)
     return code
+
+
+def _leave_now(code: int) -> None:
+    """End an interrupted child without the interpreter's teardown: a signal that landed inside a half-built
+    extension object (LLVM compiling a numba kernel) leaves finalizers that print "Exception ignored …" at
+    teardown, after the command's last line.  The exit handlers still run (a runtime's background solver
+    process is stopped by one), then the process leaves with ``code``."""
+    import atexit
+
+    sys.unraisablehook = lambda info: None  # after the command's last line nothing more is news
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # an exit handler interrupted or failing must not change the outcome
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _mark_done(journal_fd: int, code) -> None:

@@ -221,3 +221,29 @@ def test_a_signal_that_a_c_extension_replaced_still_ends_as_the_signal(monkeypat
     assert cli._signalled(ImportError("x")) == 143  # until the next run clears it
     cli._RECEIVED.clear()
     assert cli._signalled(ImportError("x")) is None
+
+
+LATE = textwrap.dedent("""
+    import sys, types
+
+    class Late:  # an object whose finalizer prints at teardown, as llvmlite's half-built engine does
+        def __del__(self):
+            sys.stderr.write("Exception ignored in: late finalizer\\n")
+
+    def interrupted(argv=None):
+        sys.modules["late"] = types.SimpleNamespace(obj=Late())  # in the command's process only
+        raise KeyboardInterrupt
+
+    sys.modules["smdp_batch.cli"] = types.SimpleNamespace(main=interrupted)
+    from smdp_batch.console import main
+    sys.exit(main(["solve"]))
+""")
+
+
+def test_nothing_is_printed_after_the_interrupt_line(tmp_path):
+    """An interrupted command leaves without the interpreter's teardown, so a finalizer left half-built by the
+    signal (seen once: LLVM compiling a kernel at SIGINT) cannot print after ``smdp-batch: interrupted``."""
+    proc = subprocess.run([sys.executable, "-c", LATE], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130
+    assert proc.stderr.strip().splitlines() == ["smdp-batch: interrupted"], proc.stderr
