@@ -127,15 +127,18 @@ def test_slo_exports_meet_the_slo_on_the_real_servers_across_the_load_range():
 
     p = BatchingProblem.basic(rho=0.6)
     lams = load_grid(p, p.lam / 3, p.lam)
-    for attempt in range(2):  # one retry on fresh streams, as above: a full-suite run once stretched Triton's p99
-        rows = check_exports(p, 20.0, lams, requests=300, seed=1 + 10 * attempt)
+    def off(r):  # P̄ is measured from the server's batch times: a loaded machine stretches a few of them
+        return abs(r["mean_power_w"] / r["mean_power_model_w"] - 1) >= 0.05
+
+    for attempt in range(2):  # one retry on fresh streams, as above: full-suite runs once stretched Triton's p99
+        rows = check_exports(p, 20.0, lams, requests=300, seed=1 + 10 * attempt)  # and once Ray's P̄ (5.3 %)
         assert len(rows) == 6 and all(r["setting"] for r in rows)
         for r in rows:
             assert r["errors"] == 0 and r["answered"] == r["requests"], r
-            assert abs(r["mean_power_w"] / r["mean_power_model_w"] - 1) < 0.05, r
-        if all(r["meets_slo"] for r in rows):
+        if all(r["meets_slo"] and not off(r) for r in rows):
             break
     assert [(r["target"], round(r["p99_ms"], 2)) for r in rows if not r["meets_slo"]] == []
+    assert [(r["target"], r["mean_power_w"], r["mean_power_model_w"]) for r in rows if off(r)] == []
     for target in ("triton", "ray"):
         measured = [r["mean_power_w"] for r in rows if r["target"] == target]
         assert measured == sorted(measured)  # more load, more power: as simulated
