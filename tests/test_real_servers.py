@@ -169,3 +169,30 @@ def test_triton_with_two_instances_follows_the_simulator_on_two_instances():
                 break
             misses.append(c)
     assert len(misses) < 2, misses
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_triton_stub_runs_an_onnx_model_on_each_of_two_instances(tmp_path):
+    """ModelSpec.onnx_path: each instance runs the ONNX model on pad(b) rows instead of sleeping l(b).  The listed
+    l(b) are 2 s, so a batch that slept would take 2 s; the example MLP runs in milliseconds."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from examples import onnx_mlp
+    from smdp_batch.integrations.triton import ModelSpec, TritonServer, run_load
+
+    path = tmp_path / "mlp.onnx"
+    onnx_mlp.build_model(str(path))
+    sizes = (1, 2, 4, 8)
+    spec = ModelSpec(8, 3000.0, (), {b: 2000.0 for b in sizes}, pad_to={3: 4, 5: 8, 6: 8, 7: 8}, instances=2,
+                     onnx_path=str(path))
+    arrivals = np.cumsum(np.random.default_rng(SEED).exponential(2.0, 80))  # ms, at scale 1
+    with TritonServer({"mlp": spec}, 1.0) as srv:
+        run = run_load(srv, "mlp", arrivals)
+    assert run.errors == 0 and np.isfinite(run.latency_ms).all()
+    assert sum(b for b, _ in run.batches.values()) == arrivals.size  # every request in exactly one batch
+    assert {s for _, s in run.batches.values()} <= set(sizes)  # executed at its padded size
+    took = [t1 - t0 for t0, t1 in run.batch_times.values()]
+    assert 0 < max(took) < 500.0, took  # ONNX Runtime ran each batch: none slept its listed 2 s
+    assert len(run.batches) < arrivals.size  # the dynamic batcher did form batches (a 3 ms delay)
