@@ -42,10 +42,13 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     cont = p.contention
     s_k, e_k = _factors(p)
 
-    def settle(n, busy):  # start table[n] while an instance is idle (at n = N the largest size)
+    t = np.asarray(table)
+
+    def settle(n, busy):  # start table[n] (busy-aware: table[k, n], k busy) while an instance is idle (at N: the largest)
         started = []
         while len(busy) < c and n > 0:
-            b = int(table[min(n, len(table) - 1)])
+            row = t[len(busy)] if t.ndim == 2 else t
+            b = int(row[min(n, row.size - 1)])
             if b == 0 and n == N:
                 b = max(s for s in sizes if s <= n)
             if b == 0:
@@ -92,10 +95,16 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
 
 @pytest.mark.parametrize("c,table,spec", [
     (2, [0, 0, 2, 3], None), (3, [0, 1, 0, 3, 3, 0, 3], None), (2, [0, 1, 2, 3], None),
-    (2, [0, 0, 2, 3], "2:1.6:0.8"), (3, [0, 1, 0, 3, 3, 0, 3], "2:1.3,3:1.9:1.2"), (3, [0, 1, 2, 3], "2:2,3:2.5:0.5")])
+    (2, [0, 0, 2, 3], "2:1.6:0.8"), (3, [0, 1, 0, 3, 3, 0, 3], "2:1.3,3:1.9:1.2"), (3, [0, 1, 2, 3], "2:2,3:2.5:0.5"),
+    (2, [[0, 0, 2, 3], [0, 1, 0, 3]], None), (2, [[0, 1, 2, 3], [0, 0, 0, 3]], "2:1.6:0.8"),
+    (3, [[0, 0, 2, 3], [0, 1, 1, 3], [0, 0, 0, 0, 0, 3]], "2:1.3,3:1.9:1.2")])
 def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table, spec):
     """With contention every running batch slows by s_k and draws e_k·ζ(b)/(s_k·l(b)) W, k busy: the dense CTMC
-    prices power as that draw (the solver as ζ(b) per start plus the difference), so the check is independent."""
+    prices power as that draw (the solver as ζ(b) per start plus the difference), so the check is independent.
+    A 2-D table is busy-aware (row k with k instances busy; rows padded with their last entry)."""
+    if isinstance(table[0], list):
+        width = max(len(r) for r in table)
+        table = [r + [r[-1]] * (width - len(r)) for r in table]
     p = _problem(c, rho=0.7, contention=spec)
     N = 14
     ev = evaluate_instances_table(p, table, n_max=N, idle_power_w=3.0, boundary="loss")

@@ -35,6 +35,17 @@ def policy_ranges(policy) -> list[tuple[int, int | None, str]]:
     return out
 
 
+def describe_busy(busy, batch_sizes) -> list[str]:
+    """A busy-aware table busy[k, n] in words: one line per run of busy counts k with the same row."""
+    groups: list[list] = []  # [first k, last k, row]
+    for k, row in enumerate(np.asarray(busy)):
+        if groups and np.array_equal(groups[-1][2], row):
+            groups[-1][1] = k
+        else:
+            groups.append([k, k, row])
+    return [f"{a}{'' if a == b else f'–{b}'} busy: {describe_policy(r, batch_sizes)}" for a, b, r in groups]
+
+
 def describe_policy(policy, batch_sizes) -> str:
     """One line: "wait below 5, then serve min(n, 32)" for control-limit policies, else ranges."""
     q = control_limit_of(policy, batch_sizes)

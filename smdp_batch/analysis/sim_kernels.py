@@ -21,7 +21,7 @@ from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel
 __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_beliefs"]
 
 #: Rule kinds understood by the kernel.
-MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5}
+MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5, "busy": 6}
 
 
 @njit(cache=True, inline="always")
@@ -130,6 +130,29 @@ def _next_free(run, rem, slow, state):
 
 
 @njit(cache=True)
+def _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state):
+    """(instances busy at ``tau``, when the next of their batches ends, ∞ if none) while nothing starts: under
+    contention the running batches are first advanced to ``tau`` (:func:`_advance`) and end at the busy speed."""
+    busy = 0
+    end = np.inf
+    if cont:
+        _advance(tau, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state)
+        w = np.inf
+        for i in range(rem.size):
+            if run[i, 1] > 0:
+                busy += 1
+                w = min(w, max(rem[i], 0.0))
+        if busy > 0:
+            end = state[5] + w * slow[busy]
+    else:
+        for i in range(free.size):
+            if free[i] > tau:
+                busy += 1
+                end = min(end, free[i])
+    return busy, end
+
+
+@njit(cache=True)
 def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
             bounds, genergy, sizes_hist, qhist, state, stop, free, cont, slow, efac, run, rem, extra):
     """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, the latest batch
@@ -147,6 +170,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     finishes the last with ``_advance(∞)``).
     """
     n_req = arr.size
+    rows = table.size // (top + 1)  # a busy-aware table (modes 4, 5, 6): a row per busy count
     head = int(state[0])
     nxt = int(state[1])
     last = state[2]  # the latest batch start: batches leave the queue in order
@@ -177,6 +201,24 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                 tau = arr[nxt]
                 nxt += 1
                 n += 1
+        elif mode == 6:  # busy-aware table: table[k·(top + 1) + min(n, top)] with k instances busy; batch ends are
+            # decision epochs too (k falls while n stays)
+            while True:
+                busy, end = _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds,
+                                      genergy, state)
+                a = table[min(busy, rows - 1) * (top + 1) + min(n, top)]
+                if a > 0:
+                    size = a
+                    start = tau
+                    break
+                if nxt < n_req and arr[nxt] <= end:
+                    tau = arr[nxt]
+                    nxt += 1
+                    n += 1
+                elif end < np.inf:
+                    tau = end
+                else:
+                    break
         elif mode == 1:  # Triton dynamic batcher / TF-Serving scheduler
             while True:
                 if n == 0:
@@ -226,7 +268,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                 nxt += 1
         elif mode == 4 or mode == 5:  # table + timer.  Triton's rule is one, but mode 1 stays its own loop, written
             # from Triton's documentation, so that tests/test_slo.py checks two implementations request by request.
-            # The table decides at each epoch; while it waits, the oldest
+            # The table decides at each epoch (a busy-aware one at batch ends too); while it waits, the oldest
             # request's wait is bounded by ``delay``: then (mode 4) the largest allowed size ≤ n is served (pref
             # holds the allowed sizes; below the smallest, the n waiting are served padded to it), or (mode 5)
             # min(n, largest) requests padded up to the next allowed size: DynamicBatcher's forced batch with
@@ -239,16 +281,23 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                     nxt += 1
                     n = 1
                     continue
-                a = table[min(n, top)]
+                busy, end = 0, np.inf
+                if rows > 1:
+                    busy, end = _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, resp,
+                                          bounds, genergy, state)
+                a = table[min(busy, rows - 1) * (top + 1) + min(n, top)]
                 if a > 0:
                     size = a
                     start = tau
                     break
                 deadline = arr[head] + delay
-                if deadline > tau and nxt < n_req and arr[nxt] < deadline:
+                if deadline > tau and nxt < n_req and arr[nxt] < deadline and arr[nxt] <= end:
                     tau = arr[nxt]
                     nxt += 1
                     n += 1
+                    continue
+                if end < deadline and end > tau:  # a batch ends first: k falls, the table decides again
+                    tau = end
                     continue
                 if deadline == np.inf:  # a pure table: no more arrivals, it waits for ever
                     break

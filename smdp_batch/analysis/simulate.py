@@ -176,10 +176,12 @@ def _check_arrivals(arrivals) -> np.ndarray:
 
 
 def _as_rule(rule, problem: BatchingProblem):
-    from ..baselines.servers import ServerRule, table_rule
+    from ..baselines.servers import ServerRule, busy_table_rule, table_rule
 
     if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
         rule = np.asarray(rule.policy)[: rule.s_max + 1]
+    if not isinstance(rule, ServerRule) and np.ndim(rule) == 2:  # a busy-aware table of c instances
+        rule = busy_table_rule(rule, problem.batch_sizes)
     rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
     rule.check(problem.batch_sizes)
     return rule
@@ -189,7 +191,11 @@ def _instances(problem: BatchingProblem, rule) -> int:
     """The problem's instance count, for a rule the simulator runs on c instances sharing one queue (batches
     formed one at a time from it)."""
     c = problem.instances
-    if c > 1 and rule.mode not in ("table", "triton", "timer", "timer-pad", "ray"):
+    rows = rule.table.size // (rule.top + 1)
+    if rule.mode in ("busy", "timer", "timer-pad") and rows > 1 and rows != c:
+        raise InputError(f"{rule.spec} has a row for each of 0..{rows - 1} instances busy, so it runs on {rows} "
+                         f"instances, not {c}: simulate it with --instances {rows}")
+    if c > 1 and rule.mode not in ("table", "busy", "triton", "timer", "timer-pad", "ray"):
         raise InputError(
             f"{rule.spec} on {c} instances is not simulated: c instances sharing one queue are simulated for "
             "tables, tables with a timer and Triton's (TF-Serving's) rule, and Ray Serve's replicas behind its "

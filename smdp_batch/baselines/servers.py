@@ -58,7 +58,7 @@ from ..errors import InputError
 from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 
-__all__ = ["ServerRule", "table_rule", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+__all__ = ["ServerRule", "table_rule", "busy_table_rule", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
     "static:B, greedy, control:Q, FILE.h5 (each optionally +timer:MS), triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
@@ -70,9 +70,9 @@ RULE_FORMS = (
 class ServerRule:
     """A batching rule in the simulator's terms (see the module doc)."""
 
-    mode: str  # "table" | "timer" | "timer-pad" | "triton" | "ray" | "torchserve"
+    mode: str  # "table" | "busy" | "timer" | "timer-pad" | "triton" | "ray" | "torchserve"
     spec: str
-    table: np.ndarray  # int64 policy[s], s = 0..top (table rules); [0] otherwise
+    table: np.ndarray  # int64 policy[s], s = 0..top (table rules; "busy": its rows k = 0..c−1 one after the other)
     top: int
     maxb: int
     pref: np.ndarray  # int64 preferred sizes (Triton)
@@ -93,7 +93,7 @@ class ServerRule:
 
     def executed_sizes(self) -> list[int]:
         """Sizes this rule can execute (after padding)."""
-        if self.mode == "table":
+        if self.mode in ("table", "busy"):
             return sorted({int(a) for a in self.table if a > 0})
         if self.mode in ("timer", "timer-pad"):  # the table's sizes and the allowed sizes a forced batch may use
             return sorted({int(a) for a in self.table if a > 0} | {int(a) for a in self.pref})
@@ -152,15 +152,27 @@ def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
 
 
+def busy_table_rule(busy, batch_sizes=None, spec: str = "busy-aware table") -> ServerRule:
+    """A busy-aware table for c instances sharing the queue: busy[k, s], the size started at queue length s with k
+    instances busy (k = 0..c−1; each row validated as a :class:`~smdp_batch.runtime.PolicyTable`), applied at
+    arrivals and batch ends while an instance is idle (:func:`~smdp_batch.solvers.multi_pi.solve_instances`)."""
+    b = np.asarray(busy)
+    if b.ndim != 2 or b.shape[0] < 1:
+        raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got shape {b.shape}")
+    rows = np.stack([PolicyTable(row, batch_sizes).policy for row in b])
+    return ServerRule("busy", spec, rows.ravel(), rows.shape[1] - 1, int(rows.max()), _dummy()[:0], 0.0)
+
+
 def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None, forced: str = "largest") -> ServerRule:
-    """A table with a timer τ (ms) on the oldest request's wait (module doc); τ = inf is the pure table.
+    """A table with a timer τ (ms) on the oldest request's wait (module doc); τ = inf is the pure table.  A 2-D
+    ``policy`` is a busy-aware table (:func:`busy_table_rule`), asked again at batch ends too.
 
     ``batch_sizes``: the allowed sizes.  ``forced``: a forced batch serves the largest allowed size ≤ n
     (``"largest"``, the runtime's default) or min(n, largest size) requests padded up to the next allowed
     size (``"pad"``, the runtime's ``short_batch="pad-up"``; Triton's rule on padded profiles)."""
     if forced not in ("largest", "pad"):
         raise InputError(f"a forced batch is 'largest' or 'pad', got {forced!r}")
-    base = table_rule(policy, batch_sizes, spec="table")
+    base = busy_table_rule(policy, batch_sizes) if np.ndim(policy) == 2 else table_rule(policy, batch_sizes, spec="table")
     try:
         tau = float(tau_ms)
     except (TypeError, ValueError):
@@ -304,17 +316,19 @@ def parse_rule(spec: str, problem) -> ServerRule:
     head, tau, forced = split_timer(text)
     if tau is not None:
         base = parse_rule(head, problem)
-        if base.mode != "table":
+        if base.mode not in ("table", "busy"):
             raise InputError(f"rule {spec!r}: +timer goes with a table (static:B, greedy, control:Q, FILE.h5), "
                              f"not with {base.spec.partition(':')[0]}'s own rule")
-        return table_timer(base.table, sizes, tau, spec=f"{base.spec}+timer:{tau:g}" + (":pad" if forced == "pad" else ""),
-                           forced=forced)
+        return table_timer(base.table.reshape(-1, base.top + 1) if base.mode == "busy" else base.table, sizes, tau,
+                           spec=f"{base.spec}+timer:{tau:g}" + (":pad" if forced == "pad" else ""), forced=forced)
     if text.lower().endswith((".h5", ".hdf5")):
         from ..runtime.schema import read_policy
 
         pf = read_policy(text)
         if tuple(pf.batch_sizes) != tuple(sizes):
             raise InputError(f"{text} was solved for batch sizes {list(pf.batch_sizes)}, not {list(sizes)}")
+        if pf.policy_busy is not None:  # a c-server table's busy-aware rows: what the runtime follows
+            return busy_table_rule(pf.policy_busy[:, :-1], sizes, spec=text)
         return table_rule(pf.policy[:-1], sizes, spec=text)
     if kind in ("static", "greedy", "control", "q"):
         s_max = problem.bmax

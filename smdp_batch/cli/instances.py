@@ -7,8 +7,9 @@ import math
 import warnings
 
 import click
+import numpy as np
 
-from ..analysis.report import describe_policy
+from ..analysis.report import describe_busy, describe_policy
 from ..errors import InputError, NotConvergedWarning
 from ..runtime.contention import parse_contention
 from ..model.problem import BatchingProblem
@@ -32,9 +33,10 @@ def auto_count(opts: dict) -> int:
 
 
 def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int) -> MultiEvaluation:
-    """Exact metrics of a table n ↦ b on the problem's instances, truncated at ``n``: with the tail boundary when
-    the table ends in Bmax (the tail serves Bmax), else on a plain truncation 4× longer (its own long-queue size)."""
-    tail = int(table[-1]) == problem.bmax
+    """Exact metrics of a table n ↦ b (or busy-aware, (k, n) ↦ b) on the problem's instances, truncated at ``n``:
+    with the tail boundary when the table ends in Bmax (the tail serves Bmax), else on a plain truncation 4×
+    longer (its own long-queue size)."""
+    tail = bool(np.all(np.asarray(table)[..., -1] == problem.bmax))
     return evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle_power_w,
                                     n_max=n if tail else 4 * n, boundary="tail" if tail else "loss")
 
@@ -133,16 +135,26 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         "  exact metrics, all on the phase-type model:",
         _row("optimal (n, running)", o),
         _row("its table n ↦ b", t) + f"   (+{100 * (t.avg_cost / o.avg_cost - 1):.2g} %)",
+        *([_row("busy-aware table (k, n)", sol.busy_eval) + f"   (+{100 * (sol.busy_eval.avg_cost / o.avg_cost - 1):.2g} %)"]
+          if sol.busy_eval is not None else []),
         *([_row(f"split over {c} queues", split)] if c > 1 and split_ok else []),
         *([_row("1-instance table, shared", shared)] if c > 1 else []),
         *([f"  not priced  split over {c} queues: queues on one device still slow each other down, which the "
            "one-instance model leaves out"] if c > 1 and not split_ok else []),
-        f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
-        "optimal policy also looks at what the running batches are doing",
-        *([f"  written     {output} (its table n ↦ b for {c} instances: PolicyTable.load, simulate --policy FILE)"]
-          if output else []),
+        *([f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
+           "optimal policy also looks at what the running batches are doing"] if sol.busy_table is None else
+          [*_busy_lines(sol.busy_table, problem.batch_sizes),
+           f"  smdp-batch's runtime follows the busy-aware table (DynamicBatcher(instances={c}) counts its running "
+           f"batches; simulate --policy FILE --instances {c}); Triton and Ray follow n ↦ b alone (export)"]),
+        *([f"  written     {output} (its table{'s' if sol.busy_table is not None else ''} for {c} instances: "
+           "PolicyTable.load, simulate --policy FILE)"] if output else []),
     ])
     emit(d, as_json, text)
+
+
+def _busy_lines(busy, sizes) -> list[str]:
+    """The busy-aware rows as text lines, the first one labelled."""
+    return [f"  {'busy-aware' if i == 0 else '':<10}  {line}" for i, line in enumerate(describe_busy(busy, sizes))]
 
 
 def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bool) -> None:
@@ -151,15 +163,23 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
     phases = pf.inputs.get("phases")
     idle = float(pf.inputs.get("idle_power_w", 0.0))
     table = pf.policy[:-1]
-    ev = _price_table(problem, table, phases, idle, max(n_start(problem), len(table)))
+    n = max(n_start(problem), len(table))
+    ev = _price_table(problem, table, phases, idle, n)
     c = problem.instances
+    rows = [_row("the table n ↦ b", ev)]
     d = {**problem.describe(), "policy_spec": path, **ev.to_dict(), "objective": ev.avg_cost,
          "policy": [int(a) for a in pf.policy], "phases": phases, "idle_power_w": idle}
+    if pf.policy_busy is not None:  # what the runtime and simulate --policy FILE run: the top-level metrics
+        bev = _price_table(problem, pf.policy_busy[:, :-1], phases, idle, n)
+        d.update({**bev.to_dict(), "objective": bev.avg_cost, "policy_busy": pf.policy_busy.tolist(),
+                  "table_eval": ev.to_dict()})
+        rows = [_row("busy-aware table", bev) + "   (DynamicBatcher, simulate)", rows[0] + "   (Triton, Ray exports)"]
     text = "\n".join([
         f"smdp-batch — exact evaluation of {path} on {c} instances sharing the queue (c-server model)",
         scenario_line(problem),
         f"  policy      {describe_policy(pf.policy, problem.batch_sizes)}",
-        _row("the table", ev),
+        *(_busy_lines(pf.policy_busy, problem.batch_sizes) if pf.policy_busy is not None else []),
+        *rows,
     ])
     emit(d, as_json, text)
 

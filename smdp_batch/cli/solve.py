@@ -12,7 +12,7 @@ import warnings
 import click
 
 from .. import __version__
-from ..analysis.report import describe_policy
+from ..analysis.report import describe_busy, describe_policy
 from ..baselines import parse_policy
 from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning, TableNotConvergedWarning
 from ..export.hdf5 import write_policy
@@ -321,6 +321,15 @@ def show_cmd(path, as_json):
     if c > 1 and i.get("contention"):
         many.append(f"  contention  {parse_contention(i['contention']).describe()} (solved with it: run it on such a "
                     "device)")
+    busy = []
+    if pf.policy_busy is not None:
+        d["policy_busy"] = [[int(a) for a in row] for row in pf.policy_busy]
+        busy = [f"  {'busy-aware' if j == 0 else '':<10}  {line}"
+                for j, line in enumerate(describe_busy(pf.policy_busy, sizes))]
+        if "busy_avg_cost" in s:
+            busy.append(f"  {'':<10}  W̄ = {s['busy_mean_latency_ms']:.6g} ms, P̄ = {s['busy_mean_power_w']:.6g} W, ĝ = "
+                        f"{s['busy_avg_cost']:.6g} per ms: what DynamicBatcher(…, instances={c}) runs (the metrics "
+                        "below are the table n ↦ b's, which Triton and Ray exports follow)")
     text = "\n".join(
         [
             f"{path}: {pf.meta.get('format')} v{pf.meta.get('schema_version')} by {pf.meta.get('creator')}, {pf.meta.get('created')}",
@@ -333,6 +342,7 @@ def show_cmd(path, as_json):
             f"  table       {converged_text(pf.converged_upto, pf.policy, t.get('s_max_rule'), limiting_sizes(sizes, i['latency_ms']), t.get('verified_against'))}",
             f"  solver      {s['solver']}: {s['iterations']} iterations, converged = {bool(s['converged'])}",
             f"  policy      {describe_policy(pf.policy, sizes)}",
+            *busy,
             f"  metrics     W̄ = {s['mean_latency_ms']:.6g} ms, P̄ = {s['mean_power_w']:.6g} W",
             cost_line(s["avg_cost"], "the table's, exact on the c-server model" if c > 1 else "truncated model, eq. 21"),
             f"  integrity   {integrity_text(pf.integrity)}",

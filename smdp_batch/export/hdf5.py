@@ -113,7 +113,8 @@ def _fill_table(f, solution) -> None:
 def _fill_instances_table(f, sol, idle_power_w: float) -> None:
     """A c-server table (:class:`~smdp_batch.solvers.multi_pi.MultiSolution`) in the version-1 layout: its table
     n ↦ b for n = 0..N (s_max = N; above N every instance serves Bmax, the tail boundary, so the S_o entry
-    repeats it), the table's exact metrics, and its relative values with every instance idle."""
+    repeats it), the table's exact metrics, and its relative values with every instance idle; where the solve
+    kept one, its busy-aware rows too (``/policy_busy``; the metrics stay the table n ↦ b's)."""
     p, ev = sol.problem, sol.table_eval
     policy = np.append(sol.table, sol.table[-1]).astype(np.int32)
     values = np.append(sol.table_values, sol.table_values[-1]).astype(np.float64)
@@ -134,10 +135,17 @@ def _fill_instances_table(f, sol, idle_power_w: float) -> None:
         "gain_hi": np.nan, "mean_latency_ms": ev.mean_latency_ms, "mean_power_w": ev.mean_power_w,
         "throughput": ev.throughput, "mean_batch_size": ev.mean_batch, "objective": ev.avg_cost,
         "control_limit": -1 if cl is None else cl, "solve_seconds": sol.solve_time_s,
-        "summary_json": json.dumps({k: v for k, v in d.items() if k != "table"}),
+        "summary_json": json.dumps({k: v for k, v in d.items() if k not in ("table", "busy_table")}),
     })
     _dataset(s, "relative_values", values)
-    f.attrs["content_sha256"] = table_digest(policy, sizes, latency, energy, values, inputs, sol.n_max)
+    busy = None
+    if sol.busy_table is not None and sol.busy_eval is not None:  # the rows a runtime that counts its batches follows
+        busy = np.concatenate([sol.busy_table, sol.busy_table[:, -1:]], axis=1).astype(np.int32)
+        _dataset(f, "policy_busy", busy)
+        b = sol.busy_eval
+        s.attrs.update({"busy_avg_cost": b.avg_cost, "busy_mean_latency_ms": b.mean_latency_ms,
+                        "busy_mean_power_w": b.mean_power_w})
+    f.attrs["content_sha256"] = table_digest(policy, sizes, latency, energy, values, inputs, sol.n_max, busy)
 
 
 def write_instances_policy(solution, path: str | os.PathLike, idle_power_w: float = 0.0) -> Path:

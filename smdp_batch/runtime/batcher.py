@@ -6,7 +6,8 @@ finishing.  At each epoch the batcher looks at the number n of requests waiting 
 (the paper's single server); requests are served FIFO.  With ``instances=c`` (c model instances behind the one
 queue, as Triton's instance_group and TF-Serving's batch threads run them) up to c batches run at once: a
 decision is made whenever an instance is free — at an arrival, and at a batch's end — exactly as
-``simulate --instances c`` models it.  The loop has one decision point, in the spirit
+``simulate --instances c`` models it; a busy-aware c-server table (``table.busy_table``) is asked
+``decide_busy(n, k)`` with k the batches running.  The loop has one decision point, in the spirit
 of Ray Serve's ``_BatchQueue``, and every pass through it either serves a non-empty batch or awaits an
 arrival or a timer: it never spins.
 
@@ -160,6 +161,9 @@ class DynamicBatcher:
             raise TypeError(f"infer_thread must be True or False, got {infer_thread!r}")
         # any object with a decide method (AdaptivePolicy, PhasePolicy) is taken: mypy cannot narrow on callable()
         self._decide: Callable[[int], int] = table.decide if callable(getattr(table, "decide", None)) else table  # type: ignore[union-attr, assignment]
+        busy = getattr(table, "decide_busy", None)  # a busy-aware c-server table: sees the batches running too
+        self._decide_busy: Callable[[int, int], int] | None = (
+            busy if callable(busy) and getattr(table, "busy_table", None) is not None else None)
         self._observe = getattr(table, "observe_arrival", None)
         redecide = getattr(table, "next_decision_ms", None)
         self._redecide = redecide if callable(redecide) else None
@@ -364,7 +368,7 @@ class DynamicBatcher:
 
     def _policy_batch(self, n: int) -> int:
         try:
-            b = self._decide(n)
+            b = self._decide(n) if self._decide_busy is None else self._decide_busy(n, len(self._running))
         except Exception as exc:
             raise _Fault(f"the policy raised {exc!r} at queue length {n}") from exc
         if isinstance(b, bool) or not isinstance(b, numbers.Integral) or not 0 <= b <= n:

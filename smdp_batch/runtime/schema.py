@@ -28,8 +28,11 @@ Layout (DESIGN.md §4)::
                      delta = |ĝ(s_max) − ĝ(verified_against)|)
     /solution        attrs: avg_cost, solver, iterations, converged, eps, eta (NaN = none), span, gain_lo,
                             gain_hi, mean_latency_ms, mean_power_w, throughput, mean_batch_size, objective,
-                            control_limit (-1 = none), solve_seconds, summary_json
+                            control_limit (-1 = none), solve_seconds, summary_json; a c-server table with
+                            busy-aware rows also busy_avg_cost, busy_mean_latency_ms, busy_mean_power_w
     /solution/relative_values  float64 (s_max+2,)
+    /policy_busy     int32 (c, s_max+2), a c-server table's optional busy-aware rows: row k the batch size per
+                     queue length with k instances busy (k = 0..c−1; in its digest)
     content_sha256   (attr of the table's group; files from 0.2 on) :func:`table_digest` of the policy,
                      the inputs and s_max
 
@@ -138,19 +141,24 @@ class PolicyFile(TableFields):
     meta: dict = field(default_factory=dict)
     path: str | None = None
     integrity: str = "none"
+    #: a c-server table's busy-aware rows (c, s_max + 2): the size at queue length n with k instances busy
+    policy_busy: np.ndarray | None = None
 
     def decide(self, n: int) -> int:
         """Batch size for queue length n ≥ 0 (n > s_max uses the s_max action, eq. 30)."""
         return eq30(self.policy, self.s_max, n)
 
 
-def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, inputs: dict, s_max: int) -> str:
-    """SHA-256 of what a table decides with: its arrays (as little-endian int64/float64), the scalar
-    inputs (lam, rho, w1, w2, service, latency, energy) and s_max.  The writer stores it as the
-    table group's ``content_sha256``; the reader recomputes it."""
+def table_digest(policy, batch_sizes, latency_ms, energy_mj, relative_values, inputs: dict, s_max: int,
+                 policy_busy=None) -> str:
+    """SHA-256 of what a table decides with: its arrays (as little-endian int64/float64; a c-server table's
+    busy-aware rows too, where it has them), the scalar inputs (lam, rho, w1, w2, service, latency, energy) and
+    s_max.  The writer stores it as the table group's ``content_sha256``; the reader recomputes it."""
     h = hashlib.sha256(b"smdp-batch-table-v1\0")
-    for a, dt in ((policy, "<i8"), (batch_sizes, "<i8"), (latency_ms, "<f8"), (energy_mj, "<f8"),
-                  (relative_values, "<f8")):
+    arrays = [(policy, "<i8"), (batch_sizes, "<i8"), (latency_ms, "<f8"), (energy_mj, "<f8"), (relative_values, "<f8")]
+    if policy_busy is not None:  # files without it: the digest as before
+        arrays.append((policy_busy, "<i8"))
+    for a, dt in arrays:
         a = np.ascontiguousarray(np.asarray(a).astype(dt, copy=False))
         h.update(str(a.size).encode() + b"\0")
         h.update(a.tobytes())
@@ -479,19 +487,41 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
         "objective": _attr(w, gs, "objective", "float", None),
         "control_limit": _attr(w, gs, "control_limit", "int", None, low=-1, high=s_max + 1),
         "solve_seconds": _attr(w, gs, "solve_seconds", "float", None, low=0),
+        "busy_avg_cost": _attr(w, gs, "busy_avg_cost", "float", None),  # a c-server table's busy-aware rows'
+        "busy_mean_latency_ms": _attr(w, gs, "busy_mean_latency_ms", "float", None, low=0),
+        "busy_mean_power_w": _attr(w, gs, "busy_mean_power_w", "float", None, low=0),
     }
     solution = {k: v for k, v in solution.items() if v is not None or k in ("eps", "eta")}
     solution["relative_values"] = rv
 
+    busy, c6 = _busy_rows(w, g, inputs, sizes, s_max, f"{gi.name}/batch_sizes")
     integrity = "none"
     digest = _attr(w, g, "content_sha256", "str", None)
     if digest is not None:
-        if digest != table_digest(policy, sizes, lat, en, rv, inputs, s_max):
+        if digest != table_digest(policy, sizes, lat, en, rv, inputs, s_max, busy):
             w.fail("", f"content checksum mismatch in {g.name} (content_sha256): the file is damaged")
         integrity = "sha256"
-    if c1 and c4 and c5:
+    if c1 and c4 and c5 and c6:
         integrity = "fletcher32" if integrity == "none" else "fletcher32+sha256"
-    return PolicyFile(policy, inputs, truncation, solution, meta, w.path, integrity)
+    return PolicyFile(policy, inputs, truncation, solution, meta, w.path, integrity, busy)
+
+
+def _busy_rows(w: _Where, g, inputs: dict, sizes: np.ndarray, s_max: int,
+               sizes_name: str) -> tuple[np.ndarray | None, bool]:
+    """A c-server table's busy-aware rows ``/policy_busy`` (c, s_max + 2), checked as tables; (None, True) where
+    there are none."""
+    if g.get("policy_busy", getlink=True) is None:
+        return None, True
+    c = int(inputs.get("instances", 1))
+    where = f"{g.name.rstrip('/')}/policy_busy"
+    if c < 2:
+        w.fail(where, "is in a one-instance table; busy-aware rows belong to a table of several instances")
+    busy, checked = _dataset(w, g, "policy_busy", "int", (c, s_max + 2),
+                             f"one row per busy count 0..{c - 1}, each s_max + 2 batch sizes")
+    busy = busy.astype(np.int64)
+    for k in range(c):
+        _check_decisions(w, f"{where}[{k}]", busy[k], sizes, s_max, sizes_name)
+    return busy, checked
 
 
 def _guarded(path: str, read):

@@ -36,7 +36,7 @@ def control_limit(policy: np.ndarray, batch_sizes) -> int | None:
 class PolicyTable:
     """A validated batching table: ``decide(n)`` for every n ≥ 0, vectorised ``decide_many``."""
 
-    def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None):
+    def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None, busy=None):
         p = np.asarray(policy)
         if p.dtype.kind not in "biuf":  # ints beyond int64 (object arrays), strings, None, ragged rows
             raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length 0..s_max")
@@ -60,6 +60,18 @@ class PolicyTable:
         self.batch_sizes = tuple(int(b) for b in batch_sizes) if batch_sizes is not None else tuple(sorted(set(p[p > 0].tolist())))
         self.meta = dict(meta or {})
         self.path = path
+        self._busy: np.ndarray | None = None
+        if busy is not None:
+            b = np.asarray(busy)
+            if b.ndim != 2 or b.shape[0] < 2 or b.shape[1] != p.size:
+                raise InputError(f"a busy-aware table has one row per busy count 0..c−1 (c ≥ 2), each of {p.size} "
+                                 f"queue lengths like the table, got shape {b.shape}")
+            rows = np.stack([PolicyTable(row, self.batch_sizes).policy for row in b])
+            if self.instances > 1 and rows.shape[0] != self.instances:
+                raise InputError(f"a table of {self.instances} instances needs a busy-aware row per busy count "
+                                 f"0..{self.instances - 1}, got {rows.shape[0]} rows")
+            rows.setflags(write=False)
+            self._busy = rows
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PolicyTable":
@@ -67,7 +79,24 @@ class PolicyTable:
         pf = read_policy(path)
         meta = {**pf.meta, "integrity": pf.integrity, "inputs": pf.inputs, "truncation": pf.truncation,
                 "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}
-        return cls(pf.policy[:-1], pf.batch_sizes, meta, str(path))
+        busy = None if pf.policy_busy is None else pf.policy_busy[:, :-1]
+        return cls(pf.policy[:-1], pf.batch_sizes, meta, str(path), busy)
+
+    @property
+    def busy_table(self) -> np.ndarray | None:
+        """busy_table[k, s]: the size to start at queue length s with k instances busy (k = 0..c−1; read-only),
+        where the table was solved for c instances and a rule that sees k does better than one that sees n
+        alone; else None."""
+        return self._busy
+
+    def decide_busy(self, n: int, busy: int) -> int:
+        """Batch size with n requests waiting and ``busy`` instances serving (0..c−1): the busy-aware table's
+        where there is one, else :meth:`decide`."""
+        if self._busy is None:
+            return self.decide(n)
+        if isinstance(busy, bool) or not isinstance(busy, (int, np.integer)) or not 0 <= busy:
+            raise InputError(f"the busy instance count must be an integer ≥ 0, got {busy!r}")
+        return eq30(self._busy[min(int(busy), self._busy.shape[0] - 1)], self.s_max, n)
 
     @property
     def policy(self) -> np.ndarray:
@@ -124,5 +153,6 @@ class PolicyTable:
         rule = f"wait below {q}, then serve min(n, {self.max_batch})" if q is not None else "general table"
         lam = f", λ = {self.lam:.6g}/ms" if self.lam is not None else ""
         lam += f", {self.instances} instances" if self.instances > 1 else ""
+        lam += ", busy-aware" if self._busy is not None else ""
         src = f" from {self.path}" if self.path else ""
         return f"<PolicyTable s_max={self.s_max}{lam}: {rule}{src}>"

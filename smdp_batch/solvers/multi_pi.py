@@ -97,9 +97,18 @@ class MultiSolution:
     agrees_upto: int = -1
     #: the table's relative values h(n) with every instance idle, n = 0..N (h(0) = 0)
     table_values: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    #: the busy-aware table busy_table[k, n] (k = 0..c−1 instances busy, n = 0..N), which a runtime that counts
+    #: its running batches can follow; None where it is not :data:`BUSY_GAIN` below ``table`` (see
+    #: :func:`_busy_table`)
+    busy_table: np.ndarray | None = field(repr=False, default=None)
+    busy_eval: MultiEvaluation | None = None  # its exact metrics
 
-    def decide(self, n: int) -> int:
-        """The table's batch size at queue length n with an instance idle (0: wait)."""
+    def decide(self, n: int, busy: int | None = None) -> int:
+        """The batch size at queue length n with an instance idle (0: wait): the busy-aware table's with ``busy``
+        instances serving, where there is one and ``busy`` is given, else the table n ↦ b's."""
+        if busy is not None and self.busy_table is not None:
+            row = self.busy_table[min(max(int(busy), 0), self.busy_table.shape[0] - 1)]
+            return int(row[min(int(n), row.size - 1)])
         return int(self.table[min(int(n), self.table.size - 1)])
 
     def to_dict(self) -> dict:
@@ -110,6 +119,8 @@ class MultiSolution:
             "table": [int(x) for x in self.table], "table_eval": self.table_eval.to_dict(),
             "solve_time_s": self.solve_time_s, "delta": None if math.isnan(self.delta) else self.delta,
             "agrees_upto": self.agrees_upto,
+            "busy_table": None if self.busy_table is None else [[int(x) for x in row] for row in self.busy_table],
+            "busy_table_eval": None if self.busy_eval is None else self.busy_eval.to_dict(),
         }
 
 
@@ -307,10 +318,17 @@ def _extend(old: np.ndarray, n_old: int, sysm: _System) -> np.ndarray:
 
 def table_policy(sysm: _System, table: np.ndarray) -> np.ndarray:
     """The state policy of a table n ↦ b (b = 0 waits) run on c instances: start table[n] while an instance is
-    idle; at the truncation an idle instance serves the largest size."""
+    idle; at the truncation an idle instance serves the largest size.  A busy-aware table (2-D, row k for k
+    instances busy, k = 0..c−1) starts table[k, n]."""
     sizes = list(sysm.sizes)
     t = np.asarray(table, dtype=np.int64)
-    b = t[np.minimum(sysm.n, t.size - 1)]
+    if t.ndim == 2:
+        c = sysm.model.problem.instances
+        if t.shape[0] != c:
+            raise InputError(f"a busy-aware table has one row per busy count 0..{c - 1}: {c} rows, got {t.shape[0]}")
+        b = t[np.minimum(c - sysm.idle, c - 1), np.minimum(sysm.n, t.shape[1] - 1)]
+    else:
+        b = t[np.minimum(sysm.n, t.size - 1)]
     bad = [x for x in np.unique(b) if x != 0 and x not in sizes]
     if bad:
         raise InputError(f"the table starts a batch of {bad[0]}, not an allowed size {sizes[0]}..{sizes[-1]}")
@@ -404,6 +422,40 @@ def _refine_table(sysm: _System, table: np.ndarray, act: np.ndarray,
     return best[0], best[1], best[2], best[3]
 
 
+#: A busy-aware table is kept only when its exact cost is this share below the table n ↦ b's.
+BUSY_GAIN = 1e-3
+
+
+def _busy_table(sysm: _System, act: np.ndarray, visits: np.ndarray, table: np.ndarray,
+                table_cost: float) -> tuple[np.ndarray | None, MultiEvaluation | None]:
+    """The busy-aware table (k, n) ↦ b, k = 0..c−1 instances busy: at each (k, n) the start the optimal policy
+    ``act`` makes most often (``visits``: its visit rates) among its states with k busy; cells it never visits
+    take ``table[n]``.  Priced exactly and returned only when :data:`BUSY_GAIN` below ``table_cost`` (the table
+    n ↦ b), else (None, None): without contention a table that sees n alone is within 10⁻⁴ of the optimum, and
+    under it starting beside running batches slows them all, which only a rule that sees k can weigh."""
+    c, N, A = sysm.model.problem.instances, sysm.N, sysm.sizes.size
+    if c < 2:
+        return None, None
+    v = np.maximum(visits, 0.0)
+    ok = sysm.idle > 0
+    k = c - sysm.idle
+    w = np.zeros((c, N + 1, A + 1))
+    np.add.at(w, (k[ok], sysm.n[ok], act[ok]), v[ok])
+    choice = np.argmax(w, axis=2)
+    sizes = np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
+    seen = w.sum(axis=2) > 1e-12 * v.sum()
+    busy = np.where(seen, sizes, np.asarray(table, dtype=np.int64)[None, :])
+    busy[:, N] = np.asarray(table)[N]  # the truncation's column: the tail boundary serves Bmax above it
+    if np.all(busy == busy[0]):
+        return None, None
+    saved = sysm._visits
+    ev = sysm.evaluate(table_policy(sysm, busy))[2]
+    sysm._visits = saved
+    if not ev.model_cost < table_cost - BUSY_GAIN * abs(table_cost):
+        return None, None
+    return busy, ev
+
+
 def n_start(problem: BatchingProblem) -> int:
     """The first queue truncation N of a solve: 2·c·Bmax (at least 16·c)."""
     return int(max(2 * problem.bmax, 16) * max(1, problem.instances))
@@ -461,7 +513,9 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         warnings.warn(msg, NotConvergedWarning, stacklevel=2)
         before = None
     projected = _project(sysm, act)
+    visits = sysm._visits
     table, _, h, tev = _refine_table(sysm, projected, act, ev.model_cost)
+    busy, bev = _busy_table(sysm, act, visits, table, tev.model_cost)
     if before is not None and last is not None and not np.array_equal(table, projected):
         s, a, o = last  # the tables compared across truncations are the ones servers follow
         before = _refine_table(s, _project(s, a), a, o)[0]
@@ -474,23 +528,27 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
             upto = onset
     return MultiSolution(problem, ph.how, ph.phases, N, sysm.model.n_conf, sysm.model.n_states, total, converged, ev,
                          table, tev, time.perf_counter() - t0, act.reshape(-1, N + 1), sysm.model, delta, upto,
-                         h[: N + 1].copy())
+                         h[: N + 1].copy(), busy, bev)
 
 
 def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | None = None,
                              idle_power_w: float = 0.0, n_max: int | None = None,
                              boundary: str = "tail") -> MultiEvaluation:
     """Exact metrics of a table n ↦ b run on ``problem.instances`` instances sharing the queue (the runtime's and
-    the simulator's rule: start table[n] whenever an instance is idle); ``boundary`` as in
-    :func:`solve_instances`, whose tail boundary serves Bmax above N (the table's own long-queue action when
-    it ends in Bmax)."""
+    the simulator's rule: start table[n] whenever an instance is idle; a busy-aware table, 2-D with row k for k
+    instances busy: table[k, n]); ``boundary`` as in :func:`solve_instances`, whose tail boundary serves Bmax
+    above N (the table's own long-queue action when it ends in Bmax)."""
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
-    if boundary == "tail" and int(np.asarray(table)[-1]) != problem.bmax:
+    t = np.asarray(table)
+    if t.ndim not in (1, 2) or t.size == 0:
+        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got shape {t.shape}")
+    ends = np.unique(t[..., -1])
+    if boundary == "tail" and not np.array_equal(ends, [problem.bmax]):
         raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
-                         f"{int(np.asarray(table)[-1])}: evaluate it with boundary='loss' and a long n_max")
+                         f"{int(ends[ends != problem.bmax][0])}: evaluate it with boundary='loss' and a long n_max")
     ph = phase_type(problem, phases)
-    N = max(n_start(problem), len(table)) if n_max is None else int(n_max)
+    N = max(n_start(problem), t.shape[-1]) if n_max is None else int(n_max)
     sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
-    return sysm.evaluate(table_policy(sysm, np.asarray(table)))[2]
+    return sysm.evaluate(table_policy(sysm, t))[2]
 
