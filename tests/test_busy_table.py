@@ -100,6 +100,8 @@ def test_the_file_carries_the_rows_and_the_readers_follow_them(solved, tmp_path)
     assert np.array_equal(table.busy_table, sol.busy_table) and table.instances == 2
     assert [table.decide_busy(n, k) for k in (0, 1) for n in range(40)] == \
         [sol.decide(n, busy=k) for k in (0, 1) for n in range(40)]
+    plain = PolicyTable.load(path, busy_aware=False)  # the table n ↦ b alone, as Triton follows it
+    assert plain.busy_table is None and [plain.decide_busy(n, 1) for n in range(40)] == list(sol.table[:40])
     rule = parse_rule(str(path), sol.problem)
     assert rule.mode == "busy" and rule.table.size == 2 * (sol.n_max + 1)
     assert parse_rule(f"{path}+timer:5", sol.problem).mode == "timer"

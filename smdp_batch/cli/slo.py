@@ -215,12 +215,14 @@ def _deploy(rec, instances: int = 1) -> str:
     short += f", instances={instances}" if instances > 1 else ""
     if "w2" in k and math.isfinite(k["w2"]):
         opts = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
+        load = '"table.h5"'
         if k.get("instances"):  # the c-server table: solved for these instances (its λ is the total)
             opts = f" --instances {k['instances']}" + opts + (f" --phases {k['phases']}" if k.get("phases") else "")
             opts += f" --contention {k['contention']}" if k.get("contention") else ""
+            load += ", busy_aware=False"  # the table n ↦ b the search simulated, not rows the file may add
         return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{opts} (and these scenario options) "
                 f"-o table.h5; "
-                f"DynamicBatcher(infer, PolicyTable.load(\"table.h5\"), max_wait_ms={wait}{short})")
+                f"DynamicBatcher(infer, PolicyTable.load({load}), max_wait_ms={wait}{short})")
     table = k.get("table") or rec.spec.partition("+")[0]
     return (f"DynamicBatcher(infer, PolicyTable(parse_policy(\"{table}\", sizes, Bmax)[:-1], sizes), "
             f"max_wait_ms={wait}{short})")

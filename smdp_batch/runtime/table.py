@@ -74,12 +74,15 @@ class PolicyTable:
             self._busy = rows
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "PolicyTable":
-        """Read a smdp-batch HDF5 policy table (format and schema version checked)."""
+    def load(cls, path: str | os.PathLike, busy_aware: bool = True) -> "PolicyTable":
+        """Read a smdp-batch HDF5 policy table (format and schema version checked).  ``busy_aware=False`` leaves
+        out a c-server table's busy-aware rows: the batcher then follows the table n ↦ b, as Triton would."""
         pf = read_policy(path)
         meta = {**pf.meta, "integrity": pf.integrity, "inputs": pf.inputs, "truncation": pf.truncation,
                 "solution": {k: v for k, v in pf.solution.items() if k not in ("relative_values", "summary_json")}}
-        busy = None if pf.policy_busy is None else pf.policy_busy[:, :-1]
+        if not isinstance(busy_aware, bool):
+            raise TypeError(f"busy_aware must be True or False, got {busy_aware!r}")
+        busy = None if pf.policy_busy is None or not busy_aware else pf.policy_busy[:, :-1]
         return cls(pf.policy[:-1], pf.batch_sizes, meta, str(path), busy)
 
     @property
