@@ -134,8 +134,8 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
         f"  table       {describe_policy(sol.table, problem.batch_sizes)} (while an instance is idle)",
         "  exact metrics, all on the phase-type model:",
         _row("optimal (n, running)", o),
-        _row("its table n ↦ b", t) + f"   (+{100 * (t.avg_cost / o.avg_cost - 1):.2g} %)",
-        *([_row("busy-aware table (k, n)", sol.busy_eval) + f"   (+{100 * (sol.busy_eval.avg_cost / o.avg_cost - 1):.2g} %)"]
+        _row("its table n ↦ b", t) + f"   ({_gap(t.avg_cost, o.avg_cost)})",
+        *([_row("busy-aware table (k, n)", sol.busy_eval) + f"   ({_gap(sol.busy_eval.avg_cost, o.avg_cost)})"]
           if sol.busy_eval is not None else []),
         *([_row(f"split over {c} queues", split)] if c > 1 and split_ok else []),
         *([_row("1-instance table, shared", shared)] if c > 1 else []),
@@ -150,6 +150,12 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
            "PolicyTable.load, simulate --policy FILE)"] if output else []),
     ])
     emit(d, as_json, text)
+
+
+def _gap(cost: float, optimum: float) -> str:
+    """A table's cost above the optimum, in %, or "= the optimum" within 10⁻⁹."""
+    gap = cost / optimum - 1
+    return "= the optimum" if abs(gap) < 1e-9 else f"+{100 * gap:.2g} %"
 
 
 def _busy_lines(busy, sizes) -> list[str]:
