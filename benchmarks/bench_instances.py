@@ -7,6 +7,11 @@ scenario at its share of the load (today's answer per instance), for scale.
 
     python benchmarks/bench_instances.py            # the whole grid (several minutes on 2 cores)
     python benchmarks/bench_instances.py --quick    # c = 2 only
+    python benchmarks/bench_instances.py --busy     # under contention: the table n ↦ b and the busy-aware table
+
+``--busy`` prints, for instances that slow each other (exponential batch times), the exact cost above the optimum
+of the table n ↦ b that Triton-like batchers follow and of the busy-aware table (k busy, n) ↦ b that the runtime
+follows, with the solve time (both tables included).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 
 CASE = textwrap.dedent("""
     import json, resource, sys, time
@@ -41,12 +47,37 @@ CASE = textwrap.dedent("""
 """)
 
 
+BUSY_CASES = ((2, "2:1.5:0.8", 0.7, "1,2,4,8"), (3, "2:1.3,3:1.8:1.2", 0.7, "1,2,4,8"),
+              (2, "2:1.5:0.8", 0.5, "1,2,4,8,16,32"), (3, "2:1.3,3:1.8:1.2", 0.9, "1,2,4,8"),
+              (4, "2:1.5,3:1.9,4:2.3", 0.8, "8,16,32"), (2, None, 0.7, "1,2,4,8,16,32"))
+
+
+def busy() -> None:
+    from smdp_batch.model.problem import BatchingProblem
+    from smdp_batch.solvers.multi_pi import solve_instances
+
+    print("exponential batch times, basic l(b) and ζ(b); cost above the optimum (exact, c-server model)")
+    print(f"{'c':>2} {'contention':<18} {'ρ':>4} {'sizes':<14} {'table n ↦ b':>12} {'busy-aware':>11} {'solve s':>8}")
+    for c, spec, rho, sizes in BUSY_CASES:
+        p = BatchingProblem.from_rho(rho, service="exp", batch_sizes=sizes, instances=c, contention=spec)
+        with warnings.catch_warnings():  # a truncation that does not converge says so in its row
+            warnings.simplefilter("ignore")
+            s = solve_instances(p, throw=False)
+        o = s.optimal.avg_cost
+        b = "not kept" if s.busy_eval is None else f"{100 * (s.busy_eval.avg_cost / o - 1):+.4f} %"
+        print(f"{c:>2} {spec or 'none':<18} {rho:>4} {sizes:<14} {100 * (s.table_eval.avg_cost / o - 1):>+10.4f} % "
+              f"{b:>11} {s.solve_time_s:>8.2f}{'' if s.converged else '  NOT converged'}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--service", default="exp")
     ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--busy", action="store_true", help="busy-aware tables under contention")
     a = ap.parse_args()
+    if a.busy:
+        return busy()
     grid = [(2, "1,2,4,8,16,32"), (4, "1,2,4,8,16,32"), (4, "8,16,32"), (8, "16,32")]
     if a.quick:
         grid = grid[:1]

@@ -2,7 +2,8 @@
 
 * :func:`_kernel` — table rules at decision epochs, table + timer rules (a table with a guard on the oldest
   request's wait, as :class:`~smdp_batch.runtime.DynamicBatcher` runs it) and the servers' timeout rules
-  (modes of :data:`MODES`), on one server or on c instances sharing the queue (Triton's ``instance_group``);
+  (modes of :data:`MODES`), on one server or on c instances sharing the queue (Triton's ``instance_group``;
+  busy-aware tables there, with a row per busy count, decide at batch ends too: :func:`_busy_now`);
 * :func:`_context_kernel` — a table chosen at each epoch by a context: the λ-bank's index after the
   last arrival, the true MAP phase, or the phase filter's belief (:data:`CTX_ARRIVAL` …);
 * :func:`phase_beliefs` — the filter of :mod:`smdp_batch.runtime.phase` over a whole stream (its

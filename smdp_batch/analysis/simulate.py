@@ -8,7 +8,7 @@ batch completes when the batch does.  The rule deciding when to start a batch an
 
 * a **table** n ↦ b (an SMDP solution, static, greedy, control-limit), applied at the model's
   decision epochs: a batch completion, or an arrival to an idle server (paper 004 §IV; eq. 30
-  for n > s_max), or
+  for n > s_max); on c instances also a busy-aware table (k busy, n) ↦ b (a 2-D array, row k), or
 * a **timeout rule** of a real server (:mod:`smdp_batch.baselines.servers`).
 
 Arrivals are Poisson, a replayed trace, or a two-phase MMPP, generated up front with a seeded

@@ -22,7 +22,9 @@ suffice where arrivals lost at N need thousands.  ``boundary="loss"`` keeps the 
 :func:`solve_instances` returns a :class:`MultiSolution`: the optimal policy on (n, running batches), its exact
 metrics, and the table n ↦ b that the runtime batcher, the simulator and the servers can follow (at each n
 the start the optimal policy makes most often among states with an idle instance, searched further where that
-is more than 0.1 % above the optimum: :func:`_refine_table`), evaluated exactly too.
+is more than 0.1 % above the optimum: :func:`_refine_table`), evaluated exactly too; and, where it is more than
+0.1 % below that table, the busy-aware table (k busy, n) ↦ b that smdp-batch's runtime follows
+(:func:`_busy_table`; under contention, where starting beside running batches slows them all).
 
 **Contention** (``problem.contention``): the model's rates and power (:mod:`smdp_batch.model.multi_server`); above
 N every instance is busy, so the tail runs at s_c·l(Bmax) and e_c·ζ(Bmax).
