@@ -138,6 +138,11 @@ def test_bad_busy_rows_are_one_line(bad, match):
 
 
 def test_a_busy_aware_table_runs_only_on_its_instance_count():
+    from smdp_batch.runtime import DynamicBatcher
+
+    table = PolicyTable([0, 1, 2, 2, 4], busy=[[0, 1, 2, 2, 4], [0, 0, 2, 2, 4]])
+    with pytest.raises(ValueError, match="a row per busy count 0..1; pass instances=2 \\(got 3\\)"):
+        DynamicBatcher(lambda xs: xs, table, None, instances=3)
     p = BatchingProblem.from_rho(0.5, service="exp", batch_sizes="1,2,4,8", instances=3)
     rule = busy_table_rule(np.array([[0, 1, 2, 2, 4], [0, 0, 2, 2, 4]]), p.batch_sizes)
     with pytest.raises(InputError, match="runs on 2 instances, not 3: simulate it with --instances 2"):

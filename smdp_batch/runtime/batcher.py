@@ -162,8 +162,13 @@ class DynamicBatcher:
         # any object with a decide method (AdaptivePolicy, PhasePolicy) is taken: mypy cannot narrow on callable()
         self._decide: Callable[[int], int] = table.decide if callable(getattr(table, "decide", None)) else table  # type: ignore[union-attr, assignment]
         busy = getattr(table, "decide_busy", None)  # a busy-aware c-server table: sees the batches running too
-        self._decide_busy: Callable[[int, int], int] | None = (
-            busy if callable(busy) and getattr(table, "busy_table", None) is not None else None)
+        rows = getattr(table, "busy_table", None)
+        self._decide_busy: Callable[[int, int], int] | None = None
+        if callable(busy) and rows is not None:
+            if len(rows) != int(count):
+                raise ValueError(f"this busy-aware table has a row per busy count 0..{len(rows) - 1}; pass "
+                                 f"instances={len(rows)} (got {int(count)})")
+            self._decide_busy = busy
         self._observe = getattr(table, "observe_arrival", None)
         redecide = getattr(table, "next_decision_ms", None)
         self._redecide = redecide if callable(redecide) else None
