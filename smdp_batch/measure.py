@@ -55,12 +55,17 @@ from .measure_worker import (NAME, Run, default_make_batch, energy_source, load_
                              run_here, run_in_child, synchronize, untrusted_folders, versions)
 
 __all__ = ["measure", "Measurement", "load_callable", "default_make_batch", "check_settings", "module_sources",
-           "DEFAULT_SIZES", "REPEATS_MAX", "WARMUP_MAX", "CALLS_MAX", "POWER_MAX_W"]
+           "DEFAULT_SIZES", "REPEATS_MAX", "WARMUP_MAX", "CALLS_MAX", "POWER_MAX_W", "CONCURRENCY_MAX",
+           "contention_summary"]
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32)
 REPEATS_MAX = WARMUP_MAX = 100_000  # calls per size
 CALLS_MAX = 1_000_000  # timed calls (rows) of one profile
 POWER_MAX_W = 1e6
+CONCURRENCY_MAX = 8  # callers at once (--concurrency): the instances a contention spec is measured for
+#: A measured S_k up to this share above S_{k−1}·k/(k − 1) (k callers serving exactly as many as k − 1: a device
+#: that runs one call at a time, plus the threads' overhead) is taken at that bound.
+SERIAL_SLACK = 0.02
 _LOG = logging.getLogger("smdp_batch")
 
 
@@ -230,18 +235,70 @@ def _progress(total: int, enabled: bool | None):
     return tqdm(total=total, unit="call", desc="measuring", file=sys.stderr, leave=False)
 
 
+def contention_summary(blocks, levels, energy: bool) -> dict:
+    """What the runs with k callers at once (``levels``: (b, k, round spans ns, energy mJ | None)) say against the
+    runs alone (``blocks``: (b, times ns, energy mJ | None)): per size and k, the latency factor S_k(b) (the mean
+    span of a round of k batches started together over the mean time of one alone: k instances serve k/S_k
+    batches per l(b), as the contention model's processor sharing does) and, with energy, E_k(b) (the energy
+    per batch over the energy alone);
+    and the factors over all sizes (Σ_b of the means at k over Σ_b of the means alone, so the large batches that
+    carry a heavy load weigh most) as a ``--contention`` spec.  A factor below 1 (noise: a batch is never faster
+    beside others) counts as 1; the spec stops before the first k at which k callers served less than k − 1."""
+    from .runtime.contention import Contention
+
+    alone = {int(b): (np.mean(t), (e / len(t)) if e is not None else None) for b, t, e in blocks if len(t)}
+    rows: list[dict] = []
+    sums: dict[int, list[float]] = {}
+    for b, k, t, e in levels:
+        if int(b) not in alone or not len(t):
+            continue
+        m1, e1 = alone[int(b)]
+        mk, ek = float(np.mean(t)), ((e / (k * len(t))) if e is not None else None)
+        row = {"batch_size": int(b), "callers": int(k), "mean_span_ms": mk / 1e6, "latency_factor": mk / m1}
+        if energy and ek is not None and e1:
+            row["energy_factor"] = ek / e1
+        rows.append(row)
+        acc = sums.setdefault(int(k), [0.0, 0.0, 0.0, 0.0])
+        acc[0] += mk
+        acc[1] += m1
+        if energy and ek is not None and e1:
+            acc[2] += ek
+            acc[3] += e1
+    lat, en, note = [1.0], [1.0], ""
+    for k in sorted(sums):
+        if k != len(lat) + 1:
+            break
+        sk, top = float(f"{max(sums[k][0] / sums[k][1], 1.0):.4g}"), lat[-1] * k / (k - 1)
+        if sk > top * (1 + SERIAL_SLACK):
+            note = (f"{k} callers at once served less than {k - 1} ({k}/{sk:.3g} < {k - 1}/{lat[-1]:.3g}): run at most "
+                    f"{k - 1} instance{'s' if k > 2 else ''}")
+            break
+        lat.append(min(sk, float(f"{top:.4g}") if sk > top else sk))  # a device that runs one call at a time: S_k = k
+        en.append(float(f"{sums[k][2] / sums[k][3]:.4g}") if sums[k][3] > 0 else 1.0)
+    spec = Contention(tuple(lat), tuple(en)).spec() if len(lat) > 1 else None
+    return {"sizes": rows, "latency": lat, "energy": en if energy else None, "spec": spec, "note": note}
+
+
 def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes: Sequence[int] = DEFAULT_SIZES, *,
             warmup: int = 3, repeats: int = 10, budget_s: float | None = None, energy: str = "auto",
             power_w: float | None = None, device_index: int = 0, progress: bool | None = None,
-            warn: bool = True) -> Measurement:
+            warn: bool = True, concurrency: int = 1) -> Measurement:
     """Time ``fn(make_batch(b))`` at each size (see the module doc); returns the :class:`Measurement`.
 
     ``fn`` and ``make_batch`` are callables or ``"module:function"`` names (both names, or a name and
     ``make_batch=None`` for :func:`default_make_batch`: measured in a child process).  ``energy``: ``auto``
     (NVML, then zeus, else none), ``nvml``, ``zeus`` or ``none``; ``power_w`` instead gives ζ = power_w·latency.
     ``progress``: a tqdm bar (None: on a terminal only).  ``warn``: log a failure that stopped the run.
+    ``concurrency`` K (1..:data:`CONCURRENCY_MAX`): after each size alone, the same size with k = 2..K callers at
+    once, each on its own batch in its own thread (as instances of one model on one device run); the rows stay
+    the runs alone, and ``meta["concurrency"]`` holds the factors (:func:`contention_summary`).
     """
     sizes, warmup, repeats, budget_s, power_w = check_settings(sizes, warmup, repeats, budget_s, power_w)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) \
+            or not 1 <= concurrency <= CONCURRENCY_MAX:
+        raise InputError(f"concurrency must be an integer from 1 to {CONCURRENCY_MAX} (callers at once), "
+                         f"got {concurrency!r}")
+    concurrency = int(concurrency)
     if energy not in ("auto", "nvml", "zeus", "none"):
         raise InputError(f"energy source {energy!r} is unknown; valid: auto, nvml, zeus, none")
     if power_w is not None and energy in ("nvml", "zeus"):
@@ -266,7 +323,7 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
             statics = module_sources(fn, folder) + module_sources(make_batch, folder)  # type: ignore[arg-type]
             cfg = {"fn": fn, "make_batch": make_batch, "folder": folder, "ppid": os.getpid(), "sizes": sizes,
                    "warmup": warmup, "repeats": repeats, "energy": energy, "power_w": power_w,
-                   "device_index": int(device_index), "progress": bar is not None,
+                   "device_index": int(device_index), "progress": bar is not None, "concurrency": concurrency,
                    "untrusted": untrusted_folders(statics),
                    "path": [p for p in sys.path if isinstance(p, str) and p]}
             run_in_child(cfg, budget_s, run)
@@ -286,7 +343,7 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
             run.info["cuda_sync"] = sync.__name__ == "synchronize"
             source, device, energy_note = ((counter.name, counter.device, counter.note) if counter is not None
                                            else (None, "cpu", ""))
-            run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run)
+            run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run, concurrency)
             run.info["libraries"] = versions()
     finally:
         if bar is not None:
@@ -325,6 +382,12 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
                           else "not measured"),
         "complete": not run.note, "note": run.note, "stopped_at": run.stopped_at, "failure": run.failure,
     }
+    if concurrency > 1:
+        meta["concurrency"] = {"callers": concurrency, "method": (
+            "each size again with k = 2..K callers at once, each on its own batch in its own thread, every round "
+            "started together; S_k(b) = mean span of a round (first start to last end) / mean time alone"
+            + (", E_k(b) = energy per batch at k / alone" if source is not None else "")),
+            **contention_summary(run.blocks, run.levels, source is not None)}
     return Measurement(batch=np.asarray(batch, dtype=np.int64), latency_ms=np.asarray(lat, dtype=np.float64),
                        energy_mj=np.asarray(en, dtype=np.float64) if has_energy else None, meta=meta,
                        sources=tuple(sources))

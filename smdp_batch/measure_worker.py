@@ -123,12 +123,86 @@ def versions() -> dict:
 
 
 # ------------------------------------------------------------------------------------ the measuring loop
+def _together(fn, datas, warmup, repeats, deadline, counter, sync, stop) -> tuple[list, float | None, bool]:
+    """len(datas) callers at once, each on its own batch: ``warmup`` untimed rounds, then ``repeats`` timed ones,
+    every round started together (a barrier) in threads of their own.  Returns (each timed round's span in ns,
+    from its first call's start to its last call's end, the energy of the timed rounds in mJ or None, whether the
+    deadline cut them); raises what a call raised.  The span, not each call's own time, is what k instances take
+    for k batches: a device that runs one call at a time gives a span of k calls alone, where the calls' own
+    times average (k + 1)/2."""
+    k = len(datas)
+    times: list[list[tuple[int, int]]] = [[] for _ in range(k)]
+    errors: list[BaseException] = []
+    ctl = {"round": 0, "go": True, "cut": False, "t0": 0.0, "t1": 0.0, "begun": False}
+
+    def decide():  # in one thread, once all have arrived: what the next round is
+        r = ctl["round"]
+        if r == warmup and counter is not None:
+            sync()
+            counter.begin()
+            ctl["begun"], ctl["t0"] = True, time.perf_counter()
+        elif r == warmup and counter is None:
+            ctl["t0"] = time.perf_counter()
+        if r == warmup + repeats:
+            ctl["t1"] = time.perf_counter()
+        if r >= warmup + repeats:  # untimed rounds while the energy reading waits for a refresh
+            ctl["go"] = ctl["begun"] and counter.more() and time.monotonic() < deadline \
+                and not (stop is not None and stop.is_set())
+        ctl["round"] = r + 1
+
+    barrier = threading.Barrier(k, action=decide)
+
+    def caller(i: int) -> None:
+        try:
+            while True:
+                barrier.wait()
+                r = ctl["round"] - 1
+                if r >= warmup + repeats and not ctl["go"]:
+                    return
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                    ctl["cut"] = True
+                    barrier.abort()
+                    return
+                sync()
+                t0 = time.perf_counter_ns()
+                fn(datas[i])
+                sync()
+                t1 = time.perf_counter_ns()
+                if warmup <= r < warmup + repeats:
+                    times[i].append((t0, t1))
+        except threading.BrokenBarrierError:
+            return
+        except BaseException as e:  # noqa: BLE001 - the user's code: reported as its size's failure
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=caller, args=(i,), name=f"smdp-batch caller {i}", daemon=True)
+               for i in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():  # joined in steps: the calling thread stays responsive to signals
+            t.join(0.05)
+    if errors:
+        raise errors[0]
+    rounds = min(len(row) for row in times)  # every caller's round (a cut one may lack the last)
+    flat = [max(row[r][1] for row in times) - min(row[r][0] for row in times) for r in range(rounds)]
+    block = None
+    if ctl["begun"]:
+        block = float(counter.end(max(ctl["t1"] - ctl["t0"], 0.0) if not ctl["cut"] else sum(flat) / 1e9))
+        if not math.isfinite(block):
+            raise ValueError(f"the {counter.name} counter read {block}")
+    return flat, block, bool(ctl["cut"])
+
+
 def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=lambda e: False, calls=False,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, concurrency: int = 1) -> None:
     """Measure every size, reporting through ``send``: {"begin": b}, {"made": b}, {"calls": 1} (``calls``),
     then {"size": b, "times": [ns…], "energy": mJ|None, "cut": bool}, and at the end {"done": True} or
     {"fail": b, "stage": make|call|energy, "error": text}.  Whatever the user's code raises is a failure of
-    its size, except what ``real`` says a signal raised."""
+    its size, except what ``real`` says a signal raised.  ``concurrency`` K > 1: after each size alone, the
+    same size with k = 2..K callers at once (:func:`_together`), each reported as {"size": b, "level": k, …}
+    with the rounds' spans as its times."""
     for b in sizes:
         send({"begin": b})
         if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
@@ -164,14 +238,23 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                 block = float(counter.end(sum(times) / 1e9))
                 if not math.isfinite(block):
                     raise ValueError(f"the {counter.name} counter read {block}")
-            del data
+            send({"size": b, "times": times, "energy": block, "cut": cut})
+            datas = [data]
+            for k in range(2, concurrency + 1 if not cut else 0):
+                stage = "make"
+                datas.append(make(b))  # each caller its own batch
+                stage = "call"
+                got, energy, cut = _together(fn, datas, warmup, repeats, deadline, counter, sync, stop)
+                send({"size": b, "level": k, "times": got, "energy": energy, "cut": cut})
+                if cut:
+                    break
+            del data, datas
         except BaseException as e:
             if real(e):
                 raise
-            data = None  # noqa: F841 - drop the batch before reporting (a MemoryError needs the room)
+            data = datas = None  # noqa: F841 - drop the batches before reporting (a MemoryError needs the room)
             send({"fail": b, "stage": stage, "error": describe(e)})
             return
-        send({"size": b, "times": times, "energy": block, "cut": cut})
         if cut:
             return
     send({"done": True})
@@ -206,6 +289,7 @@ class Run:
     def __init__(self, fn_name: str, sizes, repeats: int, budget_s, bar):
         self.fn_name, self.sizes, self.repeats, self.budget_s, self.bar = fn_name, sizes, repeats, budget_s, bar
         self.blocks: list = []  # (b, times in ns, energy mJ | None)
+        self.levels: list = []  # with concurrent callers: (b, k, times in ns, energy mJ | None)
         self.current, self.stage, self.finished = None, "make", False
         self.note, self.failure, self.stopped_at = "", "", None
         self.info: dict = {"libraries": {}, "cuda_sync": False, "sources": []}
@@ -221,13 +305,18 @@ class Run:
             if self.bar is not None:
                 self.bar.update(msg["calls"])
         elif "size" in msg:
-            b, times = msg["size"], msg["times"]
+            b, times, k = msg["size"], msg["times"], int(msg.get("level", 1))
             if times:
-                self.blocks.append((b, times, msg.get("energy")))
+                if k == 1:
+                    self.blocks.append((b, times, msg.get("energy")))
+                else:
+                    self.levels.append((b, k, times, msg.get("energy")))
             if msg.get("cut"):
                 self.stopped_at, self.finished = b, True
-                self.note = (f"time budget of {self.budget_s:g} s ran out at b = {b} ({len(times)} of {self.repeats} "
-                             f"timed calls); sizes {[s for s in self.sizes if s > b] or 'none'} not measured")
+                with_k = f" with {k} callers at once" if k > 1 else ""
+                self.note = (f"time budget of {self.budget_s:g} s ran out at b = {b}{with_k} ({len(times)} of "
+                             f"{self.repeats * k} timed calls); sizes {[s for s in self.sizes if s > b] or 'none'} "
+                             "not measured")
         elif "fail" in msg:
             self.current, self.stage = msg["fail"], msg["stage"]
             err = msg["error"]
@@ -254,12 +343,13 @@ class Run:
         self._stop(f"the measuring process {how} in {self._where()}")
 
 
-def run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run: Run) -> None:
+def run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run: Run, concurrency: int = 1) -> None:
     """The loop in this process: in the calling thread, or with a budget in a worker thread it can leave."""
     calls = run.bar is not None
     if budget_s is None:
         with _signal_flag() as real:
-            _loop(fn, make, sizes, warmup, repeats, math.inf, counter, sync, run.handle, real, calls)
+            _loop(fn, make, sizes, warmup, repeats, math.inf, counter, sync, run.handle, real, calls,
+                  concurrency=concurrency)
         return
     box: queue.SimpleQueue = queue.SimpleQueue()
     stop = threading.Event()
@@ -267,7 +357,8 @@ def run_here(fn, make, sizes, warmup, repeats, budget_s, counter, sync, run: Run
 
     def work():
         try:
-            _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, box.put, calls=calls, stop=stop)
+            _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, box.put, calls=calls, stop=stop,
+                  concurrency=concurrency)
         except BaseException as e:  # only a failure to report: the loop catches the user's code
             box.put({"crash": describe(e)})
 
@@ -341,7 +432,7 @@ def _child(fd: int, ctl: int) -> None:
         threading.Thread(target=lambda: (control.read(), os._exit(1)), daemon=True).start()  # caller gone: stop
         deadline = time.monotonic() + budget if budget else math.inf
         _loop(fn, make, cfg["sizes"], cfg["warmup"], cfg["repeats"], deadline, counter, sync, send,
-              calls=cfg["progress"])
+              calls=cfg["progress"], concurrency=int(cfg.get("concurrency", 1)))
     except MemoryError:
         os._exit(_EXIT_NOMEM)
     except BaseException as e:  # noqa: BLE001 - a report that failed; the caller sees the process end

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
-from ..measure import (CALLS_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings, measure,
-                       module_sources)
+from ..measure import (CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings,
+                       measure, module_sources)
 from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, option
 
@@ -32,6 +32,9 @@ from .types import Grid, Number, OneOf, OutputPath, option
         help="GPU whose energy counter is read.")
 @option("-o", "--output", type=OutputPath(".csv"), required=True,
         help="Profile CSV to write (batch_size,latency_ms[,energy_mj]); the sidecar is OUTPUT.json.")
+@option("--concurrency", type=Number(integer=True, min=1, max=CONCURRENCY_MAX), default=1, show_default=True,
+        help="Also time each size with 2..K callers at once (instances on one device): prints the slowdown per "
+             "size and the --contention spec for solve, simulate, compare and export.")
 @option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
 @option("--lam", type=Number(min=0, min_open=True), default=None,
         help="Your load in requests/ms, for the next-step command (instead of --rps).")
@@ -39,7 +42,7 @@ from .types import Grid, Number, OneOf, OutputPath, option
         help="Your load in requests/s, for the next-step command.")
 @json_option
 def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_source, power_w, device_index, output,
-                quiet, lam, rps, as_json):
+                concurrency, quiet, lam, rps, as_json):
     """Time FUNCTION(make_batch(b)) at each batch size and write the profile CSV the solver reads.
 
     FUNCTION is your code named as module:function (imported from the current folder or sys.path,
@@ -59,7 +62,7 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     prepare_outputs([("-o", output), ("-o's sidecar", f"{output}.json", False)], inputs)
     m = measure(function, make_batch, sizes=sizes, warmup=warmup, repeats=repeats, budget_s=budget_s,
                 energy=energy_source, power_w=power_w, device_index=device_index, progress=False if quiet else None,
-                warn=False)
+                warn=False, concurrency=int(concurrency))
     if not m.batch.size:
         raise InputError(f"nothing was measured: {m.note or 'no sizes'}; {output} not written")
     path, sidecar = m.write(output, "-o")
@@ -76,10 +79,16 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
         e = f", ζ = {r['mean_energy_mj']:.5g} mJ" if "mean_energy_mj" in r else ""
         lines.append(f"  b = {r['batch_size']:4d}  l = {r['mean_latency_ms']:.5g} ± {r['std_latency_ms']:.2g} ms "
                      f"({r['samples']} calls){e}")
+    cont = m.meta.get("concurrency")
+    if cont is not None:
+        data["concurrency"] = cont
+        lines += _contention_lines(cont)
     if m.note:
         lines.append(f"  incomplete  {m.note}")
     lines.append(f"  sidecar     {sidecar}")
     nxt = next_command(path, m.meta["measured_sizes"], bool(summary) and "mean_energy_mj" in summary[0], lam, rps)
+    if cont is not None and cont["spec"]:
+        nxt += f" --instances {len(cont['latency'])} --contention {cont['spec']}"
     data["next"] = nxt
     lines.append(f"  next        smdp-batch profile {path}; {nxt}")
     if lam is None and rps is None:
@@ -88,6 +97,22 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
         lines.append("              (no energy was measured: add --power const:WATTS, your device's power while a batch "
                      "runs; without it ζ(b) is the paper's GPU's)")
     emit(data, as_json, "\n".join(lines))
+
+
+def _contention_lines(cont: dict) -> list[str]:
+    """The slowdown with k callers at once, per size, and the spec it gives."""
+    lines = ["  beside      k callers at once, each its own batch: S_k = time for all k / time for one alone"
+             + (", E_k = energy per batch / alone" if cont["energy"] else "")]
+    by_size: dict[int, list[str]] = {}
+    for r in cont["sizes"]:
+        e = f", E = {r['energy_factor']:.3g}" if "energy_factor" in r else ""
+        by_size.setdefault(r["batch_size"], []).append(f"k={r['callers']}: S = {r['latency_factor']:.3g}{e}")
+    lines += [f"  b = {b:4d}  " + "; ".join(parts) for b, parts in by_size.items()]
+    if cont["spec"]:
+        lines.append(f"  contention  --contention {cont['spec']} (over all sizes, weighted by their times)")
+    if cont["note"]:
+        lines.append(f"  contention  {cont['note']}")
+    return lines
 
 
 def next_command(path: str, sizes, has_energy: bool, lam: float | None, rps: float | None) -> str:

@@ -1,0 +1,128 @@
+"""``measure --concurrency K``: each size timed again with k = 2..K callers at once, and the ``--contention`` spec
+those runs give.  Stand-in devices with known contention: one that runs one call at a time (S_k = k), one with
+room for every caller (S_k = 1); the factor arithmetic on known numbers; failures and the budget."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from smdp_batch.cli import main
+from smdp_batch.errors import InputError
+from smdp_batch.measure import SERIAL_SLACK, contention_summary, measure
+from smdp_batch.runtime.contention import parse_contention
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def _serial(batch) -> None:
+    """A device that runs one batch at a time: callers queue for it."""
+    with _ONE_AT_A_TIME:
+        time.sleep(0.001 * len(batch) + 0.002)
+
+
+def _roomy(batch) -> None:
+    """A device with room for every caller (sleep releases the GIL)."""
+    time.sleep(0.001 * len(batch) + 0.002)
+
+
+def _factors(m) -> tuple[float, ...]:
+    return tuple(m.meta["concurrency"]["latency"])
+
+
+def test_a_device_that_runs_one_call_at_a_time_takes_k_times_as_long():
+    m = measure(_serial, sizes=(2, 8), warmup=1, repeats=6, concurrency=3, progress=False)
+    s = _factors(m)
+    assert len(s) == 3 and s[1] == pytest.approx(2.0, rel=0.08) and s[2] == pytest.approx(3.0, rel=0.08)
+    spec = m.meta["concurrency"]["spec"]
+    parse_contention(spec).check(3)  # a spec the solver takes as it is
+    assert m.batch.size == 12  # the profile's rows are the runs alone
+    rows = m.meta["concurrency"]["sizes"]
+    assert {(r["batch_size"], r["callers"]) for r in rows} == {(2, 2), (2, 3), (8, 2), (8, 3)}
+
+
+def test_a_device_with_room_for_every_caller_does_not_slow_down():
+    m = measure(_roomy, sizes=(2, 8), warmup=1, repeats=6, concurrency=3, progress=False)
+    assert all(x == pytest.approx(1.0, abs=0.15) for x in _factors(m))
+    assert m.meta["concurrency"]["energy"] is None and not m.meta["concurrency"]["note"]
+
+
+def test_the_factors_from_known_runs():
+    """Spans and energies given: S_k over all sizes weighs each size by its time; E_k is per batch; a factor below
+    1 counts as 1; a k that serves less than k − 1 ends the spec (within SERIAL_SLACK it is taken at the bound)."""
+    ms = 1_000_000  # ns
+    blocks = [(1, [2 * ms] * 4, 40.0), (8, [10 * ms] * 4, 200.0)]  # alone: 2 and 10 ms, 10 and 50 mJ a batch
+    levels = [(1, 2, [3 * ms] * 4, 8 * 12.0), (8, 2, [15 * ms] * 4, 8 * 45.0),  # two at once: 1.5×, E 1.2 and 0.9
+              (1, 3, [1 * ms] * 4, 12 * 10.0), (8, 3, [24 * ms] * 4, 12 * 50.0),  # three: (1 + 24)/12 = 25/12
+              (1, 4, [40 * ms] * 4, None), (8, 4, [40 * ms] * 4, None)]  # four: serves less than three
+    out = contention_summary(blocks, levels, energy=True)
+    assert out["latency"][1] == pytest.approx(18 / 12, rel=1e-3)
+    assert out["energy"][1] == pytest.approx((12 + 45) / (10 + 50), rel=1e-3)
+    assert out["latency"][2] == pytest.approx(25 / 12, rel=1e-3) and len(out["latency"]) == 3
+    assert "4 callers at once served less than 3" in out["note"] and "run at most 3 instances" in out["note"]
+    assert parse_contention(out["spec"]).latency == tuple(out["latency"])
+    by = {(r["batch_size"], r["callers"]): r for r in out["sizes"]}
+    assert by[(1, 2)]["latency_factor"] == pytest.approx(1.5) and by[(8, 2)]["energy_factor"] == pytest.approx(0.9)
+    near = contention_summary(blocks[:1], [(1, 2, [int(2 * ms * 2 * (1 + SERIAL_SLACK / 2))] * 4, None)], False)
+    assert near["latency"] == [1.0, 2.0] and not near["note"]  # one call at a time, plus overhead: S_2 = 2
+    faster = contention_summary(blocks[:1], [(1, 2, [ms] * 4, None)], False)
+    assert faster["latency"] == [1.0, 1.0]
+
+
+def test_a_call_that_fails_beside_another_stops_the_run_at_its_size():
+    busy = threading.Event()
+
+    def alone_only(batch):
+        if busy.is_set():
+            raise RuntimeError("device busy")
+        busy.set()
+        try:
+            time.sleep(0.003)
+        finally:
+            busy.clear()
+
+    m = measure(alone_only, sizes=(1, 2), warmup=0, repeats=4, concurrency=2, progress=False, warn=False)
+    assert m.failure and "RuntimeError: device busy" in m.failure and m.meta["stopped_at"] == 1
+    assert sorted(set(m.batch.tolist())) == [1]  # the run alone was measured before the failure
+
+
+def test_the_budget_cuts_a_concurrent_round_and_says_so():
+    """Alone: 30 calls of 10 ms; two at once: 30 rounds of 20 ms, cut by the 0.5 s budget."""
+    m = measure(_serial, sizes=(8, 16), warmup=0, repeats=30, concurrency=2, budget_s=0.5, progress=False)
+    assert not m.complete
+    assert "ran out at b = 8 with 2 callers at once" in m.note and "sizes [16] not measured" in m.note
+    assert sorted(set(m.batch.tolist())) == [8]
+
+
+@pytest.mark.parametrize("bad", [0, 9, 1.5, True, "2"])
+def test_bad_concurrency_is_refused(bad):
+    with pytest.raises(InputError, match="concurrency must be an integer from 1 to 8"):
+        measure(_roomy, sizes=(1,), concurrency=bad)
+
+
+@pytest.mark.parametrize("value", ["0", "9", "1.5"])
+def test_bad_concurrency_on_the_command_line_is_one_line(value, capsys, tmp_path):
+    assert main(["measure", "slowmod:infer", "--concurrency", value, "-o", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--concurrency" in err[0]
+
+
+def test_the_command_prints_the_factors_and_the_spec_to_solve_with(tmp_path, monkeypatch, capsys):
+    (tmp_path / "serialdev.py").write_text(
+        "import threading, time\nL = threading.Lock()\n\ndef infer(batch):\n    with L:\n"
+        "        time.sleep(0.001 * len(batch) + 0.002)\n")
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "p.csv")
+    assert main(["measure", "serialdev:infer", "--sizes", "2,4", "--repeats", "5", "--concurrency", "2", "-o", out,
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    spec = d["concurrency"]["spec"]
+    assert parse_contention(spec).latency[1] == pytest.approx(2.0, rel=0.08)
+    assert d["next"].endswith(f"--instances 2 --contention {spec}")
+    side = json.loads((tmp_path / "p.csv.json").read_text())
+    assert side["concurrency"]["spec"] == spec and side["concurrency"]["callers"] == 2
+    assert np.loadtxt(out, delimiter=",", skiprows=1).shape == (10, 2)  # the rows alone
