@@ -17,8 +17,9 @@ More instances must never lower the throughput of a full device: k/s_k must not 
 instances), so s_k ≤ s_{k−1}·k/(k − 1); s_k ≥ 1 (a batch is never faster beside others).
 
 The spec is ``K:S[:E],…`` for K = 2, 3, … in order, e.g. ``2:1.4,3:1.9:0.95,4:2.4:0.9`` (omitted E: 1).
-Measure s_k by timing one batch size with k concurrent callers against one caller (``--latency`` is l(b) at
-k = 1).  The factors apply to every batch size alike.
+``smdp-batch measure FN --concurrency K`` measures s_k (and e_k) by timing each size with k callers at once
+against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1).  The factors
+apply to every batch size alike.
 
 It lives in ``runtime/`` (numpy only) because a server reads a c-server table's contention without the model's
 dependencies; :class:`~smdp_batch.model.problem.BatchingProblem` holds one.
