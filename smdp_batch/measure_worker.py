@@ -207,7 +207,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
         send({"begin": b})
         if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return send({"size": b, "times": [], "energy": None, "cut": True})  # before building its batch
-        stage, times, cut, begun, block = "make", [], False, False, None
+        stage, times, cut, begun, block, level = "make", [], False, False, None, 1
         try:
             data = make(b)
             stage = "call"
@@ -240,12 +240,12 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                     raise ValueError(f"the {counter.name} counter read {block}")
             send({"size": b, "times": times, "energy": block, "cut": cut})
             datas = [data]
-            for k in range(2, concurrency + 1 if not cut else 0):
+            for level in range(2, concurrency + 1 if not cut else 0):
                 stage = "make"
                 datas.append(make(b))  # each caller its own batch
                 stage = "call"
                 got, energy, cut = _together(fn, datas, warmup, repeats, deadline, counter, sync, stop)
-                send({"size": b, "level": k, "times": got, "energy": energy, "cut": cut})
+                send({"size": b, "level": level, "times": got, "energy": energy, "cut": cut})
                 if cut:
                     break
             del data, datas
@@ -253,7 +253,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
             if real(e):
                 raise
             data = datas = None  # noqa: F841 - drop the batches before reporting (a MemoryError needs the room)
-            send({"fail": b, "stage": stage, "error": describe(e)})
+            send({"fail": b, "stage": stage, "error": describe(e), "level": level})
             return
         if cut:
             return
@@ -290,7 +290,7 @@ class Run:
         self.fn_name, self.sizes, self.repeats, self.budget_s, self.bar = fn_name, sizes, repeats, budget_s, bar
         self.blocks: list = []  # (b, times in ns, energy mJ | None)
         self.levels: list = []  # with concurrent callers: (b, k, times in ns, energy mJ | None)
-        self.current, self.stage, self.finished = None, "make", False
+        self.current, self.stage, self.finished, self.level = None, "make", False, 1  # level: callers at once
         self.note, self.failure, self.stopped_at = "", "", None
         self.info: dict = {"libraries": {}, "cuda_sync": False, "sources": []}
 
@@ -315,10 +315,10 @@ class Run:
                 self.stopped_at, self.finished = b, True
                 with_k = f" with {k} callers at once" if k > 1 else ""
                 self.note = (f"time budget of {self.budget_s:g} s ran out at b = {b}{with_k} ({len(times)} of "
-                             f"{self.repeats * k} timed calls); sizes {[s for s in self.sizes if s > b] or 'none'} "
-                             "not measured")
+                             f"{self.repeats} timed {'rounds' if k > 1 else 'calls'}); sizes "
+                             f"{[s for s in self.sizes if s > b] or 'none'} not measured")
         elif "fail" in msg:
-            self.current, self.stage = msg["fail"], msg["stage"]
+            self.current, self.stage, self.level = msg["fail"], msg["stage"], int(msg.get("level", 1))
             err = msg["error"]
             oom = err.startswith("out of memory")
             self._stop(f"out of memory in {self._where()}{err[len('out of memory'):]}" if oom
@@ -328,13 +328,15 @@ class Run:
         self.finished = self.finished or bool(msg.keys() & {"done", "fail", "crash"})
 
     def _where(self) -> str:
-        return {"make": f"make_batch({self.current})", "call": self.fn_name}.get(self.stage, "the energy counter")
+        where = {"make": f"make_batch({self.current})", "call": self.fn_name}.get(self.stage, "the energy counter")
+        return where + (f" with {self.level} callers at once" if self.level > 1 else "")
 
     def _stop(self, reason: str) -> None:
         b = self.current if self.current is not None else self.sizes[0]
         self.stopped_at, self.failure, self.finished = b, reason, True
-        rest = ", ".join(str(s) for s in self.sizes if s >= b)
-        self.note = f"stopped at b = {b}: {reason}; b = {rest} not measured"
+        rest = ", ".join(str(s) for s in self.sizes if s > b or (s == b and self.level == 1)) or "none"
+        alone = f" (b = {b} was measured alone)" if self.level > 1 else ""
+        self.note = f"stopped at b = {b}: {reason}; b = {rest} not measured{alone}"
 
     def timed_out(self) -> None:
         self._stop(f"{self._where()} timed out after {self.budget_s:g} s, the time budget (it was stopped)")

@@ -87,6 +87,7 @@ def test_a_call_that_fails_beside_another_stops_the_run_at_its_size():
 
     m = measure(alone_only, sizes=(1, 2), warmup=0, repeats=4, concurrency=2, progress=False, warn=False)
     assert m.failure and "RuntimeError: device busy" in m.failure and m.meta["stopped_at"] == 1
+    assert "with 2 callers at once raised" in m.note and "b = 2 not measured (b = 1 was measured alone)" in m.note
     assert sorted(set(m.batch.tolist())) == [1]  # the run alone was measured before the failure
 
 
@@ -94,7 +95,8 @@ def test_the_budget_cuts_a_concurrent_round_and_says_so():
     """Alone: 30 calls of 10 ms; two at once: 30 rounds of 20 ms, cut by the 0.5 s budget."""
     m = measure(_serial, sizes=(8, 16), warmup=0, repeats=30, concurrency=2, budget_s=0.5, progress=False)
     assert not m.complete
-    assert "ran out at b = 8 with 2 callers at once" in m.note and "sizes [16] not measured" in m.note
+    assert "ran out at b = 8 with 2 callers at once" in m.note and "of 30 timed rounds" in m.note
+    assert "sizes [16] not measured" in m.note
     assert sorted(set(m.batch.tolist())) == [8]
 
 
