@@ -35,14 +35,22 @@ def _factors(m) -> tuple[float, ...]:
 
 
 def test_a_device_that_runs_one_call_at_a_time_takes_k_times_as_long():
+    """Per size S_k ≈ k.  Three callers on such a device serve no more than two (a loaded machine's thread wake-ups
+    can make it a few % less, beyond the slack): the spec then either takes S_3 at its bound 3·S_2/2 or stops at
+    two instances and says so."""
     m = measure(_serial, sizes=(2, 8), warmup=1, repeats=6, concurrency=3, progress=False)
-    s = _factors(m)
-    assert len(s) == 3 and s[1] == pytest.approx(2.0, rel=0.08) and s[2] == pytest.approx(3.0, rel=0.08)
-    spec = m.meta["concurrency"]["spec"]
-    parse_contention(spec).check(3)  # a spec the solver takes as it is
-    assert m.batch.size == 12  # the profile's rows are the runs alone
-    rows = m.meta["concurrency"]["sizes"]
+    cont = m.meta["concurrency"]
+    rows = cont["sizes"]
     assert {(r["batch_size"], r["callers"]) for r in rows} == {(2, 2), (2, 3), (8, 2), (8, 3)}
+    assert all(r["latency_factor"] == pytest.approx(r["callers"], rel=0.1) for r in rows)
+    s = _factors(m)
+    assert s[1] == pytest.approx(2.0, rel=0.08)
+    if len(s) == 3:
+        assert s[2] == pytest.approx(3.0, rel=0.08) and s[2] <= 1.5 * s[1] * (1 + 1e-3) and not cont["note"]
+    else:
+        assert "3 callers at once served less than 2" in cont["note"] and "run at most 2 instances" in cont["note"]
+    parse_contention(cont["spec"]).check(len(s))  # a spec the solver takes as it is
+    assert m.batch.size == 12  # the profile's rows are the runs alone
 
 
 def test_a_device_with_room_for_every_caller_does_not_slow_down():
