@@ -137,6 +137,15 @@ def test_bad_busy_rows_are_one_line(bad, match):
         PolicyTable([0, 1, 2, 3], busy=[[0, 1, 2, 3]] * 3, meta={"inputs": {"instances": 2}})
 
 
+def test_ragged_rows_are_one_line_everywhere():
+    p = BatchingProblem.from_rho(0.5, service="exp", batch_sizes="1,2,4,8", instances=2)
+    ragged = [[0, 1, 2, 2, 4], [0, 1]]
+    for call in (lambda: PolicyTable([0, 1, 2, 2, 4], busy=ragged), lambda: simulate(p, ragged, requests=100),
+                 lambda: evaluate_instances_table(p, ragged)):
+        with pytest.raises(InputError, match="rows of different lengths"):
+            call()
+
+
 def test_a_busy_aware_table_runs_only_on_its_instance_count():
     from smdp_batch.runtime import DynamicBatcher
 

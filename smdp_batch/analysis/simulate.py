@@ -176,11 +176,11 @@ def _check_arrivals(arrivals) -> np.ndarray:
 
 
 def _as_rule(rule, problem: BatchingProblem):
-    from ..baselines.servers import ServerRule, busy_table_rule, table_rule
+    from ..baselines.servers import ServerRule, busy_table_rule, is_busy_table, table_rule
 
     if hasattr(rule, "policy") and hasattr(rule, "s_max"):  # a Solution: states 0..s_max (S_o dropped, eq. 30)
         rule = np.asarray(rule.policy)[: rule.s_max + 1]
-    if not isinstance(rule, ServerRule) and np.ndim(rule) == 2:  # a busy-aware table of c instances
+    if not isinstance(rule, ServerRule) and is_busy_table(rule):  # a busy-aware table of c instances
         rule = busy_table_rule(rule, problem.batch_sizes)
     rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
     rule.check(problem.batch_sizes)

@@ -58,7 +58,7 @@ from ..errors import InputError
 from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 
-__all__ = ["ServerRule", "table_rule", "busy_table_rule", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+__all__ = ["ServerRule", "table_rule", "busy_table_rule", "is_busy_table", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
     "static:B, greedy, control:Q, FILE.h5 (each optionally +timer:MS), triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
@@ -152,13 +152,24 @@ def table_rule(policy, batch_sizes=None, spec: str = "table") -> ServerRule:
     return ServerRule("table", spec, p, p.size - 1, int(p.max()), _dummy()[:0], 0.0)
 
 
+def is_busy_table(policy) -> bool:
+    """Whether ``policy`` is given as rows (a busy-aware table): a 2-D array or a list of sequences."""
+    if isinstance(policy, np.ndarray):
+        return policy.ndim == 2
+    return isinstance(policy, (list, tuple)) and bool(policy) and all(isinstance(r, (list, tuple, np.ndarray))
+                                                                        for r in policy)
+
+
 def busy_table_rule(busy, batch_sizes=None, spec: str = "busy-aware table") -> ServerRule:
     """A busy-aware table for c instances sharing the queue: busy[k, s], the size started at queue length s with k
     instances busy (k = 0..c−1; each row validated as a :class:`~smdp_batch.runtime.PolicyTable`), applied at
     arrivals and batch ends while an instance is idle (:func:`~smdp_batch.solvers.multi_pi.solve_instances`)."""
-    b = np.asarray(busy)
+    try:
+        b, got = np.asarray(busy), ""
+    except (ValueError, TypeError):
+        b, got = np.zeros(0), "rows of different lengths"
     if b.ndim != 2 or b.shape[0] < 1:
-        raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got shape {b.shape}")
+        raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got {got or f'shape {b.shape}'}")
     rows = np.stack([PolicyTable(row, batch_sizes).policy for row in b])
     return ServerRule("busy", spec, rows.ravel(), rows.shape[1] - 1, int(rows.max()), _dummy()[:0], 0.0)
 
@@ -172,7 +183,7 @@ def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None, for
     size (``"pad"``, the runtime's ``short_batch="pad-up"``; Triton's rule on padded profiles)."""
     if forced not in ("largest", "pad"):
         raise InputError(f"a forced batch is 'largest' or 'pad', got {forced!r}")
-    base = busy_table_rule(policy, batch_sizes) if np.ndim(policy) == 2 else table_rule(policy, batch_sizes, spec="table")
+    base = busy_table_rule(policy, batch_sizes) if is_busy_table(policy) else table_rule(policy, batch_sizes, spec="table")
     try:
         tau = float(tau_ms)
     except (TypeError, ValueError):

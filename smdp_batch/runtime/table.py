@@ -37,7 +37,10 @@ class PolicyTable:
     """A validated batching table: ``decide(n)`` for every n ≥ 0, vectorised ``decide_many``."""
 
     def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None, busy=None):
-        p = np.asarray(policy)
+        try:
+            p = np.asarray(policy)
+        except (ValueError, TypeError):  # ragged: not a table
+            p = np.asarray(None)
         if p.dtype.kind not in "biuf":  # ints beyond int64 (object arrays), strings, None, ragged rows
             raise InputError("a policy table must be a 1-D array of integer batch sizes, one per queue length 0..s_max")
         if p.ndim != 1 or p.size < 1 or not np.all(np.isfinite(p)) or np.any(p != np.round(p)):
@@ -62,10 +65,13 @@ class PolicyTable:
         self.path = path
         self._busy: np.ndarray | None = None
         if busy is not None:
-            b = np.asarray(busy)
+            try:
+                b, got = np.asarray(busy), ""
+            except (ValueError, TypeError):
+                b, got = np.zeros(0), "rows of different lengths"
             if b.ndim != 2 or b.shape[0] < 2 or b.shape[1] != p.size:
                 raise InputError(f"a busy-aware table has one row per busy count 0..c−1 (c ≥ 2), each of {p.size} "
-                                 f"queue lengths like the table, got shape {b.shape}")
+                                 f"queue lengths like the table, got {got or f'shape {b.shape}'}")
             rows = np.stack([PolicyTable(row, self.batch_sizes).policy for row in b])
             if self.instances > 1 and rows.shape[0] != self.instances:
                 raise InputError(f"a table of {self.instances} instances needs a busy-aware row per busy count "

@@ -542,9 +542,12 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
     above N (the table's own long-queue action when it ends in Bmax)."""
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
-    t = np.asarray(table)
+    try:
+        t, got = np.asarray(table), ""
+    except (ValueError, TypeError):
+        t, got = np.zeros(0), "rows of different lengths"
     if t.ndim not in (1, 2) or t.size == 0:
-        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got shape {t.shape}")
+        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got {got or f'shape {t.shape}'}")
     ends = np.unique(t[..., -1])
     if boundary == "tail" and not np.array_equal(ends, [problem.bmax]):
         raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
