@@ -25,6 +25,9 @@ writes ``batch_size,latency_ms[,energy_mj]`` (one row per call, the format of
   installed packages only: never from the working folder or the measured module's folder.
 * **Budget**: ``budget_s`` bounds the calls (warm-ups included) and, separately, the start of the
   child process with the import of the user's module.
+* **Several callers** (``concurrency`` K): each size is timed again with k = 2..K callers at once, each on
+  its own batch in its own thread (instances of one model on one device), for the ``--contention`` factors
+  of the several-instance model (:func:`contention_summary`).
 
 Functions are named ``module:function`` (``package.module:object.method`` too), imported from the
 current folder or ``sys.path`` as uvicorn names apps; no string is ever evaluated.  The current folder
