@@ -279,7 +279,30 @@ def contention_summary(blocks, levels, energy: bool) -> dict:
         lat.append(min(sk, float(f"{top:.4g}") if sk > top else sk))  # a device that runs one call at a time: S_k = k
         en.append(float(f"{sums[k][2] / sums[k][3]:.4g}") if sums[k][3] > 0 else 1.0)
     spec = Contention(tuple(lat), tuple(en)).spec() if len(lat) > 1 else None
-    return {"sizes": rows, "latency": lat, "energy": en if energy else None, "spec": spec, "note": note}
+    return {"sizes": rows, "latency": lat, "energy": en if energy else None, "spec": spec, "note": note,
+            "spec_by_size": _spec_by_size(rows, len(lat)) if spec else None}
+
+
+def _spec_by_size(rows: list[dict], levels: int) -> str | None:
+    """The factors per measured size as a ``B=K:S[:E],…/…`` spec for k = 2..``levels`` (the levels of the spec over
+    all sizes): each S_k(b) at least 1 and at most S_{k−1}(b)·k/(k − 1) (k callers never serving less than
+    k − 1: a size measured past that bound is taken at it).  None where a size lacks a level."""
+    from .runtime.contention import Contention
+
+    by: dict[int, dict[int, dict]] = {}
+    for r in rows:
+        by.setdefault(r["batch_size"], {})[r["callers"]] = r
+    factors = {}
+    for b, at in sorted(by.items()):
+        if any(k not in at for k in range(2, levels + 1)):
+            return None
+        lat, en = [1.0], [1.0]
+        for k in range(2, levels + 1):
+            top = lat[-1] * k / (k - 1)
+            lat.append(min(float(f"{max(at[k]['latency_factor'], 1.0):.4g}"), float(f"{top:.4g}")))
+            en.append(float(f"{at[k].get('energy_factor', 1.0):.4g}"))
+        factors[b] = Contention(tuple(lat), tuple(en))
+    return Contention.by_size(factors).spec() if factors else None
 
 
 def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes: Sequence[int] = DEFAULT_SIZES, *,

@@ -83,7 +83,8 @@ def test_contention_of_one_is_the_plain_simulation_to_the_request():
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-9)
 
 
-@pytest.mark.parametrize("c,spec", [(2, SPEC), (3, "2:1.3,3:1.8:1.2")])
+@pytest.mark.parametrize("c,spec", [(2, SPEC), (3, "2:1.3,3:1.8:1.2"), (2, "1=2:1.9:0.7/8=2:1.1:1.3"),
+                                    (3, "1=2:1.6,3:2/8=2:1.2:0.8,3:1.5:1.4")])
 def test_the_simulated_table_matches_its_exact_evaluation_under_contention(c, spec):
     p = _problem(c, spec)
     sol = solve_instances(p, idle_power_w=4.0)
@@ -105,15 +106,15 @@ def test_contention_slows_a_server_rule_and_the_simulator_sees_it(spec):
     assert b.mean_power_w < a.mean_power_w  # 0.7 of the energy per batch run beside another
 
 
-def test_replicas_under_contention_match_an_independent_event_loop():
+@pytest.mark.parametrize("spec", ["2:1.4:0.9,3:1.9:0.8", "1=2:1.2,3:1.5/2=2:1.4,3:1.9:0.8/3=2:1.6,3:2.2/4=2:1.8,3:2.4"])
+def test_replicas_under_contention_match_an_independent_event_loop(spec):
     """Ray Serve's replicas on one device, checked against a plain-Python event loop written here: each arrival
     goes to the replica of fewer ongoing requests among its two picks; a batch closes at its timeout or when full
     and runs when its replica is free; while k replicas run, every batch progresses at 1/s_k."""
 
     from smdp_batch.analysis.simulate import _router_picks
 
-    p = BatchingProblem.from_rho(0.7, batch_sizes=(1, 2, 3, 4), instances=3, service="exp",
-                                 contention="2:1.4:0.9,3:1.9:0.8")
+    p = BatchingProblem.from_rho(0.7, batch_sizes=(1, 2, 3, 4), instances=3, service="exp", contention=spec)
     rule = parse_rule("ray:max=4,timeout_s=0.003", p)
     arr = np.cumsum(np.random.default_rng(4).exponential(1 / p.lam, 3000))
     got = response_times(p, rule, arr, seed=9)
@@ -121,7 +122,12 @@ def test_replicas_under_contention_match_an_independent_event_loop():
     law_draws = p.service.sample(rng, 1.0, arr.size)  # the simulator's draws: one unit time per batch, in close order
     picks = _router_picks(rng, arr.size, 3)
     l = dict(zip(p.batch_sizes, p.latency_ms()))
-    s = p.contention.latency
+    cont = p.contention
+    by = {b: f for b, f, _ in cont.sizes}  # per size as given (every size listed), else one for all
+
+    def s(k, b):
+        return (by[b] if by else cont.latency)[k - 1]
+
     c, delay = 3, 3.0
     openb = [[] for _ in range(c)]
     opened = [0.0] * c
@@ -142,7 +148,7 @@ def test_replicas_under_contention_match_an_independent_event_loop():
         t = arr[j] if j < arr.size else math.inf
         while True:
             k = sum(x is not None for x in running)
-            ends = [(clock + x[1] * s[k - 1], r) for r, x in enumerate(running) if x is not None]
+            ends = [(clock + x[1] * s(k, len(x[0])), r) for r, x in enumerate(running) if x is not None]
             tc, rc = min(ends) if ends else (math.inf, -1)
             outs = [(opened[r] + delay, r) for r in range(c) if openb[r] and opened[r] + delay < t]
             td, rd = min(outs) if outs else (math.inf, -1)
@@ -155,7 +161,7 @@ def test_replicas_under_contention_match_an_independent_event_loop():
             if k and math.isfinite(now):
                 for x in running:
                     if x is not None:
-                        x[1] -= (now - clock) / s[k - 1]
+                        x[1] -= (now - clock) / s(k, len(x[0]))
             clock = now if math.isfinite(now) else clock
             if rc >= 0 and tc <= t and tc <= td:
                 for i in running[rc][0]:
@@ -283,3 +289,42 @@ def test_export_tunes_on_contending_instances(tmp_path, capsys):
 def test_the_spec_keeps_every_digit():
     c = parse_contention("2:1.23456789012,3:1.7777777777:0.987654321")
     assert parse_contention(c.spec()) == c
+
+
+def test_factors_by_batch_size_read_back_and_interpolate_linearly_in_b():
+    c = parse_contention("1=2:1.8,3:2.4/8=2:1.2:0.9,3:1.6:1.1/32=2:1.04,3:1.5")
+    assert parse_contention(c.spec()) == c and c.levels == 3
+    assert c.latency == (1.0, 1.04, 1.5) and c.energy == (1.0, 1.0, 1.0)  # the largest size's
+    assert c.slow(2, [1, 4.5, 8, 20, 32, 64]).tolist() == pytest.approx([1.8, 1.5, 1.2, 1.12, 1.04, 1.04])
+    assert c.energy_factor(3, [8, 20, 32]).tolist() == pytest.approx([1.1, 1.05, 1.0])
+    assert c.slow([0, 1], 8).tolist() == [1.0, 1.0]  # no batch, or one alone: no slowdown
+    assert "by batch size: b = 1: 2 busy ×1.8" in c.describe()
+    p = BatchingProblem.from_rho(0.5, batch_sizes="1,2,4,8,16,32", instances=3, contention=c.spec())
+    assert p.max_lam == pytest.approx(3 * 32 / (1.5 * float(p.latency_ms()[-1])), rel=1e-12)  # s_3 at Bmax
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("1=2:0.5", "at batch size 1: contention latency factor at 2 busy instances must be a number from 1"),
+    ("8=2:1.1/1=2:1.2", "once each, ascending; got 1 after 8"),
+    ("1=2:1.1/8=2:1.1,3:1.5", "the same busy counts at every size, got 2 at b = 1, 3 at b = 8"),
+    ("x=2:1.1", "B=K:S\\[:E\\],…/B=…"),
+    ("1=2:1.1,3:2.5", "3 instances would serve less than 2"),
+])
+def test_bad_factors_by_size_are_one_line(spec, match):
+    with pytest.raises(InputError, match=match):
+        parse_contention(spec)
+
+
+def test_a_file_solved_with_factors_by_size_carries_them(tmp_path, capsys):
+    path = str(tmp_path / "s.h5")
+    spec = "1=2:1.9:0.7/8=2:1.1:1.3"
+    args = ["--instances", "2", "--contention", spec, "--rho", "0.6", "--batch-sizes", "1,2,4,8", "--service", "exp"]
+    assert main(["solve", *args, "-o", path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["problem"]["contention"] == spec
+    assert read_policy(path).inputs["contention"] == spec
+    assert main(["evaluate", "--policy", path, "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["avg_cost"] == pytest.approx((d["busy_table_eval"] or d["table_eval"])["avg_cost"], rel=1e-9)
+    plain = solve_instances(_problem(2, "2:1.1:1.3", rho=0.6))  # the largest size's factors for every size
+    assert d["optimal"]["avg_cost"] != pytest.approx(plain.optimal.avg_cost, rel=1e-6)

@@ -25,11 +25,16 @@ def _problem(c, rho=0.6, service="exp", sizes="1,2,3", **kw):
 
 
 def _factors(p: BatchingProblem):
-    """The contention's s_k and e_k as functions of the busy count k (1 without contention)."""
+    """The contention's s_k(b) and e_k(b) as functions of the busy count k and the batch size b (1 without
+    contention), read from its factors as given: a spec by size must list every allowed size (no interpolation)."""
     c = p.contention
     if c is None:
-        return (lambda k: 1.0), (lambda k: 1.0)
-    return (lambda k: c.latency[max(k, 1) - 1]), (lambda k: c.energy[max(k, 1) - 1])
+        return (lambda k, b: 1.0), (lambda k, b: 1.0)
+    if not c.sizes:
+        return (lambda k, b: c.latency[max(k, 1) - 1]), (lambda k, b: c.energy[max(k, 1) - 1])
+    table = {b: (s, e) for b, s, e in c.sizes}
+    assert set(p.batch_sizes) <= set(table)
+    return (lambda k, b: table[b][0][max(k, 1) - 1]), (lambda k, b: table[b][1][max(k, 1) - 1])
 
 
 def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) -> dict:
@@ -71,7 +76,7 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
         for b in set(busy):
             rest = list(busy)
             rest.remove(b)
-            moves.append((busy.count(b) / (l[b] * s_k(len(busy))), n, tuple(rest)))
+            moves.append((busy.count(b) / (l[b] * s_k(len(busy), b)), n, tuple(rest)))
         for r, n2, busy2 in moves:
             s2, started = settle(n2, busy2)
             Q[i, idx[s2]] += r
@@ -87,7 +92,7 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     lost = float(pi[at_n == N].sum())
     rates = pi @ starts
     # with contention, power as each running batch's draw e_k·ζ(b)/(s_k·l(b)), not as ζ(b) per start
-    run_w = np.array([sum(e_k(len(s[1])) * z[b] / (s_k(len(s[1])) * l[b]) for b in s[1]) for s in stable])
+    run_w = np.array([sum(e_k(len(s[1]), b) * z[b] / (s_k(len(s[1]), b) * l[b]) for b in s[1]) for s in stable])
     power = rates[2] if cont is None else float(pi @ run_w)
     return {"W": float(pi @ in_sys) / (lam * (1 - lost)), "P": power + idle_power_w * float(pi @ idle),
             "batch": rates[1] / rates[0], "lost": lost}
@@ -97,7 +102,9 @@ def _ctmc_metrics(p: BatchingProblem, table, N: int, idle_power_w: float = 0.0) 
     (2, [0, 0, 2, 3], None), (3, [0, 1, 0, 3, 3, 0, 3], None), (2, [0, 1, 2, 3], None),
     (2, [0, 0, 2, 3], "2:1.6:0.8"), (3, [0, 1, 0, 3, 3, 0, 3], "2:1.3,3:1.9:1.2"), (3, [0, 1, 2, 3], "2:2,3:2.5:0.5"),
     (2, [[0, 0, 2, 3], [0, 1, 0, 3]], None), (2, [[0, 1, 2, 3], [0, 0, 0, 3]], "2:1.6:0.8"),
-    (3, [[0, 0, 2, 3], [0, 1, 1, 3], [0, 0, 0, 0, 0, 3]], "2:1.3,3:1.9:1.2")])
+    (3, [[0, 0, 2, 3], [0, 1, 1, 3], [0, 0, 0, 0, 0, 3]], "2:1.3,3:1.9:1.2"),
+    (2, [0, 0, 2, 3], "1=2:1.9:0.7/2=2:1.4/3=2:1.1:1.3"), (3, [0, 1, 2, 3], "1=2:1.2,3:1.7/2=2:1.5,3:1.9:0.8/3=2:1.9,3:2.2"),
+    (2, [[0, 1, 2, 3], [0, 0, 0, 3]], "1=2:1.9:0.7/2=2:1.4/3=2:1.1:1.3")])
 def test_the_evaluation_of_a_table_equals_an_independent_ctmc_solve(c, table, spec):
     """With contention every running batch slows by s_k and draws e_k·ζ(b)/(s_k·l(b)) W, k busy: the dense CTMC
     prices power as that draw (the solver as ζ(b) per start plus the difference), so the check is independent.
@@ -138,7 +145,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
     bmax = sizes[-1]
     cont = p.contention
     s_k, e_k = _factors(p)
-    loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) * s_k(c) / (c * bmax)
+    loss_ms = 2.0 * (N + c * bmax) * float(p.latency(np.float64(bmax))) * s_k(c, bmax) / (c * bmax)
     syms = [(i, j) for i in range(len(sizes)) for j in range(m)]
     confs = [cf for k in range(c + 1) for cf in itertools.combinations_with_replacement(syms, k)]
     states = [(n, cf) for n in range(N + 1) for cf in confs]
@@ -154,7 +161,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
                 a, j = sym
                 rest = list(cf)
                 rest.remove(sym)
-                cnt = cf.count(sym) / s_k(len(cf))
+                cnt = cf.count(sym) / s_k(len(cf), sizes[a])
                 for j2 in range(m):
                     if ph.moves[a, j, j2] > 0:
                         moves.append((cnt * ph.moves[a, j, j2], (n, tuple(sorted(rest + [(a, j2)])))))
@@ -164,7 +171,7 @@ def _lp_optimum(p: BatchingProblem, N: int, ph) -> float:
             if q > 0:
                 rate = p.w1 * (n + busy) / lam + (p.w1 * loss_ms if n == N else 0.0)
                 if cont is not None:
-                    rate += p.w2 * sum(e_k(len(cf)) * z[a] / (s_k(len(cf)) * l[a]) for a, _ in cf)
+                    rate += p.w2 * sum(e_k(len(cf), sizes[a]) * z[a] / (s_k(len(cf), sizes[a]) * l[a]) for a, _ in cf)
                 col = np.zeros(len(states))
                 col[i] += 1.0
                 for r, s2 in moves:
@@ -197,7 +204,8 @@ def test_policy_iteration_equals_the_linear_program_on_a_tiny_truncation(service
 
 
 @pytest.mark.parametrize("service,c,spec", [("exp", 2, "2:1.7:0.7"), ("erlang:2", 2, "2:1.2:1.5"),
-                                            ("hyperexp", 3, "2:1.3,3:1.8:0.9")])
+                                            ("hyperexp", 3, "2:1.3,3:1.8:0.9"), ("exp", 2, "1=2:1.9:0.6/2=2:1.2:1.4"),
+                                            ("erlang:2", 3, "1=2:1.1,3:1.6/2=2:1.8:0.9,3:2.1:1.2")])
 def test_policy_iteration_with_contention_equals_the_linear_program(service, c, spec):
     p = _problem(c, rho=0.65, service=service, sizes="1,2", contention=spec, w2=3.0)
     N = 9
@@ -207,7 +215,8 @@ def test_policy_iteration_with_contention_equals_the_linear_program(service, c, 
 
 @pytest.mark.parametrize("c,rho,service,sizes,longer,spec", [
     (2, 0.9, "exp", "1,2,4", 8, None), (3, 0.7, "exp", "1,2", 6, None), (2, 0.8, "erlang:2", "1,2", 3, None),
-    (3, 0.7, "exp", "1,2", 6, "2:1.5:0.8,3:2"), (2, 0.8, "erlang:2", "1,2", 3, "2:1.3")])
+    (3, 0.7, "exp", "1,2", 6, "2:1.5:0.8,3:2"), (2, 0.8, "erlang:2", "1,2", 3, "2:1.3"),
+    (2, 0.8, "exp", "1,2", 6, "1=2:1.8:0.7/2=2:1.2:1.3")])
 def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer, spec):
     p = _problem(c, rho=rho, service=service, sizes=sizes, contention=spec)
     tail = solve_instances(p, tol=1e-10)

@@ -136,3 +136,15 @@ def test_the_command_prints_the_factors_and_the_spec_to_solve_with(tmp_path, mon
     side = json.loads((tmp_path / "p.csv.json").read_text())
     assert side["concurrency"]["spec"] == spec and side["concurrency"]["callers"] == 2
     assert np.loadtxt(out, delimiter=",", skiprows=1).shape == (10, 2)  # the rows alone
+
+
+def test_the_factors_per_size_become_a_spec_by_size():
+    """Per size, as measured (a factor below 1 counts as 1; one past k·S_{k−1}/(k − 1) is taken at that bound)."""
+    ms = 1_000_000
+    blocks = [(1, [2 * ms] * 4, None), (8, [100 * ms] * 4, None)]
+    levels = [(1, 2, [int(3.6 * ms)] * 4, None), (8, 2, [90 * ms] * 4, None),
+              (1, 3, [8 * ms] * 4, None), (8, 3, [145 * ms] * 4, None)]
+    out = contention_summary(blocks, levels, energy=False)
+    assert len(out["latency"]) == 3  # over all sizes: 1, (3.6 + 90)/102 → 1, (8 + 145)/102 = 1.5
+    assert out["spec_by_size"] == "1=2:1.8,3:2.7/8=2:1,3:1.45"  # b = 1 at k = 3: 4 measured, 1.8·3/2 taken
+    assert parse_contention(out["spec_by_size"]).slow(3, 8) == pytest.approx(1.45)

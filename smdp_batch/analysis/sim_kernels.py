@@ -71,36 +71,40 @@ def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, g
     """Contention: run the instances' batches from the clock (state[5]) to ``t`` (ms; ∞ finishes them all).
 
     ``run[i]`` = (first request, size, executed size) of instance i's batch, size 0 when idle; ``rem[i]`` its
-    remaining work in ms of a batch run alone.  While k are busy each progresses at speed 1/slow[k] and accrues
-    (efac[k] − 1)·ζ/l mJ per ms of work beyond the ζ charged in full at its end (a batch run entirely at level
-    k: e_k·ζ on average).  A batch that ends writes its requests' response times and energy shares; state[6]
-    adds the busy instance-time."""
+    remaining work in ms of a batch run alone.  While k are busy a batch executed at size e progresses at speed
+    1/slow[k, e] and accrues (efac[k, e] − 1)·ζ/l mJ per ms of work beyond the ζ charged in full at its end (a
+    batch run entirely at level k: e_k·ζ on average).  A batch that ends writes its requests' response times
+    and energy shares; state[6] adds the busy instance-time."""
     clock = state[5]
     c = rem.size
     while True:
         k = 0
-        first = -1
         for i in range(c):
             if run[i, 1] > 0:
                 k += 1
-                if first < 0 or rem[i] < rem[first]:
-                    first = i
         if k == 0:
             if t > clock and t < np.inf:
                 clock = t
             break
-        s = slow[k]
-        w = max(rem[first], 0.0)
-        done = clock + w * s
+        first = -1
+        dt = np.inf  # time until the first end at the speeds of this level
+        for i in range(c):
+            if run[i, 1] > 0:
+                d = max(rem[i], 0.0) * slow[k, run[i, 2]]
+                if d < dt:
+                    dt = d
+                    first = i
+        done = clock + dt
         ends = done <= t
         if not ends:  # nothing ends before t: every batch runs on to t
-            w = (t - clock) / s
+            dt = t - clock
             done = t
         for i in range(c):
             if run[i, 1] > 0:
-                rem[i] -= w
                 e = run[i, 2]
-                extra[i] += (efac[k] - 1.0) * en_of[e] / lat_of[e] * w
+                w = dt / slow[k, e]
+                rem[i] -= w
+                extra[i] += (efac[k, e] - 1.0) * en_of[e] / lat_of[e] * w
         state[6] += (done - clock) * k
         clock = done
         if not ends:
@@ -118,16 +122,24 @@ def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, g
 @njit(cache=True)
 def _next_free(run, rem, slow, state):
     """Contention: when an instance is next free (ms): now if one is idle, else the earliest end at the busy
-    speed."""
+    speeds."""
     k = 0
-    w = np.inf
     for i in range(rem.size):
         if run[i, 1] > 0:
             k += 1
-            w = min(w, max(rem[i], 0.0))
     if k < rem.size:
         return state[5]
-    return state[5] + w * slow[k]
+    return state[5] + _first_end(run, rem, slow, k)
+
+
+@njit(cache=True, inline="always")
+def _first_end(run, rem, slow, k):
+    """Contention: the time (ms) until the first of the k running batches ends at the speeds of level k."""
+    dt = np.inf
+    for i in range(rem.size):
+        if run[i, 1] > 0:
+            dt = min(dt, max(rem[i], 0.0) * slow[k, run[i, 2]])
+    return dt
 
 
 @njit(cache=True)
@@ -138,13 +150,11 @@ def _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, 
     end = np.inf
     if cont:
         _advance(tau, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state)
-        w = np.inf
         for i in range(rem.size):
             if run[i, 1] > 0:
                 busy += 1
-                w = min(w, max(rem[i], 0.0))
         if busy > 0:
-            end = state[5] + w * slow[busy]
+            end = state[5] + _first_end(run, rem, slow, busy)
     else:
         for i in range(free.size):
             if free[i] > tau:

@@ -168,7 +168,7 @@ def _rep_close(r, close, open_n, members, pad, lat_of, det, pool_of, unit, ptr, 
 def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                                 sizes_hist, qhist, pick, c, slow, efac, acc):
     """:func:`_replicas_kernel` on replicas that slow each other: while k of them run a batch, each batch
-    progresses at 1/slow[k] and accrues (efac[k] − 1)·ζ/l mJ per ms of its work beyond ζ (as
+    executed at size e progresses at 1/slow[k, e] and accrues (efac[k, e] − 1)·ζ/l mJ per ms of its work beyond ζ (as
     :func:`~.sim_kernels._advance`).  Events between arrivals (a timeout closing a batch, a batch ending and
     its replica starting the next) are taken in time order.  acc[0] gets the busy replica-ms.  Returns the
     number of batches."""
@@ -211,18 +211,18 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
             rc = -1
             if k > 0:
                 for r in range(c):
-                    if run_id[r] >= 0 and clock + max(rem[r], 0.0) * slow[k] < tc:
-                        tc = clock + max(rem[r], 0.0) * slow[k]
+                    if run_id[r] >= 0 and clock + max(rem[r], 0.0) * slow[k, b_exec[run_id[r]]] < tc:
+                        tc = clock + max(rem[r], 0.0) * slow[k, b_exec[run_id[r]]]
                         rc = r
             ends = rc >= 0 and tc <= t and tc <= td
             now = tc if ends else (td if rd >= 0 else t)
             if k > 0 and now > clock and now < np.inf:
-                w = (now - clock) / slow[k]
                 for r in range(c):
                     if run_id[r] >= 0:
-                        rem[r] -= w
                         e = b_exec[run_id[r]]
-                        extra[r] += (efac[k] - 1.0) * en_of[e] / lat_of[e] * w
+                        w = (now - clock) / slow[k, e]
+                        rem[r] -= w
+                        extra[r] += (efac[k, e] - 1.0) * en_of[e] / lat_of[e] * w
                 busy_ms += (now - clock) * k
             if now > clock and now < np.inf:
                 clock = now

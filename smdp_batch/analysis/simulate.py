@@ -246,9 +246,10 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     state = np.zeros(7)  # head, next, latest start, group, phase pointer; contention: clock, busy instance-ms
     free = np.zeros(instances)  # when each instance is free (ms)
     cont = problem.contention is not None and instances > 1
-    levels = np.arange(instances + 1)
-    slow = problem.contention.slow(levels) if cont else np.ones(instances + 1)
-    efac = problem.contention.energy_factor(levels) if cont else np.ones(instances + 1)
+    levels, executed = np.arange(instances + 1)[:, None], np.arange(smax_exec + 1)[None, :]
+    # s_k(b) and e_k(b) by busy count k and executed size b (the same for every b unless given per size)
+    slow = problem.contention.slow(levels, executed) if cont else np.ones((instances + 1, smax_exec + 1))
+    efac = problem.contention.energy_factor(levels, executed) if cont else np.ones((instances + 1, smax_exec + 1))
     run = np.zeros((instances, 3), dtype=np.int64)  # contention: each instance's batch (first, size, executed)
     rem = np.zeros(instances)
     extra = np.zeros(instances)
@@ -323,8 +324,9 @@ def simulate(
     free, and a batch runs on the instance free earliest; a Ray Serve rule runs on c replicas, each with its
     own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
     figures are those of that table on c instances, not of a table optimal for c.  With ``problem.contention``
-    the instances (or Ray's replicas) slow each other down: while k are busy each batch progresses at 1/s_k and
-    draws e_k·ζ(b)/(s_k·l(b)) W (:mod:`smdp_batch.runtime.contention`), so its end is known only as it runs.
+    the instances (or Ray's replicas) slow each other down: while k are busy each batch of b progresses at
+    1/s_k(b) and draws e_k(b)·ζ(b)/(s_k(b)·l(b)) W (:mod:`smdp_batch.runtime.contention`), so its end is known
+    only as it runs.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to
     a trace CSV.  ``rule``: a policy table (array, policy[s] for s ≤ s_max, eq. 30 beyond) or a

@@ -110,6 +110,8 @@ def _contention_lines(cont: dict) -> list[str]:
     lines += [f"  b = {b:4d}  " + "; ".join(parts) for b, parts in by_size.items()]
     if cont["spec"]:
         lines.append(f"  contention  --contention {cont['spec']} (over all sizes, weighted by their times)")
+    if cont.get("spec_by_size"):
+        lines.append(f"              --contention {cont['spec_by_size']} (per size; between sizes interpolated)")
     if cont["note"]:
         lines.append(f"  contention  {cont['note']}")
     return lines

@@ -373,8 +373,9 @@ def contention_option(f):
     """``--contention K:S[:E],…``: instances on one device slowing each other (runtime.contention)."""
     return option("--contention", default=None, metavar="K:S[:E],…",
                   help="With --instances > 1: instances on one device slow each other down. While K are busy each batch "
-                       "takes S× as long and E× the energy (default 1), for K = 2, 3, …: e.g. 2:1.4,3:1.9:0.95 (time "
-                       "one batch size with K concurrent callers against one).")(f)
+                       "takes S× as long and E× the energy (default 1), for K = 2, 3, …: e.g. 2:1.4,3:1.9:0.95; per "
+                       "batch size B=K:S[:E],…/B=…, e.g. 1=2:1.8/32=2:1.05 (sizes between interpolated). "
+                       "`measure FN --concurrency K` prints both.")(f)
 
 
 def scenario_line(p: BatchingProblem, rate: str | None = None, w2: str | None = None) -> str:

@@ -12,8 +12,9 @@ phase-type time PH(α_b, T_b) with mean l(b) (ms) and costs ζ(b) (mJ) when it s
 phases, C(A·m + c, c) configurations of the c instances times the queue levels 0..N.
 
 **Contention** (``problem.contention``, :mod:`smdp_batch.runtime.contention`): while k instances are busy every
-phase rate is divided by s_k, and each running batch of b draws ζ(b)·(e_k − 1)/(s_k·l(b)) W beyond the ζ(b)
-charged at its start, so a batch run entirely beside k − 1 others takes s_k·l(b) on average and costs e_k·ζ(b).
+phase rate of a running batch of b is divided by s_k(b) (s_k alike for every b unless the factors are given per
+size), and it draws ζ(b)·(e_k(b) − 1)/(s_k(b)·l(b)) W beyond the ζ(b) charged at its start, so a batch run
+entirely beside k − 1 others takes s_k(b)·l(b) on average and costs e_k(b)·ζ(b).
 
 **Objective** (paper 004 eq. 2 with c servers): w1·W̄ + w2·P̄, with W̄ = L/λ (Little's law, L the mean number of
 requests waiting or in service) and P̄ = (Σ ζ of batches started)/time + idle_power_w · E[idle instances] (+ the
@@ -206,13 +207,16 @@ class MultiServerSMDP:
         self.idle = (arr == 0).sum(axis=1)
         busy = c - self.idle
         cont = problem.contention
-        speed = 1.0 / cont.slow(busy) if cont is not None else np.ones(len(confs))  # 1/s_k of each configuration
-        #: power (W) of the running batches beyond ζ(b) charged at their start: ζ(b)·(e_k − 1)/(s_k·l(b)) each
+        # 1/s_k(b) of each configuration (k busy) and size: every phase of a running batch of b progresses at it
+        speed = (1.0 / cont.slow(busy[:, None], sizes[None, :]) if cont is not None
+                 else np.ones((len(confs), A)))
+        #: power (W) of the running batches beyond ζ(b) charged at their start: ζ(b)·(e_k(b) − 1)/(s_k(b)·l(b)) each
         self.energy_rate = np.zeros(len(confs))
         if cont is not None:
             per = problem.energy_mj() / ph.means()  # ζ(b)/l(b) per size
-            z = np.where(arr > 0, per[np.maximum(arr - 1, 0) // m], 0.0).sum(axis=1)
-            self.energy_rate = z * (cont.energy_factor(busy) - 1.0) * speed
+            extra = per[None, :] * (cont.energy_factor(busy[:, None], sizes[None, :]) - 1.0) * speed  # conf × size
+            idx = np.maximum(arr - 1, 0) // m
+            self.energy_rate = np.where(arr > 0, np.take_along_axis(extra, idx, axis=1), 0.0).sum(axis=1)
         src, dst, rate = [], [], []
         self.start = np.full((len(confs), A, m), -1, dtype=np.int64)
         for k, cf in enumerate(confs):
@@ -228,7 +232,7 @@ class MultiServerSMDP:
                 for sym2, r in moved:
                     src.append(k)
                     dst.append(index[tuple(sorted(cf[:pos] + (sym2,) + cf[pos + 1:]))])
-                    rate.append(cnt * r * speed[k])
+                    rate.append(cnt * r * speed[k, i])
             if cf[0] == 0:
                 rest = cf[1:]
                 for i in range(A):

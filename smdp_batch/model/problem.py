@@ -175,7 +175,7 @@ class BatchingProblem:
         c = self.instances
         max_lam = self.max_lam
         if not lam < max_lam:
-            slowed = f"({cont.latency[c - 1]:g}·l(Bmax))" if cont is not None and c > 1 else "l(Bmax)"
+            slowed = f"({float(cont.slow(c, self.bmax)):g}·l(Bmax))" if cont is not None and c > 1 else "l(Bmax)"
             on = f"{c}·Bmax/{slowed} on {c} instances" if c > 1 else "Bmax/l(Bmax)"
             raise InputError(
                 f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
@@ -199,7 +199,7 @@ class BatchingProblem:
         cont = parse_contention(kwargs.get("contention"))
         if cont is not None:
             cont.check(c)
-            lmax *= float(cont.slow(c))
+            lmax *= float(cont.slow(c, sizes[-1]))
         return cls(lam=rho_v * c * sizes[-1] / lmax, **kwargs)
 
     @classmethod
@@ -228,7 +228,7 @@ class BatchingProblem:
         """Maximum stable arrival rate c·Bmax/(s_c·l(Bmax)) (requests/ms; c = ``instances``, s_c the contention's
         latency factor at c busy, else 1)."""
         c = self.instances
-        s = float(self.contention.slow(c)) if self.contention is not None else 1.0
+        s = float(self.contention.slow(c, self.bmax)) if self.contention is not None else 1.0
         return c * self.bmax / (s * float(self.latency(np.float64(self.bmax))))
 
     @property

@@ -16,10 +16,12 @@ one instance alone is the measured l(b), ζ(b)):
 More instances must never lower the throughput of a full device: k/s_k must not fall as k grows (else run fewer
 instances), so s_k ≤ s_{k−1}·k/(k − 1); s_k ≥ 1 (a batch is never faster beside others).
 
-The spec is ``K:S[:E],…`` for K = 2, 3, … in order, e.g. ``2:1.4,3:1.9:0.95,4:2.4:0.9`` (omitted E: 1).
+The spec is ``K:S[:E],…`` for K = 2, 3, … in order, e.g. ``2:1.4,3:1.9:0.95,4:2.4:0.9`` (omitted E: 1).  Factors
+that differ by batch size are written per measured size, ``B=K:S[:E],…/B=…`` (sizes ascending, the same K at
+each), e.g. ``1=2:1.78/8=2:1.06/32=2:1.04``: a size between two measured ones takes the factors interpolated
+linearly in b, a size outside them the nearest one's (interpolation keeps k/s_k non-decreasing, as it is linear).
 ``smdp-batch measure FN --concurrency K`` measures s_k (and e_k) by timing each size with k callers at once
-against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1).  The factors
-apply to every batch size alike.
+against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1) and prints the spec per size too.
 
 It lives in ``runtime/`` (numpy only) because a server reads a c-server table's contention without the model's
 dependencies; :class:`~smdp_batch.model.problem.BatchingProblem` holds one.
@@ -44,10 +46,37 @@ LEVELS_LIMIT = 64
 
 @dataclass(frozen=True)
 class Contention:
-    """Latency factors s_k and energy factors e_k for k = 1..K busy instances (index k − 1; s₁ = e₁ = 1)."""
+    """Latency factors s_k and energy factors e_k for k = 1..K busy instances (index k − 1; s₁ = e₁ = 1).
+
+    ``sizes``: factors per measured batch size, ``((b, latency, energy), …)`` with b ascending; ``latency`` and
+    ``energy`` are then the largest size's (what the stable rate at Bmax uses when Bmax is that size).
+    """
 
     latency: tuple[float, ...]
     energy: tuple[float, ...]
+    sizes: tuple = ()
+
+    @classmethod
+    def by_size(cls, factors: dict) -> "Contention":
+        """Factors per batch size: ``{b: Contention or (latency, energy)}``, every size with the same levels."""
+        if not factors:
+            raise InputError("contention by batch size needs at least one size")
+        rows = []
+        for b in sorted(factors):
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= b <= 1 << 20:
+                raise InputError(f"contention batch size must be an integer ≥ 1, got {b!r}")
+            f = factors[b]
+            try:
+                one = f if isinstance(f, Contention) else Contention(tuple(f[0]), tuple(f[1]))
+            except InputError as e:
+                raise InputError(f"at batch size {int(b)}: {e}") from None
+            if one.sizes:
+                raise InputError(f"at batch size {int(b)}: give one factor per busy count, not per size again")
+            rows.append((int(b), one.latency, one.energy))
+        if len({len(r[1]) for r in rows}) != 1:
+            raise InputError("contention by batch size must give the same busy counts at every size, got "
+                             + ", ".join(f"{len(r[1])} at b = {r[0]}" for r in rows))
+        return cls(rows[-1][1], rows[-1][2], tuple(rows))
 
     def __post_init__(self):
         s, e = tuple(float(x) for x in self.latency), tuple(float(x) for x in self.energy)
@@ -84,21 +113,41 @@ class Contention:
             raise InputError(f"contention gives factors up to {self.levels} busy instances, but {instances} "
                              f"instances need them up to {instances}: add {self.levels + 1}:S[:E]…")
 
-    def slow(self, k) -> np.ndarray:
-        """s_k for busy counts k (0 counts as 1: no batch runs)."""
-        return np.asarray(self.latency)[np.maximum(np.asarray(k, dtype=np.int64), 1) - 1]
+    def slow(self, k, b=None) -> np.ndarray:
+        """s_k for busy counts k (0 counts as 1: no batch runs), of batch size b (broadcast with k; factors per
+        size interpolated as the module doc says; b None: the largest measured size's)."""
+        return self._factor(k, b, 1)
 
-    def energy_factor(self, k) -> np.ndarray:
-        """e_k for busy counts k (0 counts as 1)."""
-        return np.asarray(self.energy)[np.maximum(np.asarray(k, dtype=np.int64), 1) - 1]
+    def energy_factor(self, k, b=None) -> np.ndarray:
+        """e_k for busy counts k (0 counts as 1), of batch size b (as :meth:`slow`)."""
+        return self._factor(k, b, 2)
+
+    def _factor(self, k, b, which: int) -> np.ndarray:
+        level = np.maximum(np.asarray(k, dtype=np.int64), 1) - 1
+        if not self.sizes or b is None:
+            return np.asarray(self.latency if which == 1 else self.energy)[level] + 0.0 * np.asarray(
+                0.0 if b is None else b, dtype=np.float64)
+        at = np.array([r[0] for r in self.sizes], dtype=np.float64)
+        table = np.array([r[which] for r in self.sizes], dtype=np.float64).T  # levels × measured sizes
+        lv, bb = np.broadcast_arrays(level, np.asarray(b, dtype=np.float64))
+        out = np.empty(lv.shape)
+        for x in np.unique(lv):
+            m = lv == x
+            out[m] = np.interp(bb[m], at, table[x])
+        return out
 
     def spec(self) -> str:
-        """``K:S[:E],…`` that parses back to these factors exactly (shortest round-trip digits)."""
+        """``K:S[:E],…`` (per size: ``B=K:S[:E],…/…``) that parses back to these factors exactly (shortest
+        round-trip digits)."""
+        if self.sizes:
+            return "/".join(f"{b}={Contention(s, e).spec()}" for b, s, e in self.sizes)
         return ",".join(f"{k}:{_exact(s)}" + (f":{_exact(e)}" if e != 1.0 else "")
                         for k, (s, e) in enumerate(zip(self.latency, self.energy), start=1) if k > 1)
 
     def describe(self) -> str:
-        """Words for a user: the latency (and energy) factor per busy count."""
+        """Words for a user: the latency (and energy) factor per busy count (per measured size)."""
+        if self.sizes:
+            return "by batch size: " + "; ".join(f"b = {b}: {Contention(s, e).describe()}" for b, s, e in self.sizes)
         return ", ".join(f"{k} busy ×{s:g}" + (f" time, ×{e:g} energy" if e != 1.0 else "")
                          for k, (s, e) in enumerate(zip(self.latency, self.energy), start=1) if k > 1)
 
@@ -115,8 +164,30 @@ def parse_contention(spec) -> Contention | None:
     text = str(spec).strip()
     if text.lower() in ("", "none"):
         return None
-    if len(text) > 4000:
+    if len(text) > 20000:
         raise InputError(f"contention spec is {len(text)} characters long; give K:S[:E] for K = 2..{LEVELS_LIMIT}")
+    if "=" in text:  # per batch size: B=K:S[:E],…/B=…
+        factors: dict[int, Contention] = {}
+        for part in text.split("/"):
+            head, eq, rest = part.strip().partition("=")
+            try:
+                b = int(head)
+                if not eq or b < 1:
+                    raise ValueError
+            except ValueError:
+                raise InputError(f"contention by batch size is B=K:S[:E],…/B=…, e.g. 1=2:1.8/32=2:1.05; got "
+                                 f"{part.strip()!r}") from None
+            if b in factors or (factors and b < max(factors)):
+                raise InputError(f"contention batch sizes must be given once each, ascending; got {b} after "
+                                 f"{max(factors)}")
+            try:
+                one = parse_contention(rest)
+            except InputError as err:
+                raise InputError(f"contention at batch size {b}: {err}") from None
+            if one is None or one.sizes:
+                raise InputError(f"contention at batch size {b} must be K:S[:E],…, got {rest.strip()!r}")
+            factors[b] = one
+        return Contention.by_size(factors)
     s, e = [1.0], [1.0]
     for item in text.split(","):
         parts = item.strip().split(":")

@@ -406,7 +406,7 @@ def _load_inputs(w: _Where, g, s_max: int):
     c = inputs.get("instances", 1)
     if not inputs["rho"] < 1:
         w.fail(f"{gi.name}@rho", f"= {inputs['rho']!r}; expected ρ in (0, 1)")
-    slow = cont.latency[c - 1] if cont is not None else 1.0
+    slow = float(cont.slow(c, bmax)) if cont is not None else 1.0
     rho = inputs["lam"] * float(lat[-1]) * slow / (c * bmax)
     if not math.isclose(rho, inputs["rho"], rel_tol=1e-6):
         per = "/(c·Bmax)" if c > 1 else "/Bmax"

@@ -144,8 +144,8 @@ class _System:
         self.idle_w = model.idle_power_w * self.idle
         self.run_w = model.energy_rate[self.conf]  # the contention's power beyond ζ(b) at each start (W)
         cont = p.contention
-        self.s_c = float(cont.slow(p.instances)) if cont is not None else 1.0  # every instance busy: s_c, e_c
-        self.e_c = float(cont.energy_factor(p.instances)) if cont is not None else 1.0
+        self.s_c = float(cont.slow(p.instances, p.bmax)) if cont is not None else 1.0  # all busy with Bmax
+        self.e_c = float(cont.energy_factor(p.instances, p.bmax)) if cont is not None else 1.0
         # an arrival lost at n = N costs the latency it would have had, over-estimated as twice the time to drain
         # N + c·Bmax requests at the full rate: losing requests must never pay (it would at no cost)
         c, bmax, self.l_bmax = p.instances, p.bmax, float(p.latency_ms()[-1]) * self.s_c  # l(Bmax) at c busy
