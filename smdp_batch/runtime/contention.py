@@ -21,7 +21,8 @@ that differ by batch size are written per measured size, ``B=K:S[:E],…/B=…``
 each), e.g. ``1=2:1.78/8=2:1.06/32=2:1.04``: a size between two measured ones takes the factors interpolated
 linearly in b, a size outside them the nearest one's (interpolation keeps k/s_k non-decreasing, as it is linear).
 ``smdp-batch measure FN --concurrency K`` measures s_k (and e_k) by timing each size with k callers at once
-against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1) and prints the spec per size too.
+against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1), and prints
+the spec both ways.
 
 It lives in ``runtime/`` (numpy only) because a server reads a c-server table's contention without the model's
 dependencies; :class:`~smdp_batch.model.problem.BatchingProblem` holds one.
