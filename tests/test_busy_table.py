@@ -86,6 +86,9 @@ def test_equal_rows_run_exactly_as_the_table_and_an_endless_timer_as_none(spec):
     assert not np.array_equal(a, plain)
     for tau in (np.inf, 1e9):  # a timer that never fires: its loop (batch ends before the deadline) decides alike
         assert np.array_equal(response_times(p, table_timer(aware, p.batch_sizes, tau), arr, seed=5), a)
+    for forced in ("largest", "pad"):  # equal rows with a timer that fires: as the table with that timer
+        same = response_times(p, table_timer(np.stack([row, row]), p.batch_sizes, 0.5, forced=forced), arr, seed=5)
+        assert np.array_equal(same, response_times(p, table_timer(row, p.batch_sizes, 0.5, forced=forced), arr, seed=5))
 
 
 def test_the_file_carries_the_rows_and_the_readers_follow_them(solved, tmp_path):
