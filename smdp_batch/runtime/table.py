@@ -34,7 +34,9 @@ def control_limit(policy: np.ndarray, batch_sizes) -> int | None:
 
 
 class PolicyTable:
-    """A validated batching table: ``decide(n)`` for every n ≥ 0, vectorised ``decide_many``."""
+    """A validated batching table: ``decide(n)`` for every n ≥ 0, vectorised ``decide_many``; with ``busy`` (a
+    c-server table's busy-aware rows, one per busy count k = 0..c−1, each like ``policy``) also
+    ``decide_busy(n, k)``, which :class:`~smdp_batch.runtime.DynamicBatcher` asks with its running batches."""
 
     def __init__(self, policy, batch_sizes=None, meta: dict | None = None, path: str | None = None, busy=None):
         try:
