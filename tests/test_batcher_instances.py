@@ -143,7 +143,7 @@ def test_a_busy_aware_table_is_asked_with_the_batches_running():
 
     async def infer(items):
         batches.append(list(items))
-        await asyncio.sleep(0.3 if items[0] == 0 else 0.05)
+        await asyncio.sleep(0.6 if items[0] == 0 else 0.05)
         return items
 
     async def main():
