@@ -22,7 +22,8 @@ from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel
 __all__ = ["MODES", "CTX_ARRIVAL", "CTX_PATH", "CTX_LIKELY", "CTX_QMDP", "phase_beliefs"]
 
 #: Rule kinds understood by the kernel.
-MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5, "busy": 6}
+MODES = {"table": 0, "triton": 1, "ray": 2, "torchserve": 3, "timer": 4, "timer-pad": 5,
+         "busy": 4}  # a busy-aware table is the table + timer loop with τ = ∞ (it asks its row at batch ends too)
 
 
 @njit(cache=True, inline="always")
@@ -181,7 +182,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     finishes the last with ``_advance(∞)``).
     """
     n_req = arr.size
-    rows = table.size // (top + 1)  # a busy-aware table (modes 4, 5, 6): a row per busy count
+    rows = table.size // (top + 1)  # a busy-aware table (modes 4, 5): a row per busy count
     head = int(state[0])
     nxt = int(state[1])
     last = state[2]  # the latest batch start: batches leave the queue in order
@@ -212,24 +213,6 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                 tau = arr[nxt]
                 nxt += 1
                 n += 1
-        elif mode == 6:  # busy-aware table: table[k·(top + 1) + min(n, top)] with k instances busy; batch ends are
-            # decision epochs too (k falls while n stays)
-            while True:
-                busy, end = _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds,
-                                      genergy, state)
-                a = table[min(busy, rows - 1) * (top + 1) + min(n, top)]
-                if a > 0:
-                    size = a
-                    start = tau
-                    break
-                if nxt < n_req and arr[nxt] <= end:
-                    tau = arr[nxt]
-                    nxt += 1
-                    n += 1
-                elif end < np.inf:
-                    tau = end
-                else:
-                    break
         elif mode == 1:  # Triton dynamic batcher / TF-Serving scheduler
             while True:
                 if n == 0:

@@ -163,7 +163,8 @@ def is_busy_table(policy) -> bool:
 def busy_table_rule(busy, batch_sizes=None, spec: str = "busy-aware table") -> ServerRule:
     """A busy-aware table for c instances sharing the queue: busy[k, s], the size started at queue length s with k
     instances busy (k = 0..c−1; each row validated as a :class:`~smdp_batch.runtime.PolicyTable`), applied at
-    arrivals and batch ends while an instance is idle (:func:`~smdp_batch.solvers.multi_pi.solve_instances`)."""
+    arrivals and batch ends while an instance is idle (:func:`~smdp_batch.solvers.multi_pi.solve_instances`).
+    The simulator runs it as a table + timer with τ = ∞."""
     try:
         b, got = np.asarray(busy), ""
     except (ValueError, TypeError):
@@ -171,7 +172,7 @@ def busy_table_rule(busy, batch_sizes=None, spec: str = "busy-aware table") -> S
     if b.ndim != 2 or b.shape[0] < 1:
         raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got {got or f'shape {b.shape}'}")
     rows = np.stack([PolicyTable(row, batch_sizes).policy for row in b])
-    return ServerRule("busy", spec, rows.ravel(), rows.shape[1] - 1, int(rows.max()), _dummy()[:0], 0.0)
+    return ServerRule("busy", spec, rows.ravel(), rows.shape[1] - 1, int(rows.max()), _dummy()[:0], math.inf)
 
 
 def table_timer(policy, batch_sizes, tau_ms: float, spec: str | None = None, forced: str = "largest") -> ServerRule:
