@@ -342,18 +342,24 @@ def table_policy(sysm: _System, table: np.ndarray) -> np.ndarray:
     return np.where(forced, sysm.sizes.size, act)
 
 
+def _most_started(sysm: _System, act: np.ndarray, visits: np.ndarray, group: np.ndarray,
+                  groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """At each group of states (``group[s]`` in 0..groups − 1), the size ``act`` starts most often (weighted by
+    the visit rates ``visits``, 0: wait) among its states with an idle instance, and whether the group is
+    visited at all (more than 10⁻¹² of the visits)."""
+    v = np.maximum(visits, 0.0)
+    ok = sysm.idle > 0
+    w = np.zeros((groups, sysm.sizes.size + 1))
+    np.add.at(w, (group[ok], act[ok]), v[ok])
+    choice = np.argmax(w, axis=1)
+    return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0), w.sum(axis=1) > 1e-12 * v.sum()
+
+
 def _project(sysm: _System, act: np.ndarray) -> np.ndarray:
     """At each n, the size the optimal policy starts most often (visits weighted) among states with an idle
     instance; levels it (almost) never visits take the all-idle state's action."""
-    N, A = sysm.N, sysm.sizes.size
-    v = np.maximum(sysm._visits, 0.0)
-    ok = sysm.idle > 0
-    w = np.zeros((N + 1, A + 1))
-    np.add.at(w, (sysm.n[ok], act[ok]), v[ok])
-    choice = np.argmax(w, axis=1)
-    none = w.sum(axis=1) <= 1e-12 * v.sum()
-    choice[none] = act[: N + 1][none]  # configuration 0 is all idle
-    return np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
+    sizes, seen = _most_started(sysm, act, sysm._visits, sysm.n, sysm.N + 1)
+    return np.where(seen, sizes, _idle_table(sysm, act))
 
 
 #: Most evaluations :func:`_refine_table` spends improving the projected table.
@@ -435,18 +441,11 @@ def _busy_table(sysm: _System, act: np.ndarray, visits: np.ndarray, table: np.nd
     take ``table[n]``.  Priced exactly and returned only when :data:`BUSY_GAIN` below ``table_cost`` (the table
     n ↦ b), else (None, None): without contention a table that sees n alone is within 10⁻⁴ of the optimum, and
     under it starting beside running batches slows them all, which only a rule that sees k can weigh."""
-    c, N, A = sysm.model.problem.instances, sysm.N, sysm.sizes.size
+    c, N = sysm.model.problem.instances, sysm.N
     if c < 2:
         return None, None
-    v = np.maximum(visits, 0.0)
-    ok = sysm.idle > 0
-    k = c - sysm.idle
-    w = np.zeros((c, N + 1, A + 1))
-    np.add.at(w, (k[ok], sysm.n[ok], act[ok]), v[ok])
-    choice = np.argmax(w, axis=2)
-    sizes = np.where(choice > 0, sysm.sizes[np.maximum(choice - 1, 0)], 0)
-    seen = w.sum(axis=2) > 1e-12 * v.sum()
-    busy = np.where(seen, sizes, np.asarray(table, dtype=np.int64)[None, :])
+    sizes, seen = _most_started(sysm, act, visits, (c - sysm.idle) * (N + 1) + sysm.n, c * (N + 1))
+    busy = np.where(seen, sizes, np.tile(np.asarray(table, dtype=np.int64), c)).reshape(c, N + 1)
     busy[:, N] = np.asarray(table)[N]  # the truncation's column: the tail boundary serves Bmax above it
     if np.all(busy == busy[0]):
         return None, None
