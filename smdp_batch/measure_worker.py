@@ -123,6 +123,11 @@ def versions() -> dict:
 
 
 # ------------------------------------------------------------------------------------ the measuring loop
+def _over(deadline: float, stop: threading.Event | None) -> bool:
+    """Whether the calls must stop: the deadline (time.monotonic) passed, or the caller gave up."""
+    return time.monotonic() >= deadline or (stop is not None and stop.is_set())
+
+
 def _together(fn, datas, warmup, repeats, deadline, counter, sync, stop) -> tuple[list, float | None, bool]:
     """len(datas) callers at once, each on its own batch: ``warmup`` untimed rounds, then ``repeats`` timed ones,
     every round started together (a barrier) in threads of their own.  Returns (each timed round's span in ns,
@@ -137,17 +142,16 @@ def _together(fn, datas, warmup, repeats, deadline, counter, sync, stop) -> tupl
 
     def decide():  # in one thread, once all have arrived: what the next round is
         r = ctl["round"]
-        if r == warmup and counter is not None:
-            sync()
-            counter.begin()
-            ctl["begun"], ctl["t0"] = True, time.perf_counter()
-        elif r == warmup and counter is None:
+        if r == warmup:
+            if counter is not None:
+                sync()
+                counter.begin()
+                ctl["begun"] = True
             ctl["t0"] = time.perf_counter()
         if r == warmup + repeats:
             ctl["t1"] = time.perf_counter()
         if r >= warmup + repeats:  # untimed rounds while the energy reading waits for a refresh
-            ctl["go"] = ctl["begun"] and counter.more() and time.monotonic() < deadline \
-                and not (stop is not None and stop.is_set())
+            ctl["go"] = ctl["begun"] and counter.more() and not _over(deadline, stop)
         ctl["round"] = r + 1
 
     barrier = threading.Barrier(k, action=decide)
@@ -159,7 +163,7 @@ def _together(fn, datas, warmup, repeats, deadline, counter, sync, stop) -> tupl
                 r = ctl["round"] - 1
                 if r >= warmup + repeats and not ctl["go"]:
                     return
-                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                if _over(deadline, stop):
                     ctl["cut"] = True
                     barrier.abort()
                     return
@@ -205,7 +209,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
     with the rounds' spans as its times."""
     for b in sizes:
         send({"begin": b})
-        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+        if _over(deadline, stop):
             return send({"size": b, "times": [], "energy": None, "cut": True})  # before building its batch
         stage, times, cut, begun, block, level = "make", [], False, False, None, 1
         try:
@@ -213,7 +217,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
             stage = "call"
             send({"made": b})
             for k in range(warmup + repeats):
-                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                if _over(deadline, stop):
                     cut = True
                     break
                 if k == warmup and counter is not None:
@@ -229,8 +233,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                     times.append(t1 - t0)
                 if calls:
                     send({"calls": 1})
-            while begun and not cut and counter.more() and time.monotonic() < deadline \
-                    and not (stop is not None and stop.is_set()):
+            while begun and not cut and counter.more() and not _over(deadline, stop):
                 fn(data)  # untimed: the energy reading waits for the counter's next refresh
                 sync()
             stage = "energy"
