@@ -143,7 +143,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
            "one-instance model leaves out"] if c > 1 and not split_ok else []),
         *([f"  the table is what servers follow (runtime DynamicBatcher(instances={c}), simulate --instances {c}); the "
            "optimal policy also looks at what the running batches are doing"] if sol.busy_table is None else
-          [*_busy_lines(sol.busy_table, problem.batch_sizes),
+          [*busy_lines(sol.busy_table, problem.batch_sizes),
            f"  smdp-batch's runtime follows the busy-aware table (DynamicBatcher(instances={c}) counts its running "
            f"batches; simulate --policy FILE --instances {c}); Triton and Ray follow n ↦ b alone (export)"]),
         *([f"  written     {output} (its table{'s' if sol.busy_table is not None else ''} for {c} instances: "
@@ -158,7 +158,7 @@ def _gap(cost: float, optimum: float) -> str:
     return "= the optimum" if abs(gap) < 1e-9 else f"+{100 * gap:.2g} %"
 
 
-def _busy_lines(busy, sizes) -> list[str]:
+def busy_lines(busy, sizes) -> list[str]:
     """The busy-aware rows as text lines, the first one labelled."""
     return [f"  {'busy-aware' if i == 0 else '':<10}  {line}" for i, line in enumerate(describe_busy(busy, sizes))]
 
@@ -184,7 +184,7 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
         f"smdp-batch — exact evaluation of {path} on {c} instances sharing the queue (c-server model)",
         scenario_line(problem),
         f"  policy      {describe_policy(pf.policy, problem.batch_sizes)}",
-        *(_busy_lines(pf.policy_busy, problem.batch_sizes) if pf.policy_busy is not None else []),
+        *(busy_lines(pf.policy_busy, problem.batch_sizes) if pf.policy_busy is not None else []),
         *rows,
     ])
     emit(d, as_json, text)

@@ -12,7 +12,7 @@ import warnings
 import click
 
 from .. import __version__
-from ..analysis.report import describe_busy, describe_policy
+from ..analysis.report import describe_policy
 from ..baselines import parse_policy
 from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning, TableNotConvergedWarning
 from ..export.hdf5 import write_policy
@@ -323,9 +323,10 @@ def show_cmd(path, as_json):
                     "device)")
     busy = []
     if pf.policy_busy is not None:
+        from .instances import busy_lines
+
         d["policy_busy"] = [[int(a) for a in row] for row in pf.policy_busy]
-        busy = [f"  {'busy-aware' if j == 0 else '':<10}  {line}"
-                for j, line in enumerate(describe_busy(pf.policy_busy, sizes))]
+        busy = busy_lines(pf.policy_busy, sizes)
         if "busy_avg_cost" in s:
             busy.append(f"  {'':<10}  W̄ = {s['busy_mean_latency_ms']:.6g} ms, P̄ = {s['busy_mean_power_w']:.6g} W, ĝ = "
                         f"{s['busy_avg_cost']:.6g} per ms: what DynamicBatcher(…, instances={c}) runs (the metrics "
