@@ -26,8 +26,9 @@ writes ``batch_size,latency_ms[,energy_mj]`` (one row per call, the format of
 * **Budget**: ``budget_s`` bounds the calls (warm-ups included) and, separately, the start of the
   child process with the import of the user's module.
 * **Several callers** (``concurrency`` K): each size is timed again with k = 2..K callers at once, each on
-  its own batch in its own thread (instances of one model on one device), for the ``--contention`` factors
-  of the several-instance model (:func:`contention_summary`).
+  its own batch, in threads of the measuring process or (``callers="processes"``) in processes of their own
+  that each import the function (:mod:`smdp_batch.measure_callers`), for the ``--contention`` factors of the
+  several-instance model (:func:`contention_summary`).
 
 Functions are named ``module:function`` (``package.module:object.method`` too), imported from the
 current folder or ``sys.path`` as uvicorn names apps; no string is ever evaluated.  The current folder
@@ -65,6 +66,7 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 32)
 REPEATS_MAX = WARMUP_MAX = 100_000  # calls per size
 CALLS_MAX = 1_000_000  # timed calls (rows) of one profile
 POWER_MAX_W = 1e6
+CALLERS = ("threads", "processes")  # where the callers at once run (--callers)
 CONCURRENCY_MAX = 8  # callers at once (--concurrency): the instances a contention spec is measured for
 #: A measured S_k up to this share above S_{k−1}·k/(k − 1) (k callers serving exactly as many as k − 1: a device
 #: that runs one call at a time, plus the threads' overhead) is taken at that bound.
@@ -276,11 +278,19 @@ def contention_summary(blocks, levels, energy: bool) -> dict:
             note = (f"{k} callers at once served less than {k - 1} ({k}/{sk:.3g} < {k - 1}/{lat[-1]:.3g}): run at most "
                     f"{k - 1} instance{'s' if k > 2 else ''}")
             break
-        lat.append(min(sk, float(f"{top:.4g}") if sk > top else sk))  # a device that runs one call at a time: S_k = k
+        lat.append(min(sk, _at_most(top)))  # a device that runs one call at a time: S_k = k
         en.append(float(f"{sums[k][2] / sums[k][3]:.4g}") if sums[k][3] > 0 else 1.0)
     spec = Contention(tuple(lat), tuple(en)).spec() if len(lat) > 1 else None
     return {"sizes": rows, "latency": lat, "energy": en if energy else None, "spec": spec, "note": note,
             "spec_by_size": _spec_by_size(rows, len(lat)) if spec else None}
+
+
+def _at_most(x: float) -> float:
+    """The largest number of 4 significant digits ≤ x (a bound rounded up would break the bound)."""
+    v = float(f"{x:.4g}")
+    if v > x:
+        v = float(f"{v - 10.0 ** (math.floor(math.log10(v)) - 3):.4g}")
+    return v
 
 
 def _spec_by_size(rows: list[dict], levels: int) -> str | None:
@@ -299,7 +309,7 @@ def _spec_by_size(rows: list[dict], levels: int) -> str | None:
         lat, en = [1.0], [1.0]
         for k in range(2, levels + 1):
             top = lat[-1] * k / (k - 1)
-            lat.append(min(float(f"{max(at[k]['latency_factor'], 1.0):.4g}"), float(f"{top:.4g}")))
+            lat.append(min(float(f"{max(at[k]['latency_factor'], 1.0):.4g}"), _at_most(top)))
             en.append(float(f"{at[k].get('energy_factor', 1.0):.4g}"))
         factors[b] = Contention(tuple(lat), tuple(en))
     return Contention.by_size(factors).spec() if factors else None
@@ -308,7 +318,7 @@ def _spec_by_size(rows: list[dict], levels: int) -> str | None:
 def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes: Sequence[int] = DEFAULT_SIZES, *,
             warmup: int = 3, repeats: int = 10, budget_s: float | None = None, energy: str = "auto",
             power_w: float | None = None, device_index: int = 0, progress: bool | None = None,
-            warn: bool = True, concurrency: int = 1) -> Measurement:
+            warn: bool = True, concurrency: int = 1, callers: str = "threads") -> Measurement:
     """Time ``fn(make_batch(b))`` at each size (see the module doc); returns the :class:`Measurement`.
 
     ``fn`` and ``make_batch`` are callables or ``"module:function"`` names (both names, or a name and
@@ -316,8 +326,11 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
     (NVML, then zeus, else none), ``nvml``, ``zeus`` or ``none``; ``power_w`` instead gives ζ = power_w·latency.
     ``progress``: a tqdm bar (None: on a terminal only).  ``warn``: log a failure that stopped the run.
     ``concurrency`` K (1..:data:`CONCURRENCY_MAX`): after each size alone, the same size with k = 2..K callers at
-    once, each on its own batch in its own thread (as instances of one model on one device run); the rows stay
-    the runs alone, and ``meta["concurrency"]`` holds the factors (:func:`contention_summary`).
+    once, each on its own batch; the rows stay the runs alone, and ``meta["concurrency"]`` holds the factors
+    (:func:`contention_summary`).  ``callers``: ``threads`` (instances in one server process: Triton's ONNX
+    Runtime, TensorRT and PyTorch backends) or ``processes`` (each caller imports ``fn`` in a process of its own:
+    Triton's Python-backend instances, Ray Serve's replicas, and any code that holds the GIL); processes need
+    ``fn`` named ``"module:function"``.
     """
     sizes, warmup, repeats, budget_s, power_w = check_settings(sizes, warmup, repeats, budget_s, power_w)
     if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) \
@@ -325,6 +338,8 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
         raise InputError(f"concurrency must be an integer from 1 to {CONCURRENCY_MAX} (callers at once), "
                          f"got {concurrency!r}")
     concurrency = int(concurrency)
+    if callers not in CALLERS:
+        raise InputError(f"callers {callers!r} is unknown; valid: {', '.join(CALLERS)}")
     if energy not in ("auto", "nvml", "zeus", "none"):
         raise InputError(f"energy source {energy!r} is unknown; valid: auto, nvml, zeus, none")
     if power_w is not None and energy in ("nvml", "zeus"):
@@ -339,6 +354,9 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
             raise InputError(f"{what} {spec!r} must be written module:function (e.g. examples.onnx_mlp:infer)")
     named = isinstance(fn, str) and (make_batch is None or isinstance(make_batch, str))
     child = named and os.name == "posix" and bool(sys.executable)
+    if callers == "processes" and concurrency > 1 and not child:
+        raise InputError("callers in processes need the function named module:function (each process imports it) "
+                         "on a POSIX system; use callers='threads' for a Python callable")
     wall = time.perf_counter()
     bar = _progress(len(sizes) * (warmup + repeats), progress)
     run = Run(fn_name, sizes, repeats, budget_s, bar)
@@ -350,6 +368,7 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
             cfg = {"fn": fn, "make_batch": make_batch, "folder": folder, "ppid": os.getpid(), "sizes": sizes,
                    "warmup": warmup, "repeats": repeats, "energy": energy, "power_w": power_w,
                    "device_index": int(device_index), "progress": bar is not None, "concurrency": concurrency,
+                   "callers": callers,
                    "untrusted": untrusted_folders(statics),
                    "path": [p for p in sys.path if isinstance(p, str) and p]}
             run_in_child(cfg, budget_s, run)
@@ -409,9 +428,10 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
         "complete": not run.note, "note": run.note, "stopped_at": run.stopped_at, "failure": run.failure,
     }
     if concurrency > 1:
-        meta["concurrency"] = {"callers": concurrency, "method": (
-            "each size again with k = 2..K callers at once, each on its own batch in its own thread, every round "
-            "started together; S_k(b) = mean span of a round (first start to last end) / mean time alone"
+        meta["concurrency"] = {"callers": concurrency, "in": callers, "method": (
+            "each size again with k = 2..K callers at once, each on its own batch in its own "
+            + ("thread" if callers == "threads" else "process (each importing the function)")
+            + ", every round started together; S_k(b) = mean span of a round (first start to last end) / mean time alone"
             + (", E_k(b) = energy per batch at k / alone" if source is not None else "")),
             **contention_summary(run.blocks, run.levels, source is not None)}
     return Measurement(batch=np.asarray(batch, dtype=np.int64), latency_ms=np.asarray(lat, dtype=np.float64),

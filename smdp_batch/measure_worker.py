@@ -17,6 +17,7 @@ the measuring loop, and the child process that the caller stops at its deadline 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import math
@@ -24,7 +25,6 @@ import os
 import platform
 import queue
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 
 from .errors import InputError
+from .measure_callers import CallerFailed, Processes, Threads, _Lines, _over, _timed, _write, serve, together
 from .measure_energy import _real, describe, energy_source, untrusted_folders
 from .files import Terminated
 
@@ -123,90 +124,16 @@ def versions() -> dict:
 
 
 # ------------------------------------------------------------------------------------ the measuring loop
-def _over(deadline: float, stop: threading.Event | None) -> bool:
-    """Whether the calls must stop: the deadline (time.monotonic) passed, or the caller gave up."""
-    return time.monotonic() >= deadline or (stop is not None and stop.is_set())
-
-
-def _together(fn, datas, warmup, repeats, deadline, counter, sync, stop) -> tuple[list, float | None, bool]:
-    """len(datas) callers at once, each on its own batch: ``warmup`` untimed rounds, then ``repeats`` timed ones,
-    every round started together (a barrier) in threads of their own.  Returns (each timed round's span in ns,
-    from its first call's start to its last call's end, the energy of the timed rounds in mJ or None, whether the
-    deadline cut them); raises what a call raised.  The span, not each call's own time, is what k instances take
-    for k batches: a device that runs one call at a time gives a span of k calls alone, where the calls' own
-    times average (k + 1)/2."""
-    k = len(datas)
-    times: list[list[tuple[int, int]]] = [[] for _ in range(k)]
-    errors: list[BaseException] = []
-    ctl = {"round": 0, "go": True, "cut": False, "t0": 0.0, "t1": 0.0, "begun": False}
-
-    def decide():  # in one thread, once all have arrived: what the next round is
-        r = ctl["round"]
-        if r == warmup:
-            if counter is not None:
-                sync()
-                counter.begin()
-                ctl["begun"] = True
-            ctl["t0"] = time.perf_counter()
-        if r == warmup + repeats:
-            ctl["t1"] = time.perf_counter()
-        if r >= warmup + repeats:  # untimed rounds while the energy reading waits for a refresh
-            ctl["go"] = ctl["begun"] and counter.more() and not _over(deadline, stop)
-        ctl["round"] = r + 1
-
-    barrier = threading.Barrier(k, action=decide)
-
-    def caller(i: int) -> None:
-        try:
-            while True:
-                barrier.wait()
-                r = ctl["round"] - 1
-                if r >= warmup + repeats and not ctl["go"]:
-                    return
-                if _over(deadline, stop):
-                    ctl["cut"] = True
-                    barrier.abort()
-                    return
-                sync()
-                t0 = time.perf_counter_ns()
-                fn(datas[i])
-                sync()
-                t1 = time.perf_counter_ns()
-                if warmup <= r < warmup + repeats:
-                    times[i].append((t0, t1))
-        except threading.BrokenBarrierError:
-            return
-        except BaseException as e:  # noqa: BLE001 - the user's code: reported as its size's failure
-            errors.append(e)
-            barrier.abort()
-
-    threads = [threading.Thread(target=caller, args=(i,), name=f"smdp-batch caller {i}", daemon=True)
-               for i in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        while t.is_alive():  # joined in steps: the calling thread stays responsive to signals
-            t.join(0.05)
-    if errors:
-        raise errors[0]
-    rounds = min(len(row) for row in times)  # every caller's round (a cut one may lack the last)
-    flat = [max(row[r][1] for row in times) - min(row[r][0] for row in times) for r in range(rounds)]
-    block = None
-    if ctl["begun"]:
-        block = float(counter.end(max(ctl["t1"] - ctl["t0"], 0.0) if not ctl["cut"] else sum(flat) / 1e9))
-        if not math.isfinite(block):
-            raise ValueError(f"the {counter.name} counter read {block}")
-    return flat, block, bool(ctl["cut"])
-
-
 def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=lambda e: False, calls=False,
-          stop: threading.Event | None = None, concurrency: int = 1) -> None:
+          stop: threading.Event | None = None, concurrency: int = 1, others=None) -> None:
     """Measure every size, reporting through ``send``: {"begin": b}, {"made": b}, {"calls": 1} (``calls``),
     then {"size": b, "times": [ns…], "energy": mJ|None, "cut": bool}, and at the end {"done": True} or
-    {"fail": b, "stage": make|call|energy, "error": text}.  Whatever the user's code raises is a failure of
+    {"fail": b, "stage": make|call|energy, "error": text}; {"callers": k} before each level k > 1.  Whatever the user's code raises is a failure of
     its size, except what ``real`` says a signal raised.  ``concurrency`` K > 1: after each size alone, the
-    same size with k = 2..K callers at once (:func:`_together`), each reported as {"size": b, "level": k, …}
-    with the rounds' spans as its times."""
+    same size with k = 2..K callers at once (:func:`~.measure_callers.together`; ``others``: the other callers,
+    :class:`~.measure_callers.Threads` by default), each reported as {"size": b, "level": k, …} with the rounds'
+    spans as its times."""
+    others = others if others is not None or concurrency < 2 else Threads(fn, make, sync)
     for b in sizes:
         send({"begin": b})
         if _over(deadline, stop):
@@ -224,11 +151,7 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                     sync()
                     counter.begin()
                     begun = True
-                sync()
-                t0 = time.perf_counter_ns()
-                fn(data)
-                sync()
-                t1 = time.perf_counter_ns()
+                t0, t1 = _timed(fn, data, sync)
                 if k >= warmup:
                     times.append(t1 - t0)
                 if calls:
@@ -242,21 +165,33 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
                 if not math.isfinite(block):
                     raise ValueError(f"the {counter.name} counter read {block}")
             send({"size": b, "times": times, "energy": block, "cut": cut})
-            datas = [data]
+            if others is not None:
+                others.reset()
             for level in range(2, concurrency + 1 if not cut else 0):
                 stage = "make"
-                datas.append(make(b))  # each caller its own batch
+                send({"callers": level})
+                others.add(b)  # each caller its own batch
                 stage = "call"
-                got, energy, cut = _together(fn, datas, warmup, repeats, deadline, counter, sync, stop)
+                send({"made": b})
+                got, energy, cut = together(functools.partial(_timed, fn, data, sync), others, warmup, repeats,
+                                            deadline, counter, sync, stop)
                 send({"size": b, "level": level, "times": got, "energy": energy, "cut": cut})
                 if cut:
                     break
-            del data, datas
+            del data
+            if others is not None:
+                others.reset()
         except BaseException as e:
             if real(e):
                 raise
-            data = datas = None  # noqa: F841 - drop the batches before reporting (a MemoryError needs the room)
-            send({"fail": b, "stage": stage, "error": describe(e), "level": level})
+            data = None  # noqa: F841 - drop the batch before reporting (a MemoryError needs the room)
+            if others is not None:
+                others.reset()
+            if isinstance(e, CallerFailed):  # a helper process's failure, as it described it
+                stage, text = e.stage, e.text
+            else:
+                text = describe(e)
+            send({"fail": b, "stage": stage, "error": text, "level": level})
             return
         if cut:
             return
@@ -301,7 +236,9 @@ class Run:
         if "libraries" in msg:
             self.info["libraries"] = msg["libraries"]
         if "begin" in msg:
-            self.current, self.stage = msg["begin"], "make"
+            self.current, self.stage, self.level = msg["begin"], "make", 1
+        elif "callers" in msg:
+            self.stage, self.level = "make", int(msg["callers"])
         elif "made" in msg:
             self.stage = "call"
         elif "calls" in msg:
@@ -392,9 +329,21 @@ import importlib.util as u
 p = sys.argv[1]
 s = u.spec_from_file_location('smdp_batch', os.path.join(p, '__init__.py'), submodule_search_locations=[p])
 m = u.module_from_spec(s); sys.modules['smdp_batch'] = m; s.loader.exec_module(m)
-from smdp_batch.measure_worker import _child
-_child(int(sys.argv[2]), int(sys.argv[3]))
+from smdp_batch.measure_worker import ENTRIES
+ENTRIES[sys.argv[2]](int(sys.argv[3]), int(sys.argv[4]))
 """
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):  # Linux: die with the caller
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+def _boot(entry: str) -> list[str]:
+    """``python -c`` arguments that load this package from its own folder and run ``ENTRIES[entry]``."""
+    return [_BOOT, os.path.dirname(os.path.abspath(__file__)), entry]
 
 
 def _child(fd: int, ctl: int) -> None:
@@ -402,17 +351,12 @@ def _child(fd: int, ctl: int) -> None:
     def send(msg):
         if msg.keys() & {"done", "fail"} or msg.get("cut"):
             msg["libraries"] = versions()
-        data = (json.dumps(msg) + "\n").encode()
-        while data:
-            data = data[os.write(fd, data):]
+        _write(fd, msg)
 
     control = os.fdopen(ctl, "r", encoding="utf-8")
     try:
         cfg = json.loads(control.readline())
-        with contextlib.suppress(Exception):  # Linux: die with the caller
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        _die_with_parent()
         if os.getppid() != cfg["ppid"]:
             return
         sys.path[:] = cfg["path"]
@@ -426,6 +370,13 @@ def _child(fd: int, ctl: int) -> None:
         except BaseException as e:
             return send({"error": f"function {cfg['fn']!r}: importing raised {describe(e)}"})
         why, counter = (counter, None) if isinstance(counter, str) else ("", counter)
+        concurrency, others = int(cfg.get("concurrency", 1)), None
+        if cfg.get("callers") == "processes" and concurrency > 1:
+            try:
+                others = Processes(concurrency - 1, _boot("_helper"),
+                                   {k: cfg[k] for k in ("fn", "make_batch", "folder", "path")})
+            except CallerFailed as e:
+                return send({"error": f"starting the caller processes: {e.text}"})
         sync = synchronize()
         send({"ready": {"libraries": versions(), "cuda_sync": sync.__name__ == "synchronize", "no_counter": why,
                         "sources": loaded_sources(fn) + (loaded_sources(make) if cfg["make_batch"] else []),
@@ -436,8 +387,12 @@ def _child(fd: int, ctl: int) -> None:
         budget = json.loads(go)["budget_s"]
         threading.Thread(target=lambda: (control.read(), os._exit(1)), daemon=True).start()  # caller gone: stop
         deadline = time.monotonic() + budget if budget else math.inf
-        _loop(fn, make, cfg["sizes"], cfg["warmup"], cfg["repeats"], deadline, counter, sync, send,
-              calls=cfg["progress"], concurrency=int(cfg.get("concurrency", 1)))
+        try:
+            _loop(fn, make, cfg["sizes"], cfg["warmup"], cfg["repeats"], deadline, counter, sync, send,
+                  calls=cfg["progress"], concurrency=concurrency, others=others)
+        finally:
+            if others is not None:
+                others.close()  # each helper's loop ends and it is waited for
     except MemoryError:
         os._exit(_EXIT_NOMEM)
     except BaseException as e:  # noqa: BLE001 - a report that failed; the caller sees the process end
@@ -450,30 +405,36 @@ def _child(fd: int, ctl: int) -> None:
         os._exit(0)
 
 
-class _Lines:
-    """JSON lines from a pipe, each awaited until a deadline (time.monotonic)."""
-
-    TIMEOUT = object()
-
-    def __init__(self, fd: int):
-        self.fd, self.buf = fd, b""
-
-    def next(self, deadline: float):
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self.TIMEOUT
-            ready, _, _ = select.select([self.fd], [], [], min(left, 3600.0))
-            if ready:
-                chunk = os.read(self.fd, 1 << 20)
-                if not chunk:
-                    return None
-                self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
+def _helper(cin: int, cout: int) -> None:
+    """A caller process of ``--callers processes``: the function's settings as a JSON line on ``cin``, then
+    ``{"ready": true}`` (or ``{"error": …}``) on ``cout`` and :func:`~.measure_callers.serve`."""
+    try:
+        _die_with_parent()
+        lines = _Lines(cin)
+        setup = lines.next(math.inf)
+        if not isinstance(setup, dict):
+            return
+        sys.path[:] = setup["path"]
         try:
-            return json.loads(line)
-        except ValueError:
-            return None
+            fn = load_callable(setup["fn"], "function", setup["folder"])
+            make = (load_callable(setup["make_batch"], "--make-batch", setup["folder"]) if setup["make_batch"]
+                    else default_make_batch)
+        except InputError as e:
+            return _write(cout, {"error": str(e)})
+        except BaseException as e:
+            return _write(cout, {"error": f"function {setup['fn']!r}: importing raised {describe(e)}"})
+        _write(cout, {"ready": True})
+        serve(fn, make, synchronize(), lines, cout)
+    except MemoryError:
+        os._exit(_EXIT_NOMEM)
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+ENTRIES = {"_child": _child, "_helper": _helper}  # what the boot line may run
 
 
 def _status(proc: subprocess.Popen) -> str:
@@ -505,8 +466,8 @@ def run_in_child(cfg: dict, budget_s, run: Run) -> None:
     r, w = os.pipe()
     ctl_r, ctl_w = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.dirname(os.path.abspath(__file__)), str(w),
-                                 str(ctl_r)], stdin=subprocess.DEVNULL, pass_fds=(w, ctl_r), start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", *_boot("_child"), str(w), str(ctl_r)],
+                                stdin=subprocess.DEVNULL, pass_fds=(w, ctl_r), start_new_session=True)
     except OSError as e:
         os.close(r)
         os.close(ctl_w)

@@ -161,3 +161,16 @@ def test_the_factors_per_size_become_a_spec_by_size():
     assert len(out["latency"]) == 3  # over all sizes: 1, (3.6 + 90)/102 → 1, (8 + 145)/102 = 1.5
     assert out["spec_by_size"] == "1=2:1.8,3:2.7/8=2:1,3:1.45"  # b = 1 at k = 3: 4 measured, 1.8·3/2 taken
     assert parse_contention(out["spec_by_size"]).slow(3, 8) == pytest.approx(1.45)
+
+
+def test_a_factor_taken_at_its_bound_is_rounded_down_to_stay_within_it():
+    """S₂ = 1.993 and three callers measured at 3: the bound 1.993·3/2 = 2.9895 is written 2.989, not 2.99 (which
+    the contention check refuses: three instances would then serve less than two)."""
+    ms = 1_000_000
+    blocks = [(4, [100 * ms] * 4, None)]
+    levels = [(4, 2, [int(199.3 * ms)] * 4, None), (4, 3, [300 * ms] * 4, None)]
+    out = contention_summary(blocks, levels, energy=False)
+    assert out["latency"] == [1.0, 1.993, 2.989]
+    parse_contention(out["spec"]).check(3)
+    assert out["spec_by_size"] == "4=2:1.993,3:2.989"
+    parse_contention(out["spec_by_size"]).check(3)

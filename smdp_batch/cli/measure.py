@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
-from ..measure import (CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings,
+from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings,
                        measure, module_sources)
 from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, option
@@ -35,6 +35,10 @@ from .types import Grid, Number, OneOf, OutputPath, option
 @option("--concurrency", type=Number(integer=True, min=1, max=CONCURRENCY_MAX), default=1, show_default=True,
         help="Also time each size with 2..K callers at once (instances on one device): prints the slowdown per "
              "size and the --contention spec for solve, simulate, compare and export.")
+@option("--callers", type=OneOf(CALLERS, "callers"), default="threads", show_default=True,
+        help="Where --concurrency's callers run: threads of one process (instances in one server process: Triton's "
+             "ONNX Runtime, TensorRT, PyTorch backends) or processes that each import FUNCTION (Triton's Python "
+             "backend, Ray Serve replicas, code that holds the GIL).")
 @option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
 @option("--lam", type=Number(min=0, min_open=True), default=None,
         help="Your load in requests/ms, for the next-step command (instead of --rps).")
@@ -42,7 +46,7 @@ from .types import Grid, Number, OneOf, OutputPath, option
         help="Your load in requests/s, for the next-step command.")
 @json_option
 def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_source, power_w, device_index, output,
-                concurrency, quiet, lam, rps, as_json):
+                concurrency, callers, quiet, lam, rps, as_json):
     """Time FUNCTION(make_batch(b)) at each batch size and write the profile CSV the solver reads.
 
     FUNCTION is your code named as module:function (imported from the current folder or sys.path,
@@ -62,7 +66,7 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     prepare_outputs([("-o", output), ("-o's sidecar", f"{output}.json", False)], inputs)
     m = measure(function, make_batch, sizes=sizes, warmup=warmup, repeats=repeats, budget_s=budget_s,
                 energy=energy_source, power_w=power_w, device_index=device_index, progress=False if quiet else None,
-                warn=False, concurrency=int(concurrency))
+                warn=False, concurrency=int(concurrency), callers=callers)
     if not m.batch.size:
         raise InputError(f"nothing was measured: {m.note or 'no sizes'}; {output} not written")
     path, sidecar = m.write(output, "-o")
@@ -101,7 +105,8 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
 
 def _contention_lines(cont: dict) -> list[str]:
     """The slowdown with k callers at once, per size, and the spec it gives."""
-    lines = ["  beside      k callers at once, each its own batch: S_k = time for all k / time for one alone"
+    lines = [f"  beside      k callers at once ({cont.get('in', 'threads')}), each its own batch: S_k = time for all k "
+             "/ time for one alone"
              + (", E_k = energy per batch / alone" if cont["energy"] else "")]
     by_size: dict[int, list[str]] = {}
     for r in cont["sizes"]:
