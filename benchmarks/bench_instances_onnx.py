@@ -1,21 +1,22 @@
 """Two instances of the example ONNX model on a real Triton (PyTriton's binary), against the model with contention.
 
 1. **Measure** the example MLP (``examples/onnx_mlp.py``, ONNX Runtime on the CPU, one thread per instance), made
-   ``--depth`` hidden layers deep (default 24 of width 2 048: l(32) ≈ 0.1 s, so that the few hundred requests per
+   ``--depth`` hidden layers deep (default 24 of width 2 048: l(32) ≈ 45 ms, so that the few hundred requests per
    second a 2-core machine can send over gRPC load it; the example's own 2 layers take 6 ms at b = 32, where
    Triton's per-request time would dominate), at the sizes 1, 2, 4, 8, 16, 32: each size alone, then in two
-   processes at once (what two instances on one machine do).  l(b) is the affine fit of the times alone; the contention factor S₂ is the median over sizes of
-   (time beside another) / (time alone).
-2. **Run** Triton with ``instance_group { count: 2 }``: its dynamic batcher's one queue feeds two Python-backend
+   processes at once (what two instances on one machine do); printed for reference.
+2. **Calibrate** inside Triton on two runs of their own (ρ 0.5, :func:`calibrate`): l(b), S₂, and the server's
+   own times (an instance's gap after a batch while requests wait, the return leg to the client).
+3. **Run** Triton with ``instance_group { count: 2 }``: its dynamic batcher's one queue feeds two Python-backend
    instances, each running the ONNX model on the batch (``ModelSpec.onnx_path``, real time: scale 1).  Two loads
    (ρ 0.5 and 0.8 per instance, ρ counting S₂), two settings each (a 2 ms delay, and the delay tuned on 2
-   contending instances for p99 ≤ 4·l(32)), a few hundred requests per run on 127.0.0.1.
-3. **Compare** with the simulator on two instances sharing one queue, on the very arrival times sent: with the
-   measured contention (``--contention 2:S₂``) and without it.
+   contending instances for p99 ≤ 4·l(32)), ``--requests`` per run on 127.0.0.1.
+4. **Compare** with the simulator on two instances sharing one queue, on the very arrival times sent: without
+   the contention, with it (``--contention 2:S₂``), and with it and the server's own times.
 
-    python benchmarks/bench_instances_onnx.py [--requests 500] [--json]
+    python benchmarks/bench_instances_onnx.py [--requests 800] [--json]
 
-Needs ``pip install -e ".[dev,triton]"`` and PyTriton (README); bounded; about 2 minutes on the 2-core machine.
+Needs ``pip install -e ".[dev,triton]"`` and PyTriton (README); bounded; about 40 s on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from smdp_batch import BatchingProblem  # noqa: E402
 from smdp_batch.analysis.simulate import poisson_arrivals  # noqa: E402
 from smdp_batch.analysis.slo import optimise  # noqa: E402
 from smdp_batch.baselines.servers import triton  # noqa: E402
-from smdp_batch.integrations.loadgen import compare  # noqa: E402
+from smdp_batch.integrations.loadgen import compare, instance_gap  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32)
 C = 2
@@ -97,8 +98,11 @@ def overlap(batches) -> list[tuple[int, float, float]]:
 
 
 def calibrate(path: str, l32: float, requests: int, seed: int) -> dict:
-    """l(b) and S₂ inside Triton: a one-instance model's batches (alone) give the affine l(b); a two-instance
-    model's batches that ran beside another for over 90 % of their time give S₂ = median(duration / l(b))."""
+    """l(b), S₂ and the server's own times inside Triton, from two calibration runs (ρ 0.5; not the runs compared
+    later): a one-instance model's batches (alone) give the affine l(b); a two-instance model's batches that ran
+    beside another for over 90 % of their time give S₂ = median(duration / l(b)); both runs give the gap an
+    instance stays unavailable after a batch while requests wait (:func:`instance_gap`) and the return leg
+    (batch end → client answered)."""
     from smdp_batch.integrations.triton import ModelSpec, TritonServer, run_load
 
     warm = {b: 0.0 for b in SIZES}
@@ -106,21 +110,44 @@ def calibrate(path: str, l32: float, requests: int, seed: int) -> dict:
               "two": ModelSpec(32, 2000.0, (), warm, instances=C, onnx_path=path)}
     with TritonServer(models, 1.0, start_timeout_s=120.0) as srv:
         rng = np.random.default_rng(seed)
-        run_load(srv, "one", poisson_arrivals(0.5 * 32 / l32, requests, rng))
-        run_load(srv, "two", poisson_arrivals(0.5 * C * 32 / l32, requests, rng))
+        r1 = run_load(srv, "one", poisson_arrivals(0.5 * 32 / l32, requests, rng))
+        r2 = run_load(srv, "two", poisson_arrivals(0.5 * C * 32 / l32, requests, rng))
         one, two = overlap(srv.batches("one")), overlap(srv.batches("two"))
+    gaps = [instance_gap(r, 2.0) for r in (r1, r2)]
+    pairs = sum(g["pairs"] for g in gaps)
+    gap = sum(g["gap_ms"] * g["pairs"] for g in gaps if g["pairs"]) / pairs if pairs else 0.0
+    back = float(np.median(np.concatenate([return_legs(r) for r in (r1, r2)])))
     b1 = np.array([r[0] for r in one], dtype=float)
     d1 = np.array([r[1] for r in one])
     slope, icpt = np.polyfit(b1, d1, 1)
     full = [r for r in two if r[2] > 0.9]
     s2 = float(np.median([d / (icpt + slope * b) for b, d, _ in full])) if full else 1.0
     return {"latency": f"affine:{slope:.6g},{max(icpt, 1e-3):.6g}", "s2": max(1.0, min(s2, 2.0)),
-            "batches_alone": len(one), "batches_beside": len(full)}
+            "batches_alone": len(one), "batches_beside": len(full), "gap_ms": gap, "gap_pairs": pairs,
+            "return_ms": back}
+
+
+def return_legs(run) -> np.ndarray:
+    """Per answered request, batch end → client answered (ms)."""
+    k = run.batch_of
+    ok = (k >= 0) & np.isfinite(run.latency_ms)
+    ends = np.array([run.batch_times[int(j)][1] for j in k[ok]])
+    return run.latency_ms[ok] - (ends - run.arrival_ms[ok])
+
+
+def with_server_times(p, rule, run, cal: dict) -> dict:
+    """The model with the server's own times calibrated: each batch holds its instance ``gap_ms`` longer (in the
+    simulator's l(b)), and each answer reaches the client ``return_ms`` after its batch ends (added to W̄)."""
+    slope, icpt = (float(x) for x in cal["latency"].split(":", 1)[1].split(","))
+    out = compare(p.replace(latency=f"affine:{slope:.6g},{icpt + cal['gap_ms']:.6g}"), rule, run)
+    w = out["model"]["mean_latency_ms"] - cal["gap_ms"] + cal["return_ms"]
+    return {"mean_latency_ms": w, "mean_batch_size": out["model"]["mean_batch_size"],
+            "latency_ratio": out["measured"]["mean_latency_ms"] / w, "batch_size_ratio": out["batch_size_ratio"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=800)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--depth", type=int, default=24, help="hidden layers of width 2048 (the example has 2)")
@@ -157,6 +184,7 @@ def main() -> None:
             without = compare(p.replace(contention=None), rule, run)
             rows.append({"rho": rho, "setting": label, "rule": rule.spec, "errors": run.errors,
                          "measured": with_c["measured"], "model": with_c["model"],
+                         "model_with_server_times": with_server_times(p, rule, run, cal),
                          "model_without_contention": without["model"],
                          "ratios": {k: v for k, v in with_c.items() if k.endswith("ratio")},
                          "ratios_without_contention": {k: v for k, v in without.items() if k.endswith("ratio")}})
@@ -172,18 +200,22 @@ def main() -> None:
     print("  beside another ms        " + "".join(f"{both[b]:>8.2f}" for b in SIZES))
     print("  ratio                    " + "".join(f"{ratios[b]:>8.3f}" for b in SIZES))
     print(f"  inside Triton: l(b) = {lat} ms ({cal['batches_alone']} batches on one instance); contention {spec} "
-          f"(median over {cal['batches_beside']} batches that ran beside another)")
+          f"(median over {cal['batches_beside']} batches that ran beside another); an instance's gap after a batch "
+          f"{cal['gap_ms']:.2f} ms ({cal['gap_pairs']} pairs), return leg {cal['return_ms']:.2f} ms")
     print(f"\nreal Triton, instance_group count {C}, ONNX model, vs the simulator on {C} instances (same arrivals, "
           f"{a.requests} requests per run)")
-    print(f"  {'ρ':>4} {'setting':<22} {'W̄ meas':>8} {'model':>8} {'ratio':>6} {'no-cont':>8} {'ratio':>6} "
-          f"{'batch meas':>10} {'model':>7} {'ratio':>6}")
+    print(f"  {'ρ':>4} {'setting':<22} {'W̄ meas':>8} {'no-cont':>8} {'ratio':>6} {'model':>8} {'ratio':>6} "
+          f"{'+server':>8} {'ratio':>6} {'batch meas':>10} {'model':>7} {'+server':>8}")
     for r in rows:
-        m, s, s0 = r["measured"], r["model"], r["model_without_contention"]
+        m, s, s0, st = r["measured"], r["model"], r["model_without_contention"], r["model_with_server_times"]
         q, q0 = r["ratios"], r["ratios_without_contention"]
-        print(f"  {r['rho']:>4} {r['setting']:<22} {m['mean_latency_ms']:>8.3f} {s['mean_latency_ms']:>8.3f} "
-              f"{q['latency_ratio']:>6.3f} {s0['mean_latency_ms']:>8.3f} {q0['latency_ratio']:>6.3f} "
-              f"{m['mean_batch_size']:>10.2f} {s['mean_batch_size']:>7.2f} {q['batch_size_ratio']:>6.3f}"
+        print(f"  {r['rho']:>4} {r['setting']:<22} {m['mean_latency_ms']:>8.2f} {s0['mean_latency_ms']:>8.2f} "
+              f"{q0['latency_ratio']:>6.3f} {s['mean_latency_ms']:>8.2f} {q['latency_ratio']:>6.3f} "
+              f"{st['mean_latency_ms']:>8.2f} {st['latency_ratio']:>6.3f} {m['mean_batch_size']:>10.2f} "
+              f"{s['mean_batch_size']:>7.2f} {st['mean_batch_size']:>8.2f}"
               + ("" if r["errors"] == 0 else f"  ({r['errors']} errors)"))
+    print("  (no-cont: the model without the contention; model: with S₂; +server: with S₂, the instance's gap after a "
+          "batch and the return leg, all calibrated before these runs)")
 
 
 if __name__ == "__main__":

@@ -326,3 +326,20 @@ def test_a_simulated_run_on_two_instances_counts_each_batch_once():
     # the simulator's own count of the batches it started (its kernel, not the end-time grouping)
     counts = simulate(p, rule, arrivals=arr, seed=0).batch_size_counts
     assert len(sizes) == sum(counts.values()) and sum(sizes) == arr.size and max(sizes) <= 32
+
+
+def test_the_gap_an_instance_stays_unavailable_counts_only_batches_that_waited_for_it():
+    """Two instances A and B, hand-made: A's second batch waited for A (its first request was sent 10 ms before A
+    was free: gap 3 ms), A's third did not (sent after A was free: an idle wait, not a gap); B's pair waited
+    (gap 5 ms).  The median of the gaps that count: 4 ms.  Without instances the batches form one sequence."""
+    from smdp_batch.integrations.loadgen import Run, instance_gap
+
+    times = {0: (0.0, 20.0), 1: (23.0, 40.0), 2: (60.0, 70.0), 3: (5.0, 30.0), 4: (35.0, 50.0)}
+    first = {0: 0.0, 1: 10.0, 2: 55.0, 3: 4.0, 4: 12.0}
+    arr = np.array([first[k] for k in range(5)])
+    run = Run(arr, np.full(5, 1.0), np.arange(5), {k: (1, 1) for k in range(5)}, batch_times=times)
+    run.notes["instance"] = {0: "A", 1: "A", 2: "A", 3: "B", 4: "B"}
+    assert instance_gap(run, delay_ms=2.0) == {"gap_ms": 4.0, "pairs": 2}
+    assert instance_gap(run, delay_ms=15.0) == {"gap_ms": 5.0, "pairs": 1}  # A's was within the delay + margin
+    del run.notes["instance"]  # one sequence by start: 0, 3, 1, 4, 2
+    assert instance_gap(run, delay_ms=2.0)["pairs"] == 3  # (0,3): 3 started before 0 ended: a negative gap

@@ -165,6 +165,7 @@ def test_triton_with_two_instances_follows_the_simulator_on_two_instances():
             # two instances did serve at once: some batch started before the previous one ended
             times = sorted(run.batch_times.values())
             assert any(s1 < e0 for (_, e0), (s1, _) in zip(times, times[1:]))
+            assert len(set(run.notes["instance"].values())) == 2  # the log names the instance of each batch
             if abs(c["latency_ratio"] - 1) < 0.10 and abs(c["batch_size_ratio"] - 1) < 0.05:
                 break
             misses.append(c)

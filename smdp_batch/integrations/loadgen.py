@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["Run", "replay", "summarise", "compare", "simulated_run", "fit_overhead", "with_overhead"]
+__all__ = ["Run", "replay", "summarise", "compare", "simulated_run", "fit_overhead", "instance_gap", "with_overhead"]
 
 
 @dataclass
@@ -179,6 +179,25 @@ def fit_overhead(run: Run, problem, scale: float) -> dict:
     A = np.vstack([np.ones(len(xs)), np.asarray(xs, dtype=np.float64)]).T
     (a, c), *_ = np.linalg.lstsq(A, np.asarray(ys), rcond=None)
     return {"a_ms": float(a), "c_ms": float(c), "pairs": len(xs)}
+
+
+def instance_gap(run: Run, delay_ms: float, margin_ms: float = 1.0) -> dict:
+    """The time an instance stays unavailable after each batch while requests wait (model ms): over consecutive
+    batches k, k + 1 of one instance (``run.notes["instance"]``) whose first request of k + 1 had been sent more
+    than ``delay_ms`` + ``margin_ms`` before batch k ended (so the batcher's delay had run out and the batch
+    waited for this instance), the median of (start of k + 1 − end of k): handing back k's responses, freeing
+    the instance, forming and dispatching the next batch.  ``pairs`` is their number (0: ``gap_ms`` NaN)."""
+    inst = run.notes.get("instance", {})
+    first: dict[int, float] = {}
+    for i, k in enumerate(run.batch_of):
+        if k >= 0 and int(k) not in first:
+            first[int(k)] = float(run.arrival_ms[i])
+    by: dict[Any, list[int]] = {}
+    for k in sorted(run.batch_times, key=lambda k: run.batch_times[k][0]):
+        by.setdefault(inst.get(k), []).append(k)
+    gaps = [run.batch_times[k1][0] - run.batch_times[k0][1] for ks in by.values() for k0, k1 in zip(ks, ks[1:])
+            if k1 in first and first[k1] < run.batch_times[k0][1] - delay_ms - margin_ms]
+    return {"gap_ms": float(np.median(gaps)) if gaps else math.nan, "pairs": len(gaps)}
 
 
 def with_overhead(problem, a_ms: float, c_ms: float, scale: float):

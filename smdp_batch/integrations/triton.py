@@ -134,7 +134,7 @@ class TritonServer:
     """``with TritonServer({"name": ModelSpec, …}, scale) as srv:`` — a running Triton on 127.0.0.1.
 
     ``srv.grpc_url`` / ``srv.http_url``; ``srv.batches(name)`` reads the batches a model has run
-    (b, executed size, start s, end s).  Start-up waits for readiness (``start_timeout_s``).
+    (b, executed size, start s, end s), ``srv.instances(name)`` which instance ran each.  Start-up waits for readiness (``start_timeout_s``).
     """
 
     def __init__(self, models: dict, scale: float, start_timeout_s: float = 60.0, exit_timeout_s: int = 3,
@@ -209,17 +209,19 @@ class TritonServer:
         except (OSError, TypeError):
             return ""
 
-    def batches(self, name: str) -> list[tuple[int, int, float, float]]:
-        """(requests b, executed size, start, end) of every batch the model ran, start/end in time.time() s."""
+    def _lines(self, name: str) -> list[list[str]]:
         try:
-            lines = Path(self._log(name)).read_text().split()
+            return [ln.split(",") for ln in Path(self._log(name)).read_text().split()]
         except FileNotFoundError:
             return []
-        out = []
-        for ln in lines:
-            b, s, t0, t1 = ln.split(",")
-            out.append((int(b), int(s), float(t0), float(t1)))
-        return out
+
+    def batches(self, name: str) -> list[tuple[int, int, float, float]]:
+        """(requests b, executed size, start, end) of every batch the model ran, start/end in time.time() s."""
+        return [(int(b), int(s), float(t0), float(t1)) for b, s, t0, t1, *_ in self._lines(name)]
+
+    def instances(self, name: str) -> list[int]:
+        """The instance (its stub process's id) that ran each batch of :meth:`batches`, in the same order."""
+        return [int(x[4]) for x in self._lines(name)]
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
@@ -248,7 +250,8 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
     """Replay ``arrivals_ms`` (model ms) against model ``name`` over gRPC; a :class:`~.loadgen.Run` in model ms.
 
     Latency is the client's (sent → answered), so it includes two gRPC legs on 127.0.0.1; the run's
-    ``notes["overhead_ms"]`` is the mean of (answered − batch end) in model ms, the return leg alone.
+    ``notes["overhead_ms"]`` is the mean of (answered − batch end) in model ms, the return leg alone, and
+    ``notes["instance"]`` maps each batch id to the instance that ran it.
     """
     import asyncio
 
@@ -288,13 +291,15 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
         k = batch_key.setdefault(round(t0, 6), len(batch_key))
         batch_of[i] = k
         back.append(done[i] - t1)
-    logged = {round(t0, 6): (b, s, t0, t1) for b, s, t0, t1 in server.batches(name)}
-    batches, times = {}, {}
+    logged = {round(t0, 6): (b, s, t0, t1, i) for (b, s, t0, t1), i in zip(server.batches(name), server.instances(name))}
+    batches, times, instance = {}, {}, {}
     for key, k in batch_key.items():
-        b, s, t0, t1 = logged[key]
+        b, s, t0, t1, i = logged[key]
         batches[k] = (b, s)
         times[k] = (to_ms(t0), to_ms(t1))
+        instance[k] = i
     run = Run(to_ms(sent), (done - sent) * 1000.0 / scale, batch_of, batches, errors=errors, wall_s=wall,
               batch_times=times)
     run.notes["overhead_ms"] = float(np.mean(back) * 1000.0 / scale) if back else float("nan")
+    run.notes["instance"] = instance
     return run
