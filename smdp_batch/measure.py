@@ -340,6 +340,9 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
     concurrency = int(concurrency)
     if callers not in CALLERS:
         raise InputError(f"callers {callers!r} is unknown; valid: {', '.join(CALLERS)}")
+    if callers == "processes" and concurrency == 1:
+        raise InputError("callers in processes need a concurrency of 2 or more (--concurrency K: the callers at once "
+                         "they are)")
     if energy not in ("auto", "nvml", "zeus", "none"):
         raise InputError(f"energy source {energy!r} is unknown; valid: auto, nvml, zeus, none")
     if power_w is not None and energy in ("nvml", "zeus"):

@@ -128,11 +128,11 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
           stop: threading.Event | None = None, concurrency: int = 1, others=None) -> None:
     """Measure every size, reporting through ``send``: {"begin": b}, {"made": b}, {"calls": 1} (``calls``),
     then {"size": b, "times": [ns…], "energy": mJ|None, "cut": bool}, and at the end {"done": True} or
-    {"fail": b, "stage": make|call|energy, "error": text}; {"callers": k} before each level k > 1.  Whatever the user's code raises is a failure of
+    {"fail": b, "stage": make|call|energy, "error": text}.  Whatever the user's code raises is a failure of
     its size, except what ``real`` says a signal raised.  ``concurrency`` K > 1: after each size alone, the
     same size with k = 2..K callers at once (:func:`~.measure_callers.together`; ``others``: the other callers,
-    :class:`~.measure_callers.Threads` by default), each reported as {"size": b, "level": k, …} with the rounds'
-    spans as its times."""
+    :class:`~.measure_callers.Threads` by default), each announced by {"callers": k} and reported as
+    {"size": b, "level": k, …} with the rounds' spans as its times."""
     others = others if others is not None or concurrency < 2 else Threads(fn, make, sync)
     for b in sizes:
         send({"begin": b})

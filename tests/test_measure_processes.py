@@ -119,6 +119,8 @@ def test_processes_need_a_named_function_and_a_known_word():
         measure(lambda batch: None, sizes=(1,), concurrency=2, callers="processes")
     with pytest.raises(InputError, match="callers 'fibers' is unknown; valid: threads, processes"):
         measure("x:y", sizes=(1,), concurrency=2, callers="fibers")
+    with pytest.raises(InputError, match="need a concurrency of 2 or more"):
+        measure("x:y", sizes=(1,), callers="processes")
 
 
 def test_the_command_runs_callers_in_processes_and_says_so(tmp_path, monkeypatch, capsys):
@@ -134,3 +136,6 @@ def test_the_command_runs_callers_in_processes_and_says_so(tmp_path, monkeypatch
     assert main(["measure", fn, "--concurrency", "2", "--callers", "fibers", "-o", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "callers 'fibers'" in err[0] and "valid: threads, processes" in err[0]
+    assert main(["measure", fn, "--callers", "processes", "-o", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--concurrency K" in err[0]

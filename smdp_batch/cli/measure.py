@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError
-from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX, check_settings,
-                       measure, module_sources)
+from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX,
+                       check_settings, measure, module_sources)
 from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, option
 
