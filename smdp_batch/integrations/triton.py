@@ -134,7 +134,8 @@ class TritonServer:
     """``with TritonServer({"name": ModelSpec, …}, scale) as srv:`` — a running Triton on 127.0.0.1.
 
     ``srv.grpc_url`` / ``srv.http_url``; ``srv.batches(name)`` reads the batches a model has run
-    (b, executed size, start s, end s), ``srv.instances(name)`` which instance ran each.  Start-up waits for readiness (``start_timeout_s``).
+    (b, executed size, start s, end s), ``srv.instances(name)`` which instance ran each.  Start-up waits for
+    readiness (``start_timeout_s``).
     """
 
     def __init__(self, models: dict, scale: float, start_timeout_s: float = 60.0, exit_timeout_s: int = 3,
@@ -291,7 +292,8 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
         k = batch_key.setdefault(round(t0, 6), len(batch_key))
         batch_of[i] = k
         back.append(done[i] - t1)
-    logged = {round(t0, 6): (b, s, t0, t1, i) for (b, s, t0, t1), i in zip(server.batches(name), server.instances(name))}
+    logged = {round(t0, 6): (b, s, t0, t1, i)
+              for (b, s, t0, t1), i in zip(server.batches(name), server.instances(name))}
     batches, times, instance = {}, {}, {}
     for key, k in batch_key.items():
         b, s, t0, t1, i = logged[key]
