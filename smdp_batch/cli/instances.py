@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.report import describe_busy, describe_policy
 from ..errors import InputError, NotConvergedWarning
 from ..runtime.contention import parse_contention
+from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, count_configurations, phase_type
 from ..model.problem import BatchingProblem
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
 from .options import emit, scenario_line
@@ -32,16 +33,19 @@ def auto_count(opts: dict) -> int:
     return AUTO_MAX if cont is None else min(AUTO_MAX, cont.levels)
 
 
-def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int) -> MultiEvaluation:
+def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int,
+                 max_states: int | None = None) -> MultiEvaluation:
     """Exact metrics of a table n ↦ b (or busy-aware, (k, n) ↦ b) on the problem's instances, truncated at ``n``:
     with the tail boundary when the table ends in Bmax (the tail serves Bmax), else on a plain truncation 4×
     longer (its own long-queue size)."""
     tail = bool(np.all(np.asarray(table)[..., -1] == problem.bmax))
     return evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle_power_w,
-                                    n_max=n if tail else 4 * n, boundary="tail" if tail else "loss")
+                                    n_max=n if tail else 4 * n, boundary="tail" if tail else "loss",
+                                    max_states=max_states)
 
 
-def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w: float) -> tuple[list[dict], MultiSolution]:
+def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w: float,
+                     max_states: int | None = None) -> tuple[list[dict], MultiSolution]:
     """--instances auto at the problem's total λ: the c-server optimum for c = 1..AUTO_MAX (or why a count cannot
     be solved: the load is unstable on it, or its model is past the limits), and the solution of least
     objective (the fewest instances on a tie within 1e-9).  It stops two counts past the best, or at the first count
@@ -58,7 +62,8 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NotConvergedWarning)
-                sol = solve_instances(pc, phases=phases, idle_power_w=idle_power_w, throw=False)
+                sol = solve_instances(pc, phases=phases, idle_power_w=idle_power_w, throw=False,
+                                      max_states=max_states)
         except InputError as e:  # past the model's limits: so are all larger counts
             rows.append({"instances": c, "why": str(e)})
             break
@@ -76,23 +81,25 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
 
 
 def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power_w: float, as_json: bool,
-                        auto: bool = False, output: str | None = None) -> None:
-    """Solve, compare and print (see the module doc); ``auto``: choose the count first (:func:`choose_instances`)."""
+                        auto: bool = False, output: str | None = None, max_states: int | None = None) -> None:
+    """Solve, compare and print (see the module doc); ``auto``: choose the count first (:func:`choose_instances`);
+    ``max_states``: the state limit raised on purpose (``--max-states``)."""
     rows: list[dict] = []
     sol: MultiSolution | None = None
     if auto:
-        rows, sol = choose_instances(problem, phases, idle_power_w)
+        rows, sol = choose_instances(problem, phases, idle_power_w, max_states)
         problem = sol.problem
     c = problem.instances
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NotConvergedWarning)
         if sol is None:
-            sol = solve_instances(problem, phases=phases, idle_power_w=idle_power_w, throw=False)
+            sol = solve_instances(problem, phases=phases, idle_power_w=idle_power_w, throw=False,
+                                  max_states=max_states)
         one = solve_instances(problem.replace(instances=1, lam=problem.lam / c), phases=phases,
                               idle_power_w=idle_power_w, throw=False)
         # today's answer: the table solved for one instance at the whole load is not stable there, so the
         # one-instance table at its share of the load, run on all c behind the shared queue
-        shared = _price_table(problem, one.table, phases, idle_power_w, sol.n_max)
+        shared = _price_table(problem, one.table, phases, idle_power_w, sol.n_max, max_states)
     for w in caught:
         click.echo(f"smdp-batch: warning: {w.message}", err=True)
     e1 = one.optimal
@@ -170,13 +177,17 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
     idle = float(pf.inputs.get("idle_power_w", 0.0))
     table = pf.policy[:-1]
     n = max(n_start(problem), len(table))
-    ev = _price_table(problem, table, phases, idle, n)
+    # a table solved past the default state limit (solve --max-states) is priced on its own truncation
+    states = count_configurations(len(problem.batch_sizes) * phase_type(problem, phases).phases, problem.instances) \
+        * (n + 1)
+    most = min(states, MULTI_STATE_MAX) if states > MULTI_STATE_LIMIT else None
+    ev = _price_table(problem, table, phases, idle, n, most)
     c = problem.instances
     rows = [_row("the table n ↦ b", ev)]
     d = {**problem.describe(), "policy_spec": path, **ev.to_dict(), "objective": ev.avg_cost,
          "policy": [int(a) for a in pf.policy], "phases": phases, "idle_power_w": idle}
     if pf.policy_busy is not None:  # what the runtime and simulate --policy FILE run: the top-level metrics
-        bev = _price_table(problem, pf.policy_busy[:, :-1], phases, idle, n)
+        bev = _price_table(problem, pf.policy_busy[:, :-1], phases, idle, n, most)
         d.update({**bev.to_dict(), "objective": bev.avg_cost, "policy_busy": pf.policy_busy.tolist(),
                   "table_eval": ev.to_dict()})
         rows = [_row("busy-aware table", bev) + "   (DynamicBatcher, simulate)", rows[0] + "   (Triton, Ray exports)"]

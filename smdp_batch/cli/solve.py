@@ -28,7 +28,7 @@ from .options import (
     write_text_atomically,
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
-from ..model.multi_server import PHASES_DEFAULT, PHASES_LIMIT
+from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, PHASES_DEFAULT, PHASES_LIMIT
 from ..runtime.contention import parse_contention
 from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
 
@@ -63,12 +63,16 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
         help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
 @option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
         help="With --instances > 1: power of an idle instance, W.")
+@option("--max-states", type=Number(integer=True, min=MULTI_STATE_LIMIT, max=MULTI_STATE_MAX), default=None,
+        show_default=f"{MULTI_STATE_LIMIT}",
+        help="With --instances > 1: raise the most states of the c-server model (time and memory grow with them: "
+             "2 instances with every size 1..32 need 162 129 states at ρ 0.5, about 1 minute and 1.2 GB on 2 cores).")
 @contention_option
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
 def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, instances,
-              phases, idle_power, output, as_json, **opts):
+              phases, idle_power, max_states, output, as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
     prepare_outputs([("-o", output)], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     check_backend(backend)
@@ -83,14 +87,15 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         bad += [f"--instances {instances}"] if instances != 1 else []
         bad += ["--phases"] if phases is not None else []
         bad += ["--idle-power"] if idle_power else []
+        bad += ["--max-states"] if max_states is not None else []
         bad += ["--contention"] if opts.get("contention") is not None else []
         if bad:
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
         return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
-    if instances != 1 or phases is not None or idle_power or opts.get("contention") is not None:
+    if instances != 1 or phases is not None or idle_power or max_states is not None or opts.get("contention") is not None:
         return _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max,
-                                solver, backend)
+                                solver, backend, max_states)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
                     max_iter=max_iter, backend=backend)
     if lam_grid is not None or rho_grid is not None:
@@ -138,8 +143,8 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
 
 
 def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,
-                     backend) -> None:
-    """solve --instances c (with --phases / --idle-power): the c-server SMDP (cli/instances.py)."""
+                     backend, max_states=None) -> None:
+    """solve --instances c (with --phases / --idle-power / --max-states): the c-server SMDP (cli/instances.py)."""
     from .instances import auto_count, solve_instances_cmd
 
     bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
@@ -149,11 +154,12 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
     bad += [f"--s-max {s_max}"] if str(s_max).lower() != "auto" else []
     auto = instances == "auto"
     if instances == 1:
-        bad.append("--phases" if phases is not None else "--idle-power" if idle_power else "--contention")
+        bad.append("--phases" if phases is not None else "--idle-power" if idle_power else
+                   "--max-states" if max_states is not None else "--contention")
     if bad:
         what = (f"--instances {instances}" if instances != 1 else
-                "--phases, --idle-power and --contention (they shape the model of several instances: add --instances "
-                "c > 1)")
+                "--phases, --idle-power, --max-states and --contention (they shape the model of several instances: "
+                "add --instances c > 1)")
         raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
                          "iteration with its own truncation (one table per solve)" if instances != 1 else
                          f"{what}; got {', '.join(bad)} with one instance")
@@ -163,7 +169,7 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
     problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
     solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto,
-                        output=output)
+                        output=output, max_states=None if max_states is None else int(max_states))
 
 
 def _solve_bank(opts: dict, lam_grid, rho_grid, settings: dict, output, as_json) -> None:

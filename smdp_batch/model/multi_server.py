@@ -51,17 +51,21 @@ from .problem import BatchingProblem
 
 __all__ = [
     "PhaseType", "MultiServerSMDP", "phase_type", "count_configurations", "MULTI_STATE_LIMIT", "PHASES_DEFAULT",
-    "PHASES_LIMIT", "check_multi_size", "MULTI_WORK_LIMIT",
+    "PHASES_LIMIT", "check_multi_size", "check_max_states", "MULTI_WORK_LIMIT", "MULTI_STATE_MAX",
 ]
 
 #: Erlang phases standing for deterministic batch times unless asked otherwise.
 PHASES_DEFAULT = 8
 #: Most phases per batch time.
 PHASES_LIMIT = 64
-#: Most states (queue levels × configurations of the instances) of one c-server model: each policy iteration
-#: step factorises one sparse system, whose LU fills to 50–550 entries per state (c = 2: 28 700 states in
-#: 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core development machine).
+#: Most states (queue levels × configurations of the instances) of one c-server model unless the caller raises
+#: it (``max_states``, ``solve --max-states``): each policy iteration step factorises one sparse system, whose LU
+#: fills to 50–550 entries per state (c = 2: 28 700 states in 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core
+#: development machine).  Past it, the time and memory grow with the states (c = 2 with every size 1..32 at ρ 0.5:
+#: 162 129 states, 53 s, 1.2 GB).
 MULTI_STATE_LIMIT = 60_000
+#: The most ``max_states`` may be raised to; the memory budget bounds it too.
+MULTI_STATE_MAX = 10_000_000
 #: Most states × configurations: the LU's fill, hence its time, grows with both (≈ 1 s per 10⁶ here).
 MULTI_WORK_LIMIT = 3_000_000
 #: Bytes per state of the model and its policy iteration (the LU's fill dominates).
@@ -162,9 +166,22 @@ def count_configurations(symbols: int, c: int) -> int:
     return math.comb(symbols + c, c)
 
 
-def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tuple[int, int]:
+def check_max_states(max_states) -> int | None:
+    """``max_states`` as given (None: the defaults, :data:`MULTI_STATE_LIMIT` and the work limit), or one line."""
+    if max_states is None:
+        return None
+    if isinstance(max_states, bool) or not isinstance(max_states, (int, np.integer)) \
+            or not MULTI_STATE_LIMIT <= max_states <= MULTI_STATE_MAX:
+        raise InputError(f"the most states must be an integer from {MULTI_STATE_LIMIT} to {MULTI_STATE_MAX}, got "
+                         f"{max_states!r}")
+    return int(max_states)
+
+
+def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
+                     max_states: int | None = None) -> tuple[int, int]:
     """(configurations, states) of the model with queue levels 0..n_max, refused before any work past
-    :data:`MULTI_STATE_LIMIT` or the memory budget, with what would fit."""
+    :data:`MULTI_STATE_LIMIT` and the work limit (or past ``max_states``, which the caller raised on purpose) or the
+    memory budget, with what would fit."""
     A, c = len(problem.batch_sizes), problem.instances
     confs = count_configurations(A * ph.phases, c)
     states = confs * (n_max + 1)
@@ -172,11 +189,15 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tup
            f"{ph.phases}) or fewer instances")
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
             f"{n_max + 1} queue levels")
-    if states > MULTI_STATE_LIMIT:
-        raise InputError(f"{size} = {states} states, over the limit {MULTI_STATE_LIMIT}; use {fix}")
-    if states * confs > MULTI_WORK_LIMIT:
+    raise_it = (f", or raise the limit (--max-states S, up to {MULTI_STATE_MAX}; c = 2 with every size 1..32 takes "
+                "about 1 minute and 1.2 GB at ρ 0.5 on 2 cores)")
+    if states > (max_states or MULTI_STATE_LIMIT):
+        raise InputError(f"{size} = {states} states, over the limit {max_states or MULTI_STATE_LIMIT}; use {fix}"
+                         + (raise_it if max_states is None else ""))
+    if max_states is None and states * confs > MULTI_WORK_LIMIT:
         raise InputError(f"{size}: {states} states × {confs} configurations is over the work limit "
-                         f"{MULTI_WORK_LIMIT:.0e} (each policy-iteration step factorises the system); use {fix}")
+                         f"{MULTI_WORK_LIMIT:.0e} (each policy-iteration step factorises the system); use {fix}"
+                         + raise_it)
     check_memory(states * BYTES_PER_STATE, f"the {c}-instance model of {states} states", f"use {fix}")
     return confs, states
 
@@ -190,13 +211,14 @@ class MultiServerSMDP:
     when none is idle).
     """
 
-    def __init__(self, problem: BatchingProblem, ph: PhaseType, n_max: int, idle_power_w: float = 0.0):
+    def __init__(self, problem: BatchingProblem, ph: PhaseType, n_max: int, idle_power_w: float = 0.0,
+                 max_states: int | None = None):
         if not (isinstance(idle_power_w, (int, float)) and math.isfinite(idle_power_w) and idle_power_w >= 0):
             raise InputError(f"idle power per instance must be a finite number ≥ 0 W, got {idle_power_w!r}")
         if n_max < problem.bmax:
             raise InputError(f"the queue truncation N = {n_max} must be ≥ Bmax = {problem.bmax}")
         self.problem, self.ph, self.N, self.idle_power_w = problem, ph, int(n_max), float(idle_power_w)
-        self.n_conf, self.n_states = check_multi_size(problem, ph, self.N)
+        self.n_conf, self.n_states = check_multi_size(problem, ph, self.N, max_states)
         A, m, c = len(problem.batch_sizes), ph.phases, problem.instances
         confs = list(itertools.combinations_with_replacement(range(A * m + 1), c))
         index = {cf: k for k, cf in enumerate(confs)}

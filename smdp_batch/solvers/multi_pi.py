@@ -42,12 +42,14 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import splu
 
 from ..errors import InputError, NotConvergedWarning
-from ..model.multi_server import MultiServerSMDP, PhaseType, check_multi_size, phase_type
+from ..model.multi_server import MultiServerSMDP, PhaseType, check_max_states, check_multi_size, phase_type
 from ..model.problem import BatchingProblem
 
 __all__ = ["MultiSolution", "MultiEvaluation", "solve_instances", "evaluate_instances_table"]
 
 PI_ITER_LIMIT = 200
+#: From this many states the LU factorisation orders columns by COLAMD (see :class:`_System`).
+COLAMD_FROM = 21_000
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,12 @@ class _System:
         self.tail = tail
         # SuperLU's column ordering: minimum degree on A + Aᵀ keeps the fill least when each batch is one phase
         # or parallel branches, but it takes 10–40× longer than COLAMD (similar fill) once Erlang phases chain
-        # (measured: c = 2, six sizes, Erlang-2, 26 299 states: 47 s against 1.1 s)
-        self.permc = "COLAMD" if np.any(model.ph.moves) else "MMD_AT_PLUS_A"
+        # (measured: c = 2, six sizes, Erlang-2, 26 299 states: 47 s against 1.1 s), and past about 21 000 states
+        # with one phase too (whole solves, exponential times: c = 3, six sizes, ρ 0.8, 36 372 states: 34.5 s
+        # against 7.9 s; c = 8, sizes 16, 32, from 23 085 states: 2.3–2.6 s against 1.1–1.5 s; c = 2, sizes 1..32,
+        # ρ 0.5, 162 129 states: 128 s against 53 s; up to 20 195 states it was as fast or faster: c = 4, sizes 8,
+        # 16, 32: 0.6–0.8 s against 1.4–2.1 s).  A time-based choice would make the digits depend on the machine.
+        self.permc = "COLAMD" if np.any(model.ph.moves) or S >= COLAMD_FROM else "MMD_AT_PLUS_A"
         self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
         if not tail:
             self.cost_rate = self.cost_rate + np.where(self.n == N, p.w1 * self.loss_ms, 0.0)
@@ -464,7 +470,7 @@ def n_start(problem: BatchingProblem) -> int:
 
 def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle_power_w: float = 0.0,
                     n_max: int | None = None, tol: float = 1e-7, boundary: str = "tail",
-                    throw: bool = True) -> MultiSolution:
+                    throw: bool = True, max_states: int | None = None) -> MultiSolution:
     """The optimal batching policy for ``problem.instances`` = c instances sharing one queue.
 
     ``phases``: Erlang order for a deterministic law (see :func:`~smdp_batch.model.multi_server.phase_type`);
@@ -473,8 +479,11 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     ``"tail"`` (the queue above N served by Bmax on every instance, its bias in closed form) or ``"loss"``
     (arrivals at N lost and charged; the plain truncation the tests check against independent solves).
     ``throw``: raise :class:`NotConvergedWarning` as an error when policy iteration or the truncation did not
-    converge (else warn and return it with ``converged`` False).
+    converge (else warn and return it with ``converged`` False).  ``max_states``: the most states a truncation may
+    have, raised past :data:`~smdp_batch.model.multi_server.MULTI_STATE_LIMIT` on purpose (None: that limit and
+    the work limit).
     """
+    max_states = check_max_states(max_states)
     if not (isinstance(tol, float) and 0 < tol < 1):
         raise InputError(f"tol must be a number in (0, 1), got {tol!r}")
     if boundary not in ("tail", "loss"):
@@ -486,7 +495,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     act, n_old, total, why, prev, table, before = None, N, 0, "", None, None, None
     last: tuple[_System, np.ndarray, float] | None = None  # the previous truncation: system, optimum, its cost
     while True:
-        sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
+        sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
         act = _initial(sysm) if act is None else _extend(act, n_old, sysm)
         act, ev, its, ok = _iterate(sysm, act)
         total += its
@@ -500,7 +509,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         last = (sysm, act, ev.model_cost)
         prev, n_old, N = ev.model_cost, N, N + max(N // 2, problem.bmax)
         try:
-            check_multi_size(problem, ph, N)
+            check_multi_size(problem, ph, N, max_states)
         except InputError as e:
             why = (f"the average cost still moves by {moved:.2g} at N = {n_old} (tolerance {tol:.2g}), and a longer "
                    f"truncation is refused ({e})")
@@ -534,11 +543,12 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
 
 def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | None = None,
                              idle_power_w: float = 0.0, n_max: int | None = None,
-                             boundary: str = "tail") -> MultiEvaluation:
+                             boundary: str = "tail", max_states: int | None = None) -> MultiEvaluation:
     """Exact metrics of a table n ↦ b run on ``problem.instances`` instances sharing the queue (the runtime's and
     the simulator's rule: start table[n] whenever an instance is idle; a busy-aware table, 2-D with row k for k
-    instances busy: table[k, n]); ``boundary`` as in :func:`solve_instances`, whose tail boundary serves Bmax
-    above N (the table's own long-queue action when it ends in Bmax)."""
+    instances busy: table[k, n]); ``boundary`` and ``max_states`` as in :func:`solve_instances`, whose tail
+    boundary serves Bmax above N (the table's own long-queue action when it ends in Bmax)."""
+    max_states = check_max_states(max_states)
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
     try:
@@ -553,6 +563,6 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
                          f"{int(ends[ends != problem.bmax][0])}: evaluate it with boundary='loss' and a long n_max")
     ph = phase_type(problem, phases)
     N = max(n_start(problem), t.shape[-1]) if n_max is None else int(n_max)
-    sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w), tail=boundary == "tail")
+    sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
     return sysm.evaluate(table_policy(sysm, t))[2]
 
