@@ -12,7 +12,7 @@ import numpy as np
 from ..analysis.report import describe_busy, describe_policy
 from ..errors import InputError, NotConvergedWarning
 from ..runtime.contention import parse_contention
-from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, count_configurations, phase_type
+from ..model import multi_server
 from ..model.problem import BatchingProblem
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
 from .options import emit, scenario_line
@@ -178,9 +178,10 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
     table = pf.policy[:-1]
     n = max(n_start(problem), len(table))
     # a table solved past the default state limit (solve --max-states) is priced on its own truncation
-    states = count_configurations(len(problem.batch_sizes) * phase_type(problem, phases).phases, problem.instances) \
-        * (n + 1)
-    most = min(states, MULTI_STATE_MAX) if states > MULTI_STATE_LIMIT else None
+    confs = multi_server.count_configurations(len(problem.batch_sizes) * multi_server.phase_type(problem, phases).phases,
+                                              problem.instances)
+    states = confs * (n + 1)  # the limits are read now, not at import (a caller or a test may set them)
+    most = min(states, multi_server.MULTI_STATE_MAX) if states > multi_server.MULTI_STATE_LIMIT else None
     ev = _price_table(problem, table, phases, idle, n, most)
     c = problem.instances
     rows = [_row("the table n ↦ b", ev)]
