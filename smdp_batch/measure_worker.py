@@ -346,6 +346,28 @@ def _boot(entry: str) -> list[str]:
     return [_BOOT, os.path.dirname(os.path.abspath(__file__)), entry]
 
 
+def _import_user(cfg: dict) -> tuple[Callable, Callable]:
+    """The function and make_batch that ``cfg`` names (``fn``, ``make_batch``, ``folder``), imported; what the
+    import raised becomes an InputError naming the function."""
+    try:
+        fn = load_callable(cfg["fn"], "function", cfg["folder"])
+        make = (load_callable(cfg["make_batch"], "--make-batch", cfg["folder"]) if cfg["make_batch"]
+                else default_make_batch)
+    except InputError:
+        raise
+    except BaseException as e:
+        raise InputError(f"function {cfg['fn']!r}: importing raised {describe(e)}") from None
+    return fn, make
+
+
+def _exit_quietly() -> None:
+    """End a measuring or caller process: flush what the user's code printed, skip the interpreter's teardown."""
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
 def _child(fd: int, ctl: int) -> None:
     """The measuring process: settings, then "go", as JSON lines on ``ctl``; reports as JSON lines on ``fd``."""
     def send(msg):
@@ -362,9 +384,7 @@ def _child(fd: int, ctl: int) -> None:
         sys.path[:] = cfg["path"]
         try:
             counter = energy_source(cfg["energy"], cfg["power_w"], cfg["device_index"], cfg["untrusted"])
-            fn = load_callable(cfg["fn"], "function", cfg["folder"])
-            make = (load_callable(cfg["make_batch"], "--make-batch", cfg["folder"]) if cfg["make_batch"]
-                    else default_make_batch)
+            fn, make = _import_user(cfg)
         except InputError as e:
             return send({"error": str(e)})
         except BaseException as e:
@@ -399,10 +419,7 @@ def _child(fd: int, ctl: int) -> None:
         with contextlib.suppress(BaseException):
             send({"crash": describe(e)})
     finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
+        _exit_quietly()
 
 
 def _helper(cin: int, cout: int) -> None:
@@ -416,22 +433,15 @@ def _helper(cin: int, cout: int) -> None:
             return
         sys.path[:] = setup["path"]
         try:
-            fn = load_callable(setup["fn"], "function", setup["folder"])
-            make = (load_callable(setup["make_batch"], "--make-batch", setup["folder"]) if setup["make_batch"]
-                    else default_make_batch)
+            fn, make = _import_user(setup)
         except InputError as e:
             return _write(cout, {"error": str(e)})
-        except BaseException as e:
-            return _write(cout, {"error": f"function {setup['fn']!r}: importing raised {describe(e)}"})
         _write(cout, {"ready": True})
         serve(fn, make, synchronize(), lines, cout)
     except MemoryError:
         os._exit(_EXIT_NOMEM)
     finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
+        _exit_quietly()
 
 
 ENTRIES = {"_child": _child, "_helper": _helper}  # what the boot line may run

@@ -87,14 +87,7 @@ def _advance(t, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, g
             if t > clock and t < np.inf:
                 clock = t
             break
-        first = -1
-        dt = np.inf  # time until the first end at the speeds of this level
-        for i in range(c):
-            if run[i, 1] > 0:
-                d = max(rem[i], 0.0) * slow[k, run[i, 2]]
-                if d < dt:
-                    dt = d
-                    first = i
+        dt, first = _first_end(run, rem, slow, k)
         done = clock + dt
         ends = done <= t
         if not ends:  # nothing ends before t: every batch runs on to t
@@ -130,17 +123,22 @@ def _next_free(run, rem, slow, state):
             k += 1
     if k < rem.size:
         return state[5]
-    return state[5] + _first_end(run, rem, slow, k)
+    return state[5] + _first_end(run, rem, slow, k)[0]
 
 
 @njit(cache=True, inline="always")
 def _first_end(run, rem, slow, k):
-    """Contention: the time (ms) until the first of the k running batches ends at the speeds of level k."""
+    """Contention: (the time in ms until the first of the k running batches ends at the speeds of level k, the
+    instance it runs on)."""
     dt = np.inf
+    first = -1
     for i in range(rem.size):
         if run[i, 1] > 0:
-            dt = min(dt, max(rem[i], 0.0) * slow[k, run[i, 2]])
-    return dt
+            d = max(rem[i], 0.0) * slow[k, run[i, 2]]
+            if d < dt:
+                dt = d
+                first = i
+    return dt, first
 
 
 @njit(cache=True)
@@ -155,7 +153,7 @@ def _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, 
             if run[i, 1] > 0:
                 busy += 1
         if busy > 0:
-            end = state[5] + _first_end(run, rem, slow, busy)
+            end = state[5] + _first_end(run, rem, slow, busy)[0]
     else:
         for i in range(free.size):
             if free[i] > tau:

@@ -211,9 +211,11 @@ def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_
             rc = -1
             if k > 0:
                 for r in range(c):
-                    if run_id[r] >= 0 and clock + max(rem[r], 0.0) * slow[k, b_exec[run_id[r]]] < tc:
-                        tc = clock + max(rem[r], 0.0) * slow[k, b_exec[run_id[r]]]
-                        rc = r
+                    if run_id[r] >= 0:
+                        end = clock + max(rem[r], 0.0) * slow[k, b_exec[run_id[r]]]
+                        if end < tc:
+                            tc = end
+                            rc = r
             ends = rc >= 0 and tc <= t and tc <= td
             now = tc if ends else (td if rd >= 0 else t)
             if k > 0 and now > clock and now < np.inf:

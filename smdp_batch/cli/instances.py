@@ -178,9 +178,8 @@ def evaluate_instances_file(path: str, pf, problem: BatchingProblem, as_json: bo
     table = pf.policy[:-1]
     n = max(n_start(problem), len(table))
     # a table solved past the default state limit (solve --max-states) is priced on its own truncation
-    confs = multi_server.count_configurations(len(problem.batch_sizes) * multi_server.phase_type(problem, phases).phases,
-                                              problem.instances)
-    states = confs * (n + 1)  # the limits are read now, not at import (a caller or a test may set them)
+    _, states = multi_server.model_size(problem, multi_server.phase_type(problem, phases), n)
+    # the limits are read now, not at import (a caller or a test may set them)
     most = min(states, multi_server.MULTI_STATE_MAX) if states > multi_server.MULTI_STATE_LIMIT else None
     ev = _price_table(problem, table, phases, idle, n, most)
     c = problem.instances

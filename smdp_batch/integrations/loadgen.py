@@ -153,6 +153,15 @@ def compare(problem, rule, run: Run, warmup: float = 0.05, cooldown: float = 0.0
     return out
 
 
+def _first_arrivals(run: Run) -> dict[int, float]:
+    """Batch id → the arrival time (model ms) of its first request."""
+    first: dict[int, float] = {}
+    for i, k in enumerate(run.batch_of):
+        if k >= 0 and int(k) not in first:
+            first[int(k)] = float(run.arrival_ms[i])
+    return first
+
+
 def fit_overhead(run: Run, problem, scale: float) -> dict:
     """The server's time per batch beyond l(b)·scale, fitted as a + c·b (real ms) over back-to-back batches.
 
@@ -162,10 +171,7 @@ def fit_overhead(run: Run, problem, scale: float) -> dict:
     forming and dispatching the next batch.  Least squares over those pairs; ``pairs`` is their number.
     """
     lat = dict(zip(problem.batch_sizes, problem.latency_ms()))
-    first = {}
-    for i, k in enumerate(run.batch_of):
-        if k >= 0 and k not in first:
-            first[int(k)] = float(run.arrival_ms[i])
+    first = _first_arrivals(run)
     ks = sorted(run.batch_times, key=lambda k: run.batch_times[k][0])
     xs, ys = [], []
     for k0, k1 in zip(ks, ks[1:]):
@@ -188,10 +194,7 @@ def instance_gap(run: Run, delay_ms: float, margin_ms: float = 1.0) -> dict:
     waited for this instance), the median of (start of k + 1 − end of k): handing back k's responses, freeing
     the instance, forming and dispatching the next batch.  ``pairs`` is their number (0: ``gap_ms`` NaN)."""
     inst = run.notes.get("instance", {})
-    first: dict[int, float] = {}
-    for i, k in enumerate(run.batch_of):
-        if k >= 0 and int(k) not in first:
-            first[int(k)] = float(run.arrival_ms[i])
+    first = _first_arrivals(run)
     by: dict[Any, list[int]] = {}
     for k in sorted(run.batch_times, key=lambda k: run.batch_times[k][0]):
         by.setdefault(inst.get(k), []).append(k)

@@ -134,8 +134,8 @@ class TritonServer:
     """``with TritonServer({"name": ModelSpec, …}, scale) as srv:`` — a running Triton on 127.0.0.1.
 
     ``srv.grpc_url`` / ``srv.http_url``; ``srv.batches(name)`` reads the batches a model has run
-    (b, executed size, start s, end s), ``srv.instances(name)`` which instance ran each.  Start-up waits for
-    readiness (``start_timeout_s``).
+    (b, executed size, start s, end s), ``srv.batch_log(name)`` the same with the instance that ran each.
+    Start-up waits for readiness (``start_timeout_s``).
     """
 
     def __init__(self, models: dict, scale: float, start_timeout_s: float = 60.0, exit_timeout_s: int = 3,
@@ -210,19 +210,22 @@ class TritonServer:
         except (OSError, TypeError):
             return ""
 
-    def _lines(self, name: str) -> list[list[str]]:
+    def batch_log(self, name: str) -> list[tuple[int, int, float, float, int]]:
+        """(requests b, executed size, start, end, instance) of every batch the model ran, start/end in
+        time.time() s, the instance its stub process's id."""
         try:
-            return [ln.split(",") for ln in Path(self._log(name)).read_text().split()]
+            lines = Path(self._log(name)).read_text().split()
         except FileNotFoundError:
             return []
+        out = []
+        for ln in lines:
+            b, s, t0, t1, pid = ln.split(",")
+            out.append((int(b), int(s), float(t0), float(t1), int(pid)))
+        return out
 
     def batches(self, name: str) -> list[tuple[int, int, float, float]]:
         """(requests b, executed size, start, end) of every batch the model ran, start/end in time.time() s."""
-        return [(int(b), int(s), float(t0), float(t1)) for b, s, t0, t1, *_ in self._lines(name)]
-
-    def instances(self, name: str) -> list[int]:
-        """The instance (its stub process's id) that ran each batch of :meth:`batches`, in the same order."""
-        return [int(x[4]) for x in self._lines(name)]
+        return [x[:4] for x in self.batch_log(name)]
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
@@ -292,8 +295,7 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
         k = batch_key.setdefault(round(t0, 6), len(batch_key))
         batch_of[i] = k
         back.append(done[i] - t1)
-    logged = {round(t0, 6): (b, s, t0, t1, i)
-              for (b, s, t0, t1), i in zip(server.batches(name), server.instances(name))}
+    logged = {round(x[2], 6): x for x in server.batch_log(name)}
     batches, times, instance = {}, {}, {}
     for key, k in batch_key.items():
         b, s, t0, t1, i = logged[key]

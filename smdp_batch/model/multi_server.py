@@ -51,7 +51,7 @@ from .problem import BatchingProblem
 
 __all__ = [
     "PhaseType", "MultiServerSMDP", "phase_type", "count_configurations", "MULTI_STATE_LIMIT", "PHASES_DEFAULT",
-    "PHASES_LIMIT", "check_multi_size", "check_max_states", "MULTI_WORK_LIMIT", "MULTI_STATE_MAX",
+    "PHASES_LIMIT", "check_multi_size", "check_max_states", "model_size", "MULTI_WORK_LIMIT", "MULTI_STATE_MAX",
 ]
 
 #: Erlang phases standing for deterministic batch times unless asked otherwise.
@@ -166,6 +166,12 @@ def count_configurations(symbols: int, c: int) -> int:
     return math.comb(symbols + c, c)
 
 
+def model_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tuple[int, int]:
+    """(configurations, states) of the c-server model with queue levels 0..n_max, before building it."""
+    confs = count_configurations(len(problem.batch_sizes) * ph.phases, problem.instances)
+    return confs, confs * (n_max + 1)
+
+
 def check_max_states(max_states) -> int | None:
     """``max_states`` as given (None: the defaults, :data:`MULTI_STATE_LIMIT` and the work limit), or one line."""
     if max_states is None:
@@ -183,8 +189,7 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
     :data:`MULTI_STATE_LIMIT` and the work limit (or past ``max_states``, which the caller raised on purpose) or the
     memory budget, with what would fit."""
     A, c = len(problem.batch_sizes), problem.instances
-    confs = count_configurations(A * ph.phases, c)
-    states = confs * (n_max + 1)
+    confs, states = model_size(problem, ph, n_max)
     fix = (f"fewer sizes (--batch-sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
            f"{ph.phases}) or fewer instances")
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
