@@ -1,4 +1,4 @@
-"""Contention between instances on one device (runtime/contention.py): the spec and its checks, the simulator's
+"""Contention between instances on one device (specs/contention.py): the spec and its checks, the simulator's
 batches that slow each other against the exact c-server evaluation, the table the solve gives, and the c-server
 file that carries it.  The CTMC and LP checks of the solver with contention are in tests/test_instances_solver.py."""
 
@@ -16,7 +16,7 @@ from smdp_batch.baselines.servers import parse_rule
 from smdp_batch.cli import main
 from smdp_batch.errors import InputError, PolicyFileError
 from smdp_batch.model.problem import BatchingProblem
-from smdp_batch.runtime.contention import Contention, parse_contention
+from smdp_batch.specs.contention import Contention, parse_contention
 from smdp_batch.runtime.schema import read_policy
 from smdp_batch.solvers.multi_pi import evaluate_instances_table, solve_instances
 

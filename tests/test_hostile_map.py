@@ -20,7 +20,7 @@ from smdp_batch.cli import main
 from smdp_batch.errors import InputError
 from smdp_batch.limits import JSON_DEPTH_LIMIT, MAP_FILE_BYTES_LIMIT, SWITCH_RATIO_MIN
 from smdp_batch.model.arrivals import MAP, parse_arrivals, read_map_file
-from smdp_batch.runtime.mapcheck import _stationary, _unreachable
+from smdp_batch.specs.mapcheck import _stationary, _unreachable
 
 from _threads import returns_within
 

@@ -24,7 +24,7 @@ from smdp_batch.export.hdf5 import write_phase_policy
 from smdp_batch.limits import PHASE_TABLE_STATE_LIMIT, PHASE_TABLE_VALUES_LIMIT
 from smdp_batch.model.arrivals import MAP
 from smdp_batch.runtime import PhasePolicy, read_phase_policy
-from smdp_batch.runtime.mapcheck import check_map
+from smdp_batch.specs.mapcheck import check_map
 from smdp_batch.runtime.phase_file import phase_digest
 from smdp_batch.solvers.map_solution import map_problem, solve_map
 

@@ -14,7 +14,7 @@ import pytest
 from smdp_batch.cli import main
 from smdp_batch.errors import InputError
 from smdp_batch.measure import SERIAL_SLACK, contention_summary, measure
-from smdp_batch.runtime.contention import parse_contention
+from smdp_batch.specs.contention import parse_contention
 
 _ONE_AT_A_TIME = threading.Lock()
 

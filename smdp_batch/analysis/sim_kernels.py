@@ -175,7 +175,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     before bounds[0] are warm-up).  Returns the number of batches served, or −1 if the rule waits forever
     (no more arrivals): the run is then complete.
 
-    ``cont``: the instances contend (:mod:`smdp_batch.runtime.contention`): a batch's end is not known when it
+    ``cont``: the instances contend (:mod:`smdp_batch.specs.contention`): a batch's end is not known when it
     starts, so the running batches live in ``run``/``rem``/``extra`` and :func:`_advance` ends them (the caller
     finishes the last with ``_advance(∞)``).
     """

@@ -3,7 +3,7 @@ power-of-two-choices router.
 
 * :func:`_replicas_kernel` — each batch's end is known when it closes (replicas that do not slow each other);
 * :func:`_replicas_contention_kernel` — replicas on one device that slow each other down
-  (:mod:`smdp_batch.runtime.contention`): while k replicas run a batch each progresses at 1/s_k, so ends are
+  (:mod:`smdp_batch.specs.contention`): while k replicas run a batch each progresses at 1/s_k, so ends are
   found event by event (closing timeouts and batch ends in time order).
 
 Both draw each batch's time when it closes, so with every s_k = 1 the second gives the first's response times.

@@ -325,7 +325,7 @@ def simulate(
     own queue, behind Ray's power-of-two-choices router.  A table solved for one server runs as it is: the
     figures are those of that table on c instances, not of a table optimal for c.  With ``problem.contention``
     the instances (or Ray's replicas) slow each other down: while k are busy each batch of b progresses at
-    1/s_k(b) and draws e_k(b)·ζ(b)/(s_k(b)·l(b)) W (:mod:`smdp_batch.runtime.contention`), so its end is known
+    1/s_k(b) and draws e_k(b)·ζ(b)/(s_k(b)·l(b)) W (:mod:`smdp_batch.specs.contention`), so its end is known
     only as it runs.
 
     ``arrivals``: None (Poisson at problem.lam), an array of sorted arrival times in ms, or a path to

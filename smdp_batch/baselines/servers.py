@@ -57,6 +57,7 @@ import numpy as np
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
+from ..specs.rows import as_rows
 
 __all__ = ["ServerRule", "table_rule", "busy_table_rule", "is_busy_table", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
 
@@ -165,12 +166,9 @@ def busy_table_rule(busy, batch_sizes=None, spec: str = "busy-aware table") -> S
     instances busy (k = 0..c−1; each row validated as a :class:`~smdp_batch.runtime.PolicyTable`), applied at
     arrivals and batch ends while an instance is idle (:func:`~smdp_batch.solvers.multi_pi.solve_instances`).
     The simulator runs it as a table + timer with τ = ∞."""
-    try:
-        b, got = np.asarray(busy), ""
-    except (ValueError, TypeError):
-        b, got = np.zeros(0), "rows of different lengths"
+    b, got = as_rows(busy)
     if b.ndim != 2 or b.shape[0] < 1:
-        raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got {got or f'shape {b.shape}'}")
+        raise InputError(f"a busy-aware table is 2-D, one row per busy count 0..c−1, got {got}")
     rows = np.stack([PolicyTable(row, batch_sizes).policy for row in b])
     return ServerRule("busy", spec, rows.ravel(), rows.shape[1] - 1, int(rows.max()), _dummy()[:0], math.inf)
 

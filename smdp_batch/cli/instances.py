@@ -11,7 +11,7 @@ import numpy as np
 
 from ..analysis.report import describe_busy, describe_policy
 from ..errors import InputError, NotConvergedWarning
-from ..runtime.contention import parse_contention
+from ..specs.contention import parse_contention
 from ..model import multi_server
 from ..model.problem import BatchingProblem
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances

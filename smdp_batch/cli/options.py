@@ -370,7 +370,7 @@ def sizes_text(sizes) -> str:
 
 
 def contention_option(f):
-    """``--contention K:S[:E],…``: instances on one device slowing each other (runtime.contention)."""
+    """``--contention K:S[:E],…``: instances on one device slowing each other (specs.contention)."""
     return option("--contention", default=None, metavar="K:S[:E],…",
                   help="With --instances > 1: instances on one device slow each other down. While K are busy each batch "
                        "takes S× as long and E× the energy (default 1), for K = 2, 3, …: e.g. 2:1.4,3:1.9:0.95; per "

@@ -29,7 +29,7 @@ from .options import (
 )
 from ..limits import ITER_LIMIT, STATE_LIMIT
 from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, PHASES_DEFAULT, PHASES_LIMIT
-from ..runtime.contention import parse_contention
+from ..specs.contention import parse_contention
 from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from ..errors import InputError
 from ..limits import SWITCH_RATIO_MIN, check_rate, check_requests
-from ..runtime.mapcheck import PHASE_LIMIT, check_map
+from ..specs.mapcheck import PHASE_LIMIT, check_map
 from .map_file import check_generator, load_map_json, numbers_only
 
 __all__ = ["MAP", "PHASE_LIMIT", "SAMPLE_CHANGES_LIMIT", "parse_arrivals", "read_map_file"]

@@ -8,7 +8,7 @@ again after opening), UTF-8 JSON nested at most :data:`~smdp_batch.limits.JSON_D
 NaN/Infinity and no repeated keys.  Each matrix must be a list of equal-length rows of JSON numbers
 (``true``, ``null``, strings and objects are refused), square, at most ``PHASE_LIMIT`` phases; D0's
 diagonal must be negative and a generator's rows must sum to 0.  The MAP rules themselves (signs, row
-sums, irreducibility, rate range) are :func:`~smdp_batch.runtime.mapcheck.check_map`'s.  Every refusal
+sums, irreducibility, rate range) are :func:`~smdp_batch.specs.mapcheck.check_map`'s.  Every refusal
 is one :class:`~smdp_batch.errors.InputError` line naming the file and the value.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..limits import JSON_DEPTH_LIMIT, MAP_FILE_BYTES_LIMIT
-from ..runtime.mapcheck import PHASE_LIMIT
+from ..specs.mapcheck import PHASE_LIMIT
 
 __all__ = ["check_generator", "load_map_json", "numbers_only"]
 

@@ -11,7 +11,7 @@ phase-type time PH(α_b, T_b) with mean l(b) (ms) and costs ζ(b) (mJ) when it s
 ``idle_power_w`` (W).  The state is (n, the multiset of (size, phase) of the running batches): with A sizes and m
 phases, C(A·m + c, c) configurations of the c instances times the queue levels 0..N.
 
-**Contention** (``problem.contention``, :mod:`smdp_batch.runtime.contention`): while k instances are busy every
+**Contention** (``problem.contention``, :mod:`smdp_batch.specs.contention`): while k instances are busy every
 phase rate of a running batch of b is divided by s_k(b) (s_k alike for every b unless the factors are given per
 size), and it draws ζ(b)·(e_k(b) − 1)/(s_k(b)·l(b)) W beyond the ζ(b) charged at its start, so a batch run
 entirely beside k − 1 others takes s_k(b)·l(b) on average and costs e_k(b)·ζ(b).

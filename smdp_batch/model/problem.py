@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, WEIGHT_LIMIT, check_int, check_rate
-from ..runtime.contention import Contention, parse_contention
+from ..specs.contention import Contention, parse_contention
 from .curves import Affine, Curve, PowerEnergy
 from .laws import Deterministic, ServiceLaw
 from .spec import parse_curve, parse_service
@@ -112,8 +112,8 @@ class BatchingProblem:
         64; ρ and the stable rate then count all c.  The one-server solvers and evaluation refuse c > 1; the
         c-server SMDP (:func:`smdp_batch.solvers.multi_pi.solve_instances`) solves it, and the simulator runs any
         rule on c instances.
-    contention : how instances on one device slow each other down (:mod:`smdp_batch.runtime.contention`): a
-        :class:`~smdp_batch.runtime.contention.Contention` or its spec ``K:S[:E],…``; None (default) for
+    contention : how instances on one device slow each other down (:mod:`smdp_batch.specs.contention`): a
+        :class:`~smdp_batch.specs.contention.Contention` or its spec ``K:S[:E],…``; None (default) for
         instances that do not interact.  It must cover every count up to ``instances``, and the stable rate
         counts it: c·Bmax/(s_c·l(Bmax)).
     """

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import InputError
 from .bound import erlang_bound_ms
 from .guard import check_queue_length, check_rate, check_time_ms
-from .mapcheck import PHASE_LIMIT, check_map
+from ..specs.mapcheck import PHASE_LIMIT, check_map
 
 __all__ = ["PHASE_LIMIT", "QT_HORIZON", "PhaseFilter", "PhasePolicy", "check_map", "decide_phase", "expm_direction",
            "filter_step", "RULES"]

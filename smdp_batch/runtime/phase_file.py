@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, PHASE_TABLE_STATE_LIMIT, PHASE_TABLE_VALUES_LIMIT
-from .mapcheck import PHASE_LIMIT, check_map
+from ..specs.mapcheck import PHASE_LIMIT, check_map
 from .schema import (FORMAT, PHASE_SCHEMA_VERSION, TableFields, _attr, _check_decisions, _child, _dataset, _guarded,
                      _load_inputs, _load_truncation, _open, _s_max, _Where, table_digest)
 

@@ -65,7 +65,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError, PolicyFileError
-from .contention import parse_contention
+from ..specs.contention import parse_contention
 
 FORMAT = "smdp-batch-policy"
 BANK_FORMAT = "smdp-batch-policy-bank"

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..errors import InputError
+from ..specs.rows import as_rows
 from .guard import real
 from .schema import eq30, read_policy
 
@@ -67,13 +68,10 @@ class PolicyTable:
         self.path = path
         self._busy: np.ndarray | None = None
         if busy is not None:
-            try:
-                b, got = np.asarray(busy), ""
-            except (ValueError, TypeError):
-                b, got = np.zeros(0), "rows of different lengths"
+            b, got = as_rows(busy)
             if b.ndim != 2 or b.shape[0] < 2 or b.shape[1] != p.size:
                 raise InputError(f"a busy-aware table has one row per busy count 0..c−1 (c ≥ 2), each of {p.size} "
-                                 f"queue lengths like the table, got {got or f'shape {b.shape}'}")
+                                 f"queue lengths like the table, got {got}")
             rows = np.stack([PolicyTable(row, self.batch_sizes).policy for row in b])
             if self.instances > 1 and rows.shape[0] != self.instances:
                 raise InputError(f"a table of {self.instances} instances needs a busy-aware row per busy count "

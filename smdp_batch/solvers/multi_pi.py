@@ -44,6 +44,7 @@ from scipy.sparse.linalg import splu
 from ..errors import InputError, NotConvergedWarning
 from ..model.multi_server import MultiServerSMDP, PhaseType, check_max_states, check_multi_size, phase_type
 from ..model.problem import BatchingProblem
+from ..specs.rows import as_rows
 
 __all__ = ["MultiSolution", "MultiEvaluation", "solve_instances", "evaluate_instances_table"]
 
@@ -551,12 +552,9 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
     max_states = check_max_states(max_states)
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
-    try:
-        t, got = np.asarray(table), ""
-    except (ValueError, TypeError):
-        t, got = np.zeros(0), "rows of different lengths"
+    t, got = as_rows(table)
     if t.ndim not in (1, 2) or t.size == 0:
-        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got {got or f'shape {t.shape}'}")
+        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got {got}")
     ends = np.unique(t[..., -1])
     if boundary == "tail" and not np.array_equal(ends, [problem.bmax]):
         raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "

@@ -24,8 +24,8 @@ linearly in b, a size outside them the nearest one's (interpolation keeps k/s_k 
 against one alone (:func:`smdp_batch.measure.contention_summary`; ``--latency`` is l(b) at k = 1), and prints
 the spec both ways.
 
-It lives in ``runtime/`` (numpy only) because a server reads a c-server table's contention without the model's
-dependencies; :class:`~smdp_batch.model.problem.BatchingProblem` holds one.
+It lives in ``specs/`` (numpy only) because both sides need it: :class:`~smdp_batch.model.problem.BatchingProblem`
+holds one, and a server reads a c-server table's contention without the model's dependencies.
 """
 
 from __future__ import annotations

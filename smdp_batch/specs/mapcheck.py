@@ -1,4 +1,4 @@
-"""Validation of a Markovian arrival process (D0, D1) for the runtime and the model (numpy only).
+"""Validation of a Markovian arrival process (D0, D1) for the model and the runtime (numpy only).
 
 The model's :class:`smdp_batch.model.arrivals.MAP` and the phase-table reader both go through
 :func:`check_map`, so a file and a command line are held to the same rules.
