@@ -183,7 +183,7 @@ def main() -> int:
 
     from smdp_batch.analysis.slo import optimise
     from smdp_batch.baselines.servers import triton_table
-    from smdp_batch.runtime.autopilot import Autopilot
+    from smdp_batch.autopilot import Autopilot
 
     model, counter = Model(args), Counter()
     tmp = tempfile.mkdtemp()

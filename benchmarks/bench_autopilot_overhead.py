@@ -103,7 +103,7 @@ def main() -> None:
 
     from smdp_batch import solve
     from smdp_batch.runtime import PolicyTable
-    from smdp_batch.runtime.autopilot import Autopilot, Plan
+    from smdp_batch.autopilot import Autopilot, Plan
 
     p = problem(args.rate / 1e3, args.w2)
     sol = solve(p)

@@ -75,7 +75,7 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     the part of the SLO left to the transport outside the server: every table plans p99 ≤ SLO − overhead_ms."""
     import logging
 
-    from smdp_batch.runtime.autopilot import Autopilot, slo_plan
+    from smdp_batch.autopilot import Autopilot, slo_plan
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # swaps: one JSON line each
     infer = make_infer(slow_file, repeat=repeat)

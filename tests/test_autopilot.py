@@ -1,4 +1,4 @@
-"""The Autopilot (smdp_batch.runtime.autopilot): re-solves on a rate step and on a slowdown, swaps only plans that
+"""The Autopilot (smdp_batch.autopilot.pilot): re-solves on a rate step and on a slowdown, swaps only plans that
 meet the SLO, rolls back on observed p99, and keeps serving through solver faults, NaN readings and clock jumps.
 Driven by synthetic clocks and streams; the solver is the real SLO optimiser where it matters, a fake elsewhere."""
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from smdp_batch.model.problem import BatchingProblem
-from smdp_batch.runtime import DynamicBatcher, PolicyTable, RateChange
-from smdp_batch.runtime.autopilot import Autopilot, Plan, slo_plan
+from smdp_batch.runtime import DynamicBatcher, PolicyTable
+from smdp_batch.autopilot import Autopilot, Plan, RateChange, slo_plan
 
 SLO = 40.0
 

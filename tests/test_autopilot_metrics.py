@@ -1,4 +1,4 @@
-"""The Autopilot's Prometheus metrics (smdp_batch.runtime.autopilot_metrics): every metric is in the scrape with
+"""The Autopilot's Prometheus metrics (smdp_batch.autopilot.prometheus): every metric is in the scrape with
 the Autopilot's value in Prometheus units, the HTTP endpoint serves it on 127.0.0.1, and without
 prometheus_client the import is the one-line extras error.  The Autopilot is driven with a fake solver and
 synthetic arrival times and readings, as in tests/test_autopilot.py."""
@@ -18,7 +18,7 @@ import pytest
 from smdp_batch.errors import InputError
 from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.runtime import PolicyTable
-from smdp_batch.runtime.autopilot import Autopilot, Plan
+from smdp_batch.autopilot import Autopilot, Plan
 from test_autopilot import SLO, Clock, control, feed  # the Autopilot tests' synthetic clock and streams
 
 def solver(problem, slo_ms, lams):
@@ -45,7 +45,7 @@ def text_string_to_metric_families(text: str):
 
 
 def scrape(prom, ap: Autopilot, prefix: str = "smdp_batch_") -> tuple[str, dict]:
-    from smdp_batch.runtime.autopilot_metrics import AutopilotCollector
+    from smdp_batch.autopilot.prometheus import AutopilotCollector
 
     registry = prom.CollectorRegistry()
     registry.register(AutopilotCollector(ap, prefix))
@@ -77,7 +77,7 @@ def driven() -> Autopilot:
 
 
 def test_every_metric_is_scraped_with_the_autopilots_value_in_prometheus_units(prom):
-    from smdp_batch.runtime.autopilot_metrics import METRICS
+    from smdp_batch.autopilot.prometheus import METRICS
 
     ap = driven()
     m = ap.metrics
@@ -144,7 +144,7 @@ def test_counters_follow_failures_and_unknown_values_are_nan(prom):
 
 
 def test_the_registry_refuses_a_second_collector_under_the_same_prefix(prom):
-    from smdp_batch.runtime.autopilot_metrics import AutopilotCollector
+    from smdp_batch.autopilot.prometheus import AutopilotCollector
 
     ap, _ = make()
     registry = prom.CollectorRegistry()
@@ -183,7 +183,7 @@ def test_scrapes_while_the_hooks_run_see_consistent_snapshots(prom):
 
 
 def test_serve_metrics_answers_on_localhost_and_stops(prom):
-    from smdp_batch.runtime.autopilot_metrics import serve_metrics
+    from smdp_batch.autopilot.prometheus import serve_metrics
 
     ap = driven()
     server = serve_metrics(ap, 0)
@@ -205,11 +205,11 @@ def test_serve_metrics_answers_on_localhost_and_stops(prom):
 
 def test_without_prometheus_client_the_import_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    monkeypatch.delitem(sys.modules, "smdp_batch.runtime.autopilot_metrics", raising=False)
+    monkeypatch.delitem(sys.modules, "smdp_batch.autopilot.prometheus", raising=False)
     with pytest.raises(InputError) as err:
-        importlib.import_module("smdp_batch.runtime.autopilot_metrics")
+        importlib.import_module("smdp_batch.autopilot.prometheus")
     msg = str(err.value)
-    assert msg == ("smdp_batch.runtime.autopilot_metrics needs prometheus_client: "
+    assert msg == ("smdp_batch.autopilot.prometheus needs prometheus_client: "
                    "pip install 'smdp-batch[metrics]'")
     assert len(msg.splitlines()) == 1
-    import smdp_batch.runtime.autopilot  # noqa: F401 - the Autopilot itself needs no extra
+    import smdp_batch.autopilot.pilot  # noqa: F401 - the Autopilot itself needs no extra

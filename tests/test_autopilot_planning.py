@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from smdp_batch.model.problem import BatchingProblem
-from smdp_batch.runtime import PolicyTable, RateChange
-from smdp_batch.runtime.autopilot import Autopilot, Plan
-from smdp_batch.runtime.solve_process import SolveProcess, SolveProcessError
+from smdp_batch.runtime import PolicyTable
+from smdp_batch.autopilot import Autopilot, Plan, RateChange
+from smdp_batch.autopilot.solve_process import SolveProcess, SolveProcessError
 
 from test_autopilot import SLO, Clock, FakeSolver, control, feed, make
 
@@ -253,7 +253,7 @@ def test_a_change_point_clears_the_backoff_of_failed_solves():
 
 # ------------------------------------------------------------------ the default solver and the live plan
 def test_the_default_solver_keeps_a_live_plan_that_still_holds_and_replaces_one_that_does_not():
-    from smdp_batch.runtime.autopilot import _same, slo_plan
+    from smdp_batch.autopilot.pilot import _same, slo_plan
 
     p = BatchingProblem.basic(rho=0.3)
     first = slo_plan(p, SLO, [p.lam], requests=5_000)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from smdp_batch.runtime.energy_meter import EnergyMeter, PowerRegression, open_meter
+from smdp_batch.autopilot.energy_meter import EnergyMeter, PowerRegression, open_meter
 
 SIZES = (1, 2, 4, 8)
 IDLE_W = 80.0
@@ -144,7 +144,7 @@ def test_the_autopilot_plans_with_the_metered_energy():
     """A meter that has fitted its intervals gives ζ̂(b) = p̂_b·l̂(b) to the metrics and to the re-solve."""
     from smdp_batch.model.problem import BatchingProblem
     from smdp_batch.runtime import PolicyTable
-    from smdp_batch.runtime.autopilot import Autopilot, Plan
+    from smdp_batch.autopilot import Autopilot, Plan
 
     prob = BatchingProblem.basic()
     sizes = prob.batch_sizes
@@ -192,7 +192,7 @@ def test_a_metered_energy_that_leaves_the_curve_of_the_last_solve_triggers_a_re_
     Autopilot re-solves with ζ̂(b) = 300 W × l̂(b), and the new curve is then the reference (no second solve)."""
     from smdp_batch.model.problem import BatchingProblem
     from smdp_batch.runtime import PolicyTable
-    from smdp_batch.runtime.autopilot import Autopilot, Plan
+    from smdp_batch.autopilot import Autopilot, Plan
 
     prob = BatchingProblem.basic(rho=0.3)
     sizes = prob.batch_sizes

@@ -1,4 +1,4 @@
-"""The Autopilot's online estimators (smdp_batch.runtime.estimators): change-point delay and false alarms on
+"""The Autopilot's online estimators (smdp_batch.autopilot.estimators): change-point delay and false alarms on
 seeded Poisson streams, service drift, energy, bad inputs, bounded memory and threads."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from smdp_batch.runtime import EnergyEstimator, RateChange, ServiceEstimator
-from smdp_batch.runtime.estimators import chi2_quantile
+from smdp_batch.autopilot import EnergyEstimator, RateChange, ServiceEstimator
+from smdp_batch.autopilot.estimators import chi2_quantile
 
 
 def _step_delay(seed: int, factor: float, pre: int = 1000, post: int = 400) -> int | None:

@@ -9,7 +9,7 @@
   with the settings ``smdp-batch export --to ray`` writes.  ``max_ongoing_requests`` is raised to 10 000:
   Ray's default (5 in Ray 2.60) caps how many requests reach a replica, and so the batch size.
 * :func:`autopilot_deployment` builds a deployment whose batches are formed by an
-  :class:`~smdp_batch.runtime.autopilot.Autopilot` (``table_batch(autopilot=...)``) living in the replica; it
+  :class:`~smdp_batch.autopilot.pilot.Autopilot` (``table_batch(autopilot=...)``) living in the replica; it
   answers ``(request id, batch size)`` and reports the Autopilot's metrics and its batch log to the driver.
 * :class:`RayServe` starts Ray (``ray.init`` on 127.0.0.1, ``num_cpus`` bounded, no dashboard) and Serve
   with no HTTP proxy; requests go through a DeploymentHandle from the driver.  The replica records when
@@ -36,7 +36,7 @@ __all__ = ["table_batch", "stub_deployment", "autopilot_deployment", "RayServe",
 def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | None = None,
                 short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None):
     """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a PhasePolicy, a path to
-    either kind of table, a callable) or by ``autopilot`` (an :class:`~smdp_batch.runtime.autopilot.Autopilot`).
+    either kind of table, a callable) or by ``autopilot`` (an :class:`~smdp_batch.autopilot.pilot.Autopilot`).
 
     Works on methods (``async def handle(self, items)``, called as ``await obj.handle(item)``) and on plain
     functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.  With ``autopilot=`` the

@@ -3,7 +3,7 @@
 Design.  Triton's dynamic batcher is **off** (``max_batch_size: 0``, no ``dynamic_batching`` block): Triton
 hands every request to the model on its own, and the batches are formed in the model process by
 :func:`~smdp_batch.integrations.ray_serve.table_batch` ``(autopilot=...)`` — one
-:class:`~smdp_batch.runtime.DynamicBatcher` whose table is the :class:`~smdp_batch.runtime.autopilot.Autopilot`.
+:class:`~smdp_batch.runtime.DynamicBatcher` whose table is the :class:`~smdp_batch.autopilot.pilot.Autopilot`.
 Why not Triton's batcher with the Autopilot's table exported to it: Triton's batcher knows only
 ``max_batch_size`` / ``preferred_batch_size`` / ``max_queue_delay`` (fixed at load time), not a table n ↦ b,
 and its batches never reach a Python hook with their arrival times, so the Autopilot could neither decide
@@ -209,7 +209,7 @@ def sleep_pilot(base_ms: float, per_item_ms: float, lam: float, slo_p99_ms: floa
     """``(infer, autopilot)``: a batch of b sleeps base + per_item·b ms; paper 004's basic model with that l(b)."""
     from ..model.curves import Table
     from ..model.problem import BatchingProblem
-    from ..runtime.autopilot import Autopilot
+    from ..autopilot import Autopilot
 
     p = BatchingProblem.basic(rho=0.3)
     sizes = tuple(p.batch_sizes)

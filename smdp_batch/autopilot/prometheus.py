@@ -1,7 +1,7 @@
-"""Prometheus metrics of an :class:`~smdp_batch.runtime.autopilot.Autopilot` (the ``[metrics]`` extra).
+"""Prometheus metrics of an :class:`~smdp_batch.autopilot.pilot.Autopilot` (the ``[metrics]`` extra).
 
 :class:`AutopilotCollector` is a custom collector (prometheus_client's ``Collector`` protocol): at each scrape
-its ``collect()`` reads one :attr:`Autopilot.metrics <smdp_batch.runtime.autopilot.Autopilot.metrics>`
+its ``collect()`` reads one :attr:`Autopilot.metrics <smdp_batch.autopilot.pilot.Autopilot.metrics>`
 snapshot and yields gauge, counter and histogram families from it, so nothing is updated on the request path
 (the Autopilot's hooks only count executed batches per size, which they did already).  Units follow
 Prometheus: seconds, joules, watts, requests per second (λ̂ also per millisecond, the unit of the tables' λ);
@@ -34,9 +34,9 @@ try:
     from prometheus_client.process_collector import ProcessCollector
     from prometheus_client.utils import floatToGoString
 except ImportError:  # one line naming the extra ([metrics])
-    raise missing("prometheus_client", "smdp_batch.runtime.autopilot_metrics") from None
+    raise missing("prometheus_client", "smdp_batch.autopilot.prometheus") from None
 
-from .autopilot import Autopilot, AutopilotMetrics
+from .pilot import Autopilot, AutopilotMetrics
 
 __all__ = ["AutopilotCollector", "METRICS", "MetricsServer", "serve_metrics"]
 

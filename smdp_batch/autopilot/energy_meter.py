@@ -1,9 +1,9 @@
 """Batch energy ζ̂(b) from a GPU's cumulative energy counter, for the Autopilot.
 
 A GPU's energy counter (NVML's total energy, mJ since the driver loaded; Volta and later) does not move
-with each batch: the driver refreshes it in steps.  On an NVIDIA H200 (driver 580) the steps came every
-100 ms (10th-90th percentiles 78-108 ms), and one read took 3.8 ms.  A batch of a few ms therefore has no
-counter difference of its own.  Instead, each interval between two observed refreshes, (τ_{k-1}, τ_k], is
+with each batch: the driver refreshes it in steps, about every 100 ms
+(:mod:`smdp_batch.measure.counter`, which ``smdp-batch measure`` reads the same way).  A batch of a few ms
+therefore has no counter difference of its own.  Instead, each interval between two observed refreshes, (τ_{k-1}, τ_k], is
 one linear equation in the board's power while idle, p₀, and while running a batch of size b, p_b (W):
 
     ΔE_k = p₀·idle_k + Σ_b p_b·busy_{k,b}                          (J = W·s)
@@ -20,26 +20,28 @@ batch energy is then ζ̂(b) = p̂_b·l̂(b) (W·ms = mJ), with l̂(b) the Autop
 quantity that ``smdp-batch measure --energy nvml`` profiles (the board's energy while the batch runs, idle
 draw included).
 
-:class:`EnergyMeter` samples the counter in a daemon thread every ``period_s`` and notes a refresh at the
-midpoint between the last read with the old value and the first with the new one.  An interval is turned
+:class:`EnergyMeter` samples the counter in a daemon thread every ``period_s`` and notes each refresh as
+:class:`~smdp_batch.measure.counter.SteppedCounter` places it.  An interval is turned
 into its equation once ``lag_s`` have passed (0.1 s plus three times the longest batch seen), so the
 batches running in it have been reported.  An interval whose batches overlap each other (several batches
 at once: replicas or instances sharing the GPU, where the counter cannot tell them apart) is dropped and
 counted in ``overlapping``.  A failing read is counted in ``errors`` and the thread goes on.
 
 numpy only; :func:`nvml_meter` imports ``pynvml`` (``nvidia-ml-py``, the ``measure`` extra) when called.
+A failing or non-finite read is counted in ``errors`` and ends no interval.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-import os
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from ..measure.counter import SteppedCounter, nvml_counter
 
 __all__ = ["PowerRegression", "EnergyMeter", "nvml_meter", "open_meter"]
 
@@ -103,12 +105,12 @@ class EnergyMeter:
         if len(self.sizes) != self.regression.model_w.size:
             raise ValueError("sizes and model_w differ in length")
         self.read, self.clock, self.name = read, clock, name
+        self._counter = SteppedCounter(read, clock)
         self.period_s, self.min_intervals = float(period_s), int(min_intervals)
         self.errors = self.overlapping = self.late = 0
         self._lock = threading.Lock()
         self._batches: collections.deque = collections.deque(maxlen=100_000)  # (size index, start, end) s
         self._longest = 0.0
-        self._last: tuple[float, float] | None = None  # (time, value) of the latest read
         self._refresh: tuple[float, float] | None = None  # (τ, value) of the latest refresh seen
         self._pending: collections.deque = collections.deque(maxlen=10_000)  # (τ_{k-1}, τ_k, ΔE mJ)
         self._resolved = -math.inf  # intervals before this time are in the regression
@@ -137,26 +139,18 @@ class EnergyMeter:
 
     def sample(self) -> None:
         """One read of the counter; a changed value closes an interval."""
-        t0 = self.clock()
         try:
-            v = float(self.read())
-        except Exception:  # noqa: BLE001 - a failed read is counted; serving goes on
-            self.errors += 1
-            return
-        t = 0.5 * (t0 + self.clock())
-        if not math.isfinite(v):
+            edge = self._counter.sample()
+        except Exception:  # noqa: BLE001 - a failed or non-finite read is counted; serving goes on
             self.errors += 1
             return
         with self._lock:
-            last, self._last = self._last, (t, v)
-            if last is not None and v != last[1]:
-                tau = 0.5 * (last[0] + t)
-                if v < last[1]:  # the counter went back (a driver reload): start again
-                    self._refresh = None
-                elif self._refresh is not None:
+            if edge is not None:
+                tau, v = edge
+                if self._refresh is not None and v > self._refresh[1]:
                     self._pending.append((self._refresh[0], tau, v - self._refresh[1]))
-                self._refresh = (tau, v)
-            self._fit(t)
+                self._refresh = (tau, v)  # a counter that went back (a driver reload) starts again here
+            self._fit(self._counter.last[0] if self._counter.last is not None else self.clock())  # last: this read
 
     def _fit(self, now: float) -> None:
         lag = 0.1 + 3.0 * self._longest
@@ -200,32 +194,14 @@ class EnergyMeter:
             self._thread.join(timeout=1.0)
 
 
-def _visible_gpu(pynvml: Any) -> Any:
-    """The NVML handle of the process's first GPU: the first entry of CUDA_VISIBLE_DEVICES (an index or a
-    UUID), else GPU 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.isdigit():
-        return pynvml.nvmlDeviceGetHandleByIndex(int(first))
-    if first.startswith(("GPU-", "MIG-")):
-        return pynvml.nvmlDeviceGetHandleByUUID(first)
-    return pynvml.nvmlDeviceGetHandleByIndex(0)
-
-
 def nvml_meter(sizes: Sequence[int], model_w: Sequence[float], **kw: Any) -> EnergyMeter | None:
     """An :class:`EnergyMeter` on NVML's total-energy counter of the process's GPU, or None where there is
     none (no ``pynvml``, no driver, no GPU, or a GPU before Volta without the counter)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = _visible_gpu(pynvml)
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
-        name = pynvml.nvmlDeviceGetName(h)
-    except Exception:  # noqa: BLE001 - ImportError or any NVMLError: no counter to read
+        read, name = nvml_counter()
+    except Exception:  # noqa: BLE001 - the extra's InputError or any NVMLError: no counter to read
         return None
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    return EnergyMeter(lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h), sizes, model_w,
-                       name=f"NVML total energy of {name}", **kw)
+    return EnergyMeter(read, sizes, model_w, name=f"NVML total energy of {name}", **kw)
 
 
 def open_meter(spec: Any, sizes: Sequence[int], problem: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .table import PolicyTable
+from ..runtime.table import PolicyTable
 
 __all__ = ["Plan", "slo_plan"]
 

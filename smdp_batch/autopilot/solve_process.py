@@ -7,7 +7,7 @@ as a service change and solves again.  A child process started with a lower CPU 
 default) leaves the server its GIL and, when the cores are busy, most of the CPU time.  A solve past its
 budget is ended by killing the child (a thread cannot be stopped), and the next solve starts a new one.
 
-The child runs ``python -m smdp_batch.runtime.solve_process NICE`` with the parent's ``sys.path`` as its
+The child runs ``python -m smdp_batch.autopilot.solve_process NICE`` with the parent's ``sys.path`` as its
 ``PYTHONPATH``, in a session of its own (a terminal's Ctrl-C reaches the server, which then closes it).  It
 reads length-prefixed pickles ``(function, args)`` on stdin and answers ``(ok, value)`` on a copy of its
 stdout; its own stdout and stderr go to the parent's stderr.  The pickles pass between this process and its
@@ -25,7 +25,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["SolveProcess", "SolveProcessError", "python_executable"]
+__all__ = ["SolveProcess", "SolveProcessError", "python_executable", "warm"]
 
 _HEADER = struct.Struct("<Q")
 _MAX_MESSAGE = 256 << 20  # 256 MiB: a plan is a few kB; anything larger is a broken pipe
@@ -113,7 +113,7 @@ class SolveProcess:
             return p
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in sys.path if x))
         try:
-            p = subprocess.Popen([self.python, "-m", "smdp_batch.runtime.solve_process", str(self.nice), *self.warm],
+            p = subprocess.Popen([self.python, "-m", "smdp_batch.autopilot.solve_process", str(self.nice), *self.warm],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
                                  start_new_session=True, close_fds=True)
         except OSError as exc:
@@ -177,6 +177,14 @@ class SolveProcess:
 
     def __repr__(self) -> str:
         return f"<SolveProcess pid {self.pid} nice +{self.nice}>"
+
+
+def warm(proc: SolveProcess, solver: Callable[..., Any], args: tuple) -> None:
+    """One solve in a new child, so that its imports and compiled kernels are loaded before a change needs them."""
+    try:
+        proc.call(solver, *args)
+    except Exception:  # noqa: BLE001 - a failed warm-up only means the first re-solve loads them
+        pass
 
 
 def _kill_box(box: list) -> None:

@@ -3,12 +3,12 @@
 Use it wherever a table goes (``DynamicBatcher(infer, Autopilot(problem, slo_p99_ms))``).  It serves one
 live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the batcher's hooks:
 
-* ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.runtime.estimators.RateChange` (λ̂ and its change
+* ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.autopilot.estimators.RateChange` (λ̂ and its change
   points);
-* ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.runtime.estimators.ServiceEstimator` (l̂(b)
-  and its drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.runtime.energy_meter`) and
+* ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.autopilot.estimators.ServiceEstimator` (l̂(b)
+  and its drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.autopilot.energy_meter`) and
   counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
-  :class:`~smdp_batch.runtime.estimators.EnergyEstimator` (used while the meter has no estimate);
+  :class:`~smdp_batch.autopilot.estimators.EnergyEstimator` (used while the meter has no estimate);
 * ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band
@@ -17,7 +17,7 @@ drifts by at least ``service_tol_ms`` at some size (or at a high load), the ener
 curve of the last solve by more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the
 Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with
 a time budget, at most once per ``min_interval_s``, **in a lower-priority child process**
-(:mod:`~smdp_batch.runtime.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
+(:mod:`~smdp_batch.autopilot.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
 pass).  The default solver is the SLO optimiser (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``:
 the least-power SMDP table + timer whose simulated p99 plus its 95 % half-width meets the *target* at λ̂ and
 at both edges of λ̂'s one-σ band).  The target is SLO − ``overhead_ms`` (the share of the SLO spent outside
@@ -36,7 +36,7 @@ there was one), puts the previous plan back.  After ``watch`` clean windows the 
 plan is the last good.
 
 When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the
-solver's best effort there still goes live when it has one: :func:`~smdp_batch.runtime.plan.slo_plan` offers
+solver's best effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers
 the greedy table when its simulated p99 at λ̂ is below the live plan's, since a plan made for another load
 is the worse effort (the rollback watch then judges it as any swap).
 
@@ -51,6 +51,12 @@ a step forward may time out a solve.
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
 (numba, scipy) when it first runs.
+
+This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the live, good and
+previous plans and the rollback watch read and write one state under one lock, and a batch is decided by one
+read of the live plan.  What can stand alone stands beside it: the responses seen
+(:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy meter, the plan and its default solver,
+and the solve process.
 """
 
 from __future__ import annotations
@@ -70,7 +76,8 @@ import numpy as np
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .plan import Plan, _same, slo_plan
-from .table import PolicyTable
+from .responses import Responses
+from ..runtime.table import PolicyTable
 
 __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
 
@@ -123,14 +130,6 @@ class AutopilotMetrics:
     idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
 
 
-def _warm(proc: Any, solver: Callable[..., Any], args: tuple) -> None:
-    """One solve in a new child, so that its imports and compiled kernels are loaded before a change needs them."""
-    try:
-        proc.call(solver, *args)
-    except Exception:  # noqa: BLE001 - a failed warm-up only means the first re-solve loads them
-        pass
-
-
 class _Job:
     __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy")
 
@@ -152,7 +151,7 @@ class Autopilot:
     ``solve_in``: ``"process"`` (a child at ``nice`` +10; the default with the default solver) or ``"thread"``
     (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
     ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
-    a meter of your own (:func:`~smdp_batch.runtime.energy_meter.open_meter`).
+    a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).
     """
 
     def __init__(self, problem: Any, slo_p99_ms: float, table: PolicyTable | Plan | None = None, *,
@@ -200,10 +199,8 @@ class Autopilot:
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
         self._fails = 0
-        self._resp = np.full(self.window, math.nan)  # the latest response times (ring)
-        self._planned = np.full(self.window, math.nan)  # the live plan's planned p99 when each was recorded
+        self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._unlearned = 0  # responses since the excess was last learned
-        self._resp_i = 0
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
         self._seen, self._windows = 0, 0  # responses since the live plan went live; full windows of them judged
@@ -237,7 +234,7 @@ class Autopilot:
     def _start_process(self, nice: int) -> None:
         import pickle
 
-        from .solve_process import SolveProcess, SolveProcessError
+        from .solve_process import SolveProcess, SolveProcessError, warm
 
         try:
             pickle.dumps(self.solver)
@@ -253,7 +250,7 @@ class Autopilot:
         self._proc = proc
         if self.solver is slo_plan:  # load its compiled kernels now, not when a change needs them
             args = (self.problem, self._target(), [float(self.problem.lam)])
-            threading.Thread(target=_warm, args=(proc, self.solver, args), name="smdp-autopilot-warm", daemon=True).start()
+            threading.Thread(target=warm, args=(proc, self.solver, args), name="smdp-autopilot-warm", daemon=True).start()
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
@@ -358,21 +355,13 @@ class Autopilot:
         k = vals.size
         if k == 0:
             return
-        vals = vals[-self.window:]
         with self._lock:
-            i, n, w = self._resp_i, vals.size, self.window
-            head = min(n, w - i)  # contiguous slices into the rings (cheaper than fancy indexing)
-            self._resp[i:i + head] = vals[:head]
-            self._planned[i:i + head] = self._live.p99_ms
-            if head < n:
-                self._resp[:n - head] = vals[head:]
-                self._planned[:n - head] = self._live.p99_ms
-            self._resp_i = (i + n) % w
+            self._resp.add(vals, self._live.p99_ms)
             self._seen += k
             self._unlearned += k
             while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
                 self._windows += 1
-                self._window_done(float(np.percentile(self._resp, 99)))
+                self._window_done(self._resp.p99())
             if self.learn and self._unlearned >= _LEARN_EVERY and self._learn():
                 self._unlearned = 0
 
@@ -400,12 +389,11 @@ class Autopilot:
         new reading), at most half the SLO.  When it moves by max(2 ms, 5 % of the SLO) from the live plan's,
         re-plan: a p99 of a few hundred responses is noisy, and every re-plan costs a solve.  False: too few yet."""
         lam, live = self.rate.rate, self._live
-        ok = np.isfinite(self._resp) & np.isfinite(self._planned)
-        if ok.sum() < min(self.window, _LEARN_MIN):
+        e = self._resp.excess(min(self.window, _LEARN_MIN))
+        if e is None:
             return False
         if lam is None or abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
             return True
-        e = max(float(np.percentile(self._resp[ok], 99)) - float(np.mean(self._planned[ok])), 0.0)
         x = self._excess + 0.5 * (e - self._excess)
         self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
         if abs(self._excess - self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
@@ -577,12 +565,11 @@ class Autopilot:
     # ------------------------------------------------------------------ metrics
     @property
     def metrics(self) -> AutopilotMetrics:
-        """A snapshot of the counters and estimates (what :mod:`smdp_batch.runtime.autopilot_metrics` exports)."""
+        """A snapshot of the counters and estimates (what :mod:`smdp_batch.autopilot.prometheus` exports)."""
         with self._lock:
-            live, c, ring, batches = self._live, dict(self._c), self._resp.copy(), tuple(self._batches)
+            live, c, batches = self._live, dict(self._c), tuple(self._batches)
+            p50, p99 = self._resp.percentiles((50, 99))
             solve_s, event, excess, target = self._last_solve_s, self._event, self._excess, self._target()
-        resp = ring[np.isfinite(ring)]
-        p50, p99 = (float(x) for x in np.percentile(resp, [50, 99])) if resp.size else (math.nan, math.nan)
         zeta = self._energy_hat(self.service.latency_ms())
         power = None if self.meter is None else self.meter.power_w()
         source = "model" if zeta is None else "observe_energy" if power is None else self.meter.name

@@ -1,0 +1,56 @@
+"""The responses the Autopilot has seen: the latest ``window`` response times (ms) in a ring, each with the p99
+the live plan promised when it was recorded.
+
+Two readings are taken from it: the p99 of a full window (the rollback watch judges a swapped-in plan by it)
+and the *excess*, the ring's p99 less the mean p99 planned for the same responses (what the plan does not
+model: the server's own delays; learned with ``Autopilot(learn=True)``).  Recording a batch of responses is
+two contiguous slice writes, so the hook stays cheap at 10⁴ requests/s.  numpy only; not thread-safe by
+itself (the Autopilot holds its lock around every call).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["Responses"]
+
+
+class Responses:
+    """A ring of the latest ``window`` response times (ms) and the planned p99 (ms) beside each."""
+
+    def __init__(self, window: int):
+        self.window = int(window)
+        self._ms = np.full(self.window, math.nan)
+        self._planned = np.full(self.window, math.nan)
+        self._i = 0
+
+    def add(self, ms: np.ndarray, planned_p99_ms: float) -> None:
+        """Record finite response times ``ms`` (at most ``window`` of them; the oldest leave the ring)."""
+        ms = ms[-self.window:]
+        i, n, w = self._i, ms.size, self.window
+        head = min(n, w - i)  # contiguous slices into the rings (cheaper than fancy indexing)
+        self._ms[i:i + head] = ms[:head]
+        self._planned[i:i + head] = planned_p99_ms
+        if head < n:
+            self._ms[:n - head] = ms[head:]
+            self._planned[:n - head] = planned_p99_ms
+        self._i = (i + n) % w
+
+    def p99(self) -> float:
+        """The p99 of the ring (ms), read when a full window of responses has been recorded."""
+        return float(np.percentile(self._ms, 99))
+
+    def percentiles(self, qs: tuple[float, ...]) -> tuple[float, ...]:
+        """The percentiles ``qs`` of the responses recorded so far (ms); NaN each while there are none."""
+        seen = self._ms[np.isfinite(self._ms)]
+        return tuple(float(x) for x in np.percentile(seen, qs)) if seen.size else tuple(math.nan for _ in qs)
+
+    def excess(self, least: int) -> float | None:
+        """The ring's p99 less the mean p99 planned for the same responses, at least 0 (ms); None while fewer
+        than ``least`` responses are recorded."""
+        ok = np.isfinite(self._ms) & np.isfinite(self._planned)
+        if ok.sum() < least:
+            return None
+        return max(float(np.percentile(self._ms[ok], 99)) - float(np.mean(self._planned[ok])), 0.0)
