@@ -169,7 +169,7 @@ def test_fit_arrivals_auto_reports_progress(tmp_path, monkeypatch, capsys):
 
 def test_measure_progress_bar_only_on_a_terminal(monkeypatch):
     pytest.importorskip("tqdm")
-    from smdp_batch.measure import _progress
+    from smdp_batch.measure.run import _progress
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert _progress(10, None) is None

@@ -137,7 +137,7 @@ def test_library_entry_points_name_their_extra(monkeypatch):
     from smdp_batch.analysis.parallel import dask_mapper
     from smdp_batch.integrations.ray_serve import RayServe
     from smdp_batch.integrations.triton import find_distribution
-    from smdp_batch.measure_worker import energy_source
+    from smdp_batch.measure.worker import energy_source
 
     for m in ("ray", "ray.serve", "pytriton", "pynvml", "zeus", "zeus.monitor", "dask", "dask.distributed"):
         monkeypatch.setitem(sys.modules, m, None)

@@ -79,7 +79,7 @@ def test_a_counter_that_never_refreshes_is_read_as_it_is(monkeypatch):
     fake.nvmlDeviceGetName = lambda h: "Frozen GPU"
     fake.nvmlDeviceGetTotalEnergyConsumption = lambda h: 1234.0
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setattr("smdp_batch.measure_energy.EDGE_WAIT_S", 0.05)
+    monkeypatch.setattr("smdp_batch.measure.energy.EDGE_WAIT_S", 0.05)
     t0 = time.perf_counter()
     m = measure(lambda batch: None, lambda b: [0] * b, sizes=(1, 2), repeats=3, energy="nvml", progress=False)
     assert m.meta["complete"] and np.all(m.energy_mj == 0.0)  # no refresh: the plain difference, 0

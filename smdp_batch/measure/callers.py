@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .measure_energy import describe
+from .energy import describe
 
 __all__ = ["together", "Threads", "Processes", "CallerFailed", "serve", "LEAD_NS"]
 

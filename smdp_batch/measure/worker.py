@@ -1,6 +1,6 @@
 """Where ``smdp-batch measure`` runs the user's code (:mod:`smdp_batch.measure` is the API): importing it,
 the measuring loop, and the child process that the caller stops at its deadline (the energy counters are
-:mod:`smdp_batch.measure_energy`).
+:mod:`smdp_batch.measure.energy`).
 
 * :func:`run_in_child` starts ``python -c`` with the working folder off ``sys.path``, loads this package
   from its own location, imports the energy libraries (installed packages only: :func:`energy_source`
@@ -32,10 +32,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import InputError
-from .measure_callers import CallerFailed, Processes, Threads, _Lines, _over, _timed, _write, serve, together
-from .measure_energy import _real, describe, energy_source, untrusted_folders
-from .files import Terminated
+from ..errors import InputError
+from .callers import CallerFailed, Processes, Threads, _Lines, _over, _timed, _write, serve, together
+from .energy import _real, describe, energy_source, untrusted_folders
+from ..files import Terminated
 
 __all__ = ["load_callable", "default_make_batch", "loaded_sources", "describe", "synchronize", "energy_source",
            "untrusted_folders", "versions", "Run", "run_here", "run_in_child", "NAME", "GRACE_S"]
@@ -113,7 +113,7 @@ def synchronize() -> Callable[[], None]:
 
 
 def versions() -> dict:
-    from . import __version__
+    from .. import __version__
 
     out = {"python": platform.python_version(), "smdp_batch": __version__}
     for name in _LIBRARIES:
@@ -130,8 +130,8 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
     then {"size": b, "times": [ns…], "energy": mJ|None, "cut": bool}, and at the end {"done": True} or
     {"fail": b, "stage": make|call|energy, "error": text}.  Whatever the user's code raises is a failure of
     its size, except what ``real`` says a signal raised.  ``concurrency`` K > 1: after each size alone, the
-    same size with k = 2..K callers at once (:func:`~.measure_callers.together`; ``others``: the other callers,
-    :class:`~.measure_callers.Threads` by default), each announced by {"callers": k} and reported as
+    same size with k = 2..K callers at once (:func:`~.callers.together`; ``others``: the other callers,
+    :class:`~.callers.Threads` by default), each announced by {"callers": k} and reported as
     {"size": b, "level": k, …} with the rounds' spans as its times."""
     others = others if others is not None or concurrency < 2 else Threads(fn, make, sync)
     for b in sizes:
@@ -329,7 +329,7 @@ import importlib.util as u
 p = sys.argv[1]
 s = u.spec_from_file_location('smdp_batch', os.path.join(p, '__init__.py'), submodule_search_locations=[p])
 m = u.module_from_spec(s); sys.modules['smdp_batch'] = m; s.loader.exec_module(m)
-from smdp_batch.measure_worker import ENTRIES
+from smdp_batch.measure.worker import ENTRIES
 ENTRIES[sys.argv[2]](int(sys.argv[3]), int(sys.argv[4]))
 """
 
@@ -343,7 +343,7 @@ def _die_with_parent() -> None:
 
 def _boot(entry: str) -> list[str]:
     """``python -c`` arguments that load this package from its own folder and run ``ENTRIES[entry]``."""
-    return [_BOOT, os.path.dirname(os.path.abspath(__file__)), entry]
+    return [_BOOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__))), entry]  # smdp_batch/, above measure/
 
 
 def _import_user(cfg: dict) -> tuple[Callable, Callable]:
@@ -424,7 +424,7 @@ def _child(fd: int, ctl: int) -> None:
 
 def _helper(cin: int, cout: int) -> None:
     """A caller process of ``--callers processes``: the function's settings as a JSON line on ``cin``, then
-    ``{"ready": true}`` (or ``{"error": …}``) on ``cout`` and :func:`~.measure_callers.serve`."""
+    ``{"ready": true}`` (or ``{"error": …}``) on ``cout`` and :func:`~.callers.serve`."""
     try:
         _die_with_parent()
         lines = _Lines(cin)

@@ -21,13 +21,13 @@ writes ``batch_size,latency_ms[,energy_mj]`` (one row per call, the format of
   size's counter reading spans its block of timed calls and is split over them in proportion to
   their times.  NVML's counter is refreshed in steps (every ≈ 100 ms on an H200), so it is read between
   two refreshes at least 0.5 s apart, the block going on with untimed calls of the same size where the
-  timed ones end sooner (:mod:`smdp_batch.measure_energy`).  The counter libraries are imported from the
+  timed ones end sooner (:mod:`smdp_batch.measure.energy`).  The counter libraries are imported from the
   installed packages only: never from the working folder or the measured module's folder.
 * **Budget**: ``budget_s`` bounds the calls (warm-ups included) and, separately, the start of the
   child process with the import of the user's module.
 * **Several callers** (``concurrency`` K): each size is timed again with k = 2..K callers at once, each on
   its own batch, in threads of the measuring process or (``callers="processes"``) in processes of their own
-  that each import the function (:mod:`smdp_batch.measure_callers`), for the ``--contention`` factors of the
+  that each import the function (:mod:`smdp_batch.measure.callers`), for the ``--contention`` factors of the
   several-instance model (:func:`contention_summary`).
 
 Functions are named ``module:function`` (``package.module:object.method`` too), imported from the
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InputError
-from .limits import BMAX_LIMIT
-from .measure_worker import (NAME, Run, default_make_batch, energy_source, load_callable, loaded_sources,
+from ..errors import InputError
+from ..limits import BMAX_LIMIT
+from .worker import (NAME, Run, default_make_batch, energy_source, load_callable, loaded_sources,
                              run_here, run_in_child, synchronize, untrusted_folders, versions)
 
 __all__ = ["measure", "Measurement", "load_callable", "default_make_batch", "check_settings", "module_sources",
@@ -190,7 +190,7 @@ class Measurement:
     def write(self, path: str | os.PathLike, flag: str = "") -> tuple[str, str]:
         """Write the profile CSV and its sidecar ``PATH.json`` together (both or neither); returns both paths.
         Refuses a path that is one of the measured code's files, and a symlink at the sidecar's name."""
-        from .files import atomic_output, atomic_outputs, current_plan
+        from ..files import atomic_output, atomic_outputs, current_plan
 
         path = os.fspath(path)
         if not self.batch.size:
@@ -215,7 +215,7 @@ class Measurement:
 
     def profile(self, path: str = "<measurement>"):
         """The rows as a :class:`~smdp_batch.model.profile.Profile` (``ProfileCurve(path, profile=…)``)."""
-        from .model.profile import Profile
+        from ..model.profile import Profile
 
         return Profile(path=path, batch=self.batch.copy(), latency=self.latency_ms.copy(),
                        energy=None if self.energy_mj is None else self.energy_mj.copy(),
@@ -249,7 +249,7 @@ def contention_summary(blocks, levels, energy: bool) -> dict:
     and the factors over all sizes (Σ_b of the means at k over Σ_b of the means alone, so the large batches that
     carry a heavy load weigh most) as a ``--contention`` spec.  A factor below 1 (noise: a batch is never faster
     beside others) counts as 1; the spec stops before the first k at which k callers served less than k − 1."""
-    from .runtime.contention import Contention
+    from ..specs.contention import Contention
 
     alone = {int(b): (np.mean(t), (e / len(t)) if e is not None else None) for b, t, e in blocks if len(t)}
     rows: list[dict] = []
@@ -297,7 +297,7 @@ def _spec_by_size(rows: list[dict], levels: int) -> str | None:
     """The factors per measured size as a ``B=K:S[:E],…/…`` spec for k = 2..``levels`` (the levels of the spec over
     all sizes): each S_k(b) at least 1 and at most S_{k−1}(b)·k/(k − 1) (k callers never serving less than
     k − 1: a size measured past that bound is taken at it).  None where a size lacks a level."""
-    from .runtime.contention import Contention
+    from ..specs.contention import Contention
 
     by: dict[int, dict[int, dict]] = {}
     for r in rows:

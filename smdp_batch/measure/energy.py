@@ -3,9 +3,9 @@
 * :func:`energy_source` opens the first counter available — NVML's total energy (``nvidia-ml-py``), then
   zeus — importing their libraries from installed packages only (never the working folder or the measured
   module's folder, :func:`untrusted_folders`).
-* **NVML's counter moves in steps.**  The driver refreshes it every ≈ 100 ms on an NVIDIA H200 (driver
-  580; 10th-90th percentiles 78-108 ms, one read 3.8 ms), so two plain reads around a block of calls of a
-  few ms each see zero, one or two steps: the energy is off by up to a whole step either way.
+* **NVML's counter moves in steps** (:mod:`smdp_batch.measure.counter`, shared with the Autopilot's
+  energy meter), so two plain reads around a block of calls of a few ms each see zero, one or two steps: the
+  energy is off by up to a whole step either way.
   :class:`_Nvml` therefore reads it in a thread while the calls run and measures between *refreshes*: the
   block starts just after one, goes on (with untimed calls of the same size, when the timed ones end
   sooner) until a refresh at least ``MIN_WINDOW_S`` = 0.5 s later, and the mean power between the two,
@@ -24,8 +24,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .errors import InputError
-from .extras import require
+from ..errors import InputError
+from ..extras import require
+from .counter import SteppedCounter, nvml_counter
 
 __all__ = ["energy_source", "untrusted_folders", "describe"]
 
@@ -57,34 +58,26 @@ class _Nvml:
     name = "nvml"
 
     def __init__(self, index: int):
-        pynvml = require("pynvml", "the NVML energy counter")
-
-        pynvml.nvmlInit()
-        self._nvml, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-        self._read()  # NVMLError_NotSupported before Volta
-        name = pynvml.nvmlDeviceGetName(self._h)
-        self.device = name.decode() if isinstance(name, bytes) else str(name)
+        self._read, self.device = nvml_counter(index)
         self.note = (f"NVML total-energy counter of GPU {index} ({self.device}): the mean power between two of its "
                      f"refreshes at least {MIN_WINDOW_S:g} s apart while the size's calls run")
         self._edges: list[tuple[float, float]] = []  # (time s, mJ) of each refresh seen in the block
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> float:
-        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h))
-
     def _watch(self) -> None:
-        """Read until stopped; note each refresh at the midpoint of the reads around it."""
-        t, v = time.perf_counter(), self._read()
-        while not self._stop.is_set():
-            w = self._read()
-            u = time.perf_counter()
-            if w != v:
-                self._edges.append((0.5 * (t + u), w))
-                if not math.isfinite(w):
-                    return
-            t, v = u, w
-            time.sleep(0.001)
+        """Read until stopped, noting each refresh (:class:`~smdp_batch.measure.counter.SteppedCounter`); a read
+        that fails or is not finite ends the watch with a NaN edge, so the block's energy is NaN (named)."""
+        counter = SteppedCounter(self._read)
+        try:
+            counter.sample()
+            while not self._stop.is_set():
+                edge = counter.sample()
+                if edge is not None:
+                    self._edges.append(edge)
+                time.sleep(0.001)
+        except Exception:  # noqa: BLE001 - the driver's error or a NaN: this block has no energy
+            self._edges.append((time.perf_counter(), math.nan))
 
     def begin(self) -> None:
         """Start watching and return just after the next refresh (after at most EDGE_WAIT_S)."""
