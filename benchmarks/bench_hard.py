@@ -31,7 +31,7 @@ import warnings
 
 from smdp_batch import BatchingProblem, InputError, solve
 from smdp_batch.analysis.pareto import sweep_w2
-from smdp_batch.solvers.geometric import warm_up_geometric
+from smdp_batch.solvers.geometric_pi import warm_up_geometric
 from smdp_batch.solvers.pi import warm_up_pi
 from smdp_batch.solvers.limit import reach
 from smdp_batch.solvers.search import (PROBABLE_MASS, PROBABLE_START, SMAX_LIMIT, Candidates, _search_probable,

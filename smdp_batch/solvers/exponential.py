@@ -33,7 +33,8 @@ from ..errors import InputError
 from ..model.laws import Exponential
 from ..model.problem import BatchingProblem
 from .evaluation import Evaluation
-from .geometric import GeometricModel, GeometricPI, geometric_model, metrics, policy_iteration
+from .geometric import GeometricModel, geometric_model, metrics
+from .geometric_pi import GeometricPI, policy_iteration
 from .limit import limit_onset, onset_terms, quadratic_choice
 from .result import SolveResult
 from .search import limiting_actions

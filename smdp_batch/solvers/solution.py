@@ -35,7 +35,8 @@ from .threads import single_blas
 from .rvi import ETA_FRACTION, relative_value_iteration, warm_up_rvi
 from .search import PROBABLE_START, SMAX_LIMIT, Candidates, Progress, limiting_actions, search_converged, search_minimal
 from .exponential import applies, solve_exponential
-from .geometric import GeometricModel, warm_up_geometric
+from .geometric import GeometricModel
+from .geometric_pi import warm_up_geometric
 from .limit import reach
 
 __all__ = ["BACKENDS", "BOUNDARIES", "SOLVERS", "SMAX_RULES", "Solution", "TableNotConvergedWarning", "check_backend", "solve",

@@ -1,0 +1,98 @@
+"""Policy iteration for exponential batch times in O(S) memory (paper 004 eqs. 18–22; Puterman §11.4, Howard).
+
+The model, its O(S) evaluation and the improvement step's Q-values are :mod:`.geometric`'s; this is the loop
+around them.  It improves with V_a(·) by its recursion for every allowed a: O(S·A) time, O(S) memory, no
+arrival table.  Early evaluations are loose (GMRES to 1e-5, then 1e-7; inexact policy iteration), the last
+ones tight (1e-12), and the loop ends only when a tight evaluation's improvement returns the same policy.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError, NotConvergedWarning
+from ..model.problem import BatchingProblem
+from .geometric import (LOOSE, RESIDUAL_TOL, ROUGH, TIGHT, GeometricModel, _System, _effective_up, _matvec, _q,
+                        _q_pass, _residual, _rhs, _rows, _sweep, _v_at, _v_terms, geometric_model, metrics)
+from .jit import warm_up
+
+__all__ = ["GeometricPI", "greedy", "policy_iteration", "warm_up_geometric"]
+
+
+@dataclass(frozen=True)
+class GeometricPI:
+    """Policy iteration's answer on one truncation: π (action indices), ĝ, h, iterations, GMRES iterations."""
+
+    policy: np.ndarray
+    gain: float
+    values: np.ndarray
+    iterations: int
+    krylov: int
+    seconds: float
+    converged: bool
+
+
+def greedy(model: GeometricModel) -> np.ndarray:
+    """Serve the largest feasible batch (eq. 16), B at s_max."""
+    pol = np.searchsorted(model.sizes, np.minimum(np.arange(model.s_max + 1), model.sizes[-1]), side="right") - 1
+    pol[-1] = model.tail
+    return pol.astype(np.int64)
+
+
+def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_iter: int = 200,
+                     log=None, near: bool | None = None) -> GeometricPI:
+    """Exact PI (module doc) from ``pol0`` (default greedy), ended by a tight evaluation that improves to itself;
+    ``near`` (default: whether pol0 is given): start with tight evaluations, pol0 being nearly optimal."""
+    t0 = time.perf_counter()
+    pol = greedy(model) if pol0 is None else np.asarray(pol0, dtype=np.int64).copy()
+    pol[-1] = model.tail
+    near = pol0 is not None if near is None else near
+    guess, rtol, krylov = None, TIGHT if near else ROUGH, 0
+    g, h = 0.0, np.zeros(pol.size)
+    for it in range(max_iter):
+        system = _System(model, pol)
+        g, h, k = system.solve(model.cost, rtol, guess, maxiter=60 if rtol == TIGHT else 40)
+        krylov += k
+        guess = (g, h)
+        qcur, qbest, best = _q(model, model.cost, pol, g, h)
+        res = _residual(h, qcur)
+        new = np.where(qcur - qbest > 1e-11 * (1.0 + np.abs(qcur)), best, pol)
+        changed = int(np.count_nonzero(new != pol))
+        if log is not None:
+            log(f"PI {it}: ĝ = {g:.12g}, {k} GMRES iterations (rtol {rtol:.0e}), residual {res:.1e}, "
+                f"{changed} states change")
+        if rtol == TIGHT and not res < RESIDUAL_TOL:
+            raise InputError(f"policy iteration's evaluation did not converge (residual {res:.3g} at ĝ = {g:.6g})")
+        if changed == 0:
+            if rtol == TIGHT:
+                return GeometricPI(pol, g, h, it + 1, krylov, time.perf_counter() - t0, True)
+            rtol = TIGHT
+            continue
+        if changed <= max(16, pol.size // 1000):
+            rtol = TIGHT
+        elif changed <= pol.size // 10 and rtol == ROUGH:
+            rtol = LOOSE
+        pol = new
+    warnings.warn(f"policy iteration stopped after {max_iter} iterations", NotConvergedWarning, stacklevel=2)
+    return GeometricPI(pol, g, h, max_iter, krylov, time.perf_counter() - t0, False)
+
+
+#: Cold compile of these kernels on the 2-core dev machine, seconds (the notice :func:`~.jit.warm_up` prints).
+COLD_SECONDS = 8
+
+
+def _tiny_run() -> None:
+    p = BatchingProblem.from_rho(0.8, batch_sizes=(1, 2, 3), service="exp")
+    m = geometric_model(p, 12)
+    r = policy_iteration(m)
+    metrics(m, r.policy, r.gain)
+
+
+def warm_up_geometric() -> float:
+    """Load or compile this module's kernels once per process (:mod:`.jit`); the seconds it took."""
+    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rhs, _q_pass), _tiny_run,
+                   COLD_SECONDS)
