@@ -171,3 +171,58 @@ def test_product_text_names_no_work_items():
                 if pattern.search(line):
                     found.append(f"{path.relative_to(repo)}:{k}: {line.strip()[:100]}")
     assert not found, "\n".join(found)
+
+
+#: The floors of docs/architecture.md, lowest first: a part may import only parts on lower floors (and
+#: itself); two parts on one floor do not import each other.  Lazy imports inside functions count too.
+FLOORS = (
+    ("errors", "kernel_cache"),
+    ("smdp_batch", "extras", "limits", "files"),
+    ("specs",),
+    ("model", "runtime"),
+    ("baselines", "measure"),
+    ("solvers",),
+    ("analysis",),
+    ("autopilot", "export", "llm"),
+    ("cli", "integrations"),
+    ("console",),
+    ("__main__",),
+)
+#: Imports that run back up, each named with its reason in docs/architecture.md (none today).
+UPWARD_ALLOWED: set[tuple[str, str]] = set()
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_points_down_the_floors():
+    floor = {part: k for k, parts in enumerate(FLOORS) for part in parts}
+    graph = import_graph()
+    unknown = sorted({_part(m) for m in graph} - set(floor))
+    assert not unknown, f"parts on no floor of FLOORS (add them where they belong): {unknown}"
+    up = sorted((a, b) for a, deps in graph.items() for b in deps
+                if _part(a) != _part(b) and floor[_part(a)] <= floor[_part(b)]
+                and (_part(a), _part(b)) not in UPWARD_ALLOWED)
+    assert not up, "imports that do not point down: " + "; ".join(f"{a} → {b}" for a, b in up)
+
+
+def test_the_serving_floor_and_the_autopilot_load_no_numba():
+    """A server imports the runtime, or the Autopilot, without the solver stack (numba, scipy, jax)."""
+    import subprocess
+
+    code = ("import sys, smdp_batch.runtime, smdp_batch.autopilot, smdp_batch.specs\n"
+            "bad = [m for m in ('numba', 'llvmlite', 'scipy', 'jax') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_name_that_left_the_runtime_says_where_it_went():
+    with pytest.raises(ImportError, match="moved to smdp_batch.autopilot: from smdp_batch.autopilot import Autopilot"):
+        from smdp_batch.runtime import Autopilot  # noqa: F401
+    with pytest.raises(ImportError, match="from smdp_batch.autopilot import RateChange"):
+        from smdp_batch.runtime import RateChange  # noqa: F401
+    import smdp_batch.runtime as rt
+
+    assert not hasattr(rt, "no_such_name")
