@@ -285,3 +285,13 @@ def check_llm_work(requests: int, loads: int, schemes: int) -> None:
 #: The largest latency bound an SLO may give (ms; 10⁶ ms ≈ 17 min): beyond it the timers a search tunes no
 #: longer fit the servers' integer settings (Triton's µs, TorchServe's ms).
 SLO_MAX_MS = 1e6
+#: The largest idle power an instance may be given (W): a whole 8-GPU server idles below 2 kW, so 10⁵ W can
+#: only be a typo, and it would swamp every P̄ (the figures would print as differences of huge numbers).
+IDLE_POWER_MAX_W = 1e5
+#: The longest batch time (ms) and the largest batch energy (mJ) an online estimator takes as a reading: an
+#: hour, and a megajoule (a GPU at 1 kW for 1000 s).  Beyond them a reading is a broken clock or counter,
+#: rejected and counted, never averaged in.
+BATCH_MS_MAX, BATCH_MJ_MAX = 3.6e6, 1e9
+#: How far (×, either way) one reading may move an estimator from its current estimate: a reading beyond is
+#: taken at the bound (winsorised), so one absurd value moves l̂(b) or ζ̂(b) by a bounded amount.
+READING_CLIP = 10.0

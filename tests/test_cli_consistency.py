@@ -291,8 +291,11 @@ def test_measure_next_step_plans_with_the_profile(tmp_path, monkeypatch, capsys)
     rc, text, err = run([*base, "-o", "a.csv"], capsys)  # no energy counter here, no load
     assert rc == 0, err
     line = _next_line(text)
-    assert "solve --latency csv:a.csv --batch-sizes 1,2,4 --rps YOUR_LOAD" in line and "--energy" not in line
-    assert "give your load" in text and "--power" in text
+    # without a load it plans at ρ = 0.5, so that the line runs as printed, and says how to give the load
+    assert "solve --latency csv:a.csv --batch-sizes 1,2,4 --rho 0.5" in line and "--energy" not in line
+    assert "for your load give --rps" in text and "--power" in text
+    rc, _, err = run(line.partition("; ")[2].split()[1:], capsys)
+    assert rc == 0, err
     rc, text, err = run([*base, "--power-w", "70", "--rps", "800", "-o", "b.csv"], capsys)
     assert rc == 0, err
     line = _next_line(text)

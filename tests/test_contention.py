@@ -259,7 +259,7 @@ def test_compare_runs_contending_instances_and_names_the_contention_to_solve_wit
     tables, why = instances_tables(p, p.lam, False)
     assert tables and not why
     for cand in tables:  # each c-server table's run-it line solves it with the contention it was solved with
-        line = _deploy(SimpleNamespace(knobs={**cand.knobs, "tau_ms": 5.0}, spec=cand.name), 2)
+        line = " ".join(_deploy(SimpleNamespace(knobs={**cand.knobs, "tau_ms": 5.0}, spec=cand.name, policy=None), 2, p))
         assert f"--instances 2 --contention {SPEC}" in line and "instances=2" in line
         assert 'PolicyTable.load("table.h5", busy_aware=False)' in line  # the table simulated, not the file's rows
 

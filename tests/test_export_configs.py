@@ -70,10 +70,17 @@ def test_tf_serving_export_parses_as_batching_parameters(table):
     assert msg2.allowed_batch_sizes[-1] == msg2.max_batch_size.value
 
 
+def ray_decorators(text: str) -> tuple[ast.Call, ast.Call]:
+    """The Ray export module's ``@serve.deployment(…)`` (on its class) and ``@serve.batch(…)`` (on its method)."""
+    cls = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef))
+    method = next(n for n in cls.body if isinstance(n, ast.AsyncFunctionDef))
+    return cls.decorator_list[0], method.decorator_list[0]
+
+
 def test_ray_and_torchserve_exports_parse(table):
     p, sol = table
     ray = export_policy(p, sol, "ray", requests=100_000)
-    call = ast.parse(ray.text.strip().lstrip("@"), mode="eval").body  # parsed, never evaluated
+    call = ray_decorators(ray.text)[1]  # a module, parsed, never evaluated
     kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
     assert ast.unparse(call.func) == "serve.batch" and kw == ray.settings
     ts = export_policy(p, sol, "torchserve", requests=100_000)
@@ -149,7 +156,7 @@ def test_an_export_for_several_instances_is_tuned_on_them_and_holds_its_slo(tmp_
     elif target == "tfserving":
         assert text_format.Parse(d["config"], _tf_batching_parameters()()).num_batch_threads.value == 2
     else:
-        deco = [ast.parse(line.lstrip("@"), mode="eval").body for line in d["config"].splitlines()]
+        deco = ray_decorators(d["config"])
         assert ast.unparse(deco[0].func) == "serve.deployment" and ast.unparse(deco[1].func) == "serve.batch"
         assert {k.arg: ast.literal_eval(k.value) for k in deco[0].keywords} == {"num_replicas": 2,
                                                                                "max_ongoing_requests": 10000}

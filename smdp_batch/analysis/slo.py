@@ -42,220 +42,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..baselines.servers import ServerRule, ray_serve, table_timer, tf_serving, torchserve, triton, triton_table
 from ..errors import InputError
-from ..limits import SLO_MAX_MS
 from ..model.problem import BatchingProblem
 from .loads import load_grid
+from .slo_answer import (_CI, DEFAULT_SETTINGS, FAMILIES, METRICS, RULE_FAMILIES, SLO, LoadResult, Setting, SLOAnswer,
+                         _better)
 
 __all__ = ["METRICS", "SLO", "LoadResult", "Setting", "SLOAnswer", "optimise", "load_grid", "RULE_FAMILIES",
            "FAMILIES", "DEFAULT_SETTINGS"]
 
-#: SLO metric → the simulator's key.
-METRICS = {"mean": "mean_latency_ms", "p50": "p50_ms", "p90": "p90_ms", "p95": "p95_ms", "p99": "p99_ms"}
-_CI = {"mean": "mean_latency_ci_ms", "p50": "p50_ci_ms", "p90": "p90_ci_ms", "p95": "p95_ci_ms", "p99": "p99_ci_ms"}
-
-#: The server rules searched beside the SMDP table (max batch = Bmax).
-RULE_FAMILIES = ("triton", "triton-preferred", "tfserving", "ray", "torchserve")
-#: Every family :func:`optimise` can report, in output order.
-FAMILIES = ("table+timer", "smdp") + RULE_FAMILIES
-
-#: What most servers run: each rule's default setting (Triton: max_queue_delay_microseconds 0, or the
-#: 100 µs people often set; TF-Serving's batch_timeout_micros 0; Ray Serve's @serve.batch defaults
-#: max_batch_size 10, batch_wait_timeout_s 0.01; TorchServe's max_batch_delay 100 ms).
-DEFAULT_SETTINGS = ("triton:max={B},delay_us=0", "triton:max={B},delay_us=100", "tfserving:max={B},timeout_us=0",
-                    "ray:max=10,timeout_s=0.01", "torchserve:batch={B},delay_ms=100")
-
 _RTOL = 0.01  # bisection stops when the bracket's ends are within 1 % of each other
-
-
-# ------------------------------------------------------------------------------------------ the SLO
-@dataclass(frozen=True)
-class SLO:
-    """Latency bounds (ms), one per metric; all must hold at once."""
-
-    bounds: tuple[tuple[str, float], ...]
-
-    @classmethod
-    def of(cls, items) -> "SLO":
-        """From ``{metric: ms}`` or ``[(metric, ms), …]``; unknown metrics and a metric bounded twice with
-        different values are refused."""
-        pairs = list(items.items()) if isinstance(items, dict) else list(items)
-        out: dict[str, float] = {}
-        for metric, bound in pairs:
-            m = str(metric).strip().lower()
-            if m not in METRICS:
-                raise InputError(f"unknown SLO metric {metric!r}; valid: {', '.join(METRICS)}")
-            try:
-                b = float(bound)
-            except (TypeError, ValueError):
-                raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}") from None
-            if not (math.isfinite(b) and b > 0):
-                raise InputError(f"the {m} SLO must be a positive number of ms, got {bound!r}")
-            if b > SLO_MAX_MS:
-                raise InputError(f"the {m} SLO must be at most {SLO_MAX_MS:g} ms (about 17 minutes), got {bound!r}")
-            if m in out and out[m] != b:
-                raise InputError(f"conflicting SLOs: {m} ≤ {out[m]:g} ms and {m} ≤ {b:g} ms; give each metric once")
-            out[m] = b
-        if not out:
-            raise InputError(f"give at least one SLO ({', '.join(METRICS)} latency bound in ms)")
-        order = list(METRICS)
-        return cls(tuple(sorted(out.items(), key=lambda kv: order.index(kv[0]))))
-
-    def text(self) -> str:
-        return " and ".join(f"{'W̄' if m == 'mean' else m} ≤ {b:g} ms" for m, b in self.bounds)
-
-    def as_dict(self) -> dict:
-        return {m: b for m, b in self.bounds}
-
-    def check_reachable(self, problem: BatchingProblem, seed: int = 0) -> None:
-        """Refuse bounds no setting can meet: below the latency of a lone request served at once in a
-        batch of the smallest size (its mean l(b_min), or the percentile of its service law)."""
-        b = problem.bmin
-        l1 = float(problem.latency_ms()[0])
-        draws = None
-        for m, bound in self.bounds:
-            if m == "mean":
-                floor = l1
-            else:
-                if draws is None:
-                    draws = problem.service.sample(np.random.default_rng(seed), l1, 20_000, b)
-                floor = float(np.percentile(draws, float(m[1:])))
-            if bound <= floor:
-                raise InputError(
-                    f"the SLO {m} ≤ {bound:g} ms is below the fastest possible: a request served alone at once in a "
-                    f"batch of {b} already takes {floor:.4g} ms ({'l(b)' if m == 'mean' else m + ' of its service time'}); "
-                    f"use a bound above {floor:.4g} ms"
-                )
-
-
-# ------------------------------------------------------------------------------------------ results
-@dataclass
-class LoadResult:
-    """One setting simulated at one load."""
-
-    lam: float  # requests/ms
-    metrics: dict  # metric → ms
-    ci: dict  # metric → 95 % half-width (ms)
-    power_w: float
-    power_ci: float
-    mean_batch: float
-    meets: bool
-
-    def margin(self, slo: SLO) -> float:
-        """The least relative margin (bound − value − half-width) / bound over the SLO's metrics."""
-        return min((b - self.metrics[m] - self.ci[m]) / b for m, b in slo.bounds)
-
-    def as_dict(self) -> dict:
-        return {"lam": self.lam, "load_per_s": self.lam * 1e3, "metrics_ms": self.metrics, "ci_ms": self.ci,
-                "mean_power_w": self.power_w, "mean_power_ci_w": self.power_ci, "mean_batch": self.mean_batch,
-                "meets_slo": self.meets}
-
-
-@dataclass
-class Setting:
-    """One setting of a family, simulated at the loads (all of them once it meets the SLO)."""
-
-    family: str
-    spec: str  # the rule's spelling (simulate --policy …; a table + timer names its table)
-    knobs: dict  # the searched values: w2 range, tau_ms, delay_us, Q, …
-    loads: list[LoadResult]
-    meets: bool
-    rule: ServerRule | None = field(repr=False, default=None)
-    policy: list | None = field(repr=False, default=None)  # the SMDP table (queue lengths 0..s_max)
-
-    @property
-    def power_w(self) -> float:
-        """Mean of P̄ over the loads (equal time at each); inf where it does not meet the SLO."""
-        return float(np.mean([x.power_w for x in self.loads])) if self.meets else math.inf
-
-    @property
-    def power_ci(self) -> float:
-        return float(math.sqrt(sum(x.power_ci ** 2 for x in self.loads)) / len(self.loads)) if self.loads else math.nan
-
-    def worst(self, slo: SLO) -> LoadResult:
-        return min(self.loads, key=lambda x: x.margin(slo))
-
-    def as_dict(self, slo: SLO) -> dict:
-        w = self.worst(slo)
-        return {"family": self.family, "setting": self.spec, "knobs": self.knobs, "meets_slo": self.meets,
-                "mean_power_w": self.power_w if self.meets else float(np.mean([x.power_w for x in self.loads])),
-                "mean_power_ci_w": self.power_ci,
-                "worst_load": {**w.as_dict(), "margin": w.margin(slo)},
-                "loads": [x.as_dict() for x in self.loads]}
-
-
-@dataclass
-class SLOAnswer:
-    """What :func:`optimise` found: per family the least-power setting meeting the SLO (None if none does),
-    the rules' default settings, and how it was searched."""
-
-    slo: SLO
-    lams: list[float]
-    solve_lam: float
-    best: dict  # family → Setting | None
-    defaults: list[Setting]
-    requests: int
-    seed: int
-    evaluations: int
-    seconds: float
-    current: Setting | None = None  # the user's own rule (``compare --current``), simulated at every load
-
-    @property
-    def recommended(self) -> Setting | None:
-        """What smdp-batch recommends: the least-power setting of every family searched — the table + timer
-        family's best, unless a server rule outside it (Ray Serve's, TorchServe's) draws less power."""
-        pick = None
-        for fam in ("table+timer",) + RULE_FAMILIES:
-            pick = _better(pick, self.best.get(fam))
-        return pick
-
-    def best_rule(self) -> Setting | None:
-        """The least-power server rule (Triton, TF-Serving, Ray Serve, TorchServe) that meets the SLO."""
-        ok = [s for f, s in self.best.items() if f in RULE_FAMILIES and s is not None]
-        return min(ok, key=lambda s: s.power_w) if ok else None
-
-    def savings(self) -> list[dict]:
-        """The recommendation against the table + timer family's best (when a rule beat it), the best tuned
-        rule, and each default setting (W; positive = the recommendation saves)."""
-        rec = self.recommended
-        out: list[dict] = []
-        if rec is None:
-            return out
-        tt = self.best.get("table+timer")
-        others = ([("table+timer", tt)] if tt is not None and tt is not rec else [])
-        others += [("best tuned rule", self.best_rule())] + [("default", d) for d in self.defaults]
-        for what, s in others:
-            if s is None or s is rec:
-                continue
-            out.append({"against": what, **self.versus(s)})
-        return out
-
-    def versus(self, s: Setting) -> dict:
-        """``s`` against the recommendation: its power and what the recommendation saves (W, %)."""
-        rec = self.recommended
-        p = float(np.mean([x.power_w for x in s.loads]))
-        d = {"setting": s.spec, "family": s.family, "meets_slo": s.meets, "power_w": p}
-        if rec is None:
-            return {**d, "saved_w": None, "saved_pct": None, "ci_w": None}
-        return {**d, "saved_w": p - rec.power_w, "saved_pct": 100.0 * (p - rec.power_w) / p,
-                "ci_w": math.hypot(s.power_ci, rec.power_ci)}
-
-    def as_dict(self) -> dict:
-        rec = self.recommended
-        return {"slo": self.slo.as_dict(), "loads_per_ms": self.lams, "solve_lam": self.solve_lam,
-                "requests_per_load": self.requests, "seed": self.seed,
-                "recommended": rec.as_dict(self.slo) if rec else None,
-                "best": {f: (s.as_dict(self.slo) if s else None) for f, s in self.best.items()},
-                "defaults": [s.as_dict(self.slo) for s in self.defaults],
-                "savings": self.savings(), "evaluations": self.evaluations, "optimise_seconds": self.seconds,
-                **({} if self.current is None else
-                   {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
-
 
 # ------------------------------------------------------------------------------------------ the search
 class _Checker:
@@ -306,7 +106,7 @@ class _Checker:
             d = res.as_dict()
             vals = {m: float(d[METRICS[m]]) for m, _ in self.slo.bounds}
             cis = {m: float(d[_CI[m]]) for m, _ in self.slo.bounds}
-            ok = all(vals[m] + cis[m] <= b for m, b in self.slo.bounds)
+            ok = all(vals[m] + cis[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
             loads.append(LoadResult(self.lams[i], vals, cis, res.mean_power_w, res.mean_power_ci, res.mean_batch_size, ok))
             if not ok:
                 meets = False
@@ -314,15 +114,6 @@ class _Checker:
                     break
         loads.sort(key=lambda x: x.lam)
         return Setting(family, rule.spec, knobs, loads, meets, rule, policy)
-
-
-def _better(a: Setting | None, b: Setting | None) -> Setting | None:
-    """The one of less power among those that meet the SLO (a on ties)."""
-    if b is None or not b.meets:
-        return a if a is not None and a.meets else None
-    if a is None or not a.meets:
-        return b
-    return b if b.power_w < a.power_w else a
 
 
 def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False,
@@ -405,7 +196,7 @@ def not_simulated(problem: BatchingProblem) -> set[str]:
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
              solve_lam: float | None = None, defaults: bool = True, progress=None, current=None,
-             idle_power_w: float = 0.0) -> SLOAnswer:
+             idle_power_w: float = 0.0, idle_power_given: bool | None = None) -> SLOAnswer:
     """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
 
     ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
@@ -413,7 +204,9 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     ``solve_lam``: the load the SMDP tables are solved at (default: the top load).  ``families``: which to
     search (``table+timer`` needs ``smdp`` and the Triton forms, and searches them).  ``requests``: per load.
     ``current``: the user's own rule (a ServerRule), simulated at every load on the same arrivals.
-    ``idle_power_w``: power of an idle instance (W), added to every setting's P̄ (see ``simulate``).
+    ``idle_power_w``: power of an idle instance (W), added to every setting's P̄ (see ``simulate``);
+    ``idle_power_given``: whether it was measured or given (default: when it is not 0), else the answer says
+    that 0 W was assumed.
     """
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
@@ -520,7 +313,8 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     cur = None if current is None else chk.run(current.spec.partition(":")[0].partition("+")[0], current,
                                                {"current": True}, full=True)
     return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
-                     int(seed), chk.count, time.perf_counter() - t0, cur)
+                     int(seed), chk.count, time.perf_counter() - t0, cur, problem, float(idle_power_w),
+                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given))
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:

@@ -20,8 +20,9 @@ from .options import (
     build_problem, contention_option, emit, file_inputs, json_option, prepare_outputs, scenario_line,
     write_text_atomically,
 )
-from .slo import load_range_options, search_options, slo_from, slo_options, loads_for
-from .types import InputFile, Instances, OneOf, OutputPath, check_extension, option
+from .slo import half_width, load_range_options, loads_for, plan_lines, search_options, slo_from, slo_options
+from ..limits import IDLE_POWER_MAX_W
+from .types import InputFile, Instances, Number, OneOf, OutputPath, check_extension, option
 
 #: The file extensions of each target's config text (-o).
 CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "ray": (".py", ".txt"),
@@ -54,9 +55,12 @@ def _where(lams: list[float]) -> str:
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
+@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
+        show_default="0, said as assumed", help="With an SLO: power of an instance while it runs no batch, W, in every "
+        "P̄ and in the power floor.")
 @contention_option
 @json_option
-def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, **kw):
+def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, idle_power, **kw):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost;
     with --slo-…, the least-power setting of the server's rule that meets the SLO at every load."""
     if output:  # the config's format is the target's
@@ -65,6 +69,8 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
     slo = slo_from(kw, required=False)
     if slo is None and (load_range is not None or rho_range is not None):
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
+    if slo is None and idle_power is not None:
+        raise InputError("--idle-power goes with an SLO (--slo-p99-ms X …): it prices the settings the SLO search tries")
     given = f"--instances {instances}"
     if instances is None:  # a c-server table names its own count
         instances = _table_instances(path)
@@ -101,7 +107,7 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
         pf, problem, arrival_map = phases
     if slo is not None:
         _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                       None if phases is None else arrival_map, auto)
+                       None if phases is None else arrival_map, auto, idle_power)
         return
     from ..export.configs import export_policy
 
@@ -210,11 +216,12 @@ def _table_instances(path: str) -> int:
     return int(read_policy(path).inputs.get("instances", 1))
 
 
-def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> tuple[list[dict], int | None]:
+def _choose_instances(problem, family: str, slo, load_range, requests, seed,
+                      idle_power: float | None = None) -> tuple[list[dict], int | None]:
     """--instances auto: for c = 1, 2, … 8 instances sharing the same total load, the family's least-power
     setting meeting the SLO at every load; then the fewest c whose power is within 1 % of the least seen.  It
-    stops after the first count that saves under 1 % over the best so far (the model has no idle power per
-    instance, so more instances never cost power in it: the answer is where adding one stops paying)."""
+    stops after the first count that saves under 1 % over the best so far (without idle power per instance
+    more instances never cost power in the model: the answer is where adding one stops paying)."""
     from ..analysis.slo import optimise
 
     rows: list[dict] = []
@@ -223,7 +230,8 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> 
     for c in range(1, top + 1):
         try:
             pc, lams = loads_for(problem.replace(instances=c), load_range, None)
-            ans = optimise(pc, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False)
+            ans = optimise(pc, slo, lams, families=(family,), requests=requests, seed=seed,
+                           idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None)
         except InputError as e:  # the load is beyond what c instances can serve (ρ ≥ 1)
             rows.append({"instances": c, "setting": None, "why": str(e)})
             continue
@@ -242,14 +250,14 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed) -> 
 
 
 def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                   arrival_map=None, auto: bool = False) -> None:
+                   arrival_map=None, auto: bool = False, idle_power: float | None = None) -> None:
     from ..analysis.slo import optimise
     from ..export.configs import rule_config
 
     family = SLO_FAMILY[target]
     counts: list[dict] = []
     if auto:
-        counts, chosen = _choose_instances(problem, family, slo, load_range, requests, seed)
+        counts, chosen = _choose_instances(problem, family, slo, load_range, requests, seed, idle_power)
         row = next((r for r in counts if r["instances"] == chosen), None)
         if row is None:  # (the range as given: one instance may not even carry it)
             where = _where([x / 1e3 for x in load_range] if load_range is not None else [problem.lam])
@@ -270,8 +278,8 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
             from .bursty import sample_map
 
             shape, _ = sample_map(arrival_map, requests, seed)
-        ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, defaults=False,
-                       arrivals=shape)
+        ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, arrivals=shape,
+                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None)
     s = ans.best[family]
     where = _where(lams)
     if s is None:
@@ -294,14 +302,15 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
                 else r["why"])
         lines.append(f"  instances {r['instances']:2d} {what}" + ("   ← chosen" if r["instances"] == problem.instances else ""))
     if counts:
+        idle = (f"each idle instance draws {idle_power:g} W" if idle_power else
+                "no idle power per instance: give --idle-power W")
         lines += [f"  chosen      {problem.instances} instance(s): the fewest within {100 * INSTANCES_AUTO_SAVING:g} % of "
-                  "the least power (the model has no idle power per instance)", ""]
+                  f"the least power ({idle})", ""]
     for x in s.loads:
-        vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ± {x.ci[m]:.2g} ms" for m in metrics)
+        vals = ", ".join(f"{'W̄' if m == 'mean' else m} {x.metrics[m]:.4g} ± {half_width(x.ci[m])} ms" for m in metrics)
         lines.append(f"  load        {x.lam * 1e3:9.5g} req/s: {vals}; P̄ {x.power_w:.4g} ± {x.power_ci:.2g} W, "
                      f"mean batch {x.mean_batch:.3g}")
-    w = s.worst(slo)
-    lines.append(f"  worst load  {w.lam * 1e3:.5g} req/s (margin {100 * w.margin(slo):.2g} % of the bound)")
+    lines += plan_lines(ans, s)
     if output:
         lines.append(f"  written     {output}")
     auto_json = {"instances": {"chosen": problem.instances, "counts": [

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import shlex
+
 import click
 
 from ..errors import InputError
 from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX,
                        check_settings, measure, module_sources)
 from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
-from .types import Grid, Number, OneOf, OutputPath, option
+from .types import Grid, Number, OneOf, OutputPath, Rate, option
 
 
 @click.command("measure", short_help="Measure l(b) (and ζ(b)) of your batch function; write a profile CSV.")
@@ -40,10 +43,10 @@ from .types import Grid, Number, OneOf, OutputPath, option
              "ONNX Runtime, TensorRT, PyTorch backends) or processes that each import FUNCTION (Triton's Python "
              "backend, Ray Serve replicas, code that holds the GIL).")
 @option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
-@option("--lam", type=Number(min=0, min_open=True), default=None,
-        help="Your load in requests/ms, for the next-step command (instead of --rps).")
-@option("--rps", type=Number(min=0, min_open=True), default=None,
-        help="Your load in requests/s, for the next-step command.")
+@option("--lam", type=Rate("ms", min=0, min_open=True), default=None,
+        help="Your load in requests/ms, for the next-step command (instead of --rps); 800req/s works too.")
+@option("--rps", type=Rate("s", min=0, min_open=True), default=None,
+        help="Your load in requests/s, for the next-step command; 2k = 2000.")
 @json_option
 def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_source, power_w, device_index, output,
                 concurrency, callers, quiet, lam, rps, as_json):
@@ -79,10 +82,22 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     lines = [f"{path}: {m.batch.size} measurements of {len(summary)} batch sizes "
              f"({sizes_text([r['batch_size'] for r in summary])}) on {m.meta['device']}, energy: "
              f"{m.meta['energy_method']}"]
+    noisy = []
     for r in summary:
         e = f", ζ = {r['mean_energy_mj']:.5g} mJ" if "mean_energy_mj" in r else ""
-        lines.append(f"  b = {r['batch_size']:4d}  l = {r['mean_latency_ms']:.5g} ± {r['std_latency_ms']:.2g} ms "
-                     f"({r['samples']} calls){e}")
+        cv = r["std_latency_ms"] / r["mean_latency_ms"] if r["mean_latency_ms"] > 0 else math.nan
+        r["cv"] = cv
+        flag = ""
+        if cv > NOISY_CV and r["std_latency_ms"] > NOISY_SD_MS:
+            noisy.append(r["batch_size"])
+            flag = f"  ← noisy: CV > {100 * NOISY_CV:g} %"
+        lines.append(f"  b = {r['batch_size']:4d}  l = {r['mean_latency_ms']:.5g} ms (sd {r['std_latency_ms']:.2g} ms, CV "
+                     f"{100 * cv:.2g} %, {r['samples']} calls){e}{flag}")
+    if noisy:
+        NOTICES.append(f"the batch times of b = {sizes_text(noisy)} vary by more than {100 * NOISY_CV:g} % (CV): another "
+                       f"job shared the machine, or the model warms up late; measure again (more --repeats or "
+                       f"--warmup, a quiet machine) before planning with {path}")
+    data["noisy_sizes"] = noisy
     cont = m.meta.get("concurrency")
     if cont is not None:
         data["concurrency"] = cont
@@ -94,9 +109,9 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     if cont is not None and cont["spec"]:
         nxt += f" --instances {len(cont['latency'])} --contention {cont['spec']}"
     data["next"] = nxt
-    lines.append(f"  next        smdp-batch profile {path}; {nxt}")
+    lines.append(f"  next        smdp-batch profile {shlex.quote(path)}; {nxt}")
     if lam is None and rps is None:
-        lines.append("              (give your load: replace YOUR_LOAD by your requests per second)")
+        lines.append(f"              (it plans at ρ = {DEFAULT_RHO:g}; for your load give --rps R, your requests per second)")
     if not ("mean_energy_mj" in summary[0] if summary else False):
         lines.append("              (no energy was measured: add --power const:WATTS, your device's power while a batch "
                      "runs; without it ζ(b) is the paper's GPU's)")
@@ -122,12 +137,18 @@ def _contention_lines(cont: dict) -> list[str]:
     return lines
 
 
+#: A size whose batch times vary more than this (coefficient of variation), by more than NOISY_SD_MS, is flagged:
+#: a re-run is suggested.  Below 0.05 ms of spread (calls of a few µs, where the clock's own jitter is the CV) no
+#: plan at a millisecond SLO can tell the difference.
+NOISY_CV, NOISY_SD_MS = 0.25, 0.05
+#: The load the next-step command plans at when the user gave none (the solve default).
+DEFAULT_RHO = 0.5
+
+
 def next_command(path: str, sizes, has_energy: bool, lam: float | None, rps: float | None) -> str:
     """The solve command that plans with the profile just written: its l(b), its ζ(b) when measured, the measured
-    batch sizes and the user's load (``--rps YOUR_LOAD`` when not given)."""
-    import shlex
-
+    batch sizes and the user's load (``--rho 0.5`` when not given, so that it runs as printed)."""
     q = shlex.quote(f"csv:{path}")
-    load = f"--lam {lam:g}" if lam is not None else f"--rps {rps:g}" if rps is not None else "--rps YOUR_LOAD"
+    load = f"--lam {lam:g}" if lam is not None else f"--rps {rps:g}" if rps is not None else f"--rho {DEFAULT_RHO:g}"
     return (f"smdp-batch solve --latency {q}" + (f" --energy {q}" if has_energy else "")
             + f" --batch-sizes {','.join(str(int(b)) for b in sizes)} {load}")

@@ -22,7 +22,7 @@ from ..model.curves import Table
 from ..model.spec import parse_curve
 from ..model.problem import BatchingProblem, batch_size_set
 from ..limits import BMAX_LIMIT
-from .types import Grid, Number, OneOf, option
+from .types import Grid, Number, OneOf, Rate, option
 
 ARGV: list[str] = []  # this invocation's arguments (recorded in generated READMEs)
 NOTICES: list[str] = []  # warning lines of this invocation (deprecations, planning caveats; printed by main)
@@ -43,6 +43,20 @@ time_unit_option = option(
          "Without it, a trace read as ms whose median gap is below 1 µs (seconds?) or above 100 s (µs?) is refused.")
 
 
+def scenario_args(problem: BatchingProblem, lam: float | None = None) -> str:
+    """The scenario options that rebuild ``problem`` (at ``lam`` requests/ms) on a command line, shell-quoted:
+    what a printed next step needs so that it runs as printed."""
+    import shlex
+
+    d = problem.describe()
+    sizes = [int(b) for b in problem.batch_sizes]
+    args = ["--lam", f"{problem.lam if lam is None else lam:.10g}"]
+    args += (["--bmin", str(sizes[0]), "--bmax", str(sizes[-1])] if sizes == list(range(sizes[0], sizes[-1] + 1))
+             else ["--batch-sizes", ",".join(map(str, sizes))])
+    args += ["--latency", d["latency"], "--energy", d["energy"], "--service", d["service"], "--w1", f"{problem.w1:.10g}"]
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
 def note_energy(problem: BatchingProblem, opts: dict) -> None:
     """When --energy or --power was given: one note saying how ζ(b) reads (mJ per batch, W while a batch runs)."""
     from ..model.units import energy_text
@@ -59,9 +73,10 @@ def scenario_options(f):
     from --preset or a policy file first, then from :data:`DEFAULTS`.
     """
     opts = [
-        option("--lam", type=Number(), help="Arrival rate λ in requests/ms (exclusive with --rho)."),
-        option("--rps", type=Number(min=0, min_open=True),
-               help="Arrival rate in requests/s, = 1000·λ (instead of --lam or --rho)."),
+        option("--lam", type=Rate("ms"), help="Arrival rate λ in requests/ms (exclusive with --rho); a unit may follow "
+                                              "the number: 800req/s, 1.5k/s, 0.8/ms."),
+        option("--rps", type=Rate("s", min=0, min_open=True),
+               help="Arrival rate in requests/s, = 1000·λ (instead of --lam or --rho); 2k = 2000."),
         option("--rho", type=Number(), show_default="0.5", help="Load ρ = λ·l(Bmax)/Bmax in (0, 1)."),
         option("--bmin", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="1", help="Smallest batch size."),
         option("--bmax", type=Number(integer=True, min=1, max=BMAX_LIMIT), show_default="32", help="Largest batch size."),
@@ -134,6 +149,7 @@ def build_problem(opts: dict, base: dict | None = None) -> BatchingProblem:
             raise InputError("give either --energy (mJ per batch) or --power (W while a batch runs), not both")
         v["energy"] = f"power:{opts['power']}"
     v["service"] = _service_for_profile(v, opts, base)
+    _note_profile_mix(v, opts, base, sizes)
     number = Number()
     kw = dict(batch_sizes=sizes, latency=v["latency"], energy=v["energy"], service=v["service"],
               w1=number.parse_one(str(v["w1"]), "--w1"), w2=number.parse_one(str(v["w2"]), "--w2"),
@@ -215,6 +231,38 @@ def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
         if note not in NOTICES:
             NOTICES.append(note)
     return v["service"]
+
+
+def _note_profile_mix(v: dict, opts: dict, base: dict | None, sizes: tuple[int, ...]) -> None:
+    """A measured l(b) never mixes silently: priced with the paper's default ζ(b) (a GoogLeNet on a Tesla P4, not
+    the device measured), or asked at batch sizes the profile did not measure (their l(b) is its fit's), each
+    is named on one line."""
+    from ..model.profile import read_profile
+
+    path = _profile_path(v.get("latency"))
+    if path is None:
+        return
+    prof = read_profile(path)
+    chosen = (opts.get("energy") is not None or opts.get("power") is not None or opts.get("preset") is not None
+              or (base or {}).get("energy") is not None)
+    if not chosen and v.get("energy") == DEFAULTS["energy"]:
+        own = (f"; {path} has its own {'energy_mj' if prof.energy is not None else 'power_w'} column: "
+               f"--{'energy' if prof.energy is not None else 'power'} csv:{path}"
+               if prof.energy is not None or prof.power is not None else "")
+        line = (f"l(b) is measured ({path}) but ζ(b) is the paper's default, a GoogLeNet on a Tesla P4 "
+                f"({DEFAULTS['energy']} mJ): give your device's --energy or --power{own}")
+        if line not in NOTICES:
+            NOTICES.append(line)
+    measured = {int(b) for b in prof.sizes}
+    unmeasured = [b for b in sizes if b not in measured]
+    if unmeasured:
+        shown = ", ".join(map(str, unmeasured[:8])) + (f" … ({len(unmeasured)} sizes)" if len(unmeasured) > 8 else "")
+        fit = str(v["latency"]).strip().rpartition(":")[2] if str(v["latency"]).count(":") >= 2 else "monotone"
+        line = (f"{path} did not measure batch size {shown}: l(b) there is its {fit} fit between the measured sizes "
+                f"{sorted(measured)[0]}..{sorted(measured)[-1]}, not a measurement (measure them, or --batch-sizes "
+                f"{','.join(str(b) for b in sorted(measured) if b <= max(sizes))})")
+        if line not in NOTICES:
+            NOTICES.append(line)
 
 
 _NAMES_A_FILE = re.compile(r"(?i)(csv|empirical)\s*:")

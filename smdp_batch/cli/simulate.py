@@ -14,7 +14,7 @@ from .options import (UNITS, build_problem, contention_option, emit, file_inputs
 from .slo import (answer_lines, current_line, current_option, current_rule, load_range_options, loads_for, search_options,
                   slo_from, slo_options, smdp_rule)
 from .options import NOTICES_INFO, note_energy, time_unit_option
-from ..limits import SEED_MAX, REQUESTS_LIMIT
+from ..limits import IDLE_POWER_MAX_W, SEED_MAX, REQUESTS_LIMIT
 from .types import Grid, Instances, Number, OneOf, option
 
 
@@ -57,7 +57,7 @@ def _stream_rate(spec: str, arr) -> float:
         help="Model instances: sharing the one queue (Triton's instance_group count, TF-Serving's batch threads; the "
              "rule forms each batch when an instance is free), or ray: rules on that many replicas behind Ray's router. "
              "--rho is then per instance.")
-@option("--idle-power", "idle_power", type=Number(min=0), default=None,
+@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0; a c-server table file: the idle power it was solved with",
         help="Power of an instance while it runs no batch, W: added to P̄.")
 @contention_option
@@ -145,8 +145,9 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
              "--rho is then per instance. The tables tried are then the c-server SMDP's and the one-instance "
              "tables at λ/c, each run on all instances. auto (with the total load as --lam, --rps or "
              "--load-range): the count of least power among 1..8.")
-@option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
-        help="Power of an instance while it runs no batch, W: added to every setting's P̄.")
+@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
+        show_default="0, said as assumed", help="Power of an instance while it runs no batch, W: added to every "
+        "setting's P̄ and to the power floor (the savings against a default rule shrink as it grows).")
 @contention_option
 @json_option
 def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, instances, idle_power,
@@ -181,23 +182,21 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     problem, lams = loads_for(problem, load_range, rho_range, single)
     counts: list[dict] = []
     if auto:
-        counts, problem = compare_counts(problem, slo, lams, requests, seed, shape, float(idle_power))
+        counts, problem = compare_counts(problem, slo, lams, requests, seed, shape, float(idle_power or 0.0))
     mine = current_rule(current, problem)
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
         ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick, current=mine,
-                       idle_power_w=float(idle_power))
+                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None)
     finally:
         finish()
     d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS),
-         "idle_power_w": float(idle_power), **({"auto": counts} if auto else {})}
+         **({"auto": counts} if auto else {})}
     where = (f"at {lams[0] * 1e3:.5g} req/s" if len(lams) == 1 else
              f"at {len(lams)} loads {lams[0] * 1e3:.5g}..{lams[-1] * 1e3:.5g} req/s")
     lines = [f"smdp-batch — least power with {slo.text()} {where} ({ans.requests} simulated requests per load, seed "
              f"{seed}, {arrivals} arrivals; {ans.evaluations} simulations, {ans.seconds:.1f} s)",
              scenario_line(problem, w2="searched")]
-    if idle_power:
-        lines.append(f"  idle power  {float(idle_power):g} W per instance while it runs no batch, in every P̄")
     lines += count_lines(counts, problem.instances) if auto else []
     lines += answer_lines(ans, problem.instances)
     if "torchserve" in not_simulated(problem):

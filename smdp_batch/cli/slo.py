@@ -7,10 +7,14 @@ import math
 
 from ..errors import InputError
 from ..limits import REQUESTS_LIMIT, SEED_MAX, SLO_MAX_MS
-from .types import Number, Range, SloBound, option
+from .types import Duration, Headroom, Number, Range, SloBound, option
 
-__all__ = ["slo_options", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines",
+__all__ = ["slo_options", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines", "plan_lines",
+           "half_width",
            "worded_difference", "current_option", "current_rule", "current_line", "smdp_rule"]
+
+#: A bare --load-range whose top load is below this share of the stable rate is likely req/ms typed as req/s.
+RHO_UNIT_HINT = 0.01
 
 _SLO_FLAGS = (("mean", "slo_mean_ms"), ("p50", "slo_p50_ms"), ("p90", "slo_p90_ms"), ("p95", "slo_p95_ms"),
               ("p99", "slo_p99_ms"))
@@ -18,11 +22,16 @@ _SLO_FLAGS = (("mean", "slo_mean_ms"), ("p50", "slo_p50_ms"), ("p90", "slo_p90_m
 
 def slo_options(f):
     """``--slo-mean-ms``, ``--slo-p50-ms`` … ``--slo-p99-ms`` and the repeatable ``--slo METRIC:MS``."""
-    opts = [option(f"--slo-{m}-ms", key, type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
-                   help=f"SLO: {'mean' if m == 'mean' else m[1:] + 'th-percentile'} latency ≤ X ms.") for m, key in _SLO_FLAGS]
+    opts = [option(f"--slo-{m}-ms", key, type=Duration(min=0, min_open=True, max=SLO_MAX_MS), default=None,
+                   help=f"SLO: {'mean' if m == 'mean' else m[1:] + 'th-percentile'} latency ≤ X ms (20, 20ms, 0.02s).")
+            for m, key in _SLO_FLAGS]
     opts.append(option("--slo", "slo_list", type=SloBound(), multiple=True,
                        help="SLO as METRIC:MS (mean, p50, p90, p95, p99); repeat for several at once, e.g. "
                             "--slo p99:20 --slo mean:8."))
+    opts.append(option("--headroom", type=Headroom(), default=None,
+                       help="Slack kept below every SLO bound for what the plan does not model (the server's own "
+                            "time: front end, dispatch, returning each response, the network): MS (3, 3ms) or a "
+                            "share of each bound (10%). Default: none."))
     for o in reversed(opts):
         f = o(f)
     return f
@@ -32,9 +41,9 @@ def load_range_options(f):
     """``--load-range LO:HI`` (req/s) and ``--rho-range LO:HI`` (ρ)."""
     f = option("--rho-range", type=Range(), default=None,
                help="Check the setting over this range of loads ρ, e.g. 0.2:0.6 (≥ 5 loads, both ends).")(f)
-    return option("--load-range", type=Range(), default=None,
-                  help="Check the setting over this range of loads in requests/s, e.g. 500:1500 (≥ 5 loads, both "
-                       "ends; the SMDP tables are solved at the top load).")(f)
+    return option("--load-range", type=Range(per="s"), default=None,
+                  help="Check the setting over this range of loads in requests/s, e.g. 500:1500, 0.5k:1.5k or "
+                       "0.5/ms:1.5/ms (≥ 5 loads, both ends; the SMDP tables are solved at the top load).")(f)
 
 
 def search_options(f):
@@ -131,12 +140,14 @@ def slo_from(kw: dict, required: bool = True):
     for _m, key in _SLO_FLAGS:
         kw.pop(key, None)
     pairs += list(kw.pop("slo_list", None) or ())
+    headroom = kw.pop("headroom", None)
     if not pairs:
-        if required:
+        if required or headroom is not None:
             raise InputError("give an SLO: --slo-p99-ms X (or --slo-mean-ms, --slo-p50-ms, --slo-p90-ms, "
-                             "--slo-p95-ms, or --slo METRIC:MS, repeatable)")
+                             "--slo-p95-ms, or --slo METRIC:MS, repeatable)"
+                             + ("; --headroom is kept below its bounds" if headroom is not None else ""))
         return None
-    return SLO.of(pairs)
+    return SLO.of(pairs, headroom)
 
 
 def loads_for(problem, load_range, rho_range, single_given: bool = False):
@@ -155,6 +166,12 @@ def loads_for(problem, load_range, rho_range, single_given: bool = False):
             raise InputError(f"--rho-range reaches ρ = {rho_range[1]:g} ≥ 1: no batching rule can serve it; use ρ < 1")
     else:
         lo, hi = (x / 1e3 for x in load_range)
+        if not getattr(load_range, "explicit", True) and hi < RHO_UNIT_HINT * problem.max_lam:
+            from .options import NOTICES
+
+            NOTICES.append(f"--load-range {load_range[0]:g}:{load_range[1]:g} is in requests/s: ρ ≤ "
+                           f"{hi / problem.max_lam:.2g} here; for requests/ms write {load_range[0]:g}/ms:"
+                           f"{load_range[1]:g}/ms (a unit on the numbers silences this line)")
     lams = load_grid(problem, lo, hi)
     return problem.replace(lam=lams[-1]), lams
 
@@ -184,14 +201,17 @@ def answer_lines(answer, instances: int = 1) -> list[str]:
             lines.append(f"  {fam:17s}no setting meets {slo.text()} at every load")
             continue
         w = s.worst(slo)
-        vals = ", ".join(f"{w.metrics[m]:.4g} ± {w.ci[m]:.2g}" for m in metrics)
+        vals = ", ".join(f"{w.metrics[m]:.4g} ± {half_width(w.ci[m])}" for m in metrics)
         lines.append(f"  {fam:17s}{_short(s.spec, 58):58s}{s.power_w:9.4g} ± {s.power_ci:<5.2g}   {_rate(w.lam)}: {vals}")
     rec = answer.recommended
     if rec is not None:
         lines.append("")
         lines.append(f"  answer      {rec.spec}: {rec.power_w:.4g} W, {slo.text()} at every load checked")
+        lines += plan_lines(answer, rec)
         if rec.family == "table+timer":
-            lines.append(f"  run it      {_deploy(rec, instances)}")
+            first, *more = _deploy(rec, instances, answer.problem)
+            lines.append(f"  run it      {first}")
+            lines += [f"              {x}" for x in more]
         else:
             lines.append(f"  note        here a server rule beats every table + timer setting: {rec.family}'s own rule, "
                          "tuned, is the answer")
@@ -205,27 +225,86 @@ def answer_lines(answer, instances: int = 1) -> list[str]:
     return lines
 
 
-def _deploy(rec, instances: int = 1) -> str:
-    """How to run a table + timer setting: the table from solve (the c-server solve for a c-server table, or the
-    control limit), the runtime's timer, on the instances sharing the queue."""
+def half_width(x: float) -> str:
+    """A half-width as people read it: two significant digits, and below 0.01 ms "< 0.01" (an interval of 1e-12 ms
+    says only that every batch mean agreed)."""
+    return "< 0.01" if x < 0.005 else f"{x:.2g}"
+
+
+def plan_lines(answer, s) -> list[str]:
+    """What the plan rests on, for setting ``s`` of ``answer``: its margin at the worst load (ms and %) and how its
+    metrics were obtained; that the server's own time is not in it (and the headroom kept for it); the idle power
+    it assumes, the power floor and the share of the achievable saving it takes."""
+    slo = answer.slo
+    w = s.worst(slo)
+    m, b = min(slo.bounds, key=lambda mb: (mb[1] - w.metrics[mb[0]] - w.ci[mb[0]]) / mb[1])
+    name = "W̄" if m == "mean" else m
+    lines = [f"  margin      {w.margin_ms(slo):.3g} ms ({100 * w.margin(slo):.2g} % of the bound) at the worst load, "
+             f"{_rate(w.lam)}: {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) against {b:g} ms; "
+             f"{answer.requests} simulated requests per load, 95 % batch-means half-widths"]
+    room = slo.headroom_text()
+    lines.append("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
+                 + ("give --headroom MS|PCT to keep room for it" if room == "none" else f"--headroom keeps {room} for it"))
+    idle = (f"{answer.idle_power_w:g} W per idle instance" if answer.idle_power_given
+            else "0 W idle power assumed (give --idle-power W)")
+    share, against = answer.captured()
+    floor = answer.floor_w()
+    text = f"  power       {idle}; floor {floor:.4g} W (no rule draws less at these loads)" if math.isfinite(floor) \
+        else f"  power       {idle}; no floor: no single size fills and finishes within the bound"
+    if share is not None:
+        text += f"; takes {100 * share:.3g} % of the saving there is against {against}"
+    lines.append(text)
+    return lines
+
+
+#: The Python line of a run-it answer starts with this import, so that it runs as printed.
+RUNTIME_IMPORT = "from smdp_batch.runtime import DynamicBatcher, PolicyTable; "
+
+
+def _deploy(rec, instances: int = 1, problem=None) -> list[str]:
+    """How to run a table + timer setting, as lines that work as printed: for an SMDP table the ``smdp-batch
+    solve`` command that writes it (every scenario option spelled out), then the Python line that runs it with
+    the runtime's timer (``infer``: your batch function); a table that is a control limit (Triton's preferred
+    sizes, greedy, static) needs no solve."""
+    from .options import scenario_args
+
     k = rec.knobs
     tau = k.get("tau_ms")
     wait = "None" if tau is None or not math.isfinite(tau) else f"{tau:g}"
-    short = ', short_batch="pad-up", pad_item=…' if k.get("forced") == "pad" else ""
+    short = ', short_batch="pad-up", pad_item=0' if k.get("forced") == "pad" else ""
     short += f", instances={instances}" if instances > 1 else ""
-    if "w2" in k and math.isfinite(k["w2"]):
-        opts = f" --batch-sizes {','.join(map(str, k['batch_sizes']))}" if k.get("batch_sizes") else ""
+    if "w2" in k and math.isfinite(k["w2"]) and problem is not None:
+        solved = problem.replace(batch_sizes=tuple(k["batch_sizes"])) if k.get("batch_sizes") else problem
+        opts = ""
         load = '"table.h5"'
         if k.get("instances"):  # the c-server table: solved for these instances (its λ is the total)
-            opts = f" --instances {k['instances']}" + opts + (f" --phases {k['phases']}" if k.get("phases") else "")
+            opts = f" --instances {k['instances']}" + (f" --phases {k['phases']}" if k.get("phases") else "")
             opts += f" --contention {k['contention']}" if k.get("contention") else ""
             load += ", busy_aware=False"  # the table n ↦ b the search simulated, not rows the file may add
-        return (f"smdp-batch solve --lam {k['solve_lam']:.6g} --w2 {k['w2']:.6g}{opts} (and these scenario options) "
-                f"-o table.h5; "
-                f"DynamicBatcher(infer, PolicyTable.load({load}), max_wait_ms={wait}{short})")
-    table = k.get("table") or rec.spec.partition("+")[0]
-    return (f"DynamicBatcher(infer, PolicyTable(parse_policy(\"{table}\", sizes, Bmax)[:-1], sizes), "
-            f"max_wait_ms={wait}{short})")
+        return [f"smdp-batch solve {scenario_args(solved, lam=k['solve_lam'])} --w2 {k['w2']:.10g}{opts} -o table.h5",
+                f"{RUNTIME_IMPORT}DynamicBatcher(infer, PolicyTable.load({load}), max_wait_ms={wait}{short})"]
+    return [f"{RUNTIME_IMPORT}DynamicBatcher(infer, {_table_literal(rec, problem)}, max_wait_ms={wait}{short})"]
+
+
+def _table_literal(rec, problem) -> str:
+    """The setting's table as Python that builds it: ``PolicyTable.control(Q, sizes)`` for a control limit, else
+    the list of sizes per queue length."""
+    import numpy as np
+
+    from ..baselines import parse_policy
+    from ..runtime.table import control_limit
+
+    if rec.policy is not None:
+        policy = [int(x) for x in rec.policy]
+    else:  # a setting that names its table only (control:Q, static:B, greedy)
+        policy = [int(x) for x in parse_policy(rec.knobs.get("table") or rec.spec.partition("+")[0],
+                                               problem.batch_sizes, problem.bmax)[:-1]]
+    sizes = [int(b) for b in problem.batch_sizes] if problem is not None else sorted(set(policy) - {0})
+    size_text = f"range({sizes[0]}, {sizes[-1] + 1})" if sizes == list(range(sizes[0], sizes[-1] + 1)) else str(sizes)
+    q = control_limit(np.asarray(policy), sizes)
+    if q is not None:
+        return f"PolicyTable.control({q}, {size_text})"
+    return f"PolicyTable({policy}, {size_text})"
 
 
 def _short(text: str, width: int) -> str:

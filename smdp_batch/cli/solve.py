@@ -27,7 +27,7 @@ from .options import (
     progress_line, refuse_swept, solve_progress, spec_files, integrity_text,
     write_text_atomically,
 )
-from ..limits import ITER_LIMIT, STATE_LIMIT
+from ..limits import IDLE_POWER_MAX_W, ITER_LIMIT, STATE_LIMIT
 from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, PHASES_DEFAULT, PHASES_LIMIT
 from ..specs.contention import parse_contention
 from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
@@ -61,7 +61,7 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
 @option("--phases", type=Number(integer=True, min=1, max=PHASES_LIMIT), default=None,
         show_default=f"{PHASES_DEFAULT} for a fixed batch time",
         help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
-@option("--idle-power", "idle_power", type=Number(min=0), default="0", show_default=True,
+@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default="0", show_default=True,
         help="With --instances > 1: power of an idle instance, W.")
 @option("--max-states", type=Number(integer=True, min=MULTI_STATE_LIMIT, max=MULTI_STATE_MAX), default=None,
         show_default=f"{MULTI_STATE_LIMIT}",

@@ -9,13 +9,15 @@ Bmax) stay with the model and the solvers.
 from __future__ import annotations
 
 import math
+import re
 
 import click
 
 from ..errors import InputError
 from ..limits import GRID_LIMIT, STATE_LIMIT
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Grid", "OneOf", "SMax", "SloWithin", "SloBound", "Range", "OutputPath", "OutputDir", "FigurePath", "check_extension",
+__all__ = ["Option", "option", "OneLineError", "Number", "Duration", "Rate", "Headroom", "Grid", "OneOf", "SMax",
+           "SloWithin", "SloBound", "Range", "Rates", "OutputPath", "OutputDir", "FigurePath", "check_extension",
            "InputFile"]
 
 
@@ -108,6 +110,77 @@ class Number(_Type):
 
     def parse(self, text: str, flag: str):
         return self.parse_one(text, flag)
+
+
+class Duration(Number):
+    """A time in ms; the number may carry its own unit (``20ms``, ``0.02s``, ``800us``), as the curve specs' do."""
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "MS"
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        from ..model.units import quantity
+
+        t = str(text).strip()
+        try:
+            float(t)
+        except ValueError:
+            t = repr(quantity(t, "time", f"{flag}{what}"))  # 20ms, 0.02s → ms; a wrong unit is named there
+        return super().parse_one(t, flag, what)
+
+
+#: Spellings of a rate's unit → requests per ms each stands for.
+RATE_UNITS = {"/ms": 1.0, "req/ms": 1.0, "r/ms": 1.0, "/s": 1e-3, "req/s": 1e-3, "r/s": 1e-3, "rps": 1e-3,
+              "qps": 1e-3}
+_RATE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(k)?\s*([a-z/]*)\s*$", re.IGNORECASE)
+
+
+class Rate(Number):
+    """An arrival rate in the option's own unit (``per="ms"``: requests/ms, ``per="s"``: requests/s).
+
+    The number may carry a ``k`` (×1000) and a unit of its own — ``/ms``, ``req/ms``, ``/s``, ``req/s``, ``rps``,
+    ``qps`` — converted to the option's unit: ``--load-range 2/ms:8/ms`` is ``--load-range 2000:8000``, ``--lam
+    800req/s`` is ``--lam 0.8``, ``--rps 2k`` is ``--rps 2000``.  :attr:`explicit` tells whether the last value
+    parsed carried a unit (a bare number in the wrong unit is then worth naming)."""
+
+    def __init__(self, per: str = "ms", **kw):
+        super().__init__(**kw)
+        self.per, self.explicit = per, False
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "RATE"
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        m = _RATE.match(str(text))
+        if m is None:
+            return super().parse_one(text, flag, what)  # the plain number's message
+        number, kilo, unit = m.groups()
+        unit = unit.lower()
+        if unit and unit not in RATE_UNITS:
+            raise InputError(f"{flag}{what}: {_short(text)} has an unknown unit {unit!r}; a rate takes requests/"
+                             f"{self.per} as a bare number, or a unit: /ms, req/ms, /s, req/s, rps (and k for ×1000)")
+        value = float(number) * (1000.0 if kilo else 1.0)
+        if unit:
+            value *= RATE_UNITS[unit] / (1.0 if self.per == "ms" else 1e-3)
+        self.explicit = bool(unit)
+        return super().parse_one(repr(value), flag, what)
+
+
+class Headroom(_Type):
+    """``--headroom MS|PCT``: slack kept below every SLO bound — ms (``3``, ``3ms``, ``0.5s``) or a share (``10%``)
+    → ``("ms", x)`` or ``("pct", x)``."""
+
+    name = "headroom"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "MS|PCT"
+
+    def parse(self, text: str, flag: str):
+        t = text.strip()
+        if t.endswith("%"):
+            pct = Number(min=0, max=90).parse_one(t[:-1].strip(), flag, " (a share of each bound, %)")
+            return ("pct", float(pct))
+        return ("ms", float(Duration(min=0).parse_one(t, flag)))
 
 
 class Grid(_Type):
@@ -229,14 +302,24 @@ class SloBound(_Type):
                              f"got {_short(text)}")
         if metric not in self.METRICS:
             raise InputError(f"{flag}: unknown SLO metric {metric!r}; valid: {', '.join(self.METRICS)}")
-        b = Number(min=0, min_open=True).parse_one(bound.strip(), flag, f" ({metric} bound in ms)")
+        b = Duration(min=0, min_open=True).parse_one(bound.strip(), flag, f" ({metric} bound in ms)")
         return metric, b
 
 
+class Rates(tuple):
+    """A range of rates ``(lo, hi)`` and whether either end carried its own unit (:class:`Rate`)."""
+
+    explicit: bool = False
+
+
 class Range(_Type):
-    """``LO:HI``, two numbers > 0 with LO < HI (the order and width are checked by the model)."""
+    """``LO:HI``, two numbers > 0 with LO < HI (the order and width are checked by the model); ``per="s"`` or
+    ``"ms"``: a range of rates (:class:`Rate`, each end may carry a unit or a k), returned as :class:`Rates`."""
 
     name = "range"
+
+    def __init__(self, per: str | None = None):
+        self.per = per
 
     def get_metavar(self, param, ctx=None) -> str:
         return "LO:HI"
@@ -245,8 +328,20 @@ class Range(_Type):
         lo, sep, hi = text.partition(":")
         if not sep:
             raise InputError(f"{flag} must be LO:HI, e.g. 500:1500, got {_short(text)}")
+        if self.per is not None:  # rates: a unit may follow each end (2/ms:8/ms, 600req/s:2k)
+            item = Rate(self.per, min=0, min_open=True)
+            a = item.parse_one(lo.strip(), flag, " low end")
+            explicit = item.explicit
+            b = item.parse_one(hi.strip(), flag, " high end")
+            out = Rates(self._checked(a, b, text, flag))
+            out.explicit = explicit or item.explicit
+            return out
         a = Number(min=0, min_open=True).parse_one(lo.strip(), flag, " low end")
         b = Number(min=0, min_open=True).parse_one(hi.strip(), flag, " high end")
+        return self._checked(a, b, text, flag)
+
+    @staticmethod
+    def _checked(a: float, b: float, text: str, flag: str) -> tuple[float, float]:
         if b < a:
             raise InputError(f"{flag} {_short(text)} is inverted: write LO:HI with LO < HI")
         if b == a:

@@ -97,10 +97,9 @@ def rule_config(target: str, rule: ServerRule, instances: int = 1) -> tuple[dict
     elif target == "ray":
         secs = float(f"{rule.delay / 1000.0:.6g}")
         settings = {"max_batch_size": b, "batch_wait_timeout_s": secs}
-        text = f"@serve.batch(max_batch_size={b}, batch_wait_timeout_s={secs!r})\n"
-        if c > 1:  # on the deployment class; Ray's default max_ongoing_requests (5) would cap every batch at 5
+        if c > 1:
             settings["num_replicas"] = c
-            text = f"@serve.deployment(num_replicas={c}, max_ongoing_requests=10000)\n" + text
+        text = ray_module(b, secs, c)
     elif target == "torchserve":
         ms = int(round(rule.delay))
         settings = {"batch_size": b, "max_batch_delay": ms}
@@ -110,6 +109,31 @@ def rule_config(target: str, rule: ServerRule, instances: int = 1) -> tuple[dict
     if pad and target != "tfserving":
         settings["model_pads_to"] = list(pad)
     return settings, text
+
+
+def ray_module(max_batch_size: int, wait_s: float, replicas: int = 1) -> str:
+    """The Ray Serve export as a Python module that imports and deploys as written: the ``@serve.batch``
+    setting on a deployment whose ``infer`` is yours to fill (it returns each request as its answer until then).
+    ``max_ongoing_requests`` is raised from Ray's default (5), which would cap every batch at 5 requests."""
+    replicas_arg = f"num_replicas={int(replicas)}, " if int(replicas) > 1 else ""
+    return f'''"""Ray Serve batching exported by smdp-batch (its output says what the setting was tuned for and meets).
+
+Deploy with ``serve.run(BatchedModel.bind())``; put your model in ``infer`` (one answer per request, in order).
+"""
+
+from ray import serve
+
+
+@serve.deployment({replicas_arg}max_ongoing_requests=10000)
+class BatchedModel:
+    def infer(self, batch: list) -> list:
+        """Your model on one batch: one answer per request, in order."""
+        return batch
+
+    @serve.batch(max_batch_size={int(max_batch_size)}, batch_wait_timeout_s={float(wait_s)!r})
+    async def __call__(self, requests: list) -> list:
+        return self.infer(requests)
+'''
 
 
 def _objective(problem: BatchingProblem, res) -> float:

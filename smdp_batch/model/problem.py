@@ -177,9 +177,11 @@ class BatchingProblem:
         if not lam < max_lam:
             slowed = f"({float(cont.slow(c, self.bmax)):g}·l(Bmax))" if cont is not None and c > 1 else "l(Bmax)"
             on = f"{c}·Bmax/{slowed} on {c} instances" if c > 1 else "Bmax/l(Bmax)"
+            per_s = (f"; λ is in requests/ms: for {lam:.6g} requests/s write {lam:.6g}req/s (ρ = "
+                     f"{lam / 1e3 / max_lam:.4g})" if lam / 1e3 < max_lam else "")
             raise InputError(
                 f"λ = {lam:.6g} /ms gives ρ = {lam / max_lam:.6g} ≥ 1: the queue is unstable; "
-                f"the maximum stable λ is {on} = {max_lam:.6g} /ms (use ρ < 1)"
+                f"the maximum stable λ is {on} = {max_lam:.6g} /ms (use ρ < 1){per_s}"
             )
 
     # ------------------------------------------------------------------ constructors

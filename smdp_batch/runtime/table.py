@@ -80,6 +80,29 @@ class PolicyTable:
             self._busy = rows
 
     @classmethod
+    def control(cls, q: int, batch_sizes) -> "PolicyTable":
+        """The control-limit table (paper 004 Def. 3, eq. 31): wait while fewer than ``q`` requests wait, then serve
+        the largest allowed size ≤ n.  With ``q`` the smallest size it is greedy; with one allowed size b and q = b,
+        static b.  It holds queue lengths 0..max(q, Bmax), which eq. 30 extends.
+
+        >>> PolicyTable.control(3, range(1, 5)).policy.tolist()
+        [0, 0, 0, 3, 4]
+        """
+        sizes = sorted({int(b) for b in batch_sizes})
+        if not sizes or sizes[0] < 1:
+            raise InputError(f"a control-limit table needs allowed batch sizes ≥ 1, got {list(batch_sizes)!r}")
+        try:
+            limit = int(q)
+        except (TypeError, ValueError):
+            raise InputError(f"the control limit must be a whole number of requests ≥ {sizes[0]}, got {q!r}") from None
+        if not sizes[0] <= limit <= 1_000_000:
+            raise InputError(f"the control limit must be between the smallest allowed size {sizes[0]} and 10⁶, got {q!r}")
+        n = np.arange(max(limit, sizes[-1]) + 1)
+        pos = np.searchsorted(np.asarray(sizes), n, side="right") - 1
+        policy = np.where(n >= limit, np.asarray(sizes)[np.clip(pos, 0, None)], 0)
+        return cls(policy, sizes)
+
+    @classmethod
     def load(cls, path: str | os.PathLike, busy_aware: bool = True) -> "PolicyTable":
         """Read a smdp-batch HDF5 policy table (format and schema version checked).  ``busy_aware=False`` leaves
         out a c-server table's busy-aware rows: the batcher then follows the table n ↦ b, as Triton would."""

@@ -1,0 +1,276 @@
+"""What an SLO answer rests on, said and usable as printed: headroom and margins, the server's own time named as
+not in the plan, idle power and the power floor, profiles that never mix silently, noisy measurements flagged,
+rates and times with their units, run-it lines and next steps that run as printed, a Ray export that imports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import shlex
+import textwrap
+
+import numpy as np
+import pytest
+
+from smdp_batch.analysis.power_floor import captured_share, power_floor
+from smdp_batch.analysis.simulate import simulate
+from smdp_batch.analysis.slo import SLO, optimise
+from smdp_batch.baselines import parse_policy
+from smdp_batch.cli import main
+from smdp_batch.errors import InputError
+from smdp_batch.model.problem import BatchingProblem
+
+FAST = ["--bmax", "8", "--requests", "3000"]
+
+
+def run(args, capsys):
+    rc = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _json(args, capsys) -> dict:
+    rc, out, err = run([*args, "--json"], capsys)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+# ------------------------------------------------------------------------------- headroom and margins
+def test_headroom_is_kept_below_every_bound_and_zero_headroom_changes_nothing(capsys):
+    base = _json(["compare", *FAST, "--slo-p99-ms", "12"], capsys)
+    zero = _json(["compare", *FAST, "--slo-p99-ms", "12", "--headroom", "0"], capsys)
+    assert zero["recommended"]["setting"] == base["recommended"]["setting"]
+    assert zero["recommended"]["mean_power_w"] == base["recommended"]["mean_power_w"]
+    kept = _json(["compare", *FAST, "--slo-p99-ms", "12", "--headroom", "2ms"], capsys)
+    assert kept["headroom"] == {"kind": "ms", "value": 2.0, "limits_ms": {"p99": 10.0}}
+    for x in kept["recommended"]["loads"]:
+        assert x["metrics_ms"]["p99"] + x["ci_ms"]["p99"] <= 10.0
+    assert kept["recommended"]["worst_load"]["margin_ms"] >= 2.0
+    assert kept["recommended"]["mean_power_w"] >= base["recommended"]["mean_power_w"] - 1e-9  # slack costs power
+    pct = _json(["compare", *FAST, "--slo-p99-ms", "12", "--headroom", "10%"], capsys)
+    assert pct["headroom"]["limits_ms"]["p99"] == pytest.approx(10.8)
+
+
+def test_an_answer_without_a_calibration_names_what_is_not_in_its_plan_and_its_margin(capsys):
+    rc, out, err = run(["compare", *FAST, "--slo-p99-ms", "12"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    missing = [x for x in lines if x.strip().startswith("not in plan")]
+    assert len(missing) == 1 and "server's own time" in missing[0] and "--headroom MS|PCT" in missing[0]
+    margin = next(x for x in lines if x.strip().startswith("margin"))
+    assert " ms (" in margin and "% of the bound" in margin and "3000 simulated requests per load" in margin
+    d = _json(["compare", *FAST, "--slo-p99-ms", "12"], capsys)
+    assert d["server_time_in_plan"] is False and d["metric_method"].startswith("simulated: 3000 requests")
+    rc, out, _ = run(["compare", *FAST, "--slo-p99-ms", "12", "--headroom", "1.5"], capsys)
+    assert "--headroom keeps 1.5 ms below each bound for it" in out
+
+
+@pytest.mark.parametrize("value, msg", [("95%", "≤ 90"), ("-1", "≥ 0"), ("12", "leaves nothing of the p99 bound"),
+                                        ("3 parsecs", "unknown unit")])
+def test_a_bad_headroom_is_one_line(capsys, value, msg):
+    rc, out, err = run(["compare", *FAST, "--slo-p99-ms", "12", "--headroom", value], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("smdp-batch: error:") and msg in lines[0], err
+
+
+def test_a_tiny_interval_is_not_printed_as_an_interval(capsys):
+    from smdp_batch.cli.slo import half_width
+
+    assert half_width(1.7e-12) == "< 0.01" and half_width(0.036) == "0.036"
+
+
+# ------------------------------------------------------------------------------------------ honest power
+def test_the_power_identity_behind_the_floor_holds_in_the_simulator():
+    """P̄ = P_idle + λ·(ζ(b) − P_idle·l(b))/b for a rule that always serves b (the floor's accounting)."""
+    p = BatchingProblem.basic(rho=0.5, batch_sizes=tuple(range(1, 9)))
+    rule = parse_policy("static:4", p.batch_sizes, 64)
+    for idle in (0.0, 12.0):
+        r = simulate(p, rule, requests=200_000, seed=3, idle_power_w=idle)
+        l4, z4 = float(p.latency_ms()[3]), float(p.energy_mj()[3])
+        assert r.mean_power_w == pytest.approx(idle + p.lam * (z4 - idle * l4) / 4, rel=5e-3)
+
+
+def test_the_floor_is_a_brute_force_minimum_and_lies_below_every_answer():
+    p = BatchingProblem.basic(rho=0.5)
+    lat, zeta, sizes = p.latency_ms(), p.energy_mj(), np.asarray(p.batch_sizes)
+    for idle in (0.0, 10.0, 30.0):
+        best = min((idle + p.lam * (zeta[i] - idle * lat[i]) / b, b) for i, b in enumerate(sizes)
+                   if p.lam * lat[i] / b < 1 and (b - 1) / (2 * p.lam) + lat[i] <= 15.0)
+        floor, size = power_floor(p, p.lam, 15.0, idle)
+        assert floor == pytest.approx(best[0], rel=1e-12) and size == best[1]
+        ans = optimise(p, SLO.of({"p99": 15.0}), requests=5000, idle_power_w=idle)
+        assert ans.floor_w() <= ans.recommended.power_w + ans.recommended.power_ci  # the answer is simulated
+        share, against = ans.captured()
+        assert against == "triton:max=32,delay_us=0"
+        if idle < 30:  # at 30 W idle the board draws less busy than idle: waiting saves nothing, and None says so
+            assert 0 < share <= 1.05
+    assert captured_share(40.0, 40.0, 40.0) is None and captured_share(40.0, 35.0, 30.0) == pytest.approx(0.5)
+
+
+def test_compare_and_export_state_the_idle_power_the_floor_and_the_share(tmp_path, capsys):
+    rc, out, err = run(["compare", *FAST, "--slo-p99-ms", "12"], capsys)
+    power = next(x for x in out.splitlines() if x.strip().startswith("power"))
+    assert "0 W idle power assumed (give --idle-power W)" in power and "floor" in power and "% of the saving" in power
+    d = _json(["compare", *FAST, "--slo-p99-ms", "12", "--idle-power", "10"], capsys)
+    assert d["idle_power_w"] == 10.0 and d["idle_power_assumed"] is False
+    rec = d["recommended"]
+    assert d["power_floor_w"] <= rec["mean_power_w"] + rec["mean_power_ci_w"] and 0 < d["captured_share"] <= 1.05
+    table = tmp_path / "t.h5"
+    assert main(["solve", "--bmax", "8", "-o", str(table)]) == 0
+    capsys.readouterr()
+    d = _json(["export", table, "--to", "triton", "--slo-p99-ms", "12", "--requests", "3000"], capsys)
+    s = d["slo_search"]
+    assert s["idle_power_assumed"] is True and math.isfinite(s["power_floor_w"]) and s["captured_share"] is not None
+    rc, out, err = run(["export", table, "--to", "triton", "--slo-p99-ms", "12", "--requests", "3000",
+                        "--idle-power", "5"], capsys)
+    assert rc == 0 and "5 W per idle instance" in out and "margin" in out and "not in plan" in out
+
+
+def test_an_absurd_idle_power_is_refused_in_one_line(capsys):
+    rc, _, err = run(["compare", *FAST, "--slo-p99-ms", "12", "--idle-power", "1e300"], capsys)
+    assert rc == 2 and err.count("smdp-batch: error:") == 1 and "--idle-power must be ≤" in err
+
+
+# ------------------------------------------------------------------------------ profiles never mix silently
+@pytest.fixture
+def profile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ref.csv").write_text("batch_size,latency_ms\n1,1.0\n1,1.1\n2,1.5\n2,1.6\n4,2.5\n4,2.4\n")
+    (tmp_path / "withe.csv").write_text("batch_size,latency_ms,energy_mj\n1,1.0,30\n2,1.5,40\n4,2.5,60\n")
+    return tmp_path
+
+
+def test_a_measured_latency_with_the_paper_energy_or_an_unmeasured_size_is_named(profile, capsys):
+    rc, _, err = run(["solve", "--latency", "csv:ref.csv", "--batch-sizes", "1,2,3"], capsys)
+    assert rc == 0, err
+    warn = [x for x in err.splitlines() if x.startswith("smdp-batch: warning:")]
+    assert len(warn) == 2
+    assert "ζ(b) is the paper's default" in warn[0] and "give your device's --energy or --power" in warn[0]
+    assert "did not measure batch size 3" in warn[1] and "--batch-sizes 1,2" in warn[1]
+    rc, _, err = run(["solve", "--latency", "csv:ref.csv", "--batch-sizes", "1,2,4", "--power", "const:60"], capsys)
+    assert rc == 0 and "warning" not in err, err
+    rc, _, err = run(["solve", "--latency", "csv:withe.csv", "--batch-sizes", "1,2,4"], capsys)
+    assert "has its own energy_mj column: --energy csv:withe.csv" in err
+    rc, _, err = run(["solve", "--latency", "csv:withe.csv", "--energy", "csv:withe.csv", "--batch-sizes", "1,2,4"],
+                     capsys)
+    assert rc == 0 and "warning" not in err, err
+
+
+def test_measure_flags_a_noisy_size_and_labels_its_spread(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noisy.py").write_text(textwrap.dedent("""
+        import itertools, time
+        _k = itertools.count()
+        def f(batch):
+            time.sleep(0.001 if next(_k) % 2 else 0.012)  # 1 or 12 ms: CV far above 25 %
+    """))
+    rc, out, err = run(["measure", "noisy:f", "--sizes", "1", "--repeats", "6", "--warmup", "0", "-o", "p.csv"], capsys)
+    assert rc == 0, err
+    row = next(x for x in out.splitlines() if x.strip().startswith("b ="))
+    assert "(sd " in row and "CV " in row and "← noisy" in row
+    assert "vary by more than 25 %" in err and "measure again" in err
+
+
+# ------------------------------------------------------------------------------------ units on the numbers
+def test_times_and_rates_take_their_units(capsys):
+    plain = _json(["compare", *FAST, "--slo-p99-ms", "12", "--load-range", "600:900"], capsys)
+    for slo in (["--slo-p99-ms", "12ms"], ["--slo-p99-ms", "0.012s"], ["--slo", "p99:12ms"]):
+        for rng in (["--load-range", "0.6k:0.9k"], ["--load-range", "0.6/ms:0.9/ms"], ["--load-range", "600req/s:900rps"]):
+            d = _json(["compare", *FAST, *slo, *rng], capsys)
+            assert d["slo"] == {"p99": 12.0} and d["loads_per_ms"] == pytest.approx(plain["loads_per_ms"], rel=1e-12)
+    a = _json(["solve", "--bmax", "8", "--lam", "800req/s"], capsys)
+    b = _json(["solve", "--bmax", "8", "--rps", "0.8k"], capsys)
+    assert a["lam"] == pytest.approx(0.8) and b["lam"] == pytest.approx(0.8)
+
+
+def test_a_rate_in_the_other_unit_is_named(capsys):
+    rc, _, err = run(["compare", *FAST, "--slo-p99-ms", "12", "--load-range", "2:8"], capsys)
+    assert rc == 0 and "--load-range 2:8 is in requests/s" in err and "2/ms:8/ms" in err
+    rc, _, err = run(["compare", *FAST, "--slo-p99-ms", "12", "--load-range", "2req/s:8req/s"], capsys)
+    assert "is in requests/s" not in err
+    rc, _, err = run(["solve", "--lam", "800"], capsys)
+    assert rc == 2 and "for 800 requests/s write 800req/s" in err
+    rc, _, err = run(["solve", "--lam", "8 parsecs"], capsys)
+    assert rc == 2 and err.count("error") == 1 and "unknown unit" in err
+
+
+# ----------------------------------------------------------------------------- lines that run as printed
+def _run_it(out: str) -> list[str]:
+    lines = out.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.strip().startswith("run it"))
+    first = lines[i].strip()[len("run it"):].strip()
+    more = []
+    for x in lines[i + 1:]:
+        if not x.startswith(" " * 14):
+            break
+        more.append(x.strip())
+    return [first, *more]
+
+
+def _python_runs(line: str) -> object:
+    """The printed Python line, run with a batch function ``infer`` defined: the batcher it builds."""
+    assert line.startswith("from smdp_batch.runtime import")
+    imports, _, expr = line.partition("; ")
+    ns: dict = {"infer": lambda items: list(items)}
+    exec(imports, ns)  # noqa: S102 - our own printed line, in a test
+    return eval(expr, ns)  # noqa: S307
+
+
+def test_the_run_it_line_of_a_control_limit_answer_runs_as_printed(capsys):
+    args = ["compare", "--slo-p99-ms", "15", "--requests", "20000"]
+    rc, out, err = run(args, capsys)
+    assert rc == 0, err
+    [line] = _run_it(out)
+    assert "PolicyTable.control(" in line and "parse_policy" not in out
+    batcher = _python_runs(line)
+    rec = _json(args, capsys)["recommended"]
+    assert batcher.max_wait_ms == pytest.approx(rec["knobs"]["tau_ms"])
+    assert batcher.table.policy.tolist() == rec_policy(rec)
+
+
+def rec_policy(rec: dict) -> list[int]:
+    """The control-limit table a compare answer names (``control:Q+timer:…``), over 0..32."""
+    q = int(rec["setting"].partition("+")[0].partition(":")[2])
+    return [0] * q + list(range(q, 33))
+
+
+def test_the_run_it_lines_of_an_smdp_answer_solve_the_same_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["compare", "--slo-mean-ms", "8", "--requests", "5000"]
+    rc, out, err = run(args, capsys)
+    assert rc == 0, err
+    solve_line, py_line = _run_it(out)
+    assert solve_line.startswith("smdp-batch solve ") and solve_line.endswith("-o table.h5")
+    rc, _, err = run(shlex.split(solve_line)[1:], capsys)
+    assert rc == 0, err
+    batcher = _python_runs(py_line)
+    ans = optimise(BatchingProblem.basic(rho=0.5), SLO.of({"mean": 8.0}), requests=5000)
+    table = batcher.table.policy
+    n = min(len(table), len(ans.recommended.policy))
+    assert list(table[:n]) == list(ans.recommended.policy[:n])
+
+
+def test_the_ray_export_is_a_module_that_imports(tmp_path, capsys):
+    table = tmp_path / "t.h5"
+    assert main(["solve", "--bmax", "8", "-o", str(table)]) == 0
+    out = tmp_path / "ray_batch.py"
+    for extra in ([], ["--slo-p99-ms", "12", "--requests", "3000", "--instances", "2"]):
+        rc, _, err = run(["export", table, "--to", "ray", "-o", out, *extra], capsys)
+        assert rc == 0, err
+        text = out.read_text()
+        tree = ast.parse(text)
+        assert any(isinstance(n, ast.ClassDef) and n.name == "BatchedModel" for n in tree.body)
+    pytest.importorskip("ray.serve")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ray_batch_export", out)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.BatchedModel is not None  # a Ray Serve deployment, built on import
+
+
+def test_the_slo_object_refuses_a_headroom_that_leaves_nothing():
+    with pytest.raises(InputError, match="leaves nothing"):
+        SLO.of({"p99": 10}, ("ms", 10))
+    assert SLO.of({"p99": 10}, ("pct", 10)).limit("p99") == pytest.approx(9.0)
