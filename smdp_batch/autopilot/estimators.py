@@ -2,8 +2,11 @@
 
 numpy only; every estimator holds O(1) state (or O(|𝓑|) for the per-size ones), whatever the number of
 observations, and is thread-safe (one lock each).  An observation that is not a finite number in range
-(NaN, ±inf, a negative time or duration, an unknown batch size, a non-number) is ignored and counted in
-``rejected``; nothing raises on a bad reading, since a server's measurement path must never stop serving.
+(NaN, ±inf, a negative time or duration, an unknown batch size, a non-number, a gap beyond 1/RATE_MIN, a batch
+beyond an hour or 10⁹ mJ: :mod:`smdp_batch.limits`) is ignored and counted in ``rejected``; nothing raises on a
+bad reading, since a server's measurement path must never stop serving.  One reading moves an estimate by a
+bounded amount: a gap is clipped at ``clip`` mean gaps, a batch time or energy more than ``READING_CLIP`` (10)×
+away from its size's estimate is taken at that bound (``clipped``), and λ̂ stays within the rate limits.
 
 **Arrival rate with change points** (:class:`RateChange`).  Under Poisson arrivals at rate λ (1/ms) the
 gaps X_i are i.i.d. Exp(λ).  The estimate is the maximum-likelihood λ̂ = n / Σ X_i over the gaps since the
@@ -73,6 +76,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..limits import BATCH_MJ_MAX, BATCH_MS_MAX, RATE_MAX, RATE_MIN, READING_CLIP
+
+#: The longest gap between two arrivals taken as one (ms): 1/RATE_MIN.  A longer one is a clock jump: rejected,
+#: and the gap clock restarts at the arrival (so λ̂'s sums stay finite and every estimate within the rate limits).
+GAP_MAX_MS = 1.0 / RATE_MIN
 SLOW_MEMORY = 8  # the clip's reference rate forgets SLOW_MEMORY × memory gaps, and goes on through changes
 _RING = 1024  # gaps kept for the confirmation window (a fixed ring: O(1) memory)
 _NO_ALARM = (0, 0.0, 0, 0.0, 0, 0.0)  # RateChange's pending alarm when there is none
@@ -160,7 +168,7 @@ class RateChange:
             last, self._last_t = self._last_t, t
             if last is None:
                 return False
-            if t < last:  # the clock stepped back: no gap is known; the next one counts from here
+            if not 0 <= t - last <= GAP_MAX_MS:  # the clock stepped back or jumped: the next gap counts from here
                 self.rejected += 1
                 return False
             return self._gap(t - last)
@@ -169,7 +177,7 @@ class RateChange:
         """One inter-arrival gap (ms ≥ 0).  True if it completed a change point."""
         x = _num(x_ms)
         with self._lock:
-            if not (math.isfinite(x) and x >= 0):
+            if not (math.isfinite(x) and 0 <= x <= GAP_MAX_MS):
                 self.rejected += 1
                 return False
             return self._gap(x)
@@ -185,7 +193,7 @@ class RateChange:
             # the clip counts in mean gaps of the slower of λ̂ and its long-memory twin: a clump of arrivals let
             # in at once inflates λ̂, and the stall before the next one must still count as the time it was
             ref = min(lam0, self._ns / self._ss) if self._ss > 0 else lam0
-            if x * ref > self.clip:
+            if ref > 0 and x * ref > self.clip:
                 x = self.clip / ref
                 self.clipped += 1
             up, down = self._up, self._down
@@ -256,7 +264,7 @@ class RateChange:
         with self._lock:
             if self._since < self.ready_after or not self._s > 0:
                 return None
-            return self._n / self._s
+            return min(max(self._n / self._s, RATE_MIN), RATE_MAX)
 
     @property
     def samples(self) -> float:
@@ -333,23 +341,38 @@ class ServiceEstimator:
         self._lock = threading.Lock()
         self.count = 0
         self.rejected = 0
+        self.clipped = 0  # readings taken at READING_CLIP× the estimate
 
     @property
     def sizes(self) -> tuple[int, ...]:
         return self._per.sizes
 
     def observe(self, b: Any, ms: Any) -> bool:
-        """One batch of size b that took ``ms`` ms.  False (and counted in ``rejected``) if ignored."""
+        """One batch of size b that took ``ms`` ms.  False (and counted in ``rejected``) if ignored: not a finite
+        time in (0, BATCH_MS_MAX].  A reading more than READING_CLIP× away from the size's current estimate is
+        taken at that bound (counted in ``clipped``): one absurd reading moves l̂(b) by a bounded amount."""
         x = _num(ms)
         with self._lock:
             i = _size_arg(b, self._per.index)
-            if i is None or not (math.isfinite(x) and x > 0):
+            if i is None or not (math.isfinite(x) and 0 < x <= BATCH_MS_MAX):
                 self.rejected += 1
                 return False
+            x = self._winsorised(i, x)
             self._per.add(i, x)
             self._ratio.add(0, x / self._ref[i])
             self.count += 1
             return True
+
+    def _winsorised(self, i: int, x: float) -> float:
+        """x within READING_CLIP× of size i's current estimate (its mean once it has ``min_batches`` batches, else
+        the reference scaled by the pooled ratio)."""
+        per = self._per
+        anchor = per.mean[i] if per.n[i] >= self.min_batches else self._ref[i] * self._ratio_locked()
+        lo, hi = anchor / READING_CLIP, anchor * READING_CLIP
+        if lo <= x <= hi:
+            return x
+        self.clipped += 1
+        return min(max(x, lo), hi)
 
     def ratio(self) -> float:
         """The pooled ratio r̂ of measured to reference batch times: r̄ once it has ``min_batches`` batches, else 1."""
@@ -423,16 +446,22 @@ class EnergyEstimator:
         self._lock = threading.Lock()
         self.count = 0
         self.rejected = 0
+        self.clipped = 0
 
     def observe(self, b: Any, mj: Any) -> bool:
         """One batch of size b that used ``mj`` mJ (finite, ≥ 0).  False (counted) if ignored."""
         x = _num(mj)
         with self._lock:
             i = _size_arg(b, self._per.index)
-            if i is None or not (math.isfinite(x) and x >= 0):
+            if i is None or not (math.isfinite(x) and 0 <= x <= BATCH_MJ_MAX):
                 self.rejected += 1
                 return False
-            self._per.add(i, x)
+            per = self._per
+            anchor = per.mean[i] if per.n[i] >= 8 else float(self.model[i])
+            if anchor > 0 and not anchor / READING_CLIP <= x <= anchor * READING_CLIP:
+                x = min(max(x, anchor / READING_CLIP), anchor * READING_CLIP)  # winsorised, as batch times
+                self.clipped += 1
+            per.add(i, x)
             self.count += 1
             return True
 

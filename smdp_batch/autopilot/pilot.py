@@ -73,6 +73,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..limits import RATE_MAX, RATE_MIN, SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .plan import Plan, _same, slo_plan
@@ -165,6 +166,9 @@ class Autopilot:
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
+        if slo > SLO_MAX_MS:
+            raise ValueError(f"slo_p99_ms must be at most {SLO_MAX_MS:g} ms (about 17 minutes: the SLO optimiser's "
+                             f"limit, beyond which the servers' integer timers no longer fit), got {slo_p99_ms!r}")
         for name, v in (("budget_s", budget_s), ("tolerance", tolerance), ("min_interval_s", min_interval_s),
                         ("overhead_ms", overhead_ms), ("rate_tol", rate_tol), ("energy_tol", energy_tol)):
             if not (math.isfinite(_num(v)) and _num(v) >= 0):
@@ -209,6 +213,7 @@ class Autopilot:
         self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
                        best_effort=0, kept=0)
+        self._hook_errors = 0  # hook calls whose body raised (counted and logged; the caller never sees it)
         self._last_solve_s, self._event = math.nan, "start"
         self._proc: Any = None
         plan: Plan
@@ -218,6 +223,13 @@ class Autopilot:
                 raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
             plan = replace(solved, target_ms=self._target())
         elif isinstance(table, Plan):
+            bad = [f"{k} = {v!r}" for k, v in (("lam", table.lam), ("mean_ms", table.mean_ms), ("p99_ms", table.p99_ms),
+                                               ("power_w", table.power_w), ("timer_ms", table.timer_ms))
+                   if v is not None and not (math.isnan(_num(v)) and k != "lam")
+                   and not ((RATE_MIN <= _num(v) <= RATE_MAX) if k == "lam" else 0 <= _num(v) < math.inf)]
+            if bad:
+                raise ValueError(f"the initial plan is out of range: {bad[0]} (λ in [{RATE_MIN:g}, {RATE_MAX:g}] per ms; "
+                                 "times and power finite and ≥ 0, or NaN where not planned)")
             plan = table
         elif isinstance(table, PolicyTable):
             t = table.meta.get("max_wait_ms")
@@ -286,6 +298,21 @@ class Autopilot:
         return self._live.timer_ms
 
     # ------------------------------------------------------------------ hooks (never raise)
+    def _guarded(hook):  # noqa: N805 - a decorator of this class's hooks
+        """A hook that never raises: whatever its body raises is counted (``rejected_inputs``) and logged."""
+
+        @functools.wraps(hook)
+        def wrapper(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                hook(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a hook never stops serving
+                with self._lock:
+                    self._hook_errors += 1
+                self._count(None, "hook-error", logging.WARNING, hook=hook.__name__, error=repr(exc)[:200])
+
+        return wrapper
+
+    @_guarded
     def observe_arrival(self, t_ms: Any) -> None:
         if self.rate.observe(t_ms):
             with self._lock:  # a new load: what failed or was infeasible at the old one may not be now
@@ -307,6 +334,7 @@ class Autopilot:
         if not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
             self._trigger("rate")
 
+    @_guarded
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
         """One executed batch of size b that took ``seconds``; a failed batch (``ok`` False) teaches nothing."""
         i = _size_arg(b, self._index)
@@ -341,17 +369,20 @@ class Autopilot:
         ran = np.asarray(self._batches) > 0
         return bool(np.any(ran & (np.abs(zeta - self._zeta_ref) > self.energy_tol * self._zeta_ref)))
 
+    @_guarded
     def observe_energy(self, b: Any, mj: Any) -> None:
         self.energy.observe(b, mj)
 
+    @_guarded
     def observe_response(self, ms: Any) -> None:
-        """One response time (ms), or an iterable of them (a batch's requests)."""
+        """One response time (ms), or an iterable of them (a batch's requests); a value that is not a time in
+        [0, 10 × the SLO optimiser's limit] is left out."""
         try:
             seq = ms if isinstance(ms, (list, tuple, np.ndarray)) else list(ms) if hasattr(ms, "__iter__") else [ms]
             vals = np.asarray(seq, dtype=np.float64).ravel()
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # 10**400 does not fit a float
             return
-        vals = vals[np.isfinite(vals) & (vals >= 0)]
+        vals = vals[np.isfinite(vals) & (vals >= 0) & (vals <= 10.0 * SLO_MAX_MS)]
         k = vals.size
         if k == 0:
             return
@@ -509,12 +540,18 @@ class Autopilot:
         self._finish(job, out, time.perf_counter() - t0)
 
     def _valid(self, plan: Any) -> bool:
-        """A plan of known batch sizes with finite planned metrics."""
+        """A plan of known batch sizes with planned metrics in range: λ within the rate limits, times and power
+        finite and ≥ 0, a timer None or ≥ 0."""
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
         if not set(plan.table.batch_sizes) <= set(self.sizes):
             return False
-        return all(math.isfinite(_num(v)) for v in (plan.lam, plan.p99_ms, plan.power_w, plan.mean_ms))
+        if not RATE_MIN <= _num(plan.lam) <= RATE_MAX:
+            return False
+        timer = plan.timer_ms
+        if timer is not None and not _num(timer) >= 0:
+            return False
+        return all(math.isfinite(_num(v)) and _num(v) >= 0 for v in (plan.p99_ms, plan.power_w, plan.mean_ms))
 
     def _usable(self, plan: Any, target: float) -> bool:
         """A valid plan that meets ``target``."""
@@ -577,7 +614,8 @@ class Autopilot:
             c["swaps"], c["rollbacks"], c["failed_solves"], c["infeasible"], c["out_of_range"], c["solves"],
             c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
             live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
-            p99, self.rate.rejected + self.service.rejected + self.energy.rejected, event, p50, self.sizes,
+            p99, self.rate.rejected + self.service.rejected + self.energy.rejected + self._hook_errors, event, p50,
+            self.sizes,
             batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
             self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
             source, math.nan if power is None else power[0])
