@@ -75,8 +75,12 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
     refuse_swept(opts, ("w1", "w2"), "simulate reports W̄ and P̄, not a weighted cost (an SMDP table's weight goes "
                                      "in the rule: --policy smdp:w2=X)")
     n, sd = requests, seed
-    is_file = policy_spec.lower().endswith((".h5", ".hdf5"))
+    table_path = policy_spec.rpartition("+timer:")[0] if "+timer:" in policy_spec.lower() else policy_spec
+    is_file = table_path.lower().endswith((".h5", ".hdf5"))  # FILE.h5 or FILE.h5+timer:MS: the file's scenario
     idle_default = 0.0  # a c-server table file: the idle power it was solved with
+    if is_file and table_path != policy_spec and policy_version(table_path) == 2:
+        raise InputError(f"{table_path} is a phase table: it runs on its phase filter, without a timer; drop "
+                         f"+timer:… (or use --phase-rule)")
     if is_file and policy_version(policy_spec) == 2:  # a phase table (MAP arrivals): its own MAP by default
         from ..runtime.phase_file import read_phase_policy
         from ..model.arrivals import MAP
@@ -95,7 +99,7 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
         rate = None if arr is None else _stream_rate(arrivals, arr)
         if rate is not None and not given:  # the stream sets the load
             opts = {**opts, "lam": rate}
-        table_file = read_policy(policy_spec) if is_file else None
+        table_file = read_policy(table_path) if is_file else None
         if table_file is not None:
             idle_default = float(table_file.inputs.get("idle_power_w", 0.0))
         problem = build_problem(opts, file_inputs(table_file, opts) if table_file is not None else None)

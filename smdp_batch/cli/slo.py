@@ -91,6 +91,8 @@ def smdp_rule(spec: str, problem):
         k, eq, v = part.partition("=")
         if not eq or k.strip().lower() not in ("w2", "bmax", "lam"):
             raise InputError(f"rule {spec!r}: unknown setting {part!r}; an SMDP table is smdp:w2=X[,bmax=C][,lam=L]")
+        if k.strip().lower() in keys:
+            raise InputError(f"rule {spec!r} gives {k.strip().lower()} twice; give each setting once")
         keys[k.strip().lower()] = Number(integer=k.strip().lower() == "bmax", min=0).parse_one(v.strip(), f"{spec}: {k}")
     if "w2" not in keys:
         raise InputError(f"rule {spec!r} needs w2=X (an SMDP table is smdp:w2=X[,bmax=C][,lam=L])")
@@ -181,7 +183,10 @@ def _rate(lam: float) -> str:
 
 
 def worded_difference(ours: float, theirs: float, ci: float, name: str, who: str = "it") -> str:
-    """"it draws 0.61 W (2.0 %) less than NAME" (never a signed number), with the interval when it is a tie."""
+    """"it draws 0.61 W (2.0 %) less than NAME" (never a signed number), with the interval when it is a tie; a
+    setting that cannot carry a load (no finite power) is said so, never priced as "inf W (nan %)"."""
+    if not math.isfinite(theirs):
+        return f"{name} cannot carry every load checked (its queue grows without bound there)"
     d = theirs - ours
     if d == 0:
         return f"{who} draws the same power as {name}"

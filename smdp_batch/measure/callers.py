@@ -153,19 +153,29 @@ class Threads:
 
 
 class _Lines:
-    """JSON lines from a pipe, each awaited until a deadline (time.monotonic)."""
+    """JSON lines from a pipe, each awaited until a deadline (time.monotonic), and while the writing process lives.
+
+    The end of the writer is its exit, not the pipe's EOF: a process the measured code forked (a DataLoader
+    worker, a multiprocessing pool) inherits the pipe and keeps it open after the writer has died."""
 
     TIMEOUT = object()
+    POLL_S = 0.2  # how often the writer's life is checked while no line comes
 
     def __init__(self, fd: int):
         self.fd, self.buf = fd, b""
 
-    def next(self, deadline: float):
+    def next(self, deadline: float, writer: subprocess.Popen | None = None):
+        """The next line as JSON; None at EOF, at an unreadable line, or once ``writer`` has exited with no line
+        left in the pipe; TIMEOUT at the deadline."""
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 return self.TIMEOUT
-            ready, _, _ = select.select([self.fd], [], [], min(left, 3600.0))
+            ready, _, _ = select.select([self.fd], [], [], min(left, 3600.0 if writer is None else self.POLL_S))
+            if not ready and writer is not None and writer.poll() is not None:
+                ready, _, _ = select.select([self.fd], [], [], 0)  # what it wrote before it ended
+                if not ready:
+                    return None
             if ready:
                 chunk = os.read(self.fd, 1 << 20)
                 if not chunk:
@@ -242,9 +252,12 @@ class Processes:
 
     def _answer(self, i: int, what: str) -> dict:
         proc, _, lines = self.helpers[i]
-        msg = lines.next(math.inf)
+        msg = lines.next(math.inf, proc)
         if not isinstance(msg, dict):
-            rc = proc.wait()
+            try:
+                rc = proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:  # it closed its pipe and lives on: stopped with the others
+                raise CallerFailed(f"caller process {i + 1} stopped answering", "call" if what != "make" else "make") from None
             how = (f"was killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.Signals._value2member_map_
                    else f"exited with status {rc}")
             raise CallerFailed(f"caller process {i + 1} {how}", "call" if what != "make" else "make")

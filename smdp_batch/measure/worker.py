@@ -462,9 +462,11 @@ def _status(proc: subprocess.Popen) -> str:
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """End the measuring process and its whole process group: what the measured code forked (a DataLoader worker,
+    a pool) lives in that group and may outlive the process itself."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group outlives its leader while a forked child is in it
     if proc.poll() is None:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             proc.kill()
     with contextlib.suppress(Exception):
@@ -495,7 +497,7 @@ def run_in_child(cfg: dict, budget_s, run: Run) -> None:
 
     try:
         tell(cfg)
-        msg = lines.next(time.monotonic() + budget_s if budget_s else math.inf)
+        msg = lines.next(time.monotonic() + budget_s if budget_s else math.inf, proc)
         if msg is _Lines.TIMEOUT:
             raise InputError(f"importing {what} did not finish within the time budget of {budget_s:g} s; "
                              "nothing was measured")
@@ -506,7 +508,7 @@ def run_in_child(cfg: dict, budget_s, run: Run) -> None:
         tell({"budget_s": budget_s})
         end = time.monotonic() + budget_s + GRACE_S if budget_s else math.inf
         while not run.finished:
-            msg = lines.next(end)
+            msg = lines.next(end, proc)
             if msg is _Lines.TIMEOUT:
                 run.timed_out()
             elif msg is None:

@@ -42,7 +42,9 @@ such table per rate under ``/tables/000``, ``/tables/001``, …
 Integrity (0.2): every dataset is written with HDF5 fletcher32 checksums (a damaged chunk fails to
 read) and each table carries ``content_sha256``.  Both are additions a version-1 reader ignores, so
 the schema version stays 1; files without them (earlier writers, the shipped ``policies/``) still
-load, with :attr:`PolicyFile.integrity` = ``"none"``.
+load, with :attr:`PolicyFile.integrity` = ``"none"`` — except a c-server table (``/inputs@instances``):
+those never existed without ``content_sha256``, so one without it was altered and is refused.  Sizes a file
+declares are bounded as products before anything is read (a c-server table's busy-aware rows: c·(s_max + 2)).
 
 The reader trusts nothing it reads: it checks every dataset's link, storage, filters, dtype and
 shape from metadata *before* reading it (so a file that declares 2²⁹ entries is refused without
@@ -82,6 +84,7 @@ MAX_BANK_STATES = 20_000_000  # Σ (s_max + 2) over a bank's tables
 MAX_CHUNK_BYTES = 8 << 20  # one HDF5 chunk, decompressed (h5py's own chunks are ≤ 1 MiB)
 MAX_TEXT = 4 << 20  # characters of one string attribute
 MAX_INSTANCES = 64  # model instances a c-server table may name (the problem's own limit)
+MAX_BUSY_VALUES = 20_000_000  # c·(s_max + 2): a c-server table's busy-aware rows, bounded as a product
 
 _ALLOWED_FILTERS = {h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32, 32000}  # 32000: lzf
 
@@ -497,6 +500,9 @@ def _load_table(w: _Where, g, meta: dict) -> PolicyFile:
     busy, c6 = _busy_rows(w, g, inputs, sizes, s_max, f"{gi.name}/batch_sizes")
     integrity = "none"
     digest = _attr(w, g, "content_sha256", "str", None)
+    if digest is None and "instances" in inputs:  # every c-server table was written with its digest
+        w.fail("", f"{g.name} is a table for {inputs['instances']} instances without content_sha256: every such "
+                   "file is written with one, so this one was altered")
     if digest is not None:
         if digest != table_digest(policy, sizes, lat, en, rv, inputs, s_max, busy):
             w.fail("", f"content checksum mismatch in {g.name} (content_sha256): the file is damaged")
@@ -516,6 +522,9 @@ def _busy_rows(w: _Where, g, inputs: dict, sizes: np.ndarray, s_max: int,
     where = f"{g.name.rstrip('/')}/policy_busy"
     if c < 2:
         w.fail(where, "is in a one-instance table; busy-aware rows belong to a table of several instances")
+    if c * (s_max + 2) > MAX_BUSY_VALUES:  # each factor is bounded; their product is bounded before any read
+        w.fail(where, f"declares {c} rows of s_max + 2 = {s_max + 2} values ({c * (s_max + 2)}); at most "
+                      f"{MAX_BUSY_VALUES} are read")
     busy, checked = _dataset(w, g, "policy_busy", "int", (c, s_max + 2),
                              f"one row per busy count 0..{c - 1}, each s_max + 2 batch sizes")
     busy = busy.astype(np.int64)
