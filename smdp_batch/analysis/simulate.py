@@ -32,7 +32,7 @@ import numpy as np
 from scipy import stats
 
 from ..errors import InputError
-from ..limits import check_rate, check_requests, read_csv_rows
+from ..limits import IDLE_POWER_MAX_W, check_rate, check_requests, read_csv_rows
 from ..model.laws import Deterministic
 from ..model.problem import BatchingProblem
 
@@ -213,11 +213,14 @@ def _router_picks(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
     return np.stack([i, j + (j >= i)], axis=1)
 
 
-def _run(problem, rule, arr, rng, bounds, progress=None):
+def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = None):
     """Draw service times and run the kernel over ``arr`` on the problem's instances (sharing the queue; Ray:
-    replicas behind its router); returns resp, group energy, histograms, state."""
+    replicas behind its router); returns resp, group energy, histograms, state.  ``n_base``: the stream's own
+    requests when ``arr`` continues it: the service times for those are drawn first, exactly as for the stream
+    alone, and the continuation's after them."""
     instances = _instances(problem, rule)
     n_req = arr.size
+    n_base = n_req if n_base is None else int(n_base)
     smax_exec = max(rule.max_executed(), problem.bmax)
     lat_of = np.full(smax_exec + 1, np.nan)
     en_of = np.full(smax_exec + 1, np.nan)
@@ -230,14 +233,20 @@ def _run(problem, rule, arr, rng, bounds, progress=None):
     if det:
         unit = np.ones((1, 1))
     elif shared:  # at most one batch per request
-        unit = law.sample(rng, 1.0, n_req)[None, :]
+        unit = law.sample(rng, 1.0, n_base)[None, :]
+        if n_req > n_base:
+            unit = np.concatenate([unit, law.sample(rng, 1.0, n_req - n_base)[None, :]], axis=1)
     else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
         executed = rule.executed_sizes()
+        base = [n_base // rule.fewest_requests_for(s) + 1 for s in executed]
         caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
         unit = np.zeros((len(executed), max(caps)))
-        for i, (s, cap) in enumerate(zip(executed, caps)):
+        for i, (s, cap) in enumerate(zip(executed, base)):
             pool_of[s] = i
             unit[i, :cap] = law.sample(rng, 1.0, cap, s)
+        for i, (s, lo, hi) in enumerate(zip(executed, base, caps)):  # the continuation's, after the stream's
+            if hi > lo:
+                unit[i, lo:hi] = law.sample(rng, 1.0, hi - lo, s)
     ptr = np.zeros(unit.shape[0], dtype=np.int64)
     resp = np.empty(n_req)
     genergy = np.zeros(bounds.size - 1)
@@ -316,6 +325,7 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     within_ms=(),
     idle_power_w: float = 0.0,
+    tail: str = "auto",
 ) -> SimulationResult:
     """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
 
@@ -335,11 +345,21 @@ def simulate(
     ``idle_power_w``: power (W) of an instance while it runs no batch, added to P̄ as idle_power_w × (c − the mean
     busy instances), the busy ones from the batches run and their mean times l(b), exact for fixed batch times
     (with contention, from the times the batches ran); its own sampling noise is left out of the interval.
+
+    ``tail``: what arrives after the stream's last request.  ``"continue"``: the stream is a sample of a stationary
+    process, so arrivals go on (Poisson at its mean rate, seeded apart from the service times, never counted)
+    until every request of the stream is served as the rule serves it in steady state; without it the last
+    requests would wait out a long timer, or for ever under a count-only table.  ``"end"``: nothing more arrives
+    (a trace that ended): a timer fires on its own; requests a count-only rule never serves are left out of
+    the figures.  ``"auto"`` (default): ``continue`` for the generated Poisson stream, ``end`` for given arrivals.
     """
     t0 = time.perf_counter()
     if not (isinstance(idle_power_w, (int, float)) and not isinstance(idle_power_w, bool)
-            and math.isfinite(idle_power_w) and idle_power_w >= 0):
-        raise InputError(f"idle power must be a number of W ≥ 0, got {idle_power_w!r}")
+            and math.isfinite(idle_power_w) and 0 <= idle_power_w <= IDLE_POWER_MAX_W):
+        raise InputError(f"idle power must be a number of W ≥ 0 and ≤ {IDLE_POWER_MAX_W:g}, got {idle_power_w!r}")
+    if tail not in ("auto", "continue", "end"):
+        raise InputError(f"tail must be 'auto', 'continue' or 'end', got {tail!r}")
+    go_on = arrivals is None if tail == "auto" else tail == "continue"
     rng = np.random.default_rng(seed)
     if isinstance(arrivals, str):
         arr = read_trace(arrivals)
@@ -371,8 +391,19 @@ def simulate(
             f"groups need at least {2 * int(batches)}: use a longer stream or fewer --batches"
         )
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
+    run_arr, drawn = arr, rng.bit_generator.state
     resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
-    last = int(state[0])  # requests 0..last−1 were served (FIFO)
+    extra = 1024
+    # the stream's end decided when its last requests were served (a timer fired, or nothing served them): go on
+    while go_on and (int(state[0]) < n_req or state[2] > arr[-1]) and extra <= 4 * n_req + 65536:
+        rng.bit_generator.state = drawn  # the same service times for the stream's requests
+        run_arr = _continued(arr, problem.lam if arrivals is None else None, extra, seed)
+        resp, genergy, sizes_hist, qhist, state = _run(problem, rule, run_arr, rng, bounds, None, n_req)
+        if int(state[0]) >= n_req and arr[-1] + resp[n_req - 1] <= run_arr[-1]:
+            break  # the stream's last request was served before the continuation ran out
+        extra *= 4
+    served = int(state[0])  # requests 0..served−1 of run_arr were served (FIFO)
+    last = min(served, n_req)  # those of the stream
     if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
         if n_req - last > max(rule.maxb, 1) * 4 or last - w < 10 * int(batches):
             raise InputError(
@@ -408,18 +439,26 @@ def simulate(
     if idle_power_w:  # every batch run (from the first request on) over the time they were run in
         run_ms = state[6] if problem.contention is not None and problem.instances > 1 else \
             sum(c * float(problem.latency(np.float64(s))) for s, c in counts.items())
-        busy = run_ms / (arr[last - 1] - arr[0] + gap)
+        busy = run_ms / (run_arr[served - 1] - run_arr[0] + gap)
         idle = float(idle_power_w) * max(problem.instances - busy, 0.0)
     return SimulationResult(
         requests=n_req, measured=int(r.size),
         mean_latency_ms=mean_latency, mean_latency_ci=ci(mean_g),
         mean_power_w=float(genergy.sum() / duration) + idle, mean_power_ci=ci(power_g),
-        throughput=float(r.size / duration), mean_batch_size=float(last / n_batches) if n_batches else 0.0,
+        throughput=float(r.size / duration), mean_batch_size=float(served / n_batches) if n_batches else 0.0,
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
         group_latency=mean_g, group_power=power_g + idle,
     )
+
+
+def _continued(arr: np.ndarray, lam: float | None, extra: int, seed) -> np.ndarray:
+    """``arr`` and ``extra`` more Poisson arrivals after it, at ``lam`` (default: the stream's mean rate), from a
+    generator of their own (the service times drawn for the stream stay as they are)."""
+    rate = lam if lam is not None else (arr.size - 1) / float(arr[-1] - arr[0])
+    more = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]).exponential(1.0 / rate, int(extra))
+    return np.concatenate([arr, arr[-1] + np.cumsum(more)])
 
 
 def rule_capacity(problem: BatchingProblem, rule) -> tuple[float, int]:

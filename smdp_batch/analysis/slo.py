@@ -93,7 +93,7 @@ class _Checker:
                 self.progress(1)
             try:
                 res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed,
-                               idle_power_w=self.idle_w)
+                               idle_power_w=self.idle_w, tail="continue")  # the stream is a sample: it goes on
             except InputError as e:  # cannot carry this load: never meets the SLO
                 if not str(e).startswith(("unstable", rule.spec, "only ")):
                     raise
