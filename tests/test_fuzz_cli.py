@@ -339,3 +339,91 @@ def test_growing_queue_is_reported():
     with pytest.raises(InputError, match="unstable: under .* grows at"):
         _check_stable(type("R", (), {"spec": "static:8"})(), r, a)
     _check_stable(type("R", (), {"spec": "greedy"})(), 1.0 + np.random.default_rng(0).random(30_000), a)
+
+
+# ------------------------------------------------------------- the SLO options, with units and headroom
+SLO_VALUES = ["20", "20ms", "0.02s", "20000us", "1e308", "1e-320", "nan", "-5ms", "20furlong", "20 ms", "ms", "2e6",
+              "0.3", ""]
+RATES = ["600:900", "0.6k:0.9k", "0.6/ms:0.9/ms", "600req/s:900rps", "2:8", "900:600", "1:1", "0:1", "-1:5",
+         "1e308:1e309", "nan:1", "5", "1k:2parsecs", "0.1/ms:1e12/ms", "a:b"]
+HEADROOMS = ["0", "2ms", "10%", "95%", "-1", "20", "nan%", "%", "1e308", "3 parsecs"]
+
+
+@seed(17)
+@HEAVY
+@given(slo=st.sampled_from(SLO_VALUES), rng=st.sampled_from(RATES + [None]), room=st.sampled_from(HEADROOMS + [None]),
+       idle=st.sampled_from(["0", "10", "1e300", "-1", "nan", None]),
+       current=st.sampled_from([None, "triton:max=8,delay_us=1000000000", "ray:max=8,timeout_s=1e308", "smdp:w2=1,w2=2",
+                                "static:8+timer:1e300", "bogus"]))
+def test_fuzz_slo_options(worker, slo, rng, room, idle, current):
+    argv = ["compare", "--bmax", "8", "--slo-p99-ms", slo, "--requests", "1000"]
+    for flag, v in (("--load-range", rng), ("--headroom", room), ("--idle-power", idle), ("--current", current)):
+        if v is not None:
+            argv += [flag, v]
+    check(worker, argv)
+
+
+# ------------------------------------------------------------------------ c-server files, crafted
+def _c_server_files() -> dict:
+    """A c-server table as solved, and crafted from it: no digest, a huge declared size, a damaged digest, busy rows
+    of another shape."""
+    import shutil
+
+    import h5py
+    import numpy as np
+
+    from smdp_batch.cli import main
+
+    d = Path(tempfile.mkdtemp())
+    good = d / "c_ok.h5"
+    assert main(["solve", "--instances", "2", "--batch-sizes", "1,2,4", "--service", "exp", "--rho", "0.5", "-o",
+                 str(good)]) == 0
+    out = {"c_ok.h5": good.read_bytes()}
+
+    def crafted(name, edit):
+        path = d / name
+        shutil.copy(good, path)
+        with h5py.File(path, "r+") as f:
+            edit(f)
+        out[name] = path.read_bytes()
+
+    crafted("c_nodigest.h5", lambda f: f.attrs.__delitem__("content_sha256"))
+    crafted("c_baddigest.h5", lambda f: f.attrs.__setitem__("content_sha256", "0" * 64))
+    crafted("c_instances64.h5", lambda f: f["inputs"].attrs.__setitem__("instances", np.int64(64)))
+
+    def huge(f):
+        n = 10_000_002
+        f["truncation"].attrs["s_max"] = np.int64(n - 2)
+        f.create_dataset("policy_busy", shape=(64, n), dtype="int32", chunks=(1, 1 << 16), compression="gzip",
+                         fletcher32=True, fillvalue=4)
+        f["inputs"].attrs["instances"] = np.int64(64)
+
+    crafted("c_huge.h5", huge)
+    crafted("c_busy_shape.h5", lambda f: f.create_dataset("policy_busy", data=np.zeros((3, 5), dtype="int32")))
+    shutil.rmtree(d)
+    return out
+
+
+C_FILES: dict = {}
+
+
+@pytest.fixture(scope="module")
+def c_files():
+    if not C_FILES:
+        C_FILES.update(_c_server_files())
+    return C_FILES
+
+
+@seed(17)
+@SET
+@given(name=st.sampled_from(["c_ok.h5", "c_nodigest.h5", "c_baddigest.h5", "c_instances64.h5", "c_huge.h5",
+                             "c_busy_shape.h5"]),
+       cmd=st.sampled_from(["show", "simulate", "evaluate", "export", "timer"]))
+def test_fuzz_c_server_files(worker, c_files, name, cmd):
+    argv = {"show": ["show", name], "simulate": ["simulate", "--policy", name, "--requests", "2000"],
+            "evaluate": ["evaluate", "--policy", name], "timer": ["simulate", "--policy", f"{name}+timer:5",
+                                                                  "--requests", "2000"],
+            "export": ["export", name, "--to", "triton", "--slo-p99-ms", "40", "--requests", "1000"]}[cmd]
+    res = check(worker, argv, files=c_files)
+    if name != "c_ok.h5":
+        assert res["rc"] == 2, res

@@ -5,6 +5,7 @@ room for every caller (S_k = 1); the factor arithmetic on known numbers; failure
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 
@@ -145,7 +146,11 @@ def test_the_command_prints_the_factors_and_the_spec_to_solve_with(tmp_path, mon
     d = json.loads(capsys.readouterr().out)
     spec = d["concurrency"]["spec"]
     assert parse_contention(spec).latency[1] == pytest.approx(1.5, rel=0.12)
-    assert d["next"].endswith(f"--instances 2 --contention {spec}")
+    # the c-server solve it prints fits the default limits as printed (fewer phases for the measured spread, where
+    # the solve would refuse the 8 of its default fit) and runs
+    assert f"--instances 2 --contention {spec}" in d["next"]
+    assert main(shlex.split(d["next"])[1:]) == 0
+    capsys.readouterr()
     side = json.loads((tmp_path / "p.csv.json").read_text())
     assert side["concurrency"]["spec"] == spec and side["concurrency"]["callers"] == 2
     assert np.loadtxt(out, delimiter=",", skiprows=1).shape == (10, 2)  # the rows alone

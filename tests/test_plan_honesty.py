@@ -236,19 +236,22 @@ def rec_policy(rec: dict) -> list[int]:
 
 
 def test_the_run_it_lines_of_an_smdp_answer_solve_the_same_table(tmp_path, monkeypatch, capsys):
+    """The SMDP family's answer: the printed solve command writes the table the search simulated, and the Python
+    line runs it (the lines ``compare`` prints when such an answer wins, as with ``--slo-mean-ms 8`` on some seeds)."""
+    from smdp_batch.cli.slo import _deploy
+
     monkeypatch.chdir(tmp_path)
-    args = ["compare", "--slo-mean-ms", "8", "--requests", "5000"]
-    rc, out, err = run(args, capsys)
-    assert rc == 0, err
-    solve_line, py_line = _run_it(out)
+    ans = optimise(BatchingProblem.basic(rho=0.5, service="exp"), SLO.of({"p99": 40.0}), families=("smdp",),
+                   requests=5000)
+    rec = ans.best["smdp"]
+    solve_line, py_line = _deploy(rec, 1, ans.problem)
     assert solve_line.startswith("smdp-batch solve ") and solve_line.endswith("-o table.h5")
+    assert "--service exp" in solve_line and "(and these scenario options)" not in solve_line
     rc, _, err = run(shlex.split(solve_line)[1:], capsys)
     assert rc == 0, err
-    batcher = _python_runs(py_line)
-    ans = optimise(BatchingProblem.basic(rho=0.5), SLO.of({"mean": 8.0}), requests=5000)
-    table = batcher.table.policy
-    n = min(len(table), len(ans.recommended.policy))
-    assert list(table[:n]) == list(ans.recommended.policy[:n])
+    table = _python_runs(py_line).table.policy
+    n = min(len(table), len(rec.policy))
+    assert list(table[:n]) == list(rec.policy[:n])
 
 
 def test_the_ray_export_is_a_module_that_imports(tmp_path, capsys):

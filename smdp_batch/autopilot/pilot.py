@@ -55,8 +55,8 @@ The hooks never raise.  Importing this module needs numpy only; the default solv
 This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the live, good and
 previous plans and the rollback watch read and write one state under one lock, and a batch is decided by one
 read of the live plan.  What can stand alone stands beside it: the responses seen
-(:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy meter, the plan and its default solver,
-and the solve process.
+(:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy meter, the plan (and its range check) and
+its default solver, the solve process, and the metrics snapshot (:mod:`~smdp_batch.autopilot.report`).
 """
 
 from __future__ import annotations
@@ -68,15 +68,16 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
-from ..limits import RATE_MAX, RATE_MIN, SLO_MAX_MS
+from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .plan import Plan, _same, slo_plan
+from .report import AutopilotMetrics
 from .responses import Responses
 from ..runtime.table import PolicyTable
 
@@ -93,42 +94,19 @@ _ENERGY_CHECK_EVERY = 64  # metered batches between two checks of ζ̂ against t
 _EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
 
 
-@dataclass(frozen=True)
-class AutopilotMetrics:
-    """A snapshot of the Autopilot's counters and estimates (ms, W, 1/ms)."""
+def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
+    """An Autopilot hook that never raises: whatever its body raises is counted (``rejected_inputs``) and logged."""
 
-    swaps: int
-    rollbacks: int
-    failed_solves: int  # raised, timed out, or returned no usable plan
-    infeasible: int  # solved, but no table meets the SLO at the estimated load
-    out_of_range: int  # an estimate the model cannot take (λ̂ ≥ 98 % of the stable rate)
-    solves: int  # started
-    late_results: int  # results of abandoned solves, dropped
-    last_solve_seconds: float
-    live_table: int
-    planned_lam: float
-    planned_mean_ms: float
-    planned_p99_ms: float
-    planned_power_w: float
-    timer_ms: float | None
-    lam_hat: float | None
-    lam_band: tuple[float, float] | None
-    latency_hat_ms: tuple[float, ...]
-    observed_p99_ms: float
-    rejected_inputs: int
-    last_event: str
-    observed_p50_ms: float = math.nan  # of the same window as observed_p99_ms
-    batch_sizes: tuple[int, ...] = ()  # 𝓑, the order of the per-size fields below
-    batches: tuple[int, ...] = ()  # executed batches of each size (failed ones too), since the start
-    energy_hat_mj: tuple[float, ...] = ()  # ζ̂(b)
-    excess_ms: float = 0.0  # learned: observed p99 less planned p99 (the server's own delays)
-    overhead_ms: float = 0.0  # given: the time spent outside the hooks' view (network, client)
-    target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
-    solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
-    kept: int = 0  # solves that kept the live plan (the same table and timer, or too little saved)
-    best_effort: int = 0  # infeasible solves whose best effort went live (a lower p99 at λ̂ than the live plan's)
-    energy_source: str = "model"  # where ζ̂(b) comes from: the model, an energy meter, or observe_energy readings
-    idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
+    @functools.wraps(hook)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a hook never stops serving
+            with self._lock:
+                self._hook_errors += 1
+            self._count(None, "hook-error", logging.WARNING, hook=hook.__name__, error=repr(exc)[:200])
+
+    return wrapper
 
 
 class _Job:
@@ -223,13 +201,9 @@ class Autopilot:
                 raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
             plan = replace(solved, target_ms=self._target())
         elif isinstance(table, Plan):
-            bad = [f"{k} = {v!r}" for k, v in (("lam", table.lam), ("mean_ms", table.mean_ms), ("p99_ms", table.p99_ms),
-                                               ("power_w", table.power_w), ("timer_ms", table.timer_ms))
-                   if v is not None and not (math.isnan(_num(v)) and k != "lam")
-                   and not ((RATE_MIN <= _num(v) <= RATE_MAX) if k == "lam" else 0 <= _num(v) < math.inf)]
-            if bad:
-                raise ValueError(f"the initial plan is out of range: {bad[0]} (λ in [{RATE_MIN:g}, {RATE_MAX:g}] per ms; "
-                                 "times and power finite and ≥ 0, or NaN where not planned)")
+            fault = table.fault(planned=False)
+            if fault:
+                raise ValueError(f"the initial plan is out of range: {fault}")
             plan = table
         elif isinstance(table, PolicyTable):
             t = table.meta.get("max_wait_ms")
@@ -298,21 +272,7 @@ class Autopilot:
         return self._live.timer_ms
 
     # ------------------------------------------------------------------ hooks (never raise)
-    def _guarded(hook):  # noqa: N805 - a decorator of this class's hooks
-        """A hook that never raises: whatever its body raises is counted (``rejected_inputs``) and logged."""
-
-        @functools.wraps(hook)
-        def wrapper(self, *args: Any, **kwargs: Any) -> None:
-            try:
-                hook(self, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a hook never stops serving
-                with self._lock:
-                    self._hook_errors += 1
-                self._count(None, "hook-error", logging.WARNING, hook=hook.__name__, error=repr(exc)[:200])
-
-        return wrapper
-
-    @_guarded
+    @_never_raises
     def observe_arrival(self, t_ms: Any) -> None:
         if self.rate.observe(t_ms):
             with self._lock:  # a new load: what failed or was infeasible at the old one may not be now
@@ -334,7 +294,7 @@ class Autopilot:
         if not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
             self._trigger("rate")
 
-    @_guarded
+    @_never_raises
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
         """One executed batch of size b that took ``seconds``; a failed batch (``ok`` False) teaches nothing."""
         i = _size_arg(b, self._index)
@@ -369,11 +329,11 @@ class Autopilot:
         ran = np.asarray(self._batches) > 0
         return bool(np.any(ran & (np.abs(zeta - self._zeta_ref) > self.energy_tol * self._zeta_ref)))
 
-    @_guarded
+    @_never_raises
     def observe_energy(self, b: Any, mj: Any) -> None:
         self.energy.observe(b, mj)
 
-    @_guarded
+    @_never_raises
     def observe_response(self, ms: Any) -> None:
         """One response time (ms), or an iterable of them (a batch's requests); a value that is not a time in
         [0, 10 × the SLO optimiser's limit] is left out."""
@@ -544,14 +504,7 @@ class Autopilot:
         finite and ≥ 0, a timer None or ≥ 0."""
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
-        if not set(plan.table.batch_sizes) <= set(self.sizes):
-            return False
-        if not RATE_MIN <= _num(plan.lam) <= RATE_MAX:
-            return False
-        timer = plan.timer_ms
-        if timer is not None and not _num(timer) >= 0:
-            return False
-        return all(math.isfinite(_num(v)) and _num(v) >= 0 for v in (plan.p99_ms, plan.power_w, plan.mean_ms))
+        return set(plan.table.batch_sizes) <= set(self.sizes) and plan.fault(planned=True) is None
 
     def _usable(self, plan: Any, target: float) -> bool:
         """A valid plan that meets ``target``."""

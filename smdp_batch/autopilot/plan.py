@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..limits import RATE_MAX, RATE_MIN
 from ..runtime.table import PolicyTable
 
 __all__ = ["Plan", "slo_plan"]
@@ -33,6 +34,25 @@ class Plan:
     spec: str = ""
     id: int = 0
     target_ms: float = math.nan  # the p99 it was solved for: the SLO less the overhead budget and the excess
+
+    def fault(self, planned: bool = True) -> str | None:
+        """What is out of range, or None: λ within the rate limits, the timer None or ≥ 0, the planned times and
+        power finite and ≥ 0 (``planned=False``: or NaN, for a table given without its metrics)."""
+        def num(v: Any) -> float:
+            try:
+                return float(v)
+            except (TypeError, ValueError, OverflowError):
+                return math.nan
+
+        if not RATE_MIN <= num(self.lam) <= RATE_MAX:
+            return f"lam = {self.lam!r} (λ must lie in [{RATE_MIN:g}, {RATE_MAX:g}] per ms)"
+        if self.timer_ms is not None and not num(self.timer_ms) >= 0:
+            return f"timer_ms = {self.timer_ms!r} (a timer is None or ≥ 0 ms)"
+        for name in ("mean_ms", "p99_ms", "power_w"):
+            v = num(getattr(self, name))
+            if not (0 <= v < math.inf or (not planned and math.isnan(v))):
+                return f"{name} = {getattr(self, name)!r} (planned times and power are finite and ≥ 0)"
+        return None
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,

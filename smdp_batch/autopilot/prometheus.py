@@ -36,7 +36,8 @@ try:
 except ImportError:  # one line naming the extra ([metrics])
     raise missing("prometheus_client", "smdp_batch.autopilot.prometheus") from None
 
-from .pilot import Autopilot, AutopilotMetrics
+from .pilot import Autopilot
+from .report import AutopilotMetrics
 
 __all__ = ["AutopilotCollector", "METRICS", "MetricsServer", "serve_metrics"]
 
@@ -195,19 +196,25 @@ def serve_metrics(autopilot: Autopilot, port: int, addr: str = "127.0.0.1", *, p
     ``registry``: where to register the collector (default: a new one, which also gets prometheus_client's
     process collector: ``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ...).  Bound to
     127.0.0.1 unless ``addr`` says otherwise (``"0.0.0.0"`` for every interface: the metrics carry no secrets,
-    but expose them only where your scraper needs them).
+    but expose them only where your scraper needs them).  When the port cannot be bound, the collector is taken
+    out of ``registry`` again, so a retry on another port registers it afresh.
     """
     if registry is None:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
-    registry.register(AutopilotCollector(autopilot, prefix))
-    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    collector = AutopilotCollector(autopilot, prefix)
+    registry.register(collector)
+    try:
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
 
-    class _Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-        address_family = family
+        class _Server(ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+            address_family = family
 
-    server = make_server(addr, int(port), make_wsgi_app(registry), _Server, handler_class=_QuietHandler)
+        server = make_server(addr, int(port), make_wsgi_app(registry), _Server, handler_class=_QuietHandler)
+    except BaseException:
+        registry.unregister(collector)
+        raise
     thread = threading.Thread(target=server.serve_forever, name="smdp-autopilot-metrics", daemon=True)
     thread.start()
     return MetricsServer(server, thread, registry, addr)

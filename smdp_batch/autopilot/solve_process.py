@@ -11,7 +11,9 @@ The child runs ``python -m smdp_batch.autopilot.solve_process NICE`` with the pa
 ``PYTHONPATH``, in a session of its own (a terminal's Ctrl-C reaches the server, which then closes it).  It
 reads length-prefixed pickles ``(function, args)`` on stdin and answers ``(ok, value)`` on a copy of its
 stdout; its own stdout and stderr go to the parent's stderr.  The pickles pass between this process and its
-own child only.  It exits when its stdin closes (the parent closed it, or died).
+own child only.  It exits when its stdin closes (the parent closed it, or died), and on Linux it is killed when
+the parent dies even in the middle of a solve (``PR_SET_PDEATHSIG``), so a server killed with SIGKILL leaves
+no solve running.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ class SolveProcess:
         p = self._proc
         if p is not None and p.poll() is None:
             return p
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in sys.path if x))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in sys.path if x), **{PARENT_ENV: str(os.getpid())})
         try:
             p = subprocess.Popen([self.python, "-m", "smdp_batch.autopilot.solve_process", str(self.nice), *self.warm],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
@@ -191,7 +193,24 @@ def _kill_box(box: list) -> None:
     _kill(box[0])
 
 
+#: The environment variable that names the serving process to the solve child (whose death ends the child).
+PARENT_ENV = "SMDP_BATCH_SOLVE_PARENT"
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when its parent dies (and at once if it has died already)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:  # noqa: BLE001 - not Linux: stdin's EOF still ends it between solves
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(0)
+
+
 def _main(argv: list[str]) -> int:
+    _die_with_parent(int(os.environ.get(PARENT_ENV, os.getppid())))
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # prints of the solver go to stderr, not into the replies
     sys.stdout = sys.stderr

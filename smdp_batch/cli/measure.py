@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from typing import Any
 
 import click
 
@@ -108,6 +109,7 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     nxt = next_command(path, m.meta["measured_sizes"], bool(summary) and "mean_energy_mj" in summary[0], lam, rps)
     if cont is not None and cont["spec"]:
         nxt += f" --instances {len(cont['latency'])} --contention {cont['spec']}"
+        nxt += _phases_to_fit(m, m.meta["measured_sizes"], len(cont["latency"]), cont["spec"], lam, rps)
     data["next"] = nxt
     lines.append(f"  next        smdp-batch profile {shlex.quote(path)}; {nxt}")
     if lam is None and rps is None:
@@ -116,6 +118,34 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
         lines.append("              (no energy was measured: add --power const:WATTS, your device's power while a batch "
                      "runs; without it ζ(b) is the paper's GPU's)")
     emit(data, as_json, "\n".join(lines))
+
+
+def _phases_to_fit(m, sizes, instances: int, contention: str, lam: float | None, rps: float | None) -> str:
+    """`` --phases M`` when the c-server model the next solve builds from this measurement would pass the default
+    limits only with fewer phase-type phases per batch time (a measured spread is fitted with up to 8), else
+    nothing: the printed command must run as printed.  Nothing either when no phase count fits (the solve then
+    says what would).  Built from the rows in memory (the CSV is written when the command ends)."""
+    from ..model.curves import Table
+    from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_WORK_LIMIT, model_size, phase_type, phases_that_fit
+    from ..model.problem import BatchingProblem
+    from ..solvers.multi_pi import n_start
+    from .options import profile_spread
+
+    prof = m.profile()
+    spread = profile_spread(prof)
+    law = "det" if spread is None or spread[2] is None else f"gamma:{spread[2]:g}"
+    sizes = tuple(int(b) for b in sizes)
+    curve = Table(sizes, tuple(float(x) for x in prof.means("latency")))
+    rate = lam if lam is not None else rps / 1e3 if rps is not None else None
+    kw: dict[str, Any] = dict(batch_sizes=sizes, latency=curve, service=law, instances=instances, contention=contention)
+    problem = BatchingProblem(rate, **kw) if rate is not None else BatchingProblem.from_rho(DEFAULT_RHO, **kw)
+    ph = phase_type(problem)
+    top = 4 * (n_start(problem) + 1)  # the solve grows its truncation as it converges
+    confs, states = model_size(problem, ph, top)
+    if states <= MULTI_STATE_LIMIT and states * confs <= MULTI_WORK_LIMIT:
+        return ""
+    fit = phases_that_fit(problem, n_start(problem), start=ph.phases)
+    return f" --phases {fit}" if fit is not None and fit < ph.phases else ""
 
 
 def _contention_lines(cont: dict) -> list[str]:

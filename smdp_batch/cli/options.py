@@ -192,6 +192,21 @@ def _profile_path(spec) -> str | None:
     return files[0][1] if files else None
 
 
+def profile_spread(prof) -> tuple[float, float, float | None] | None:
+    """(pooled CV, the largest CV of one size, the gamma shape 1/CV² that plans with it, None below 1 % CV) of a
+    measured profile's batch times (pooled over the sizes with repeated calls), or None without repeats."""
+    cvs, weights = [], []
+    for b, c in zip(prof.sizes, prof.counts()):
+        if c > 1:
+            x = prof.samples(b)
+            cvs.append(float(np.std(x, ddof=1) / np.mean(x)))
+            weights.append(int(c))
+    if not cvs:
+        return None
+    pooled = math.sqrt(float(np.average(np.square(cvs), weights=weights)))
+    return pooled, max(cvs), None if pooled < 0.01 else float(f"{1.0 / pooled ** 2:.4g}")
+
+
 def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
     """The batch-time law to plan with.  When l(b) is a measured profile with repeated calls and no law
     was given (option, preset or policy file), a gamma law with the profile's measured coefficient of
@@ -206,21 +221,13 @@ def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
     if path is None:
         return v["service"]
     given = opts.get("service") is not None or (base or {}).get("service") is not None or opts.get("preset") is not None
-    prof = read_profile(path)
-    cvs, weights = [], []
-    for b, c in zip(prof.sizes, prof.counts()):
-        if c > 1:
-            x = prof.samples(b)
-            cvs.append(float(np.std(x, ddof=1) / np.mean(x)))
-            weights.append(int(c))
-    if not cvs:
+    spread = profile_spread(read_profile(path))
+    if spread is None:
         return v["service"]
-    pooled = math.sqrt(float(np.average(np.square(cvs), weights=weights)))
-    worst = max(cvs)
+    pooled, worst, shape = spread
     if not given:
-        if pooled < 0.01:
+        if shape is None:
             return v["service"]
-        shape = float(f"{1.0 / pooled ** 2:.4g}")
         NOTICES_INFO.append(f"planning with the spread of {path}'s measured batch times: service gamma:{shape:g} (CV "
                             f"{100 * pooled:.3g} %, pooled over the sizes; up to {100 * worst:.3g} % at one size); "
                             f"--service empirical:{path} uses each size's times, --service det none")

@@ -34,7 +34,7 @@ __all__ = ["table_batch", "stub_deployment", "autopilot_deployment", "RayServe",
 
 
 def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | None = None,
-                short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None):
+                short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | str | None = "default"):
     """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a PhasePolicy, a path to
     either kind of table, a callable) or by ``autopilot`` (an :class:`~smdp_batch.autopilot.pilot.Autopilot`).
 

@@ -172,6 +172,29 @@ def model_size(problem: BatchingProblem, ph: PhaseType, n_max: int) -> tuple[int
     return confs, confs * (n_max + 1)
 
 
+def phases_that_fit(problem: BatchingProblem, n_max: int, growth: float = 4.0, start: int = PHASES_DEFAULT) -> int | None:
+    """The most phases m ≤ ``start`` whose model fits the default limits (states and work) with queue levels up to
+    ``growth``·``n_max`` (a solve grows its truncation as it converges), or None when even one phase does not."""
+    top = int(math.ceil(growth * (n_max + 1)))
+    for m in range(int(start), 0, -1):
+        confs = count_configurations(len(problem.batch_sizes) * m, problem.instances)
+        states = confs * top
+        if states <= MULTI_STATE_LIMIT and states * confs <= MULTI_WORK_LIMIT:
+            return m
+    return None
+
+
+def _fewer_sizes(problem: BatchingProblem) -> str:
+    """A smaller allowed-size set to try, in words: the powers of two among the sizes (and Bmax), when there
+    are fewer of them; else nothing."""
+    sizes = list(problem.batch_sizes)
+    if len(sizes) < 2:
+        return ""
+    fewer = sorted({b for b in sizes if b & (b - 1) == 0} | {sizes[-1]})
+    return (f"fewer sizes (--batch-sizes {','.join(map(str, fewer))}), " if len(fewer) < len(sizes)
+            else f"fewer sizes (now {len(sizes)}), ")
+
+
 def check_max_states(max_states) -> int | None:
     """``max_states`` as given (None: the defaults, :data:`MULTI_STATE_LIMIT` and the work limit), or one line."""
     if max_states is None:
@@ -190,8 +213,12 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
     memory budget, with what would fit."""
     A, c = len(problem.batch_sizes), problem.instances
     confs, states = model_size(problem, ph, n_max)
-    fix = (f"fewer sizes (--batch-sizes 1,2,4,8,16,32 has 6 where Bmax {problem.bmax} has {A}), fewer phases (now "
-           f"{ph.phases}) or fewer instances")
+    exact = "(exact)" in ph.how  # an exact phase-type law (exponential, Erlang, hyperexponential): --phases is moot
+    m = phases_that_fit(problem, n_max, start=max(ph.phases - 1, 1)) if ph.phases > 1 and not exact else None
+    fewer_phases = (f"fewer phases (now {ph.phases}; --phases {m} fits)" if m is not None
+                    else f"fewer phases (now {ph.phases})" if ph.phases > 1 and not exact else "")
+    fix = ", ".join(x for x in (_fewer_sizes(problem).rstrip(", "), fewer_phases) if x) + " or fewer instances"
+    fix = fix if not fix.startswith(" or") else "fewer instances"
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
             f"{n_max + 1} queue levels")
     raise_it = (f", or raise the limit (--max-states S, up to {MULTI_STATE_MAX}; c = 2 with every size 1..32 takes "

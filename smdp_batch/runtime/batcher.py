@@ -49,9 +49,11 @@ class below):
   result dropped); it also ends a drain in progress.  Later submissions fail with :class:`BatcherClosed`.
   Awaited from the batcher's own ``infer`` (or a task or thread it started), ``close()`` does not wait for
   that ``infer``: it closes as ``drain`` says and returns (what is queued is drained after this batch);
-* ``batch_timeout_s`` (default None) bounds each ``infer`` call: a batch still running then fails its
-  callers with ``TimeoutError`` (``metrics.timed_out_batches``), its call is cancelled or abandoned as
-  above, and the batcher goes on (an abandoned call that ignores cancellation may run beside the next);
+* ``batch_timeout_s`` bounds each ``infer`` call: a batch still running then fails its callers with
+  ``TimeoutError`` (``metrics.timed_out_batches``), its call is cancelled or abandoned as above, and the
+  batcher goes on (an abandoned call that ignores cancellation may run beside the next).  By default it is
+  :data:`DEFAULT_BATCH_TIMEOUT_S` (5 minutes), so an ``infer`` that hangs still gives every request an
+  outcome; ``batch_timeout_s=None`` lifts it;
 * a plain (non-``async``) ``infer`` runs in a worker thread (:class:`~smdp_batch.runtime.guard.InferWorker`),
   so the event loop keeps accepting requests; ``infer_thread=False`` calls it on the loop;
 * a policy whose decision changes with time alone (a :class:`~smdp_batch.runtime.phase.PhasePolicy`:
@@ -88,6 +90,10 @@ __all__ = ["DynamicBatcher", "BatcherClosed", "BatcherBroken", "BatcherMetrics",
            "default_max_wait_ms", "erlang_quantile_ms", "FALLBACK_MAX_WAIT_MS", "BOUND_EPS", "BOUND_SAFETY"]
 
 _SHORT = ("serve", "pad", "wait", "pad-up")
+#: The longest one ``infer`` call may run unless the batcher is told otherwise (s): a hung model still gives
+#: every request an outcome (``TimeoutError``) instead of leaving it pending for ever.  ``batch_timeout_s=None``
+#: lifts it (an LLM batch that may run for minutes, say).
+DEFAULT_BATCH_TIMEOUT_S = 300.0
 _EARLY_S = 1e-4  # asyncio may run a timer up to its clock resolution early: treat that as due
 
 
@@ -129,15 +135,15 @@ class DynamicBatcher:
     no bound.  ``short_batch``: ``"serve"``, ``"pad"`` (with ``pad_item``) or ``"wait"``, for a forced or
     drained batch with fewer requests than the smallest allowed batch size; ``"pad-up"`` (with ``pad_item``):
     every forced batch takes up to the largest size and pads to the next allowed one (module docstring).
-    ``batch_timeout_s``: the longest one ``infer`` call may run (seconds, > 0; None: no limit); its callers
-    then get ``TimeoutError`` and the batcher goes on.  ``instances``: how many batches may run at once (model
+    ``batch_timeout_s``: the longest one ``infer`` call may run (seconds, > 0; default
+    :data:`DEFAULT_BATCH_TIMEOUT_S`; None: no limit); its callers then get ``TimeoutError`` and the batcher goes on.  ``instances``: how many batches may run at once (model
     instances, 1..64; a plain infer then gets one worker thread per instance); every guarantee above holds
     for each batch, and a fault in any one stops the batcher.
     """
 
     def __init__(self, infer: Callable[[list], Any], table: PolicyTable | str | os.PathLike | Callable[[int], int],
                  max_wait_ms: float | str | None = "auto", *, lam: float | None = None,
-                 short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | None = None,
+                 short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | str | None = "default",
                  infer_thread: bool = True, instances: int = 1):
         count: Any = instances  # an int, a numpy integer, or anything else (refused)
         if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= int(count) <= 64:
@@ -156,7 +162,8 @@ class DynamicBatcher:
             raise ValueError(f"short_batch must be one of {_SHORT}, got {short_batch!r}")
         default_max_wait_ms(table, lam)  # checks lam
         self._fixed_wait_s = check_max_wait_ms(max_wait_ms)  # None: "auto"
-        self.batch_timeout_s = check_timeout_s(batch_timeout_s, "batch_timeout_s")
+        self.batch_timeout_s = check_timeout_s(DEFAULT_BATCH_TIMEOUT_S if isinstance(batch_timeout_s, str)
+                                               and batch_timeout_s == "default" else batch_timeout_s, "batch_timeout_s")
         if not isinstance(infer_thread, bool):
             raise TypeError(f"infer_thread must be True or False, got {infer_thread!r}")
         # any object with a decide method (AdaptivePolicy, PhasePolicy) is taken: mypy cannot narrow on callable()

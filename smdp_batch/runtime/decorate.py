@@ -16,7 +16,7 @@ __all__ = ["batched"]
 
 def batched(table: PolicyTable | str | os.PathLike | Callable[[int], int], max_wait_ms: float | str | None = "auto", *,
             lam: float | None = None, short_batch: str = "serve", pad_item: Any = None,
-            batch_timeout_s: float | None = None, infer_thread: bool = True, instances: int = 1):
+            batch_timeout_s: float | str | None = "default", infer_thread: bool = True, instances: int = 1):
     """Decorator like Ray Serve's ``@serve.batch``: ``async def f(items: list) -> list`` becomes
     ``async def f(item) -> result`` served by a :class:`DynamicBatcher` following ``table``, with the
     same options (``max_wait_ms`` default ``"auto"``, ``lam``, ``short_batch``, ``pad_item``,
