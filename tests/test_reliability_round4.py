@@ -371,3 +371,44 @@ def test_the_hooks_never_raise_and_keep_their_estimates_in_range_on_generated_st
         ap.close()
 
     check()
+
+
+# ------------------------------------------------------------------------ 12. seed 002's scheduler (llm)
+def test_a_d_sla_below_one_decode_step_is_refused(capsys):
+    from smdp_batch.llm.engine import LLMModel, run as run_engine
+    from smdp_batch.llm.memaware import SLAConstrained
+    from smdp_batch.llm.workload import synthetic
+
+    for v, needle in (("0", "--d-sla must be > 0"), ("-1", "--d-sla must be > 0"),
+                      ("0.01", "below one decode step of a single request (20.2 ms)")):
+        one_error(*run(["llm", "--lam-grid", "1", "--schemes", "sla", "--requests", "200", "--d-sla", v], capsys)[::2],
+                  needle)
+    req = synthetic(50, 1.0, "lognormal:200,0.8", "lognormal:150,0.7", 0)
+    with pytest.raises(InputError, match="below one decode step"):
+        run_engine(req, SLAConstrained(0.01, 350.0, 1e4), LLMModel())
+
+
+def test_alg2_carries_what_continuous_batching_carries_within_the_same_sla():
+    from smdp_batch.llm.engine import LLMModel, run as run_engine
+    from smdp_batch.llm.memaware import SLAConstrained
+    from smdp_batch.llm.schedulers import ContinuousFCFS
+    from smdp_batch.llm.workload import synthetic
+
+    model = LLMModel()
+    for lam in (2.5, 3.0):
+        req = synthetic(2000, lam, "lognormal:200,0.8", "lognormal:150,0.7", 0)
+        tot = req.prompt + req.output
+        sla = SLAConstrained(0.024, float(tot.mean()), float(np.var(req.prompt) + np.var(req.output)), max_batch=256)
+        assert sla.interval == 1  # the paper's cadence: every decode step
+        a, b = run_engine(req, sla, model).summary(20.0), run_engine(req, ContinuousFCFS(64), model).summary(20.0)
+        assert a["throughput_req_s"] == pytest.approx(b["throughput_req_s"], rel=0.01), (lam, a, b)
+        assert a["mean_tbt_s"] <= 0.024 and a["preemptions"] == 0
+        assert sla.eps_d == pytest.approx(model.decode_per_request)
+        assert len(sla.log["b_sla"]) > 1000
+
+
+def test_the_llm_docs_state_the_l0_reading_and_the_preemption_model():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "llm.md").read_text(encoding="utf-8")
+    assert "How L_0 is read" in text and "The preemption model" in text and "from token 0" in text

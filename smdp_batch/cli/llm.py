@@ -91,7 +91,8 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
 @option("--slo-within-s", "slo", type=Number(min=0, min_open=True), default="20", show_default=True,
               help="End-to-end latency bound in seconds; the SLO share column is the share of requests within it.")
 @deprecated_option("--slo", "--slo-within-s", "slo", type=Number(min=0, min_open=True))
-@option("--d-sla", type=Number(), default="0.024", show_default=True, help="Paper 002 Alg. 2's decode-step SLA D_SLA (s).")
+@option("--d-sla", type=Number(min=0, min_open=True), default="0.024", show_default=True,
+        help="Paper 002 Alg. 2's decode-step SLA D_SLA (s); at least one decode step of a single request.")
 @option("--static-batch", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="16", show_default=True,
               help="Batch size of static and multi-bin batching.")
 @option("--max-batch", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="64", show_default=True,

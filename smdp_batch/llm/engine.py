@@ -9,8 +9,9 @@ Shared by BucketServe (paper 001) and paper 002's controllers (:mod:`.bucketserv
 * **KV memory** per eq. 1 of paper 001, 2·L·H·D·S·bytes per request of (padded) length S: a request
   holds its group's S_max plus its generated tokens.  Padding is the waste of eqs. 2–3.
 * The **cap** is hard: a prefill group that does not fit is cut to what fits; a decode step that would
-  overflow first preempts the most recently admitted requests (their cache is dropped and they are
-  recomputed later, as vLLM does), so memory never exceeds the cap.  Preemptions are counted.
+  overflow first preempts the most recently admitted requests (their cache and generated tokens are
+  dropped: they restart from the front of the queue with a new prefill, output from token 0 — vLLM's
+  recompute keeps the generated tokens instead), so memory never exceeds the cap.  Preemptions are counted.
 
 The scheduler has one decision point, ``admit(now, engine) -> list[int]`` (request ids for a prefill
 group, or [] to decode), called before every step; it owns the waiting queue (``push``,

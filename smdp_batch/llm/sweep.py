@@ -119,6 +119,8 @@ def llm_sweep(lams: Sequence[float], *, n: int = 2000, prompt: str = "lognormal:
     for s in schemes:
         if s not in LLM_SCHEMES:
             raise InputError(f"unknown scheme {s!r}; valid: {', '.join(LLM_SCHEMES)}")
+    if "sla" in schemes:  # a D_SLA no batch meets is the user's input, refused: not a note row per load
+        SLAConstrained(d_sla, 1.0, 0.0).bind(model)
     rows = []
     for lam in _lams(lams):
         req = synthetic(n, lam, prompt, output, seed)
