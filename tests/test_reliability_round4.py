@@ -412,3 +412,40 @@ def test_the_llm_docs_state_the_l0_reading_and_the_preemption_model():
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "llm.md").read_text(encoding="utf-8")
     assert "How L_0 is read" in text and "The preemption model" in text and "from token 0" in text
+
+
+# ------------------------------------------------------------------------ 11. servers bind loopback only
+def _listening_beyond_loopback() -> list[tuple[str, str, int]]:
+    """(process, address, port) of every listening socket of this process and its descendants that is not on
+    loopback (127.0.0.0/8, ::1, or 127.x mapped into IPv6)."""
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+    out = []
+    for proc in [me] + me.children(recursive=True):
+        try:
+            for c in proc.net_connections(kind="inet"):
+                ip = c.laddr.ip
+                if c.status == psutil.CONN_LISTEN and not (ip.startswith(("127.", "::ffff:127.")) or ip == "::1"):
+                    out.append((proc.name(), ip, c.laddr.port))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_no_socket_of_a_server_we_start_listens_beyond_loopback():
+    pytest.importorskip("ray.serve")
+    import ray  # noqa: F401 - imported before the server starts, as in a user's program
+
+    from smdp_batch.integrations.ray_serve import RayServe
+
+    with RayServe(num_cpus=1):
+        time.sleep(1.0)
+        assert not _listening_beyond_loopback()
+    if shutil.which("tritonserver") is None:
+        pytest.importorskip("pytriton")
+    from smdp_batch.integrations.triton import ModelSpec, TritonServer
+
+    with TritonServer({"m": ModelSpec(4, 1000, (), {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6})}, 1.0):
+        assert not _listening_beyond_loopback()

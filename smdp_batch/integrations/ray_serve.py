@@ -11,8 +11,9 @@
 * :func:`autopilot_deployment` builds a deployment whose batches are formed by an
   :class:`~smdp_batch.autopilot.pilot.Autopilot` (``table_batch(autopilot=...)``) living in the replica; it
   answers ``(request id, batch size)`` and reports the Autopilot's metrics and its batch log to the driver.
-* :class:`RayServe` starts Ray (``ray.init`` on 127.0.0.1, ``num_cpus`` bounded, no dashboard) and Serve
-  with no HTTP proxy; requests go through a DeploymentHandle from the driver.  The replica records when
+* :class:`RayServe` starts Ray (``num_cpus`` bounded, no dashboard) in its single-machine mode, so every Ray
+  process binds 127.0.0.1 only (a test lists their sockets), and Serve with no HTTP proxy; requests go through
+  a DeploymentHandle from the driver.  The replica records when
   each request entered it, so the arrival stream compared with the simulator is the one the batcher saw.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import os
 import time
 from typing import Any, Callable
 
@@ -236,16 +238,29 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     return AutopilotModel.bind()  # type: ignore[attr-defined]  # added by serve.deployment
 
 
+#: Ray's switch for its single-machine mode: with it off, every Ray process takes 127.0.0.1 as the node's address
+#: and binds its servers there (GCS, raylet, agents, Serve's controller).  Ray (2.60) turns an explicit
+#: ``_node_ip_address="127.0.0.1"`` into the machine's address, and then listens on 0.0.0.0 and ::.
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 class RayServe:
-    """``with RayServe(num_cpus=2) as rs:`` — Ray on 127.0.0.1 and Serve without HTTP; shut down on exit."""
+    """``with RayServe(num_cpus=2) as rs:`` — Ray and Serve without HTTP, every socket on 127.0.0.1 (Ray's
+    single-machine mode: its processes inherit the setting); shut down on exit."""
 
     def __init__(self, num_cpus: int = 2):
         self.num_cpus = int(num_cpus)
+        self._saved: tuple[str | None, Any] = (None, None)
 
     def __enter__(self) -> "RayServe":
+        self._saved = (os.environ.get(_RAY_CLUSTER_ENV), None)
+        os.environ[_RAY_CLUSTER_ENV] = "0"  # read by Ray's processes when they start: loopback only
         ray, serve = require("ray", "RayServe"), require("ray.serve", "RayServe")
-        ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-                 configure_logging=False)
+        from ray._private import ray_constants  # read once at import: this process may have imported ray before
+
+        self._saved = (self._saved[0], ray_constants.ENABLE_RAY_CLUSTER)
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         serve.start(proxy_location="Disabled")
         return self
 
@@ -267,6 +282,15 @@ class RayServe:
             serve.shutdown()
         finally:
             ray.shutdown()
+            env, flag = self._saved
+            if env is None:
+                os.environ.pop(_RAY_CLUSTER_ENV, None)
+            else:
+                os.environ[_RAY_CLUSTER_ENV] = env
+            if flag is not None:
+                from ray._private import ray_constants
+
+                ray_constants.ENABLE_RAY_CLUSTER = flag
 
 
 def run_load(handle, arrivals_ms, scale: float, max_seconds: float = 60.0):
