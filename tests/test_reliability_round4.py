@@ -449,3 +449,36 @@ def test_no_socket_of_a_server_we_start_listens_beyond_loopback():
 
     with TritonServer({"m": ModelSpec(4, 1000, (), {1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6})}, 1.0):
         assert not _listening_beyond_loopback()
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("when", ["idle", "waiting", "mid-batch"])
+def test_a_batcher_reused_after_its_event_loop_closed_serves_the_next_requests(instances, plain, when):
+    """The audit reported a stranded request here; none of these cases strands one (a guard, not a reproduction)."""
+    from smdp_batch.runtime import DynamicBatcher, PolicyTable
+
+    gate = {"slow": when != "idle"}
+
+    async def ainfer(items):
+        if gate["slow"]:
+            await asyncio.sleep(5)
+        return items
+
+    def pinfer(items):
+        if gate["slow"]:
+            time.sleep(0.3)
+        return items
+
+    b = DynamicBatcher(pinfer if plain else ainfer, PolicyTable.control(2, range(1, 9)),
+                       max_wait_ms=None if when == "waiting" else 1, instances=instances)
+    loop = asyncio.new_event_loop()
+    first = loop.create_task(b.submit(1))
+    loop.run_until_complete(first if when == "idle" else asyncio.sleep(0.05))
+    loop.close()
+    gate["slow"] = False
+
+    async def again():
+        return await asyncio.wait_for(asyncio.gather(b.submit(7), b.submit(8)), 10)
+
+    assert asyncio.run(again()) == [7, 8]
