@@ -335,7 +335,7 @@ def _pareto_text(fronts, d_fronts, slo, slo_value, chosen, output, csv_path, plo
                      f"{len(a.lams)} loads {a.lams[0] * 1e3:.5g}..{a.lams[-1] * 1e3:.5g} req/s")
             lines.append(f"  SLO answer  with a timer on the oldest request (as compare; {loads}, {a.requests} requests "
                          "per load):")
-            lines += answer_lines(a)
+            lines += answer_lines(a, idle_hint="compare and export take --idle-power W")
             if a.current is not None:
                 lines.append(current_line(a))  # type: ignore[arg-type]  # a str when a.current is set
     if output and chosen[0] is None:

@@ -195,7 +195,7 @@ def worded_difference(ours: float, theirs: float, ci: float, name: str, who: str
     return f"{who} draws {abs(d):.3g} W ({pct:.2g} %) {'less' if d > 0 else 'more'} than {name}{tie}"
 
 
-def answer_lines(answer, instances: int = 1) -> list[str]:
+def answer_lines(answer, instances: int = 1, idle_hint: str = "give --idle-power W") -> list[str]:
     """The per-family table and the savings, worded for a user (on ``instances`` sharing the queue)."""
     slo = answer.slo
     metrics = [m for m, _ in slo.bounds]
@@ -212,7 +212,7 @@ def answer_lines(answer, instances: int = 1) -> list[str]:
     if rec is not None:
         lines.append("")
         lines.append(f"  answer      {rec.spec}: {rec.power_w:.4g} W, {slo.text()} at every load checked")
-        lines += plan_lines(answer, rec)
+        lines += plan_lines(answer, rec, idle_hint)
         if rec.family == "table+timer":
             first, *more = _deploy(rec, instances, answer.problem)
             lines.append(f"  run it      {first}")
@@ -236,7 +236,7 @@ def half_width(x: float) -> str:
     return "< 0.01" if x < 0.005 else f"{x:.2g}"
 
 
-def plan_lines(answer, s) -> list[str]:
+def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
     """What the plan rests on, for setting ``s`` of ``answer``: its margin at the worst load (ms and %) and how its
     metrics were obtained; that the server's own time is not in it (and the headroom kept for it); the idle power
     it assumes, the power floor and the share of the achievable saving it takes."""
@@ -251,7 +251,7 @@ def plan_lines(answer, s) -> list[str]:
     lines.append("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
                  + ("give --headroom MS|PCT to keep room for it" if room == "none" else f"--headroom keeps {room} for it"))
     idle = (f"{answer.idle_power_w:g} W per idle instance" if answer.idle_power_given
-            else "0 W idle power assumed (give --idle-power W)")
+            else f"0 W idle power assumed ({idle_hint})")
     share, against = answer.captured()
     floor = answer.floor_w()
     text = f"  power       {idle}; floor {floor:.4g} W (no rule draws less at these loads)" if math.isfinite(floor) \
