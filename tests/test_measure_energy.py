@@ -84,3 +84,33 @@ def test_a_counter_that_never_refreshes_is_read_as_it_is(monkeypatch):
     m = measure(lambda batch: None, lambda b: [0] * b, sizes=(1, 2), repeats=3, energy="nvml", progress=False)
     assert m.meta["complete"] and np.all(m.energy_mj == 0.0)  # no refresh: the plain difference, 0
     assert time.perf_counter() - t0 < 2.0  # it waited EDGE_WAIT_S per size, no longer
+
+
+def test_measure_reads_the_idle_power_and_compare_plans_with_it(board, tmp_path, monkeypatch, capsys):
+    """Windows with no call (before the first size, after the last) give the board's idle draw; the sidecar
+    carries it, ``profile`` shows it, and ``compare`` on that profile plans with it unless told otherwise."""
+    import json
+
+    from smdp_batch.cli import main
+
+    def fn(batch):
+        board.set(True)
+        time.sleep(0.002 * len(batch))
+        board.set(False)
+
+    m = measure(fn, lambda b: [0] * b, sizes=(1, 4), warmup=1, repeats=4, energy="nvml", progress=False)
+    assert m.meta["idle_power_w"] == pytest.approx(IDLE_W, rel=0.03)
+    assert len(m.meta["idle_power_readings_w"]) == 2
+    monkeypatch.chdir(tmp_path)
+    m.write(str(tmp_path / "p.csv"))
+    assert main(["profile", "p.csv", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["idle_power_w"] == pytest.approx(IDLE_W, rel=0.03)
+    args = ["compare", "--latency", "csv:p.csv", "--energy", "csv:p.csv", "--batch-sizes", "1,4", "--rho", "0.5",
+            "--slo-p99-ms", "100", "--requests", "2000", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert d["idle_power_w"] == pytest.approx(IDLE_W, rel=0.03) and d["idle_power_assumed"] is False
+    assert "as measured beside p.csv" in out.err
+    assert main([*args, "--idle-power", "0"]) == 0  # the option overrides it
+    assert json.loads(capsys.readouterr().out)["idle_power_w"] == 0.0

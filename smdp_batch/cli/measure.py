@@ -79,7 +79,8 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
     summary = m.summary()
     data = {"path": path, "sidecar": sidecar, "rows": int(m.batch.size), "complete": m.complete, "note": m.note,
             "stopped_at": m.meta["stopped_at"], "failure": m.failure,
-            "energy_source": m.meta["energy_source"], "device": m.meta["device"], "sizes": summary}
+            "energy_source": m.meta["energy_source"], "device": m.meta["device"], "sizes": summary,
+            "idle_power_w": m.meta.get("idle_power_w")}
     lines = [f"{path}: {m.batch.size} measurements of {len(summary)} batch sizes "
              f"({sizes_text([r['batch_size'] for r in summary])}) on {m.meta['device']}, energy: "
              f"{m.meta['energy_method']}"]
@@ -99,6 +100,10 @@ def measure_cmd(function, make_batch, sizes, warmup, repeats, budget_s, energy_s
                        f"job shared the machine, or the model warms up late; measure again (more --repeats or "
                        f"--warmup, a quiet machine) before planning with {path}")
     data["noisy_sizes"] = noisy
+    idle = m.meta.get("idle_power_w")
+    if idle is not None:
+        lines.append(f"  idle        {idle:.4g} W with no call running (windows before the first size and after the "
+                     "last; compare plans with it)")
     cont = m.meta.get("concurrency")
     if cont is not None:
         data["concurrency"] = cont

@@ -184,7 +184,7 @@ def refuse_swept(opts: dict, keys: tuple[str, ...], why: str) -> None:
 JITTER_CV = 0.05
 
 
-def _profile_path(spec) -> str | None:
+def profile_path(spec) -> str | None:
     """FILE of an l(b) spelled ``csv:FILE[:fit]``, else None."""
     if not isinstance(spec, str) or not spec.strip().lower().startswith("csv:"):
         return None
@@ -217,7 +217,7 @@ def _service_for_profile(v: dict, opts: dict, base: dict | None) -> str:
     with a warning."""
     from ..model.profile import read_profile
 
-    path = _profile_path(v.get("latency"))
+    path = profile_path(v.get("latency"))
     if path is None:
         return v["service"]
     given = opts.get("service") is not None or (base or {}).get("service") is not None or opts.get("preset") is not None
@@ -246,7 +246,7 @@ def _note_profile_mix(v: dict, opts: dict, base: dict | None, sizes: tuple[int, 
     is named on one line."""
     from ..model.profile import read_profile
 
-    path = _profile_path(v.get("latency"))
+    path = profile_path(v.get("latency"))
     if path is None:
         return
     prof = read_profile(path)

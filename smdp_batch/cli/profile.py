@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..model.profile import FITS, read_profile
+from ..model.profile import FITS, measured_idle_power, read_profile
 from .options import emit, json_option, sizes_text
 from .types import InputFile
 
@@ -52,4 +52,9 @@ def profile_cmd(path, as_json):
         if q == "energy":
             why = "PCHIP through the means; ζ(b) need not be monotone"
         lines.append(f"  {q:8s} csv:{path} uses the {default} fit ({why})")
+    idle = measured_idle_power(path)
+    rep["idle_power_w"] = idle
+    lines.append(f"  idle     {idle:.4g} W with no call running (measured: {path}.json); compare plans with it"
+                 if idle is not None else "  idle     not measured (measure reads it with an energy counter; else "
+                                          "give --idle-power W to compare and export)")
     emit(rep, as_json, "\n".join(lines))

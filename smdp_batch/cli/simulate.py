@@ -133,6 +133,22 @@ def simulate_cmd(policy_spec, requests, seed, arrivals, time_unit, phase_rule, w
     emit(d, as_json, text)
 
 
+def measured_idle(opts: dict) -> float | None:
+    """The idle power ``measure`` recorded beside the profile that --energy (else --latency) names, said on one
+    line; None without one."""
+    from ..model.profile import measured_idle_power
+    from .options import profile_path
+
+    for key in ("energy", "power", "latency"):
+        path = profile_path(opts.get(key))
+        idle = measured_idle_power(path) if path is not None else None
+        if idle is not None:
+            NOTICES_INFO.append(f"idle power {idle:.4g} W per instance, as measured beside {path} ({path}.json); "
+                                "--idle-power W overrides it")
+            return idle
+    return None
+
+
 @click.command("compare", short_help="Least power at a latency SLO over a load range: the SMDP table + timer "
                                      "against tuned and default server batchers.")
 @scenario_options
@@ -176,6 +192,8 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
         raise InputError("--contention shapes several instances on one device: add --instances c > 1 (or auto)")
     problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
+    if idle_power is None:  # a measured profile may carry the device's idle power (measure's sidecar)
+        idle_power = measured_idle(opts)
     shape = None
     if arrivals.strip().lower() != "poisson" or time_unit is not None:
         shape, _ = stream(arrivals, requests, seed, time_unit=time_unit)

@@ -28,11 +28,12 @@ from ..errors import InputError
 from ..extras import require
 from .counter import SteppedCounter, nvml_counter
 
-__all__ = ["energy_source", "untrusted_folders", "describe"]
+__all__ = ["energy_source", "untrusted_folders", "describe", "idle_power_w", "IDLE_WINDOW_S"]
 
 _PROBES = ("pynvml", "zeus")
 MIN_WINDOW_S = 0.5  # the shortest span between the two refreshes an NVML energy reading rests on
 EDGE_WAIT_S = 1.0  # the longest wait for a refresh
+IDLE_WINDOW_S = 0.5  # the shortest window with no calls an idle-power reading spans
 
 
 def _real(p) -> str:
@@ -108,6 +109,23 @@ class _Nvml:
             (t0, e0), (t1, e1) = edges[0], edges[-1]
             return (e1 - e0) / (t1 - t0) * busy_s
         return self._read() - (edges[0][1] if edges else self._v0)
+
+
+def idle_power_w(counter, over) -> float | None:
+    """The device's power while nothing is called (W): a window of at least :data:`IDLE_WINDOW_S` with no calls,
+    read as the calls' blocks are (NVML: between two of its refreshes), before the first size and after the last.
+    ``over()`` says the budget ran out (the window is then cut short, and nothing is read).  None where there is
+    no counter or the reading is not a finite power ≥ 0."""
+    if counter is None or over():
+        return None
+    counter.begin()
+    t0 = time.perf_counter()
+    while (counter.more() or time.perf_counter() - t0 < IDLE_WINDOW_S) and not over():
+        time.sleep(0.005)
+    span = time.perf_counter() - t0
+    mj = float(counter.end(span))  # the mean power between refreshes × span (mJ)
+    w = mj / span / 1e3  # mJ/s → W
+    return w if math.isfinite(w) and w >= 0 else None
 
 
 class _Zeus:

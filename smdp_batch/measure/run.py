@@ -429,6 +429,10 @@ def measure(fn: Callable | str, make_batch: Callable | str | None = None, sizes:
                           if source is not None else f"constant power {power_w:g} W × latency" if power_w is not None
                           else "not measured"),
         "complete": not run.note, "note": run.note, "stopped_at": run.stopped_at, "failure": run.failure,
+        # the device's power with no call running (a window before the first size and after the last; an energy
+        # counter only): what every P̄ of a plan adds while the server waits
+        "idle_power_w": (float(np.mean(run.info["idle_power_w"])) if run.info.get("idle_power_w") else None),
+        "idle_power_readings_w": run.info.get("idle_power_w", []),
     }
     if concurrency > 1:
         meta["concurrency"] = {"callers": concurrency, "in": callers, "method": (

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from ..errors import InputError
 from .callers import CallerFailed, Processes, Threads, _Lines, _over, _timed, _write, serve, together
-from .energy import _real, describe, energy_source, untrusted_folders
+from .energy import _real, describe, energy_source, idle_power_w, untrusted_folders
 from ..files import Terminated
 
 __all__ = ["load_callable", "default_make_batch", "loaded_sources", "describe", "synchronize", "energy_source",
@@ -134,6 +134,8 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
     :class:`~.callers.Threads` by default), each announced by {"callers": k} and reported as
     {"size": b, "level": k, …} with the rounds' spans as its times."""
     others = others if others is not None or concurrency < 2 else Threads(fn, make, sync)
+    if counter is not None:  # the device idle, before any call (an energy counter only)
+        send({"idle": idle_power_w(counter, lambda: _over(deadline, stop))})
     for b in sizes:
         send({"begin": b})
         if _over(deadline, stop):
@@ -181,6 +183,8 @@ def _loop(fn, make, sizes, warmup, repeats, deadline, counter, sync, send, real=
             del data
             if others is not None:
                 others.reset()
+            if b == sizes[-1] and counter is not None:  # and idle again after the last size
+                send({"idle": idle_power_w(counter, lambda: _over(deadline, stop))})
         except BaseException as e:
             if real(e):
                 raise
@@ -235,7 +239,10 @@ class Run:
     def handle(self, msg: dict) -> None:
         if "libraries" in msg:
             self.info["libraries"] = msg["libraries"]
-        if "begin" in msg:
+        if "idle" in msg:
+            if msg["idle"] is not None:
+                self.info.setdefault("idle_power_w", []).append(float(msg["idle"]))
+        elif "begin" in msg:
             self.current, self.stage, self.level = msg["begin"], "make", 1
         elif "callers" in msg:
             self.stage, self.level = "make", int(msg["callers"])

@@ -33,6 +33,7 @@ Every malformed file gets one :class:`InputError` naming the file, line and valu
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -368,3 +369,26 @@ def parse_profile_curve(arg: str, quantity: str) -> ProfileCurve:
     if not path:
         raise InputError("csv:FILE needs a file name, e.g. csv:profile.csv or csv:profile.csv:affine")
     return ProfileCurve(path, quantity, fit)
+
+
+#: The largest sidecar read for its idle power (bytes): ``measure`` writes a few KB.
+SIDECAR_BYTES_LIMIT = 4 << 20
+
+
+def measured_idle_power(path: str) -> float | None:
+    """The idle power (W) ``smdp-batch measure`` recorded beside the profile ``path`` (its sidecar ``PATH.json``:
+    the device's power over windows with no call running, read with an energy counter), or None: no sidecar, no
+    reading (no counter, or a constant ``--power-w``), or an unreadable one.  Only that number is read; no path
+    named inside the sidecar is opened."""
+    side = f"{path}.json"
+    try:
+        if not os.path.isfile(side) or os.path.getsize(side) > SIDECAR_BYTES_LIMIT:
+            return None
+        with open(side, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return None
+    v = meta.get("idle_power_w") if isinstance(meta, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= 1e5):
+        return None
+    return float(v)
