@@ -432,10 +432,17 @@ class DynamicBatcher:
         return any(not e.future.done() for e in self._inflight) or any(
             not e.taken and not e.future.done() for e in self._queue)
 
+    def _serves(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether ``loop`` is the open loop served now: a task of an earlier or closed loop leaves the state alone."""
+        return loop is self._evloop and not loop.is_closed()
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             await self._loop()
         except BaseException as exc:
+            if not self._serves(loop):  # its requests were failed when the batcher moved to another loop (_bind)
+                raise
             if isinstance(exc, asyncio.CancelledError) and not self._pending():
                 if self._task is asyncio.current_task():  # cancelled while idle: a clean stop, restarted on demand
                     self._task = None
@@ -534,13 +541,15 @@ class DynamicBatcher:
 
     async def _beside(self, run: tuple) -> None:
         """A batch running beside the loop (several instances): a fault in it is handed to the loop."""
+        loop = asyncio.get_running_loop()
         try:
             await self._finish(*run)
         except BaseException as exc:  # noqa: BLE001 - a BaseException from infer: the loop raises it (_run)
-            if self._fault is None:
+            if self._fault is None and self._serves(loop):
                 self._fault = exc
         finally:
-            self._arrival.set()  # an instance is free
+            if self._serves(loop):
+                self._arrival.set()  # an instance is free
 
     async def _finish(self, key: int, batch: list[_Entry], pads: int, now: float, call: asyncio.Task,
                       waiter: asyncio.Future, worker: InferWorker | None) -> None:
@@ -551,13 +560,14 @@ class DynamicBatcher:
         try:
             how = await waiter
         finally:  # given up (timed out, closed, or the batcher itself stopping): cancel it, never wait for it
-            if timer is not None:
-                timer.cancel()
-            if not call.done():
-                call.cancel()
-                worker = InferWorker() if worker is not None else None  # its thread may be blocked for good
-            if worker is not None:
-                self._workers.append(worker)
+            if self._serves(loop):  # else its loop is gone and the next one got a full set of workers (_bind)
+                if timer is not None:
+                    timer.cancel()
+                if not call.done():
+                    call.cancel()
+                    worker = InferWorker() if worker is not None else None  # its thread may be blocked for good
+                if worker is not None:
+                    self._workers.append(worker)
         if how == "done":
             ok, out = call.result()
             if ok:
