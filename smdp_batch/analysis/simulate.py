@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -391,17 +392,17 @@ def simulate(
             f"groups need at least {2 * int(batches)}: use a longer stream or fewer --batches"
         )
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
-    run_arr, drawn = arr, rng.bit_generator.state
-    resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
-    extra = 1024
-    # the stream's end decided when its last requests were served (a timer fired, or nothing served them): go on
-    while go_on and (int(state[0]) < n_req or state[2] > arr[-1]) and extra <= 4 * n_req + 65536:
-        rng.bit_generator.state = drawn  # the same service times for the stream's requests
-        run_arr = _continued(arr, problem.lam if arrivals is None else None, extra, seed)
-        resp, genergy, sizes_hist, qhist, state = _run(problem, rule, run_arr, rng, bounds, None, n_req)
-        if int(state[0]) >= n_req and arr[-1] + resp[n_req - 1] <= run_arr[-1]:
-            break  # the stream's last request was served before the continuation ran out
-        extra *= 4
+    if not go_on:
+        run_arr = arr
+        resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
+    else:  # the stream goes on past its end: one run, again with a longer continuation only if it ran out
+        drawn, extra = rng.bit_generator.state, CONTINUATION
+        while True:
+            run_arr = _continued(arr, problem.lam if arrivals is None else None, extra, seed)
+            resp, genergy, sizes_hist, qhist, state = _run(problem, rule, run_arr, rng, bounds, progress, n_req)
+            if int(state[0]) >= n_req and arr[-1] + resp[n_req - 1] <= run_arr[-1] or extra > 4 * n_req + 65536:
+                break  # the stream's last request was served before the continuation ran out
+            rng.bit_generator.state, extra, progress = drawn, extra * 4, None  # the same service times again
     served = int(state[0])  # requests 0..served−1 of run_arr were served (FIFO)
     last = min(served, n_req)  # those of the stream
     if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
@@ -453,12 +454,34 @@ def simulate(
     )
 
 
+#: Arrivals the continuation of a stream starts with (``tail="continue"``); four times more while they run out.
+CONTINUATION = 1024
+
+
+#: The continued streams of the streams still alive, by the id of the stream they continue (a weak reference
+#: checks it is the same array, and drops the entry when the stream goes): the SLO search simulates hundreds of
+#: settings on each of a few streams, and a continued copy of a 2·10⁵-request stream built for each (a fresh
+#: array, cold in the cache) cost a quarter of the search.
+_CONTINUED: dict[int, tuple] = {}
+
+
 def _continued(arr: np.ndarray, lam: float | None, extra: int, seed) -> np.ndarray:
     """``arr`` and ``extra`` more Poisson arrivals after it, at ``lam`` (default: the stream's mean rate), from a
-    generator of their own (the service times drawn for the stream stay as they are)."""
+    generator of their own (the service times drawn for the stream stay as they are).  Read-only; the same
+    array for the same stream and arguments."""
+    key = (lam, int(extra), seed)
+    hit = _CONTINUED.get(id(arr))
+    if hit is not None and hit[0]() is arr and hit[1] == key:
+        return hit[2]
     rate = lam if lam is not None else (arr.size - 1) / float(arr[-1] - arr[0])
     more = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]).exponential(1.0 / rate, int(extra))
-    return np.concatenate([arr, arr[-1] + np.cumsum(more)])
+    out = np.concatenate([arr, arr[-1] + np.cumsum(more)])
+    out.setflags(write=False)
+    if len(_CONTINUED) >= 16:  # a few streams at a time: drop the oldest
+        _CONTINUED.pop(next(iter(_CONTINUED)))
+    i = id(arr)
+    _CONTINUED[i] = (weakref.ref(arr, lambda _: _CONTINUED.pop(i, None)), key, out)
+    return out
 
 
 def rule_capacity(problem: BatchingProblem, rule) -> tuple[float, int]:

@@ -141,13 +141,18 @@ class LoadResult:
     mean_batch: float
     meets: bool
 
+    def tightest(self, slo: SLO) -> tuple[str, float]:
+        """(metric, bound) of the SLO's metric with the least relative margin here."""
+        return min(slo.bounds, key=lambda mb: (mb[1] - self.metrics[mb[0]] - self.ci[mb[0]]) / mb[1])
+
     def margin(self, slo: SLO) -> float:
         """The least relative margin (bound − value − half-width) / bound over the SLO's metrics."""
-        return min((b - self.metrics[m] - self.ci[m]) / b for m, b in slo.bounds)
+        m, b = self.tightest(slo)
+        return (b - self.metrics[m] - self.ci[m]) / b
 
     def margin_ms(self, slo: SLO) -> float:
         """(bound − value − half-width) in ms, of the metric with the least relative margin."""
-        m, b = min(slo.bounds, key=lambda mb: (mb[1] - self.metrics[mb[0]] - self.ci[mb[0]]) / mb[1])
+        m, b = self.tightest(slo)
         return b - self.metrics[m] - self.ci[m]
 
     def as_dict(self) -> dict:
@@ -217,21 +222,24 @@ class SLOAnswer:
         bound = min(self.slo.limit(m) for m, _ in self.slo.bounds)
         return [(lam, *power_floor(self.problem, lam, bound, self.idle_power_w)) for lam in self.lams]
 
-    def floor_w(self) -> float:
-        """The floor's mean over the loads (W; equal time at each, as every P̄ here), NaN where none qualifies."""
-        f = [x[1] for x in self.floors()]
+    def floor_w(self, floors: list | None = None) -> float:
+        """The floor's mean over the loads (W; equal time at each, as every P̄ here), NaN where none qualifies;
+        ``floors``: :meth:`floors` when already computed."""
+        f = [x[1] for x in (self.floors() if floors is None else floors)]
         return float(np.mean(f)) if f else math.nan
 
-    def captured(self) -> tuple[float | None, str | None]:
+    def captured(self, floor_w: float | None = None) -> tuple[float | None, str | None]:
         """(share of the achievable saving the recommendation takes against Triton's default, that default's
-        spelling), or (None, None) without a recommendation or that default."""
+        spelling), or (None, None) without a recommendation or that default; ``floor_w``: :meth:`floor_w` when
+        already computed."""
         from .power_floor import captured_share
 
         rec = self.recommended
         ref = next((d for d in self.defaults if d.spec.startswith("triton:") and "delay_us=0" in d.spec), None)
         if rec is None or ref is None:
             return None, None
-        return captured_share(float(np.mean([x.power_w for x in ref.loads])), rec.power_w, self.floor_w()), ref.spec
+        floor = self.floor_w() if floor_w is None else floor_w
+        return captured_share(float(np.mean([x.power_w for x in ref.loads])), rec.power_w, floor), ref.spec
 
     @property
     def recommended(self) -> Setting | None:
@@ -275,6 +283,9 @@ class SLOAnswer:
 
     def as_dict(self) -> dict:
         rec = self.recommended
+        floors = self.floors()
+        floor = self.floor_w(floors)
+        share, against = self.captured(floor)
         return {"slo": self.slo.as_dict(), "loads_per_ms": self.lams, "solve_lam": self.solve_lam,
                 "requests_per_load": self.requests, "seed": self.seed,
                 "recommended": rec.as_dict(self.slo) if rec else None,
@@ -287,9 +298,9 @@ class SLOAnswer:
                 "server_time_in_plan": False,
                 "metric_method": f"simulated: {self.requests} requests per load, 95 % batch-means half-widths",
                 "idle_power_w": self.idle_power_w, "idle_power_assumed": not self.idle_power_given,
-                "power_floor_w": self.floor_w(),
-                "power_floor": [{"lam": lam, "floor_w": f, "size": b} for lam, f, b in self.floors()],
-                "captured_share": self.captured()[0], "captured_against": self.captured()[1],
+                "power_floor_w": floor,
+                "power_floor": [{"lam": lam, "floor_w": f, "size": b} for lam, f, b in floors],
+                "captured_share": share, "captured_against": against,
                 **({} if self.current is None else
                    {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
 

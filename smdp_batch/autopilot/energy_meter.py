@@ -25,10 +25,10 @@ draw included).
 into its equation once ``lag_s`` have passed (0.1 s plus three times the longest batch seen), so the
 batches running in it have been reported.  An interval whose batches overlap each other (several batches
 at once: replicas or instances sharing the GPU, where the counter cannot tell them apart) is dropped and
-counted in ``overlapping``.  A failing read is counted in ``errors`` and the thread goes on.
+counted in ``overlapping``.  A failing or non-finite read is counted in ``errors``, ends no interval, and the
+thread goes on.
 
 numpy only; :func:`nvml_meter` imports ``pynvml`` (``nvidia-ml-py``, the ``measure`` extra) when called.
-A failing or non-finite read is counted in ``errors`` and ends no interval.
 """
 
 from __future__ import annotations

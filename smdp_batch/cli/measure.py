@@ -11,7 +11,7 @@ import click
 from ..errors import InputError
 from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX,
                        check_settings, measure, module_sources)
-from .options import NOTICES, emit, json_option, prepare_outputs, sizes_text
+from .options import DEFAULTS, NOTICES, emit, json_option, prepare_outputs, sizes_text
 from .types import Grid, Number, OneOf, OutputPath, Rate, option
 
 
@@ -131,7 +131,7 @@ def _phases_to_fit(m, sizes, instances: int, contention: str, lam: float | None,
     nothing: the printed command must run as printed.  Nothing either when no phase count fits (the solve then
     says what would).  Built from the rows in memory (the CSV is written when the command ends)."""
     from ..model.curves import Table
-    from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_WORK_LIMIT, model_size, phase_type, phases_that_fit
+    from ..model.multi_server import phase_type, phases_that_fit
     from ..model.problem import BatchingProblem
     from ..solvers.multi_pi import n_start
     from .options import profile_spread
@@ -145,11 +145,9 @@ def _phases_to_fit(m, sizes, instances: int, contention: str, lam: float | None,
     kw: dict[str, Any] = dict(batch_sizes=sizes, latency=curve, service=law, instances=instances, contention=contention)
     problem = BatchingProblem(rate, **kw) if rate is not None else BatchingProblem.from_rho(DEFAULT_RHO, **kw)
     ph = phase_type(problem)
-    top = 4 * (n_start(problem) + 1)  # the solve grows its truncation as it converges
-    confs, states = model_size(problem, ph, top)
-    if states <= MULTI_STATE_LIMIT and states * confs <= MULTI_WORK_LIMIT:
+    if "(exact)" in ph.how:  # an exact phase-type law: --phases would not change it
         return ""
-    fit = phases_that_fit(problem, n_start(problem), start=ph.phases)
+    fit = phases_that_fit(problem, n_start(problem), start=ph.phases)  # with room for the truncation to grow
     return f" --phases {fit}" if fit is not None and fit < ph.phases else ""
 
 
@@ -177,7 +175,7 @@ def _contention_lines(cont: dict) -> list[str]:
 #: plan at a millisecond SLO can tell the difference.
 NOISY_CV, NOISY_SD_MS = 0.25, 0.05
 #: The load the next-step command plans at when the user gave none (the solve default).
-DEFAULT_RHO = 0.5
+DEFAULT_RHO = float(DEFAULTS["rho"])  # type: ignore[arg-type]  # a number in DEFAULTS
 
 
 def next_command(path: str, sizes, has_energy: bool, lam: float | None, rps: float | None) -> str:

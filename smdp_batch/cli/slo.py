@@ -242,7 +242,7 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
     it assumes, the power floor and the share of the achievable saving it takes."""
     slo = answer.slo
     w = s.worst(slo)
-    m, b = min(slo.bounds, key=lambda mb: (mb[1] - w.metrics[mb[0]] - w.ci[mb[0]]) / mb[1])
+    m, b = w.tightest(slo)
     name = "W̄" if m == "mean" else m
     lines = [f"  margin      {w.margin_ms(slo):.3g} ms ({100 * w.margin(slo):.2g} % of the bound) at the worst load, "
              f"{_rate(w.lam)}: {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) against {b:g} ms; "
@@ -252,8 +252,8 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
                  + ("give --headroom MS|PCT to keep room for it" if room == "none" else f"--headroom keeps {room} for it"))
     idle = (f"{answer.idle_power_w:g} W per idle instance" if answer.idle_power_given
             else f"0 W idle power assumed ({idle_hint})")
-    share, against = answer.captured()
     floor = answer.floor_w()
+    share, against = answer.captured(floor)
     text = f"  power       {idle}; floor {floor:.4g} W (no rule draws less at these loads)" if math.isfinite(floor) \
         else f"  power       {idle}; no floor: no single size fills and finishes within the bound"
     if share is not None:

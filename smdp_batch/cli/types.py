@@ -140,20 +140,21 @@ class Rate(Number):
 
     The number may carry a ``k`` (×1000) and a unit of its own — ``/ms``, ``req/ms``, ``/s``, ``req/s``, ``rps``,
     ``qps`` — converted to the option's unit: ``--load-range 2/ms:8/ms`` is ``--load-range 2000:8000``, ``--lam
-    800req/s`` is ``--lam 0.8``, ``--rps 2k`` is ``--rps 2000``.  :attr:`explicit` tells whether the last value
-    parsed carried a unit (a bare number in the wrong unit is then worth naming)."""
+    800req/s`` is ``--lam 0.8``, ``--rps 2k`` is ``--rps 2000``."""
 
     def __init__(self, per: str = "ms", **kw):
         super().__init__(**kw)
-        self.per, self.explicit = per, False
+        self.per = per
 
     def get_metavar(self, param, ctx=None) -> str:
         return "RATE"
 
-    def parse_one(self, text: str, flag: str, what: str = ""):
+    def read(self, text: str, flag: str, what: str = "") -> tuple[float, bool]:
+        """(the rate in the option's unit, whether the text carried a unit of its own: a bare number in the
+        wrong unit is then worth naming)."""
         m = _RATE.match(str(text))
         if m is None:
-            return super().parse_one(text, flag, what)  # the plain number's message
+            return super().parse_one(text, flag, what), False  # the plain number's message
         number, kilo, unit = m.groups()
         unit = unit.lower()
         if unit and unit not in RATE_UNITS:
@@ -162,8 +163,10 @@ class Rate(Number):
         value = float(number) * (1000.0 if kilo else 1.0)
         if unit:
             value *= RATE_UNITS[unit] / (1.0 if self.per == "ms" else 1e-3)
-        self.explicit = bool(unit)
-        return super().parse_one(repr(value), flag, what)
+        return super().parse_one(repr(value), flag, what), bool(unit)
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        return self.read(text, flag, what)[0]
 
 
 class Headroom(_Type):
@@ -330,11 +333,10 @@ class Range(_Type):
             raise InputError(f"{flag} must be LO:HI, e.g. 500:1500, got {_short(text)}")
         if self.per is not None:  # rates: a unit may follow each end (2/ms:8/ms, 600req/s:2k)
             item = Rate(self.per, min=0, min_open=True)
-            a = item.parse_one(lo.strip(), flag, " low end")
-            explicit = item.explicit
-            b = item.parse_one(hi.strip(), flag, " high end")
+            a, unit_a = item.read(lo.strip(), flag, " low end")
+            b, unit_b = item.read(hi.strip(), flag, " high end")
             out = Rates(self._checked(a, b, text, flag))
-            out.explicit = explicit or item.explicit
+            out.explicit = unit_a or unit_b
             return out
         a = Number(min=0, min_open=True).parse_one(lo.strip(), flag, " low end")
         b = Number(min=0, min_open=True).parse_one(hi.strip(), flag, " high end")

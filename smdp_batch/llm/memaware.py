@@ -36,7 +36,7 @@ from scipy import stats
 from ..errors import InputError
 from .schedulers import Scheduler, _check_int
 
-__all__ = ["clt_batch_size", "MemoryAware", "SLAConstrained"]
+__all__ = ["clt_batch_size", "check_d_sla", "MemoryAware", "SLAConstrained"]
 
 
 def clt_batch_size(eta: float, mean: float, var: float, eps_m: float) -> float:
@@ -49,6 +49,14 @@ def clt_batch_size(eta: float, mean: float, var: float, eps_m: float) -> float:
     s = math.sqrt(var)
     root = (math.sqrt((th * s) ** 2 + 4.0 * mean * eta) - th * s) / (2.0 * mean)
     return root * root
+
+
+def check_d_sla(d_sla: float, model) -> None:
+    """Refuse a D_SLA (s) below one decode step of a single request on ``model``: no batch can meet it."""
+    step = float(model.decode_time(1))
+    if not d_sla >= step:
+        raise InputError(f"D_SLA = {d_sla * 1e3:g} ms is below one decode step of a single request "
+                         f"({step * 1e3:g} ms): no batch meets it; give a D_SLA of at least {step * 1e3:g} ms")
 
 
 class MemoryAware(Scheduler):
@@ -155,11 +163,8 @@ class SLAConstrained(MemoryAware):
         return min(max(b, n_dec), self.max_batch)  # line 15
 
     def bind(self, model) -> None:
-        """Check D_SLA against the model (at least one decode step) and take ε_D from it when not given."""
-        step = float(model.decode_time(1))
-        if self.d_sla < step:
-            raise InputError(f"D_SLA = {self.d_sla * 1e3:g} ms is below one decode step of a single request "
-                             f"({step * 1e3:g} ms): no batch meets it; give a D_SLA of at least {step * 1e3:g} ms")
+        """Check D_SLA against the model (:func:`check_d_sla`) and take ε_D from it when not given."""
+        check_d_sla(self.d_sla, model)
         if self.eps_d is None:
             self.eps_d = float(model.decode_per_request) or 1e-4
 

@@ -18,7 +18,7 @@ from ..errors import InputError
 from . import binsim, multibin
 from .bucketserve import BucketServe
 from .engine import LLMModel, run
-from .memaware import MemoryAware, SLAConstrained
+from .memaware import MemoryAware, SLAConstrained, check_d_sla
 from .perbin import solve_bins, solve_engine_bins
 from .schedulers import ContinuousFCFS, MultiBinStatic, PerBinTables, StaticBatching
 from .workload import synthetic
@@ -120,7 +120,7 @@ def llm_sweep(lams: Sequence[float], *, n: int = 2000, prompt: str = "lognormal:
         if s not in LLM_SCHEMES:
             raise InputError(f"unknown scheme {s!r}; valid: {', '.join(LLM_SCHEMES)}")
     if "sla" in schemes:  # a D_SLA no batch meets is the user's input, refused: not a note row per load
-        SLAConstrained(d_sla, 1.0, 0.0).bind(model)
+        check_d_sla(d_sla, model)
     rows = []
     for lam in _lams(lams):
         req = synthetic(n, lam, prompt, output, seed)

@@ -123,9 +123,9 @@ def idle_power_w(counter, over) -> float | None:
     while (counter.more() or time.perf_counter() - t0 < IDLE_WINDOW_S) and not over():
         time.sleep(0.005)
     span = time.perf_counter() - t0
-    mj = float(counter.end(span))  # the mean power between refreshes × span (mJ)
+    mj = float(counter.end(span))  # the mean power between refreshes × span (mJ); ends the counter's watch
     w = mj / span / 1e3  # mJ/s → W
-    return w if math.isfinite(w) and w >= 0 else None
+    return w if not over() and math.isfinite(w) and w >= 0 else None
 
 
 class _Zeus:

@@ -191,8 +191,8 @@ def _fewer_sizes(problem: BatchingProblem) -> str:
     if len(sizes) < 2:
         return ""
     fewer = sorted({b for b in sizes if b & (b - 1) == 0} | {sizes[-1]})
-    return (f"fewer sizes (--batch-sizes {','.join(map(str, fewer))}), " if len(fewer) < len(sizes)
-            else f"fewer sizes (now {len(sizes)}), ")
+    return (f"fewer sizes (--batch-sizes {','.join(map(str, fewer))})" if len(fewer) < len(sizes)
+            else f"fewer sizes (now {len(sizes)})")
 
 
 def check_max_states(max_states) -> int | None:
@@ -213,12 +213,12 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
     memory budget, with what would fit."""
     A, c = len(problem.batch_sizes), problem.instances
     confs, states = model_size(problem, ph, n_max)
-    exact = "(exact)" in ph.how  # an exact phase-type law (exponential, Erlang, hyperexponential): --phases is moot
-    m = phases_that_fit(problem, n_max, start=max(ph.phases - 1, 1)) if ph.phases > 1 and not exact else None
-    fewer_phases = (f"fewer phases (now {ph.phases}; --phases {m} fits)" if m is not None
-                    else f"fewer phases (now {ph.phases})" if ph.phases > 1 and not exact else "")
-    fix = ", ".join(x for x in (_fewer_sizes(problem).rstrip(", "), fewer_phases) if x) + " or fewer instances"
-    fix = fix if not fix.startswith(" or") else "fewer instances"
+    fewer_phases = ""
+    if ph.phases > 1 and "(exact)" not in ph.how:  # an exact phase-type law: --phases would not change it
+        m = phases_that_fit(problem, n_max, start=ph.phases - 1)
+        fewer_phases = f"fewer phases (now {ph.phases}" + (f"; --phases {m} fits)" if m is not None else ")")
+    parts = [x for x in (_fewer_sizes(problem), fewer_phases) if x]
+    fix = (", ".join(parts) + " or " if parts else "") + "fewer instances"
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
             f"{n_max + 1} queue levels")
     raise_it = (f", or raise the limit (--max-states S, up to {MULTI_STATE_MAX}; c = 2 with every size 1..32 takes "

@@ -42,7 +42,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import InputError
-from ..limits import BMAX_LIMIT, read_csv_rows
+from ..limits import BMAX_LIMIT, IDLE_POWER_MAX_W, read_csv_rows
 from .curves import Curve
 from .families import Empirical, NaturalLatency
 from .laws import ServiceLaw
@@ -389,6 +389,6 @@ def measured_idle_power(path: str) -> float | None:
     except (OSError, ValueError, RecursionError):
         return None
     v = meta.get("idle_power_w") if isinstance(meta, dict) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= 1e5):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= IDLE_POWER_MAX_W):
         return None
     return float(v)
