@@ -184,7 +184,8 @@ FLOORS = (
     ("solvers",),
     ("analysis",),
     ("autopilot", "export", "llm"),
-    ("cli", "integrations"),
+    ("integrations",),
+    ("cli",),
     ("console",),
     ("__main__",),
 )

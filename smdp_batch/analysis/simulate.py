@@ -214,11 +214,12 @@ def _router_picks(rng: np.random.Generator, n: int, c: int) -> np.ndarray:
     return np.stack([i, j + (j >= i)], axis=1)
 
 
-def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = None):
+def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = None, per_batch=None):
     """Draw service times and run the kernel over ``arr`` on the problem's instances (sharing the queue; Ray:
     replicas behind its router); returns resp, group energy, histograms, state.  ``n_base``: the stream's own
     requests when ``arr`` continues it: the service times for those are drawn first, exactly as for the stream
-    alone, and the continuation's after them."""
+    alone, and the continuation's after them.  ``per_batch(s)``: ms an executed size s holds its instance
+    beyond its draw (a served-delay model's a + c·s): a batch takes l(s)·U + per_batch(s), U drawn as without it."""
     instances = _instances(problem, rule)
     n_req = arr.size
     n_base = n_req if n_base is None else int(n_base)
@@ -229,7 +230,8 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
     en_of[list(problem.batch_sizes)] = problem.energy_mj()
     law = problem.service
     det = isinstance(law, Deterministic)
-    shared = law.natural_latency() is None and not hasattr(law, "law_for")  # one shape for every b
+    # one shape for every b (per-size pools when a per-batch time is added, so that each pool's draws shift exactly)
+    shared = law.natural_latency() is None and not hasattr(law, "law_for") and per_batch is None
     pool_of = np.zeros(smax_exec + 1, dtype=np.int64)
     if det:
         unit = np.ones((1, 1))
@@ -248,6 +250,15 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
         for i, (s, lo, hi) in enumerate(zip(executed, base, caps)):  # the continuation's, after the stream's
             if hi > lo:
                 unit[i, lo:hi] = law.sample(rng, 1.0, hi - lo, s)
+    if per_batch is not None:  # l(s)·U + extra = (l(s) + extra)·U', U' = (l(s)·U + extra) / (l(s) + extra)
+        for s in (list(rule.executed_sizes()) if not det else range(1, smax_exec + 1)):
+            if not math.isfinite(lat_of[s]):
+                continue
+            extra_ms = float(per_batch(s))
+            if not det:
+                i = pool_of[s]
+                unit[i] = (lat_of[s] * unit[i] + extra_ms) / (lat_of[s] + extra_ms)
+            lat_of[s] += extra_ms
     ptr = np.zeros(unit.shape[0], dtype=np.int64)
     resp = np.empty(n_req)
     genergy = np.zeros(bounds.size - 1)
@@ -300,15 +311,17 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
     return resp, genergy, sizes_hist, qhist, state
 
 
-def response_times(problem: BatchingProblem, rule, arrivals: np.ndarray, seed: int = 0) -> np.ndarray:
+def response_times(problem: BatchingProblem, rule, arrivals: np.ndarray, seed: int = 0, per_batch=None) -> np.ndarray:
     """Response time (ms) of every request of ``arrivals`` under ``rule`` (on the problem's instances sharing
-    the queue); NaN for requests never served.
+    the queue); NaN for requests never served.  ``per_batch(s)``: ms a batch of executed size s holds its instance
+    beyond its draw (a served-delay model's a + c·s).
 
     The bare simulation, without statistics (what :func:`simulate` summarises).
     """
     arr = _check_arrivals(arrivals)
     rule = _as_rule(rule, problem)
-    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]))
+    resp, _, _, _, state = _run(problem, rule, arr, np.random.default_rng(seed), np.array([arr.size, arr.size]),
+                                None, None, per_batch)
     resp[int(state[0]):] = np.nan
     return resp
 
@@ -327,6 +340,7 @@ def simulate(
     within_ms=(),
     idle_power_w: float = 0.0,
     tail: str = "auto",
+    served=None,
 ) -> SimulationResult:
     """Simulate ``requests`` requests of ``problem`` under ``rule`` (a policy array or a server rule).
 
@@ -353,6 +367,12 @@ def simulate(
     requests would wait out a long timer, or for ever under a count-only table.  ``"end"``: nothing more arrives
     (a trace that ended): a timer fires on its own; requests a count-only rule never serves are left out of
     the figures.  ``"auto"`` (default): ``continue`` for the generated Poisson stream, ``end`` for given arrivals.
+
+    ``served``: a :class:`~smdp_batch.model.served.ServedDelay`, what the real server adds: each batch of b holds
+    its instance a + c·b ms beyond its draw, the k-th response of a batch (k = 0, 1, …) leaves k·r ms after the
+    first, and every response gets an independent draw of the outside delay measured at the calibrated load
+    nearest at or above the stream's rate (:meth:`~smdp_batch.model.served.ServedDelay.add_to`); the figures are then
+    the served response times, their intervals widened by the calibration sample's own (``halfwidth``).
     """
     t0 = time.perf_counter()
     if not (isinstance(idle_power_w, (int, float)) and not isinstance(idle_power_w, bool)
@@ -383,6 +403,11 @@ def simulate(
         raise InputError(f"latency bounds for satisfaction shares must be positive ms, got {list(within_ms)!r}")
     rule = _as_rule(rule, problem)
     _instances(problem, rule)  # refused before any work
+    per_batch = None
+    if served is not None:
+        if problem.contention is not None and problem.instances > 1:
+            raise InputError("a served-delay model with contention between instances is not simulated yet")
+        per_batch = served.per_batch_ms
     n_req = arr.size
     check_capacity(problem, rule, None if arrivals is None else arr)
     w = int(warmup * n_req)
@@ -394,17 +419,18 @@ def simulate(
     bounds = np.linspace(w, n_req, int(batches) + 1).astype(np.int64)  # the last end may move to the served count
     if not go_on:
         run_arr = arr
-        resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress)
+        resp, genergy, sizes_hist, qhist, state = _run(problem, rule, arr, rng, bounds, progress, None, per_batch)
     else:  # the stream goes on past its end: one run, again with a longer continuation only if it ran out
         drawn, extra = rng.bit_generator.state, CONTINUATION
         while True:
             run_arr = _continued(arr, problem.lam if arrivals is None else None, extra, seed)
-            resp, genergy, sizes_hist, qhist, state = _run(problem, rule, run_arr, rng, bounds, progress, n_req)
+            resp, genergy, sizes_hist, qhist, state = _run(problem, rule, run_arr, rng, bounds, progress, n_req,
+                                                           per_batch)
             if int(state[0]) >= n_req and arr[-1] + resp[n_req - 1] <= run_arr[-1] or extra > 4 * n_req + 65536:
                 break  # the stream's last request was served before the continuation ran out
             rng.bit_generator.state, extra, progress = drawn, extra * 4, None  # the same service times again
-    served = int(state[0])  # requests 0..served−1 of run_arr were served (FIFO)
-    last = min(served, n_req)  # those of the stream
+    n_served = int(state[0])  # requests 0..n_served−1 of run_arr were served (FIFO)
+    last = min(n_served, n_req)  # those of the stream
     if last < n_req:  # the rule left requests waiting for ever (e.g. static b with fewer than b left)
         if n_req - last > max(rule.maxb, 1) * 4 or last - w < 10 * int(batches):
             raise InputError(
@@ -414,6 +440,9 @@ def simulate(
         if last - bounds[-2] < 2:
             raise InputError(f"the run is too short for {int(batches)} batch-means groups: use more requests or fewer batches")
         bounds[-1] = last  # unserved requests carried no energy: only the last group's end moves
+    if served is not None:
+        lam_run = problem.lam if arrivals is None else (n_req - 1) / max(float(arr[-1] - arr[0]), 1e-300)
+        served.add_to(arr[:last], resp[:last], lam_run, seed)
     r = resp[w:last]
     a = arr[w:last]
     _check_stable(rule, r, a)
@@ -434,19 +463,22 @@ def simulate(
     pct_g = np.array([_percentiles_inplace(r[sl], percentiles) for sl in slices])  # partitions r in place
     pct = dict(zip(names, _percentiles_inplace(r, percentiles)))
     pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(names)}
+    if served is not None:  # the calibration sample is finite too
+        pct_ci = {k: math.hypot(v, served.halfwidth(lam_run, q)) for (k, v), q in zip(pct_ci.items(), percentiles)}
     counts = {int(s): int(c) for s, c in enumerate(sizes_hist) if c}
     n_batches = int(sizes_hist.sum())
     idle = 0.0
     if idle_power_w:  # every batch run (from the first request on) over the time they were run in
         run_ms = state[6] if problem.contention is not None and problem.instances > 1 else \
             sum(c * float(problem.latency(np.float64(s))) for s, c in counts.items())
-        busy = run_ms / (run_arr[served - 1] - run_arr[0] + gap)
+        busy = run_ms / (run_arr[n_served - 1] - run_arr[0] + gap)
         idle = float(idle_power_w) * max(problem.instances - busy, 0.0)
     return SimulationResult(
         requests=n_req, measured=int(r.size),
-        mean_latency_ms=mean_latency, mean_latency_ci=ci(mean_g),
+        mean_latency_ms=mean_latency,
+        mean_latency_ci=ci(mean_g) if served is None else math.hypot(ci(mean_g), served.halfwidth(lam_run, None)),
         mean_power_w=float(genergy.sum() / duration) + idle, mean_power_ci=ci(power_g),
-        throughput=float(r.size / duration), mean_batch_size=float(served / n_batches) if n_batches else 0.0,
+        throughput=float(r.size / duration), mean_batch_size=float(n_served / n_batches) if n_batches else 0.0,
         percentiles=pct, percentile_ci=pct_ci, batch_size_counts=counts,
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,

@@ -62,10 +62,11 @@ class _Checker:
     """Simulates settings at every load on common random numbers, and counts the work."""
 
     def __init__(self, problem: BatchingProblem, slo: SLO, lams: list[float], requests: int, seed: int,
-                 unit_arrivals: np.ndarray | None, progress=None, idle_power_w: float = 0.0):
+                 unit_arrivals: np.ndarray | None, progress=None, idle_power_w: float = 0.0, served=None):
         from ..limits import check_requests
 
         self.problem, self.slo, self.lams, self.seed, self.idle_w = problem, slo, lams, int(seed), idle_power_w
+        self.served = served
         self.requests = check_requests(requests, "requests")
         if self.requests < 1000:
             raise InputError(f"requests per load must be ≥ 1000 for percentile intervals, got {requests!r}")
@@ -93,7 +94,8 @@ class _Checker:
                 self.progress(1)
             try:
                 res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed,
-                               idle_power_w=self.idle_w, tail="continue")  # the stream is a sample: it goes on
+                               idle_power_w=self.idle_w, tail="continue",  # the stream is a sample: it goes on
+                               served=self.served)
             except InputError as e:  # cannot carry this load: never meets the SLO
                 if not str(e).startswith(("unstable", rule.spec, "only ")):
                     raise
@@ -196,7 +198,7 @@ def not_simulated(problem: BatchingProblem) -> set[str]:
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
              solve_lam: float | None = None, defaults: bool = True, progress=None, current=None,
-             idle_power_w: float = 0.0, idle_power_given: bool | None = None) -> SLOAnswer:
+             idle_power_w: float = 0.0, idle_power_given: bool | None = None, served=None) -> SLOAnswer:
     """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
 
     ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
@@ -206,19 +208,28 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     ``current``: the user's own rule (a ServerRule), simulated at every load on the same arrivals.
     ``idle_power_w``: power of an idle instance (W), added to every setting's P̄ (see ``simulate``);
     ``idle_power_given``: whether it was measured or given (default: when it is not 0), else the answer says
-    that 0 W was assumed.
+    that 0 W was assumed.  ``served``: a :class:`~smdp_batch.model.served.ServedDelay` measured on the server
+    (``smdp-batch calibrate``): every setting's metrics are then the served response times (``simulate``), and a
+    load beyond what the server's own path carried is refused with the figure measured there.
     """
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
     slo.check_reachable(problem, seed)
     lams = [float(problem.lam)] if lams is None else [float(x) for x in lams]  # validated by _Checker's problems
+    for lam in lams if served is not None else ():
+        why = served.beyond(lam)
+        if why:
+            raise InputError(f"{why}: check loads up to that, or calibrate on a host that carries more")
+    if served is not None:  # l(b) as the server ran it
+        problem = served.apply(problem)
     unit = None
     if arrivals is not None:
         arr = np.asarray(arrivals, dtype=np.float64)
         if arr.ndim != 1 or arr.size < 1000 or not np.all(np.diff(arr) >= 0) or not arr[-1] > arr[0]:
             raise InputError("arrivals for the SLO search must be ≥ 1000 sorted times in ms")
         unit = (arr - arr[0]) * ((arr.size - 1) / (arr[-1] - arr[0]))  # mean rate 1/ms, then scaled per load
-    chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress, idle_power_w)
+    chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress, idle_power_w,
+                   served)
     sizes = problem.batch_sizes
     B = problem.bmax
     cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO
@@ -314,7 +325,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
                                                {"current": True}, full=True)
     return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
                      int(seed), chk.count, time.perf_counter() - t0, cur, problem, float(idle_power_w),
-                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given))
+                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served)
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:

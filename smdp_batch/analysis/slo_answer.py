@@ -212,6 +212,7 @@ class SLOAnswer:
     problem: BatchingProblem | None = field(repr=False, default=None)  # at the top load: the floor's l(b), ζ(b)
     idle_power_w: float = 0.0  # W per instance running no batch, in every P̄
     idle_power_given: bool = False  # False: 0 W assumed (the answer says so)
+    served: object = None  # the served-delay model in every setting's metrics (a ServedDelay), or None
 
     def floors(self) -> list[tuple[float, float, int | None]]:
         """(λ, P_floor W, the size attaining it) at each load (:mod:`~smdp_batch.analysis.power_floor`)."""
@@ -295,7 +296,8 @@ class SLOAnswer:
                 "headroom": None if self.slo.headroom is None else
                 {"kind": self.slo.headroom[0], "value": self.slo.headroom[1],
                  "limits_ms": {m: self.slo.limit(m) for m, _ in self.slo.bounds}},
-                "server_time_in_plan": False,
+                "server_time_in_plan": self.served is not None,
+                "served_delay": None if self.served is None else _served_dict(self.served),
                 "metric_method": f"simulated: {self.requests} requests per load, 95 % batch-means half-widths",
                 "idle_power_w": self.idle_power_w, "idle_power_assumed": not self.idle_power_given,
                 "power_floor_w": floor,
@@ -303,6 +305,16 @@ class SLOAnswer:
                 "captured_share": share, "captured_against": against,
                 **({} if self.current is None else
                    {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
+
+
+def _served_dict(sd) -> dict:
+    """The served-delay model an answer rests on, for the JSON: its parts, and per calibrated load what was
+    measured (the outside delays themselves are in the calibration file)."""
+    return {"a_ms": sd.a_ms, "c_ms": sd.c_ms, "return_ms": sd.return_ms, "loads_per_s": list(sd.loads_per_s),
+            "carried_per_s": sd.carried_per_s, "grows_with_load": sd.grows_with_load(),
+            "outside_p50_ms": [float(np.percentile(o, 50)) for o in sd.outside_ms],
+            "outside_p99_ms": [float(np.percentile(o, 99)) for o in sd.outside_ms],
+            "source": dict(sd.source)}
 
 
 def _better(a: Setting | None, b: Setting | None) -> Setting | None:

@@ -1,5 +1,5 @@
 """Command line: ``smdp-batch solve | evaluate | simulate | compare | pareto | tables | export | show | profile |
-measure | multibin | llm | fit-arrivals`` (DESIGN.md §4).
+measure | calibrate | multibin | llm | fit-arrivals`` (DESIGN.md §4).
 
 This module holds the click group and :func:`main`, the console entry point; each command lives in
 its family's module (solve, simulate, pareto, export, profile, measure, llm, fit), options shared between them in
@@ -23,6 +23,7 @@ import click
 from .. import __version__
 from ..errors import InputError
 from ..files import Terminated, atomic_outputs
+from .calibrate import calibrate_cmd
 from .export import export_cmd
 from .fit import fit_arrivals_cmd
 from .llm import llm_cmd, multibin_cmd
@@ -46,7 +47,7 @@ def cli():
 
 
 for _cmd in (solve_cmd, evaluate_cmd, simulate_cmd, compare_cmd, pareto_cmd, tables_cmd, export_cmd, show_cmd,
-             profile_cmd, measure_cmd, multibin_cmd, llm_cmd, fit_arrivals_cmd):
+             profile_cmd, measure_cmd, calibrate_cmd, multibin_cmd, llm_cmd, fit_arrivals_cmd):
     cli.add_command(_cmd)
 
 

@@ -20,7 +20,8 @@ from .options import (
     build_problem, contention_option, emit, file_inputs, json_option, prepare_outputs, scenario_line,
     write_text_atomically,
 )
-from .slo import half_width, load_range_options, loads_for, plan_lines, search_options, slo_from, slo_options
+from .slo import (half_width, load_range_options, loads_for, plan_lines, search_options, served_from, served_option, slo_from,
+                  slo_options)
 from ..limits import IDLE_POWER_MAX_W
 from .types import InputFile, Instances, Number, OneOf, OutputPath, check_extension, option
 
@@ -58,9 +59,11 @@ def _where(lams: list[float]) -> str:
 @option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0, said as assumed", help="With an SLO: power of an instance while it runs no batch, W, in every "
         "P̄ and in the power floor.")
+@served_option
 @contention_option
 @json_option
-def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, idle_power, **kw):
+def export_cmd(path, target, instances, requests, seed, output, as_json, load_range, rho_range, idle_power, served,
+               **kw):
     """Export a policy table as a server's batching settings, with what they cannot express and its cost;
     with --slo-…, the least-power setting of the server's rule that meets the SLO at every load."""
     if output:  # the config's format is the target's
@@ -71,6 +74,13 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
         raise InputError("--load-range/--rho-range go with an SLO (--slo-p99-ms X …): give the SLO to meet over the range")
     if slo is None and idle_power is not None:
         raise InputError("--idle-power goes with an SLO (--slo-p99-ms X …): it prices the settings the SLO search tries")
+    if slo is None and served is not None:
+        raise InputError("--served goes with an SLO (--slo-p99-ms X …): it is what the server adds to each setting tried")
+    if served is not None and instances == "auto":
+        raise InputError("--served holds what one deployment added: give its --instances count, not auto")
+    sd = served_from(served)
+    if idle_power is None and sd is not None:
+        idle_power = sd.idle_power_w
     given = f"--instances {instances}"
     if instances is None:  # a c-server table names its own count
         instances = _table_instances(path)
@@ -107,7 +117,7 @@ def export_cmd(path, target, instances, requests, seed, output, as_json, load_ra
         pf, problem, arrival_map = phases
     if slo is not None:
         _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                       None if phases is None else arrival_map, auto, idle_power)
+                       None if phases is None else arrival_map, auto, idle_power, sd)
         return
     from ..export.configs import export_policy
 
@@ -250,7 +260,7 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed,
 
 
 def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
-                   arrival_map=None, auto: bool = False, idle_power: float | None = None) -> None:
+                   arrival_map=None, auto: bool = False, idle_power: float | None = None, served=None) -> None:
     from ..analysis.slo import optimise
     from ..export.configs import rule_config
 
@@ -279,7 +289,7 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
 
             shape, _ = sample_map(arrival_map, requests, seed)
         ans = optimise(problem, slo, lams, families=(family,), requests=requests, seed=seed, arrivals=shape,
-                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None)
+                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None, served=served)
     s = ans.best[family]
     where = _where(lams)
     if s is None:

@@ -12,6 +12,7 @@ from ..runtime.schema import read_policy
 from .options import (UNITS, build_problem, contention_option, emit, file_inputs, json_option, progress_line, refuse_swept, scenario_line,
                       scenario_options)
 from .slo import (answer_lines, current_line, current_option, current_rule, load_range_options, loads_for, search_options,
+                  served_from, served_option,
                   slo_from, slo_options, smdp_rule)
 from .options import NOTICES_INFO, note_energy, time_unit_option
 from ..limits import IDLE_POWER_MAX_W, SEED_MAX, REQUESTS_LIMIT
@@ -168,10 +169,11 @@ def measured_idle(opts: dict) -> float | None:
 @option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0, said as assumed", help="Power of an instance while it runs no batch, W: added to every "
         "setting's P̄ and to the power floor (the savings against a default rule shrink as it grows).")
+@served_option
 @contention_option
 @json_option
 def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_unit, current, instances, idle_power,
-                **opts):
+                served, **opts):
     """Least power that meets a latency SLO at every load: the SMDP table + timer against Triton (with and
     without preferred sizes), TF-Serving, Ray Serve and TorchServe, each tuned, and their default settings."""
     from ..analysis.slo import not_simulated, optimise
@@ -192,8 +194,13 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
         raise InputError("--contention shapes several instances on one device: add --instances c > 1 (or auto)")
     problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
-    if idle_power is None:  # a measured profile may carry the device's idle power (measure's sidecar)
+    sd = served_from(served)
+    if served is not None and auto:
+        raise InputError("--served holds what one deployment added: give its --instances count, not auto")
+    if idle_power is None:  # a measured profile may carry the device's idle power (measure's sidecar), or the calibration
         idle_power = measured_idle(opts)
+    if idle_power is None and sd is not None:
+        idle_power = sd.idle_power_w
     shape = None
     if arrivals.strip().lower() != "poisson" or time_unit is not None:
         shape, _ = stream(arrivals, requests, seed, time_unit=time_unit)
@@ -209,7 +216,7 @@ def compare_cmd(requests, seed, as_json, load_range, rho_range, arrivals, time_u
     tick, finish = progress_line(sys.stderr.isatty(), "simulated settings")
     try:
         ans = optimise(problem, slo, lams, requests=requests, seed=seed, arrivals=shape, progress=tick, current=mine,
-                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None)
+                       idle_power_w=float(idle_power or 0.0), idle_power_given=idle_power is not None, served=sd)
     finally:
         finish()
     d = {**problem.describe(), **ans.as_dict(), "arrivals": arrivals, "units": dict(UNITS),

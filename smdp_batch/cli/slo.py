@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..limits import REQUESTS_LIMIT, SEED_MAX, SLO_MAX_MS
 from .types import Duration, Headroom, Number, Range, SloBound, option
 
-__all__ = ["slo_options", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines", "plan_lines",
+__all__ = ["slo_options", "served_option", "served_from", "load_range_options", "search_options", "slo_from", "loads_for", "answer_lines", "plan_lines",
            "half_width",
            "worded_difference", "current_option", "current_rule", "current_line", "smdp_rule"]
 
@@ -35,6 +35,24 @@ def slo_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def served_option(f):
+    """``--served FILE``: the served-delay model ``smdp-batch calibrate`` measured on the server."""
+    return option("--served", "served", metavar="FILE", default=None,
+                  help="What the server adds beyond the model, measured by smdp-batch calibrate on the deployed "
+                       "server (per-batch time, the return of each response, the outside delay at each load): every "
+                       "setting's latency is then the served one, and loads the server's own path did not carry "
+                       "are refused. Without it the plan holds the model's batching alone.")(f)
+
+
+def served_from(path: str | None):
+    """The :class:`~smdp_batch.model.served.ServedDelay` in ``path`` (None: none given)."""
+    if path is None:
+        return None
+    from ..model.served import ServedDelay
+
+    return ServedDelay.load(path)
 
 
 def load_range_options(f):
@@ -248,8 +266,16 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
              f"{_rate(w.lam)}: {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) against {b:g} ms; "
              f"{answer.requests} simulated requests per load, 95 % batch-means half-widths"]
     room = slo.headroom_text()
-    lines.append("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
-                 + ("give --headroom MS|PCT to keep room for it" if room == "none" else f"--headroom keeps {room} for it"))
+    sd = answer.served
+    if sd is not None:
+        src = sd.source
+        lines.append(f"  in plan     the server's own time, calibrated on {src.get('server', 'the server')} "
+                     f"({src.get('model', 'its model')}) at {', '.join(f'{x:.4g}' for x in sd.loads_per_s)} req/s: "
+                     + sd.summary() + ("" if room == "none" else f"; --headroom keeps {room} more"))
+    else:
+        lines.append("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
+                     + ("give --headroom MS|PCT to keep room for it, or measure it with smdp-batch calibrate"
+                        if room == "none" else f"--headroom keeps {room} for it"))
     idle = (f"{answer.idle_power_w:g} W per idle instance" if answer.idle_power_given
             else f"0 W idle power assumed ({idle_hint})")
     floor = answer.floor_w()

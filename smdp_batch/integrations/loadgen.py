@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["Run", "replay", "summarise", "compare", "simulated_run", "fit_overhead", "instance_gap", "with_overhead"]
+__all__ = ["Run", "replay", "summarise", "compare", "simulated_run", "fit_overhead", "instance_gap", "with_overhead", "send_lag_ms"]
 
 
 @dataclass
@@ -87,6 +87,15 @@ async def replay(send: Callable[[int], Awaitable[object]], arrivals_ms, scale: f
     if tasks:
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=max_seconds + 60.0)
     return sent, done, results, errors
+
+
+def send_lag_ms(sent_s, arrivals_ms, scale: float) -> np.ndarray:
+    """How late each request was sent against its schedule (real ms, the first request's send as time 0; NaN
+    where it was not sent): ``replay`` never waits for an answer, so a lag means the client's own loop fell behind
+    and the server saw a thinner stream than asked."""
+    sent = np.asarray(sent_s, dtype=np.float64)
+    arr = np.asarray(arrivals_ms, dtype=np.float64)[: sent.size]
+    return (sent - sent[0]) * 1000.0 - (arr - arr[0]) * scale
 
 
 def simulated_run(problem, rule, arrival_ms: np.ndarray, seed: int = 0) -> Run:

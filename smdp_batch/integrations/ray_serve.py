@@ -90,12 +90,16 @@ def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | 
 
 
 def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, max_wait_ms: float | None = None,
-                    serve_batch: tuple[int, float] | None = None, pad_to: dict | None = None):
+                    serve_batch: tuple[int, float] | None = None, pad_to: dict | None = None, onnx_path: str = ""):
     """A Ray Serve application: a stub model batched by ``table`` or by ``serve.batch(max, timeout_s)``.
+
+    ``onnx_path``: the batch runs this ONNX model on pad(b) rows on the CPU (one ONNX Runtime thread, in a
+    worker thread so that the replica's event loop keeps taking requests) instead of sleeping l(b)·scale.
 
     ``latency_ms``: l(b) in model ms per executed size; ``pad_to[b]``: the size a batch of b executes as.
     ``serve_batch`` is in model seconds (× scale here).  ``max_wait_ms`` (model ms) is the table's safety
-    bound (× scale).  Calls return (entered, b, executed size, start, end) in ``time.time()`` seconds.
+    bound (× scale).  Calls return (entered, b, executed size, start, end, position in the batch), times in
+    ``time.time()`` seconds.
     """
     serve = require("ray.serve", "stub_deployment")
 
@@ -112,14 +116,29 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
     class Stub:
         def __init__(self):
             self.log: list = []
+            session = rows = None
+            if onnx_path:
+                import onnxruntime as ort
+
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+                session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+                inp = session.get_inputs()[0]
+                top = max([*pad.values(), *lat, 1])
+                rows = np.random.default_rng(0).standard_normal((top, int(inp.shape[1]))).astype(np.float32)
+                for size in sorted(set(pad.values()) | set(lat)):  # warm each executed size
+                    session.run(None, {inp.name: rows[:size]})
 
             async def run_batch(items: list) -> list:
                 b = len(items)
                 t0 = time.time()
-                await asyncio.sleep(lat[pad.get(b, b)] * scale / 1000.0)
+                if session is not None:
+                    await asyncio.to_thread(session.run, None, {session.get_inputs()[0].name: rows[:pad.get(b, b)]})
+                else:
+                    await asyncio.sleep(lat[pad.get(b, b)] * scale / 1000.0)
                 t1 = time.time()
                 self.log.append((b, pad.get(b, b), t0, t1))
-                return [(t, b, pad.get(b, b), t0, t1) for t in items]
+                return [(t, b, pad.get(b, b), t0, t1, k) for k, t in enumerate(items)]
 
             if policy is not None:
                 from ..runtime import PolicyTable
@@ -298,8 +317,11 @@ def run_load(handle, arrivals_ms, scale: float, max_seconds: float = 60.0):
 
     The arrival times are when requests entered the replica; latency is entry → batch end (model ms).
     ``notes["overhead_ms"]``: mean (driver sent → replica entry) + (batch end → driver answered), model ms.
+    The client's view, in the run's order and on its clock: ``notes["sent_ms"]`` (when the driver sent each),
+    ``notes["client_ms"]`` (sent → answered, model ms), ``notes["position"]`` (its place in its batch, −1:
+    unanswered); ``notes["lag_ms"]``: how late each was sent against its schedule (real ms, sending order).
     """
-    from .loadgen import Run, replay
+    from .loadgen import Run, replay, send_lag_ms
 
     async def main():
         async def send(i: int):
@@ -316,10 +338,11 @@ def run_load(handle, arrivals_ms, scale: float, max_seconds: float = 60.0):
     batch_of = np.full(n, -1, dtype=np.int64)
     keys: dict = {}
     batches, times = {}, {}
+    position = np.full(n, -1, dtype=np.int64)
     for i, r in enumerate(results):
         if r is None:
             continue
-        t, b, size, t0, t1 = r
+        t, b, size, t0, t1, position[i] = r
         entered[i], end[i] = t, t1
         k = keys.setdefault(round(t0, 6), len(keys))
         batch_of[i] = k
@@ -331,4 +354,6 @@ def run_load(handle, arrivals_ms, scale: float, max_seconds: float = 60.0):
     run = Run(to_ms(entered[order]), (end - entered)[order] * 1000.0 / scale, batch_of[order], batches,
               errors=errors, wall_s=wall, batch_times={k: (to_ms(a), to_ms(b)) for k, (a, b) in times.items()})
     run.notes["overhead_ms"] = float(np.nanmean((entered - sent) + (done - end)) * 1000.0 / scale)
+    run.notes["sent_ms"], run.notes["client_ms"] = to_ms(sent[order]), (done - sent)[order] * 1000.0 / scale
+    run.notes["position"], run.notes["lag_ms"] = position[order], send_lag_ms(sent, arrivals_ms, scale)
     return run

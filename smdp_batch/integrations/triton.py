@@ -118,7 +118,7 @@ def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> st
     return (
         f'name: "{name}"\nbackend: "python"\n' + block
         + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ 3 ] } ]\n'
+        + 'output [ { name: "info" data_type: TYPE_FP64 dims: [ 4 ] } ]\n'
         + f"instance_group [ {{ count: {int(spec.instances)} kind: KIND_CPU }} ]\n"
         + "".join(f'parameters: {{ key: "{k}" value: {{ string_value: {json.dumps(v)} }} }}\n' for k, v in params.items())
     )
@@ -255,14 +255,16 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
 
     Latency is the client's (sent → answered), so it includes two gRPC legs on 127.0.0.1; the run's
     ``notes["overhead_ms"]`` is the mean of (answered − batch end) in model ms, the return leg alone, and
-    ``notes["instance"]`` maps each batch id to the instance that ran it.
+    ``notes["instance"]`` maps each batch id to the instance that ran it, ``notes["position"]`` holds each
+    request's place in its batch (−1: unanswered) and ``notes["lag_ms"]`` how late each was sent against its
+    schedule (real ms).
     """
     import asyncio
 
     import numpy as np
     grpcclient = require("tritonclient.grpc.aio", "replaying to Triton")
 
-    from .loadgen import Run, replay
+    from .loadgen import Run, replay, send_lag_ms
 
     scale = server.scale
 
@@ -275,7 +277,7 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
                 inp.set_data_from_numpy(x)
                 r = await client.infer(name, [inp])
                 info = r.as_numpy("info")[0]
-                return int(info[0]), (float(info[1]), float(info[2]))
+                return int(info[0]), (float(info[1]), float(info[2])), int(info[3])
 
             t0 = time.perf_counter()
             out = await replay(send, arrivals_ms, scale, max_seconds)
@@ -288,10 +290,11 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
     batch_key: dict = {}
     batch_of = np.full(n, -1, dtype=np.int64)
     back = []
+    position = np.full(n, -1, dtype=np.int64)
     for i, r in enumerate(results):
         if r is None:
             continue
-        b, (t0, t1) = r
+        b, (t0, t1), position[i] = r
         k = batch_key.setdefault(round(t0, 6), len(batch_key))
         batch_of[i] = k
         back.append(done[i] - t1)
@@ -306,4 +309,6 @@ def run_load(server: TritonServer, name: str, arrivals_ms, max_seconds: float = 
               batch_times=times)
     run.notes["overhead_ms"] = float(np.mean(back) * 1000.0 / scale) if back else float("nan")
     run.notes["instance"] = instance
+    run.notes["position"] = position
+    run.notes["lag_ms"] = send_lag_ms(sent, arrivals_ms, scale)
     return run

@@ -4,7 +4,8 @@ Loaded by Triton's own ``triton_python_backend_stub`` process; smdp-batch never 
 of b requests (the list Triton's dynamic batcher hands to ``execute``) sleeps l(pad(b))·scale ms, or, when the
 config names an ONNX model (``onnx_path``), runs it on pad(b) rows with ONNX Runtime on the CPU (one thread per
 instance: each instance is its own stub process, so instances contend for the cores as real ones do); each
-request gets back ``info`` = [b, batch start, batch end] (``time.time()`` s).  One line ``b,size,start,end,pid``
+request gets back ``info`` = [b, batch start, batch end, its position in the batch] (times ``time.time()`` s;
+positions 0 … b − 1 in the order Triton handed the requests over, the order their responses are returned).  One line ``b,size,start,end,pid``
 per batch is appended to the log file named in the config's parameters (pid: the instance that ran it).
 
 Outputs are built with ``Tensor.from_dlpack``: the Python backend stub shipped with PyTriton (Triton 2.51)
@@ -58,8 +59,8 @@ class TritonPythonModel:
             time.sleep(self.latency_ms[size] * self.scale / 1000.0)
         t1 = time.time()
         self.log.write(f"{b},{size},{t0:.6f},{t1:.6f},{os.getpid()}\n")
-        info = np.array([[b, t0, t1]], dtype=np.float64)
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor.from_dlpack("info", info)]) for _ in requests]
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor.from_dlpack("info", np.array([[b, t0, t1, k]], dtype=np.float64))]) for k in range(b)]
 
     def finalize(self):
         self.log.close()

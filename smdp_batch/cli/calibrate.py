@@ -1,0 +1,90 @@
+"""``smdp-batch calibrate``: run a setting on the real server at real speed and measure what the server adds."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+
+from ..errors import InputError
+from ..limits import SLO_MAX_MS
+from .options import build_problem, emit, json_option, prepare_outputs, scenario_args, scenario_options, \
+    write_text_atomically
+from .types import Duration, InputFile, Number, OneOf, OutputPath, Range, option
+
+__all__ = ["calibrate_cmd"]
+
+
+@click.command("calibrate", short_help="Run a setting on the real server (Triton, Ray Serve) at real speed and "
+                                       "measure what the server adds to the model: the served-delay file.")
+@scenario_options
+@option("--server", type=OneOf(("triton", "ray"), "server"), required=True,
+        help="The server to run, on 127.0.0.1: triton (its dynamic batcher, the Python backend) or ray (Ray Serve's "
+             "@serve.batch, through a handle).")
+@option("--setting", metavar="SPEC", required=True,
+        help="The server's batching setting, as export prints it: triton:max=B,delay_us=D[,preferred=Q/…] or "
+             "ray:max=B,timeout_s=T.")
+@option("--load-range", type=Range(per="s"), required=True,
+        help="The loads to run, req/s: its low end, its geometric middle and its high end (e.g. 150:450).")
+@option("--slo-p99-ms", "slo_p99_ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), required=True,
+        help="The p99 bound the plans will meet: a load where the server's own path alone reaches it is not carried.")
+@option("--model", "onnx", type=InputFile(), default=None, show_default="a stand-in sleeping l(b)",
+        help="An ONNX model (input [N, D] float32) each batch runs on the CPU instead of the stand-in, which sleeps "
+             "l(b) as a GPU would run it without taking the CPU.")
+@option("--requests", type=Number(integer=True, min=200, max=200_000), default="2000", show_default=True,
+        help="Poisson requests sent per load.")
+@option("--max-seconds", type=Number(min=1, max=3600), default="120", show_default=True,
+        help="No request is sent later than this after a load's start.")
+@option("--seed", type=Number(integer=True, min=0, max=2**32 - 1), default="0", show_default=True,
+        help="Seed of the arrival streams.")
+@option("-o", "--output", type=OutputPath(".json"), required=True, help="The served-delay file (JSON) to write.")
+@json_option
+def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed, max_seconds, output, as_json, **opts):
+    """Run SETTING on the real SERVER at real speed (time scale 1) at three loads, and write what the server
+    adds beyond the model: its time per batch (a + c·b), the return of each position in a batch, the outside
+    delay at each load, the loads its own path carries and, where an energy counter is present, the idle power.
+    compare and export take the file with --served."""
+    from ..baselines.servers import parse_rule
+    from ..integrations.calibrate import calibrate
+
+    prepare_outputs([("-o", output)], [("--model", onnx)] if onnx else [])
+    problem = build_problem(opts)
+    rule = parse_rule(setting, problem)
+    rule.check(problem.batch_sizes)
+    lo, hi = float(load_range[0]), float(load_range[1])
+    loads = sorted({lo, math.sqrt(lo * hi), hi})
+    for x in loads:
+        if not x / 1000.0 < problem.max_lam * problem.instances:
+            raise InputError(f"--load-range reaches {x:g} req/s, beyond what the largest batch can serve "
+                             f"({problem.max_lam * problem.instances * 1e3:.4g} req/s)")
+    say = (lambda m: click.echo(f"smdp-batch: {m}", err=True)) if sys.stderr.isatty() else None
+    sd = calibrate(problem, rule, loads, server=server, onnx_path=onnx or "", requests=requests, seed=seed,
+                   slo_ms=slo_p99_ms, max_seconds=max_seconds, progress=say)
+    d = sd.as_dict()
+    write_text_atomically(output, json.dumps(d, indent=1))
+    src = sd.source
+    lines = [f"smdp-batch — {server} with {rule.spec} at real speed ({src['model']}; {requests} Poisson requests per "
+             f"load, seed {seed}, {src['seconds']:.0f} s)",
+             f"  {'load [req/s]':>12s}  {'p99 [ms]':>9s}  {'batcher p99 measured / model [ms]':>34s}  "
+             f"{'outside p50 / p99 [ms]':>22s}  {'client lag p99 [ms]':>19s}  carried"]
+    for st in sd.stats:
+        lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:9.4g}  {st['batcher_p99_ms']:16.4g} / "
+                     f"{st['batcher_model_p99_ms']:<15.4g}  {st['outside_p50_ms']:9.3g} / {st['outside_p99_ms']:<10.3g}  "
+                     f"{st['client_lag_p99_ms']:19.3g}  " + ("yes" if st["carried"] else "NO: " + st["why"]))
+    lines.append(f"  model       {sd.summary()}")
+    lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in list(sd.served_latency_ms.items())[:8])
+                 + (" …" if len(sd.served_latency_ms) > 8 else "") + " ms (the plan keeps the profile's l(b))")
+    idle = f"{sd.idle_power_w:.4g} W" if sd.idle_power_w is not None else "not read (no energy counter here)"
+    lines.append(f"  idle power  {idle}")
+    lines.append(f"  written     {output}")
+    top = sd.carried_per_s or 0.0
+    if top >= loads[0]:
+        rng = f"{loads[0]:g}:{top:g}" if top > loads[0] else f"{loads[0]:g}:{loads[0] * 1.0001:g}"
+        lines.append(f"  next        smdp-batch compare {scenario_args(problem).split(' ', 2)[2]} --slo-p99-ms "
+                     f"{slo_p99_ms:g} --load-range {rng} --served {output}")
+    else:
+        lines.append("  next        the server's own path carried none of these loads on this host; calibrate at "
+                     "lower loads")
+    emit(d, as_json, "\n".join(lines))

@@ -1,0 +1,119 @@
+"""Calibration on a real server at real speed: what the server adds to the batch model, measured.
+
+:func:`calibrate` starts the server on 127.0.0.1 with the setting to check (Triton's dynamic batcher with
+the exported ``max_queue_delay_microseconds`` and preferred sizes, or Ray Serve's ``@serve.batch`` with the
+exported ``max_batch_size`` and ``batch_wait_timeout_s``), runs the model (a GPU-like stand-in whose batch
+sleeps l(b), which does not compete for the CPU as a GPU would not, or an ONNX model on the CPU), sends a
+bounded Poisson stream at each load **at real speed** (time scale 1), and fits the served-delay model
+(:func:`smdp_batch.analysis.served.fit_served`).  It also reads the device's idle power where an energy
+counter is present (NVML or zeus; :mod:`smdp_batch.measure.energy`).
+
+Every run is bounded: ``requests`` per load and ``max_seconds`` of sending per load; the servers are stopped
+on the way out, whatever happens.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..analysis.served import CalibrationRun, fit_served
+from ..analysis.simulate import poisson_arrivals
+from ..errors import InputError
+from ..model.served import ServedDelay
+
+__all__ = ["calibrate", "SERVERS", "server_setting"]
+
+SERVERS = ("triton", "ray")
+
+
+def server_setting(rule, server: str) -> tuple[int, float, tuple[int, ...]]:
+    """(max batch size, delay in ms, preferred sizes) of a Triton or Ray Serve rule; one line for anything else."""
+    mode = getattr(rule, "mode", None)
+    if server == "triton" and mode == "triton":
+        return int(rule.maxb), float(rule.delay), tuple(int(x) for x in rule.pref)
+    if server == "ray" and mode == "ray":
+        return int(rule.maxb), float(rule.delay), ()
+    want = "triton:max=B,delay_us=D[,preferred=…]" if server == "triton" else "ray:max=B,timeout_s=T"
+    raise InputError(f"calibration on {server} runs its own batcher: give its setting as {want} (what export "
+                     f"--to {server} writes), not {getattr(rule, 'spec', rule)!r}")
+
+
+def _to_run(lam_per_s: float, run, server: str) -> CalibrationRun:
+    n = run.latency_ms.size
+    if server == "triton":  # the run's clock is the client's: arrival = sent, latency = sent → answered
+        sent, lat, entered = run.arrival_ms, run.latency_ms, None
+    else:  # Ray's run is on the replica's clock (arrival = replica entry); the client's view is in its notes
+        sent, lat, entered = run.notes["sent_ms"], run.notes["client_ms"], run.arrival_ms
+    sent = np.asarray(sent, dtype=np.float64)
+    zero = float(np.nanmin(sent))  # the first send is time 0 (Ray's clock starts at the first replica entry)
+    times = {k: (a - zero, b - zero) for k, (a, b) in run.batch_times.items()}
+    return CalibrationRun(lam_per_s, sent - zero, np.asarray(lat, dtype=np.float64), run.batch_of,
+                          run.notes.get("position", np.full(n, -1)), run.batches, times, run.notes.get("lag_ms"),
+                          run.errors, run.wall_s, None if entered is None else np.asarray(entered) - zero)
+
+
+def _idle_power() -> float | None:
+    from ..measure.energy import energy_source, idle_power_w
+
+    counter = energy_source("auto", None, 0)
+    return None if isinstance(counter, str) else idle_power_w(counter, lambda: False)
+
+
+def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: str = "", requests: int = 2000,
+              seed: int = 0, slo_ms: float | None = None, max_seconds: float = 120.0, num_cpus: int = 2,
+              progress: Callable[[str], None] | None = None) -> ServedDelay:
+    """Run ``rule`` on the real ``server`` at each load (req/s) at real speed and fit what it adds (module doc).
+
+    ``problem``: l(b) (what the stand-in sleeps, and what plans use) and ζ(b).  ``onnx_path``: run this ONNX
+    model on the CPU instead of the stand-in (its input [N, D] float32).  ``requests``: per load (≥ 200).
+    """
+    if server not in SERVERS:
+        raise InputError(f"server {server!r} is not calibrated here; valid: {', '.join(SERVERS)}")
+    maxb, delay_ms, pref = server_setting(rule, server)
+    loads = sorted(float(x) for x in loads_per_s)
+    if not loads or any(not (math.isfinite(x) and x > 0) for x in loads) or len(set(loads)) != len(loads):
+        raise InputError(f"calibration loads must be distinct req/s > 0, got {list(loads_per_s)}")
+    if not 200 <= int(requests) <= 200_000:
+        raise InputError(f"calibration requests per load must be 200..200000, got {requests!r}")
+    if not (math.isfinite(max_seconds) and 1 <= max_seconds <= 3600):
+        raise InputError(f"max_seconds must be 1..3600 s, got {max_seconds!r}")
+    say = progress or (lambda _: None)
+    lat = dict(zip(problem.batch_sizes, (float(x) for x in problem.latency_ms())))
+    pad = rule.pad_map(maxb)
+    pad_to = {b: int(pad[b]) for b in range(1, maxb + 1) if int(pad[b]) != b}
+    streams = [(x, poisson_arrivals(x / 1000.0, int(requests), np.random.default_rng(seed + i)))
+               for i, x in enumerate(loads)]
+    idle = _idle_power()
+    runs: list[CalibrationRun] = []
+    t0 = time.time()
+    if server == "triton":
+        from .triton import ModelSpec, TritonServer, run_load
+
+        spec = ModelSpec(maxb, delay_ms * 1000.0, pref, lat, pad_to, problem.instances, onnx_path)
+        with TritonServer({"calibrate": spec}, 1.0) as srv:
+            run_load(srv, "calibrate", poisson_arrivals(0.1 * loads[0] / 1000.0, 20, np.random.default_rng(seed)),
+                     max_seconds=max_seconds)  # warm the path: connections, the stub's first batch
+            for x, arr in streams:
+                say(f"calibrating Triton at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
+                runs.append(_to_run(x, run_load(srv, "calibrate", arr, max_seconds=max_seconds), server))
+    else:
+        from .ray_serve import RayServe, stub_deployment
+        from .ray_serve import run_load as ray_run_load
+
+        with RayServe(num_cpus=num_cpus) as rs:
+            h = rs.deploy(stub_deployment("calibrate", lat, 1.0, serve_batch=(maxb, delay_ms / 1000.0),
+                                          pad_to=pad_to, onnx_path=onnx_path), "calibrate")
+            ray_run_load(h, poisson_arrivals(0.1 * loads[0] / 1000.0, 20, np.random.default_rng(seed)), 1.0,
+                         max_seconds=max_seconds)
+            for x, arr in streams:
+                say(f"calibrating Ray Serve at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
+                runs.append(_to_run(x, ray_run_load(h, arr, 1.0, max_seconds=max_seconds), server))
+    source = {"server": server, "model": onnx_path or "stand-in sleeping l(b)", "setting": rule.spec,
+              "time_scale": 1.0, "requests_per_load": int(requests), "seed": int(seed),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "seconds": round(time.time() - t0, 2),
+              "idle_power": "read from the energy counter" if idle is not None else "no energy counter here"}
+    return fit_served(problem, rule, runs, slo_ms=slo_ms, seed=seed, idle_power_w=idle, source=source)

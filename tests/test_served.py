@@ -1,0 +1,253 @@
+"""The served-delay model: what a real server adds, measured (calibrate), and planned with (simulate, optimise).
+
+Each figure is checked against an independent computation: a constant outside delay shifts every percentile by
+itself; a per-batch time on a deterministic law is the same as a longer l(b); the fit recovers the parts of a
+synthetic server built from known ones, and the plan with the fitted model reproduces that server's p99.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from smdp_batch.analysis.served import CalibrationRun, fit_served
+from smdp_batch.analysis.simulate import poisson_arrivals, response_times, simulate
+from smdp_batch.analysis.slo import optimise
+from smdp_batch.baselines.servers import parse_rule
+from smdp_batch.cli import main
+from smdp_batch.errors import InputError
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.model.served import ServedDelay
+
+STANDIN = dict(batch_sizes=range(1, 17), latency="affine:0.5,2", service="det")
+
+
+def _sd(a=0.0, c=0.0, r=0.0, outside=(0.0,), loads=(100.0,), **kw):
+    return ServedDelay(a, c, r, tuple(loads), tuple(np.atleast_1d(np.asarray(o, dtype=float)) for o in outside), **kw)
+
+
+# ------------------------------------------------------------------------------------------- the model
+def test_a_constant_outside_delay_shifts_every_percentile_by_itself():
+    p = BatchingProblem.basic(rho=0.5)
+    rule = parse_rule("triton:max=32,delay_us=5000", p)
+    bare = simulate(p, rule, requests=20_000, seed=3)
+    zero = simulate(p, rule, requests=20_000, seed=3, served=_sd())
+    two = simulate(p, rule, requests=20_000, seed=3, served=_sd(outside=[np.full(50, 2.0)]))
+    assert zero.percentiles == bare.percentiles and zero.mean_latency_ms == bare.mean_latency_ms
+    for k, v in bare.percentiles.items():
+        assert two.percentiles[k] == pytest.approx(v + 2.0, abs=1e-9)
+    assert two.mean_latency_ms == pytest.approx(bare.mean_latency_ms + 2.0, abs=1e-9)
+    assert two.mean_power_w == bare.mean_power_w  # the outside delay holds no instance
+
+
+def test_a_per_batch_time_is_a_longer_batch_on_a_deterministic_law():
+    p = BatchingProblem(lam=0.6, **STANDIN)
+    longer = p.replace(latency="affine:0.6,2.8")  # l(b) + 0.8 + 0.1·b
+    rule = parse_rule("triton:max=16,delay_us=4000,preferred=4/5/6/7/8/9/10/11/12/13/14/15/16", p)
+    a = simulate(p, rule, requests=20_000, seed=1, served=_sd(a=0.8, c=0.1))
+    b = simulate(longer, rule, requests=20_000, seed=1)
+    assert a.percentiles == pytest.approx(b.percentiles, abs=1e-9)
+    assert a.mean_batch_size == pytest.approx(b.mean_batch_size)
+    assert a.mean_power_w == pytest.approx(b.mean_power_w)  # ζ(b) per batch: the same batches
+
+
+def test_a_per_batch_time_shifts_random_batch_times_exactly():
+    """Exponential batch times: with one request per batch at a light load, the mean response is l(1) + a (the
+    draw's shape is not scaled up by a)."""
+    p = BatchingProblem(lam=0.002, batch_sizes=[1], latency="table:1=4", service="exp")
+    arr = poisson_arrivals(p.lam, 20_000, np.random.default_rng(0))
+    rule = parse_rule("static:1", p)
+    base = response_times(p, rule, arr, seed=2)
+    shifted = response_times(p, rule, arr, seed=2, per_batch=lambda s: 3.0)
+    d = shifted - base
+    # the same draws, each 3 ms longer: exactly 3 for a request that found the server idle both times (nearly all)
+    assert np.mean(np.abs(d - 3.0) < 1e-9) > 0.95
+    assert np.mean(d) == pytest.approx(3.0, abs=0.05)
+
+
+def test_the_return_of_each_position_adds_k_r_within_a_batch():
+    p = BatchingProblem(lam=0.5, batch_sizes=[4], latency="table:4=3", service="det")
+    arr = np.arange(1, 4001, dtype=float) * 2.0  # one request every 2 ms: batches of 4 every 8 ms
+    bare = response_times(p, parse_rule("static:4", p), arr)
+    sd = _sd(r=0.25, loads=(500.0,))
+    resp = bare.copy()
+    sd.add_to(arr, resp, 0.5, seed=0)
+    k = np.arange(arr.size) % 4
+    assert np.allclose(resp - bare, 0.25 * k)
+
+
+def test_the_plan_draws_from_the_nearest_calibrated_load_at_or_above():
+    sd = _sd(outside=[np.full(9, 1.0), np.full(9, 2.0), np.full(9, 3.0)], loads=(100.0, 200.0, 300.0))
+    assert [float(sd.outside_at(x / 1e3)[0]) for x in (50, 100, 150, 200, 250, 300, 900)] == [1, 1, 2, 2, 3, 3, 3]
+
+
+def test_its_sample_widens_the_interval_of_a_served_percentile():
+    p = BatchingProblem.basic(rho=0.5)
+    rule = parse_rule("triton:max=32,delay_us=5000", p)
+    o = np.random.default_rng(0).exponential(1.0, 300)
+    few = simulate(p, rule, requests=20_000, seed=3, served=_sd(outside=[o]))
+    many = simulate(p, rule, requests=20_000, seed=3, served=_sd(outside=[np.tile(o, 100)]))
+    assert few.percentile_ci["p99_ms"] > many.percentile_ci["p99_ms"] + 0.5
+    assert few.percentile_ci["p99_ms"] > _sd(outside=[o]).halfwidth(p.lam, 99) * 0.99
+
+
+def test_a_round_trip_through_its_file(tmp_path):
+    sd = _sd(0.5, 0.05, 0.1, [np.arange(5.0), np.arange(6.0)], (100.0, 300.0), carried_per_s=300.0,
+             served_latency_ms={1: 2.5}, idle_power_w=30.0, stats=({"load_per_s": 100.0}, {"load_per_s": 300.0}),
+             source={"server": "triton"})
+    path = tmp_path / "s.json"
+    sd.save(str(path))
+    back = ServedDelay.load(str(path))
+    assert back.as_dict() == sd.as_dict()
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d.update(format="x"), "not a served-delay file"),
+    (lambda d: d.update(version=9), "version 9"),
+    (lambda d: d.pop("a_ms"), "a_ms is missing"),
+    (lambda d: d.update(a_ms=float("nan")), "a must be a number"),
+    (lambda d: d.update(return_ms=-1), "return per position"),
+    (lambda d: d.update(loads_per_s=[300.0, 100.0]), "increasing"),
+    (lambda d: d.update(outside_ms=[[1.0]]), "one outside-delay sample per calibrated load"),
+    (lambda d: d.update(outside_ms=[[1.0], ["x"]]), "served-delay file"),
+    (lambda d: d.update(outside_ms=[[1.0], [1e9]]), "finite ms"),
+    (lambda d: d.update(a_ms=0.0, c_ms=-1.0), r"a \+ c·b must be ≥ 0"),
+])
+def test_a_bad_file_is_one_line_naming_it(tmp_path, change, words):
+    d = _sd(outside=[[1.0], [2.0]], loads=(100.0, 300.0)).as_dict()
+    change(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(InputError, match=words):
+        ServedDelay.load(str(path))
+
+
+def test_a_file_that_is_not_json_or_not_there(tmp_path):
+    (tmp_path / "x.json").write_text("{")
+    with pytest.raises(InputError, match="not readable JSON"):
+        ServedDelay.load(str(tmp_path / "x.json"))
+    with pytest.raises(InputError, match="does not exist"):
+        ServedDelay.load(str(tmp_path / "none.json"))
+
+
+# ------------------------------------------------------------------------------------------- the fit
+def _synthetic_run(problem, rule, lam_per_s, seed, *, a=0.0, r=0.0, inbound=0.4, outside=None, drop=0):
+    """A server built from known parts: the simulator's batches with a per-batch time a, every response k·r after
+    the first of its batch, a constant ``inbound`` to the batcher and an outside draw on the way back."""
+    rng = np.random.default_rng(seed)
+    sent = poisson_arrivals(lam_per_s / 1e3, 3000, rng)
+    sent -= sent[0]
+    resp = response_times(problem.replace(lam=lam_per_s / 1e3), rule, sent + inbound, seed, lambda s: a)
+    end = sent + inbound + resp
+    first = np.concatenate(([True], np.abs(np.diff(end)) > 1e-9))
+    batch_of = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    pos = np.arange(sent.size) - starts[batch_of]
+    sizes = np.bincount(batch_of)
+    lat = dict(zip(problem.batch_sizes, problem.latency_ms()))
+    batches = {k: (int(b), int(b)) for k, b in enumerate(sizes)}
+    times = {k: (float(end[starts[k]] - lat[int(b)]), float(end[starts[k]])) for k, b in enumerate(sizes)}
+    back = outside(rng, sent.size) if outside is not None else np.full(sent.size, 1.0)
+    latency = end + r * pos + back - sent
+    if drop:
+        latency[-drop:] = np.nan
+    return CalibrationRun(lam_per_s, sent, latency, batch_of, pos, batches, times, np.zeros(sent.size))
+
+
+def test_the_fit_recovers_a_synthetic_server_and_the_plan_reproduces_its_p99():
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=8000,preferred=6/7/8/9/10/11/12/13/14/15/16", p)
+    back = lambda rng, n: 1.0 + rng.exponential(0.8, n)  # noqa: E731
+    runs = [_synthetic_run(p, rule, x, i, r=0.3, outside=back) for i, x in enumerate((100.0, 200.0, 400.0))]
+    sd = fit_served(p, rule, runs, slo_ms=25.0)
+    assert sd.return_ms == pytest.approx(0.3, rel=0.1)
+    assert sd.carried_per_s == 400.0 and all(s["carried"] for s in sd.stats)
+    for o, st in zip(sd.outside_ms, sd.stats):
+        truth = 0.4 + 1.0 + np.random.default_rng(9).exponential(0.8, 200_000)  # inbound + the return leg
+        assert np.percentile(o, 50) == pytest.approx(np.percentile(truth, 50), rel=0.08)
+        assert np.percentile(o, 99) == pytest.approx(np.percentile(truth, 99), rel=0.15)
+        assert st["to_batcher_ms"] == pytest.approx(0.4, abs=0.05)
+    for run in runs:  # the plan with the fitted model against the synthetic server's own p99
+        planned = simulate(p.replace(lam=run.lam_per_s / 1e3), rule, requests=100_000, seed=5, served=sd)
+        assert planned.percentiles["p99_ms"] == pytest.approx(np.percentile(run.latency_ms, 99), rel=0.05)
+
+
+def test_the_fit_finds_the_per_batch_time_between_back_to_back_batches():
+    p = BatchingProblem(lam=1.5, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=0", p)
+    runs = [_synthetic_run(p, rule, 1500.0, 0, a=0.8)]
+    sd = fit_served(p, rule, runs)
+    assert sd.source["per_batch_pairs"] > 100
+    assert sd.a_ms + sd.c_ms * 8 == pytest.approx(0.8, abs=0.05)
+
+
+def test_a_load_whose_requests_went_unanswered_is_not_carried_and_plans_beyond_it_are_refused():
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=8000", p)
+    runs = [_synthetic_run(p, rule, 100.0, 0), _synthetic_run(p, rule, 200.0, 1),
+            _synthetic_run(p, rule, 400.0, 2, drop=50)]
+    sd = fit_served(p, rule, runs, slo_ms=25.0)
+    assert sd.carried_per_s == 200.0
+    assert [s["carried"] for s in sd.stats] == [True, True, False]
+    assert "50 of 3000 requests were not answered" in sd.stats[2]["why"]
+    with pytest.raises(InputError, match=r"does not carry 300 req/s.*calibrated at 400 req/s, 50 of 3000 requests "
+                                         r"were not answered; it carries up to 200 req/s"):
+        optimise(p, {"p99": 25.0}, [0.1, 0.3], families=("triton",), requests=2000, defaults=False, served=sd)
+
+
+def test_an_outside_delay_that_alone_reaches_the_slo_is_not_carried():
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=8000", p)
+    slow = lambda rng, n: np.full(n, 30.0)  # noqa: E731
+    sd = fit_served(p, rule, [_synthetic_run(p, rule, 100.0, 0, outside=slow)], slo_ms=25.0)
+    assert sd.carried_per_s == 0.0 and "alone took p99" in sd.stats[0]["why"]
+
+
+# ------------------------------------------------------------------------------------------- the commands
+@pytest.fixture()
+def served_file(tmp_path):
+    sd = _sd(0.3, 0.02, 0.1, [1.5 + np.random.default_rng(0).exponential(0.5, 2000)] * 2, (400.0, 1600.0),
+             carried_per_s=1600.0, source={"server": "triton", "model": "stand-in sleeping l(b)"})
+    path = tmp_path / "served.json"
+    sd.save(str(path))
+    return str(path)
+
+
+def test_compare_plans_with_the_served_delay_and_says_so(served_file, capsys):
+    args = ["compare", "--slo-p99-ms", "20", "--load-range", "500:1500", "--requests", "5000"]
+    assert main([*args, "--json"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert main([*args, "--served", served_file, "--json"]) == 0
+    served = json.loads(capsys.readouterr().out)
+    assert bare["server_time_in_plan"] is False and bare["served_delay"] is None
+    assert served["server_time_in_plan"] is True and served["served_delay"]["return_ms"] == 0.1
+    # the server's time takes room: the answer waits less, so it draws more power
+    assert served["recommended"]["mean_power_w"] > bare["recommended"]["mean_power_w"]
+    assert main([*args, "--served", served_file]) == 0
+    out = capsys.readouterr().out
+    assert "in plan     the server's own time, calibrated on triton" in out and "not in plan" not in out
+
+
+def test_served_options_refused_in_one_line(served_file, tmp_path, capsys):
+    (tmp_path / "t.h5").write_bytes(b"")
+    assert main(["solve", "--bmax", "8", "-o", str(tmp_path / "t.h5")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "t.h5"), "--to", "triton", "--served", served_file]) == 2
+    assert "--served goes with an SLO" in capsys.readouterr().err
+    assert main(["compare", "--slo-p99-ms", "20", "--served", str(tmp_path / "none.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["compare", "--slo-p99-ms", "20", "--load-range", "500:2500", "--served", served_file,
+                 "--requests", "2000"]) in (0, 2)
+    err = capsys.readouterr().err
+    assert err == "" or err.count("\n") == 1
+
+
+def test_calibrate_refuses_a_setting_its_server_cannot_run(capsys):
+    for server, setting, words in (("triton", "control:8+timer:5", "runs its own batcher"),
+                                   ("ray", "triton:max=8,delay_us=100", "ray:max=B,timeout_s=T")):
+        assert main(["calibrate", "--bmax", "8", "--server", server, "--setting", setting, "--load-range", "100:300",
+                     "--slo-p99-ms", "20", "-o", "/tmp/never-written.json"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1
+    assert not math.isnan(0.0)
