@@ -16,7 +16,9 @@ For each pair: (1) the SLO search exports the server's setting for the range wit
 ``export --slo-p99-ms`` gives without a calibration); (2) ``calibrate`` runs that setting at the low, middle
 and high load (the uncalibrated plan's measured p99 is reported beside its plan); (3) the search runs again
 with the served-delay model (``--served``), refusing loads the server's own path did not carry; (4) the new
-setting runs at the same loads on fresh streams.  Printed per load: the client's, the server's and the
+setting runs at the same loads on fresh streams — a calibration of that setting, with which (``--rounds 2``,
+the default) the search runs once more, as a user re-running ``calibrate`` on the new setting would; the
+table reports the last setting planned, its plan, and its run.  Printed per load: the client's, the server's and the
 model's time (p99 end-to-end; the batcher's part; the model's l(b) p99 as it ran), the plan, whether the
 client kept up with its send schedule, and whether the measured p99 meets the SLO.  Exit code 1 if a
 calibrated plan's measured p99 breaks the SLO at a load it accepted.
@@ -25,6 +27,7 @@ calibrated plan's measured p99 breaks the SLO at a load it accepted.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -74,9 +77,12 @@ def main() -> int:
     ap.add_argument("--models", default="standin,onnx")
     ap.add_argument("--requests", type=int, default=2000, help="requests per load and run (≥ 2000 for the proof)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="calibrate → plan → run rounds: each plans with the previous setting's runs (stops early "
+                         "when the setting repeats)")
     args = ap.parse_args()
     onnx = _onnx_file() if "onnx" in args.models else ""
-    rows, bad = [], 0
+    rows, bad, notes = [], 0, []
     for model in args.models.split(","):
         problem = BatchingProblem(lam=0.1, **MODELS[model])
         for server in args.servers.split(","):
@@ -90,44 +96,68 @@ def main() -> int:
             cal = calibrate(problem, s0.rule, loads, server=server, onnx_path=onnx if model == "onnx" else "",
                             requests=args.requests, seed=args.seed, slo_ms=m["slo"])
             planned0 = {round(x.lam * 1e3, 6): x.metrics["p99"] for x in s0.loads}
-            print(f"# {server} × {model}: served model: {cal.summary()}", flush=True)
-            kept = [x for x in lams if cal.beyond(x) is None]
-            try:
-                s1 = plan(problem, m["slo"], kept, fam, cal) if kept else None
-            except InputError as e:
-                print(f"# {server} × {model}: {e}", flush=True)
-                s1 = None
-            accepted = {round(x.lam * 1e3, 6) for x in s1.loads} if s1 is not None else set()
+            first, run = cal, functools.partial(calibrate, problem, loads_per_s=loads, server=server,
+                                                onnx_path=onnx if model == "onnx" else "", requests=args.requests,
+                                                slo_ms=slo)
+            s1 = check = None
+            for it in range(args.rounds):  # plan with the latest calibration; its check run calibrates the next
+                print(f"# {server} × {model}, round {it + 1}: served model: {cal.summary()}", flush=True)
+                kept = [x for x in lams if cal.beyond(x) is None]
+                try:
+                    nxt = plan(problem, m["slo"], kept, fam, cal) if kept else None
+                except InputError as e:
+                    print(f"# {server} × {model}: {e}", flush=True)
+                    nxt = None
+                if nxt is None or (s1 is not None and nxt.rule.spec == s1.rule.spec):
+                    break  # refused, or the same setting again: its check run stands
+                s1, used = nxt, cal
+                check = run(s1.rule, seed=args.seed + 100 * (it + 1))
+                cal = check
             if s1 is None:  # refused: the calibration runs themselves are the runs at those loads
-                for st0 in cal.stats:
+                for st0 in first.stats:
                     x = st0["load_per_s"]
-                    why = cal.beyond(x / 1e3) or "no setting meets the SLO with the server's own time"
-                    rows.append((server, model, slo, x, s0.rule.spec, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
-                                 "refused", np.nan, st0, f"refused: {why}; measured p99 {st0['p99_ms']:.1f} ms "
-                                 f"{'>' if st0['p99_ms'] > m['slo'] else '≤'} {m['slo']:g}", cal.summary()))
+                    why = first.beyond(x / 1e3) or "no setting meets the SLO with the server's own time"
+                    notes.append(f"{server} × {model} at {x:.0f} req/s: {why}")
+                    rows.append((server, model, slo, x, s0.rule, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
+                                 None, np.nan, st0, "refused¹", first.summary()))
                 continue
+            accepted = {round(x.lam * 1e3, 6) for x in s1.loads}
             planned1 = {round(x.lam * 1e3, 6): x.metrics["p99"] for x in s1.loads}
-            check = calibrate(problem, s1.rule, loads, server=server, onnx_path=onnx if model == "onnx" else "",
-                              requests=args.requests, seed=args.seed + 100, slo_ms=m["slo"])
-            for st0, st1 in zip(cal.stats, check.stats):
+            for st0, st1 in zip(first.stats, check.stats):
                 x = st0["load_per_s"]
                 ok = round(x, 6) in accepted
                 meets = st1["p99_ms"] <= m["slo"]
                 bad += ok and not meets
-                rows.append((server, model, slo, x, s0.rule.spec, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
-                             s1.rule.spec, planned1.get(round(x, 6), np.nan) if ok else np.nan, st1,
-                             "yes" if meets else ("NO" if ok else f"refused: {cal.beyond(x / 1e3)}"),
-                             cal.summary()))
+                verdict = ("yes" if meets else "NO") if ok else (
+                    f"refused¹ (this setting: {'≤' if meets else '>'} SLO)")
+                if not ok:
+                    notes.append(f"{server} × {model} at {x:.0f} req/s: {used.beyond(x / 1e3)}")
+                rows.append((server, model, slo, x, s0.rule, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
+                             s1.rule, planned1.get(round(x, 6), np.nan) if ok else np.nan, st1, verdict,
+                             used.summary()))
             print(f"# {server} × {model}: {time.time() - t0:.0f} s", flush=True)
     print()
-    print("| server | model | SLO p99 [ms] | load [req/s] | uncalibrated setting | its plan p99 | its measured p99 | calibrated setting | "
-          "plan p99 | measured p99 (client) | batcher p99 (server) | model l(b) p99 | client lag p99 | meets |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for server, model, slo, x, spec0, p0, m0, spec1, p1, st, verdict, _ in rows:
-        print(f"| {server} | {model} | {slo:g} | {x:.0f} | `{spec0[:40]}` | {p0:.2f} | {m0:.2f} | `{spec1[:40]}` | {p1:.2f} | "
-              f"{st['p99_ms']:.2f} | {st['batcher_p99_ms']:.2f} | {st['model_p99_ms']:.2f} | "
-              f"{st['client_lag_p99_ms']:.2g} | {verdict} |")
+    print("| server | model | SLO p99 [ms] | load [req/s] | uncalibrated setting | its plan p99 | its measured p99 | "
+          "calibrated setting | plan p99 | measured p99: client | server | model | measured ÷ plan | client lag p99 | "
+          "meets |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for server, model, slo, x, r0, p0, m0, r1, p1, st, verdict, _ in rows:
+        f = lambda v, d=2: "—" if not np.isfinite(v) else f"{v:.{d}f}"  # noqa: E731
+        print(f"| {server} | {model} | {slo:g} | {x:.0f} | {_knobs(r0)} | {f(p0)} | {f(m0)} | {_knobs(r1)} | "
+              f"{f(p1)} | {f(st['p99_ms'])} | {f(st['batcher_p99_ms'])} | {f(st['model_p99_ms'])} | "
+              f"{f(st['p99_ms'] / p1, 3)} | {st['client_lag_p99_ms']:.2g} | {verdict} |")
+    for i, n in enumerate(notes):
+        print(f"{'' if i else chr(10)}¹ {n}")
     return 1 if bad else 0
+
+
+def _knobs(rule) -> str:
+    """A setting as a person reads it: the delay (ms) and, for Triton, the least preferred size."""
+    if rule is None:
+        return "—"
+    if rule.mode == "triton":
+        return f"delay {rule.delay:.4g} ms" + (f", preferred ≥ {int(min(rule.pref))}" if len(rule.pref) else "")
+    return f"timeout {rule.delay:.4g} ms"
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "zeus": ("zeus", "measure"),
     "tqdm": ("tqdm", "measure"),
     "prometheus_client": ("prometheus_client", "metrics"),
+    "httpx": ("httpx", "calibrate"),
 }
 
 #: PyTriton is installed apart from its extra (its numpy<2 pin cannot be met beside jax>=0.8)

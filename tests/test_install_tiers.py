@@ -50,7 +50,9 @@ def test_extras_are_named_for_what_they_add():
     assert {"mkdocs-material", "mkdocs-click", "mkdocstrings"} <= _extra("docs")
     assert {"hmmlearn", "nvidia-ml-py", "matplotlib", "fastapi", "uvicorn", "httpx"} <= _extra("dev")
     every = re.search(r"\[(.*)\]", extra["all"][0]).group(1).split(",")
-    assert set(every) == {"jax", "plot", "bursty", "measure", "metrics", "triton", "ray", "dask", "notebooks", "examples"}
+    assert set(every) == {"jax", "plot", "bursty", "measure", "metrics", "triton", "ray", "dask", "notebooks", "examples",
+                          "calibrate"}
+    assert _extra("calibrate") == {"httpx"}
 
 
 def test_every_missing_module_names_a_declared_extra():

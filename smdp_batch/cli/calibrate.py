@@ -20,12 +20,17 @@ __all__ = ["calibrate_cmd"]
 @click.command("calibrate", short_help="Run a setting on the real server (Triton, Ray Serve) at real speed and "
                                        "measure what the server adds to the model: the served-delay file.")
 @scenario_options
-@option("--server", type=OneOf(("triton", "ray"), "server"), required=True,
-        help="The server to run, on 127.0.0.1: triton (its dynamic batcher, the Python backend) or ray (Ray Serve's "
-             "@serve.batch, through a handle).")
+@option("--server", type=OneOf(("triton", "ray", "http"), "server"), required=True,
+        help="triton or ray: start that server on 127.0.0.1 with the setting (Triton's dynamic batcher and Python "
+             "backend; Ray Serve's @serve.batch through a handle) and the model below. http: your own deployed "
+             "endpoint (--url), which batches as --setting says.")
 @option("--setting", metavar="SPEC", required=True,
         help="The server's batching setting, as export prints it: triton:max=B,delay_us=D[,preferred=Q/…] or "
-             "ray:max=B,timeout_s=T.")
+             "ray:max=B,timeout_s=T; with --server http, any rule simulate --policy takes.")
+@option("--url", default=None, metavar="URL",
+        help="With --server http: the endpoint to POST to, e.g. http://127.0.0.1:8000/v2/models/m/infer.")
+@option("--body", "body_file", type=InputFile(), default=None, show_default="{}",
+        help="With --server http: the JSON request body to POST (one request).")
 @option("--load-range", type=Range(per="s"), required=True,
         help="The loads to run, req/s: its low end, its geometric middle and its high end (e.g. 150:450).")
 @option("--slo-p99-ms", "slo_p99_ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), required=True,
@@ -41,7 +46,8 @@ __all__ = ["calibrate_cmd"]
         help="Seed of the arrival streams.")
 @option("-o", "--output", type=OutputPath(".json"), required=True, help="The served-delay file (JSON) to write.")
 @json_option
-def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed, max_seconds, output, as_json, **opts):
+def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx, requests, seed, max_seconds, output,
+                  as_json, **opts):
     """Run SETTING on the real SERVER at real speed (time scale 1) at three loads, and write what the server
     adds beyond the model: its time per batch (a + c·b), the return of each position in a batch, the outside
     delay at each load, the loads its own path carries and, where an energy counter is present, the idle power.
@@ -49,7 +55,19 @@ def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed,
     from ..baselines.servers import parse_rule
     from ..integrations.calibrate import calibrate
 
-    prepare_outputs([("-o", output)], [("--model", onnx)] if onnx else [])
+    prepare_outputs([("-o", output)], [(flag, v) for flag, v in (("--model", onnx), ("--body", body_file)) if v])
+    if server == "http":
+        if url is None:
+            raise InputError("--server http needs --url, the endpoint to POST to (http://HOST:PORT/PATH)")
+        if onnx:
+            raise InputError("--model runs in the server calibrate starts (triton, ray); your endpoint runs its own")
+    elif url is not None or body_file is not None:
+        raise InputError(f"--url and --body go with --server http; --server {server} starts its own server")
+    body = b"{}"
+    if body_file is not None:
+        body = _body(body_file)
+    if all(opts.get(k) is None for k in ("lam", "rps", "rho")):  # the loads are the range's: plan at its top
+        opts["lam"] = float(load_range[1]) / 1000.0
     problem = build_problem(opts)
     rule = parse_rule(setting, problem)
     rule.check(problem.batch_sizes)
@@ -61,7 +79,7 @@ def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed,
                              f"({problem.max_lam * problem.instances * 1e3:.4g} req/s)")
     say = (lambda m: click.echo(f"smdp-batch: {m}", err=True)) if sys.stderr.isatty() else None
     sd = calibrate(problem, rule, loads, server=server, onnx_path=onnx or "", requests=requests, seed=seed,
-                   slo_ms=slo_p99_ms, max_seconds=max_seconds, progress=say)
+                   slo_ms=slo_p99_ms, max_seconds=max_seconds, url=url or "", body=body, progress=say)
     d = sd.as_dict()
     write_text_atomically(output, json.dumps(d, indent=1))
     src = sd.source
@@ -70,12 +88,18 @@ def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed,
              f"  {'load [req/s]':>12s}  {'p99 [ms]':>9s}  {'batcher p99 measured / model [ms]':>34s}  "
              f"{'outside p50 / p99 [ms]':>22s}  {'client lag p99 [ms]':>19s}  carried"]
     for st in sd.stats:
-        lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:9.4g}  {st['batcher_p99_ms']:16.4g} / "
-                     f"{st['batcher_model_p99_ms']:<15.4g}  {st['outside_p50_ms']:9.3g} / {st['outside_p99_ms']:<10.3g}  "
-                     f"{st['client_lag_p99_ms']:19.3g}  " + ("yes" if st["carried"] else "NO: " + st["why"]))
+        batcher = (f"{st['batcher_p99_ms']:16.4g} / {st['batcher_model_p99_ms']:<15.4g}"
+                   if math.isfinite(st["model_p99_ms"]) else f"{'— (no batches reported)':>32s}")
+        lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:9.4g}  {batcher}  {st['outside_p50_ms']:9.3g} / "
+                     f"{st['outside_p99_ms']:<10.3g}  {st['client_lag_p99_ms']:19.3g}  "
+                     + ("yes" if st["carried"] else "NO: " + st["why"]))
     lines.append(f"  model       {sd.summary()}")
-    lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in list(sd.served_latency_ms.items())[:8])
-                 + (" …" if len(sd.served_latency_ms) > 8 else "") + " ms (the plan keeps the profile's l(b))")
+    if sd.served_latency_ms:
+        lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in list(sd.served_latency_ms.items())[:8])
+                     + (" …" if len(sd.served_latency_ms) > 8 else "") + " ms (plans use these)")
+    else:
+        lines.append("  l(b) served not reported by the server: plans keep the profile's l(b), and the outside delay "
+                     "is what the replay of the same sends does not explain")
     idle = f"{sd.idle_power_w:.4g} W" if sd.idle_power_w is not None else "not read (no energy counter here)"
     lines.append(f"  idle power  {idle}")
     lines.append(f"  written     {output}")
@@ -88,3 +112,18 @@ def calibrate_cmd(server, setting, load_range, slo_p99_ms, onnx, requests, seed,
         lines.append("  next        the server's own path carried none of these loads on this host; calibrate at "
                      "lower loads")
     emit(d, as_json, "\n".join(lines))
+
+
+def _body(path: str) -> bytes:
+    """The request body: a JSON file of at most 1 MiB, checked to parse."""
+    import os
+
+    if os.path.getsize(path) > 1 << 20:
+        raise InputError(f"--body {path} is over 1 MiB; one request's body is expected")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"--body {path} is not JSON: {e}") from None
+    return data

@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..export.configs import SLO_FAMILY, TARGETS
 from ..runtime.schema import read_policy
 from .options import (
-    build_problem, contention_option, emit, file_inputs, json_option, prepare_outputs, scenario_line,
+    build_problem, contention_option, emit, file_inputs, json_option, prepare_outputs, scenario_args, scenario_line,
     write_text_atomically,
 )
 from .slo import (half_width, load_range_options, loads_for, plan_lines, search_options, served_from, served_option, slo_from,
@@ -259,6 +259,21 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed,
     return rows, min(r["instances"] for r in feasible if r["setting"].power_w <= (1 + INSTANCES_AUTO_SAVING) * least)
 
 
+def calibrate_line(problem, target: str, rule, slo, lams) -> str | None:
+    """The ``smdp-batch calibrate`` command that runs ``rule`` on the real ``target`` at real speed over the
+    loads checked (one instance; Triton and Ray Serve only), as printed: measure what the server adds, then
+    export again with ``--served``; after that, the same line checks the calibrated setting live."""
+    import shlex
+
+    if target not in ("triton", "ray") or problem.instances != 1:
+        return None
+    bound = min(b for _, b in slo.bounds)
+    lo, hi = lams[0] * 1e3, lams[-1] * 1e3
+    rng = f"{lo:.6g}:{hi:.6g}" if hi > lo * 1.0001 else f"{lo:.6g}:{lo * 1.0001:.6g}"
+    return (f"smdp-batch calibrate {scenario_args(problem).split(' ', 2)[2]} --server {target} --setting "
+            f"{shlex.quote(rule.spec)} --load-range {rng} --slo-p99-ms {bound:g} -o served.json")
+
+
 def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
                    arrival_map=None, auto: bool = False, idle_power: float | None = None, served=None) -> None:
     from ..analysis.slo import optimise
@@ -323,10 +338,13 @@ def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, 
     lines += plan_lines(ans, s)
     if output:
         lines.append(f"  written     {output}")
+    check = None if arrival_map is not None else calibrate_line(problem, target, s.rule, slo, lams)
+    if check:
+        lines.append(("  check it    " if served is not None else "  calibrate   ") + check)
     auto_json = {"instances": {"chosen": problem.instances, "counts": [
         {"instances": r["instances"], "meets_slo": r["setting"] is not None, "why": r["why"],
          **({"mean_power_w": r["setting"].power_w, "mean_power_ci_w": r["setting"].power_ci,
              "rule": r["setting"].rule.spec} if r["setting"] is not None else {})} for r in counts]}} if counts else {}
     emit({"target": target, "settings": settings, "config": text, "rule": s.rule.spec, "policy_file": path, **auto_json,
-          "slo_search": ans.as_dict(), **({"output": output} if output else {}),
+          "slo_search": ans.as_dict(), **({"output": output} if output else {}), "calibrate": check,
           **({} if arrival_map is None else {"arrivals": arrival_map.spec()})}, as_json, "\n".join(lines))

@@ -1,6 +1,7 @@
 """Calibration on a real server at real speed: what the server adds to the batch model, measured.
 
-:func:`calibrate` starts the server on 127.0.0.1 with the setting to check (Triton's dynamic batcher with
+:func:`calibrate` runs your own deployed endpoint over HTTP (``server="http"``: POSTs at each load, its
+batching described by the rule), or starts a server on 127.0.0.1 with the setting to check (Triton's dynamic batcher with
 the exported ``max_queue_delay_microseconds`` and preferred sizes, or Ray Serve's ``@serve.batch`` with the
 exported ``max_batch_size`` and ``batch_wait_timeout_s``), runs the model (a GPU-like stand-in whose batch
 sleeps l(b), which does not compete for the CPU as a GPU would not, or an ONNX model on the CPU), sends a
@@ -23,16 +24,20 @@ import numpy as np
 from ..analysis.served import CalibrationRun, fit_served
 from ..analysis.simulate import poisson_arrivals
 from ..errors import InputError
+from ..extras import require
 from ..model.served import ServedDelay
 
 __all__ = ["calibrate", "SERVERS", "server_setting"]
 
-SERVERS = ("triton", "ray")
+SERVERS = ("triton", "ray", "http")
 
 
 def server_setting(rule, server: str) -> tuple[int, float, tuple[int, ...]]:
-    """(max batch size, delay in ms, preferred sizes) of a Triton or Ray Serve rule; one line for anything else."""
+    """(max batch size, delay in ms, preferred sizes) of a Triton or Ray Serve rule; one line for anything else.
+    An HTTP endpoint batches as its own server does: any rule the simulator runs describes it."""
     mode = getattr(rule, "mode", None)
+    if server == "http":
+        return int(rule.maxb), float(rule.delay), tuple(int(x) for x in rule.pref)
     if server == "triton" and mode == "triton":
         return int(rule.maxb), float(rule.delay), tuple(int(x) for x in rule.pref)
     if server == "ray" and mode == "ray":
@@ -63,16 +68,55 @@ def _idle_power() -> float | None:
     return None if isinstance(counter, str) else idle_power_w(counter, lambda: False)
 
 
+def _http_runs(url: str, body: bytes, streams, max_seconds: float, say) -> list[CalibrationRun]:
+    """POST ``body`` to ``url`` on each stream's schedule (httpx, one connection pool, open loop); a run per load
+    with the client's times only (an endpoint reports no batches)."""
+    import asyncio
+
+    httpx = require("httpx", "calibrate --server http")
+    from .loadgen import replay, send_lag_ms
+
+    async def one(arr):
+        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as client:
+            async def send(i: int):
+                r = await client.post(url, content=body, headers={"content-type": "application/json"})
+                r.raise_for_status()
+
+            t0 = time.perf_counter()
+            out = await replay(send, arr, 1.0, max_seconds)
+            return out + (time.perf_counter() - t0,)
+
+    asyncio.run(one(streams[0][1][:20]))  # warm the path: connections, the server's first batch
+    runs = []
+    for x, arr in streams:
+        say(f"calibrating {url} at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
+        sent, done, _, errors, wall = asyncio.run(one(arr))
+        if errors == arr.size:
+            raise InputError(f"calibration: every request to {url} failed (is the server up, and does it take "
+                             "the --body given?)")
+        zero = float(np.nanmin(sent))
+        runs.append(CalibrationRun(x, (sent - zero) * 1000.0, (done - sent) * 1000.0,
+                                   lag_ms=send_lag_ms(sent, arr, 1.0), errors=errors, wall_s=wall))
+    return runs
+
+
 def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: str = "", requests: int = 2000,
               seed: int = 0, slo_ms: float | None = None, max_seconds: float = 120.0, num_cpus: int = 2,
-              progress: Callable[[str], None] | None = None) -> ServedDelay:
+              url: str = "", body: bytes = b"{}", progress: Callable[[str], None] | None = None) -> ServedDelay:
     """Run ``rule`` on the real ``server`` at each load (req/s) at real speed and fit what it adds (module doc).
 
     ``problem``: l(b) (what the stand-in sleeps, and what plans use) and ζ(b).  ``onnx_path``: run this ONNX
     model on the CPU instead of the stand-in (its input [N, D] float32).  ``requests``: per load (≥ 200).
+    ``server="http"``: your own deployed endpoint at ``url`` (Triton's or Ray Serve's HTTP front end, or any
+    other), POSTed ``body`` (JSON) at each load; ``rule`` is how it batches.  It reports no batches, so the fit
+    takes the outside delay as the residual measured − simulated, request by request (wider than the other
+    servers' split: the plan errs on the safe side).
     """
     if server not in SERVERS:
         raise InputError(f"server {server!r} is not calibrated here; valid: {', '.join(SERVERS)}")
+    if server == "http" and not url.startswith(("http://", "https://")):
+        raise InputError(f"calibration over HTTP needs the endpoint's URL (http://HOST:PORT/PATH), got {url!r}")
     maxb, delay_ms, pref = server_setting(rule, server)
     loads = sorted(float(x) for x in loads_per_s)
     if not loads or any(not (math.isfinite(x) and x > 0) for x in loads) or len(set(loads)) != len(loads):
@@ -90,7 +134,9 @@ def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: 
     idle = _idle_power()
     runs: list[CalibrationRun] = []
     t0 = time.time()
-    if server == "triton":
+    if server == "http":
+        runs = _http_runs(url, body, streams, max_seconds, say)
+    elif server == "triton":
         from .triton import ModelSpec, TritonServer, run_load
 
         spec = ModelSpec(maxb, delay_ms * 1000.0, pref, lat, pad_to, problem.instances, onnx_path)
@@ -112,7 +158,8 @@ def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: 
             for x, arr in streams:
                 say(f"calibrating Ray Serve at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
                 runs.append(_to_run(x, ray_run_load(h, arr, 1.0, max_seconds=max_seconds), server))
-    source = {"server": server, "model": onnx_path or "stand-in sleeping l(b)", "setting": rule.spec,
+    model = url if server == "http" else onnx_path or "stand-in sleeping l(b)"
+    source = {"server": server, "model": model, "setting": rule.spec,
               "time_scale": 1.0, "requests_per_load": int(requests), "seed": int(seed),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "seconds": round(time.time() - t0, 2),
               "idle_power": "read from the energy counter" if idle is not None else "no energy counter here"}

@@ -92,8 +92,9 @@ class ServedDelay:
             samples.append(x)
         object.__setattr__(self, "loads_per_s", tuple(loads))
         object.__setattr__(self, "outside_ms", tuple(samples))
-        if self.carried_per_s is not None:
-            _ms("the carried load", self.carried_per_s, 0.0, 1e9)
+        c = self.carried_per_s
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c <= 1e9):
+            raise InputError(f"served delay: the carried load must be req/s in [0, 1e9] or null, got {c!r}")
         if self.idle_power_w is not None and not (math.isfinite(self.idle_power_w) and 0 <= self.idle_power_w <= 1e5):
             raise InputError(f"served delay: idle power must be W in [0, 1e5], got {self.idle_power_w!r}")
         if any(self.a_ms + self.c_ms * b < 0 for b in (1, 1024)):
