@@ -324,47 +324,44 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
 
 @pytest.fixture()
 def batching_endpoint():
-    """A user's own endpoint on 127.0.0.1: aiohttp in a thread, DynamicBatcher with control:4 + timer 3 ms in front of
-    a model whose batch sleeps l(b) = 2 + 0.5·b ms; stopped after the test."""
+    """A user's own endpoint on 127.0.0.1: uvicorn serving a bare ASGI app, a DynamicBatcher with control:4 + timer
+    3 ms in front of a model whose batch sleeps l(b) = 2 + 0.5·b ms; stopped after the test."""
     import asyncio
     import threading
+    import time as _time
 
-    web = pytest.importorskip("aiohttp.web")
+    uvicorn = pytest.importorskip("uvicorn")
     from smdp_batch.runtime import DynamicBatcher, PolicyTable
 
-    state: dict = {}
-    ready = threading.Event()
+    held: dict = {}
 
-    async def serve():
-        async def infer(items):
-            await asyncio.sleep((2.0 + 0.5 * len(items)) / 1000.0)
-            return items
+    async def infer(items):
+        await asyncio.sleep((2.0 + 0.5 * len(items)) / 1000.0)
+        return items
 
-        batcher = DynamicBatcher(infer, PolicyTable.control(4, range(1, 17)), max_wait_ms=3.0)
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            body, more = body + msg.get("body", b""), msg.get("more_body", False)
+        if "batcher" not in held:  # made in the server's own event loop
+            held["batcher"] = DynamicBatcher(infer, PolicyTable.control(4, range(1, 17)), max_wait_ms=3.0)
+        await held["batcher"].submit(body)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"ok": true}'})
 
-        async def handle(request):
-            await batcher.submit(await request.read())
-            return web.json_response({"ok": True})
-
-        app = web.Application()
-        app.router.add_post("/infer", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        state["port"] = site._server.sockets[0].getsockname()[1]
-        state["stop"] = asyncio.Event()
-        ready.set()
-        await state["stop"].wait()
-        await batcher.close()
-        await runner.cleanup()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{state['port']}/infer"
-    loop.call_soon_threadsafe(state["stop"].set)
+    deadline = _time.monotonic() + 10
+    while not server.started and _time.monotonic() < deadline:
+        _time.sleep(0.01)
+    assert server.started
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/infer"
+    server.should_exit = True
     thread.join(10)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 
 import click
@@ -106,8 +107,9 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
     top = sd.carried_per_s or 0.0
     if top >= loads[0]:
         rng = f"{loads[0]:g}:{top:g}" if top > loads[0] else f"{loads[0]:g}:{loads[0] * 1.0001:g}"
-        lines.append(f"  next        smdp-batch compare {scenario_args(problem).split(' ', 2)[2]} --slo-p99-ms "
-                     f"{slo_p99_ms:g} --load-range {rng} --served {output}")
+        scenario = scenario_args(problem).split(" ", 2)[2].rsplit(" --w1 ", 1)[0]  # compare searches the weights
+        lines.append(f"  next        smdp-batch compare {scenario} --slo-p99-ms {slo_p99_ms:g} --load-range {rng} "
+                     f"--served {shlex.quote(output)}")
     else:
         lines.append("  next        the server's own path carried none of these loads on this host; calibrate at "
                      "lower loads")
