@@ -427,3 +427,27 @@ def test_the_default_solver_offers_the_greedy_table_as_best_effort_only_when_it_
         assert np.array_equal(got.table.policy, parse_policy("greedy", p.batch_sizes, p.bmax))
         assert got.p99_ms > target and got.lam == p.lam
         assert slo_plan(p, target, [p.lam], requests=5000, incumbent=got) is None  # already the best effort
+
+
+def test_batches_that_ran_beside_a_solve_are_left_out_of_the_service_estimate():
+    """A solve takes CPU from the server: the batches that ran while it did (or ended less than their own time
+    after it) are checked but not learned from; once it is over, batches teach l̂(b) again."""
+    clock = Clock()
+    solver = FakeSolver("hang")
+    ap, p = make(solver, clock, budget_s=100.0)
+    t, rng = _step(ap, p)
+    assert ap._job is not None  # a solve is running
+    before = ap.service.count
+    for _ in range(20):
+        ap.observe_batch(8, 0.040)  # 40 ms: a stretched batch beside the solve
+    assert ap.service.count == before and ap.overlapped == 20
+    ap.observe_batch(33, 0.01)  # still checked: a size the server cannot run is rejected
+    assert ap.metrics.rejected_inputs == 1
+    solver.release.set()
+    ap.join(10)
+    assert ap._job is None
+    clock.t += 0.01  # 10 ms after the solve ended: a 40 ms batch overlapped it, a 5 ms one did not
+    ap.observe_batch(8, 0.040)
+    assert ap.service.count == before and ap.overlapped == 21
+    ap.observe_batch(8, 0.005)
+    assert ap.service.count == before + 1 and ap.overlapped == 21

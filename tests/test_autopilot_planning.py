@@ -282,3 +282,16 @@ def test_rollback_needs_the_new_plan_to_do_worse_than_the_one_it_replaced():
     assert ap.metrics.rollbacks == 0
     ap.observe_response(np.full(200, 90.0))  # worse than the replaced plan by more than 10 %: rolled back
     assert ap.metrics.rollbacks == 1
+
+
+def test_the_solve_child_runs_in_the_idle_class_on_linux():
+    """Solves take only CPU time no normal process wants (SCHED_IDLE), besides nice."""
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("SCHED_IDLE is Linux's")
+    sp = SolveProcess(nice=10)
+    try:
+        assert sp.call(math.hypot, 3.0, 4.0) == 5.0
+        assert os.sched_getscheduler(sp.pid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, sp.pid) >= 10
+    finally:
+        sp.close()

@@ -389,3 +389,17 @@ def test_calibrate_a_users_own_http_endpoint(batching_endpoint, tmp_path, capsys
                  "triton:max=16,delay_us=10", "--load-range", "100:200", "--slo-p99-ms", "40", "-o",
                  str(tmp_path / "t.json")]) == 2
     assert "--url and --body go with --server http" in capsys.readouterr().err
+
+
+def test_show_reads_a_served_delay_file_back(served_file, tmp_path, capsys):
+    assert main(["show", served_file]) == 0
+    out = capsys.readouterr().out
+    assert "served-delay file v1, measured on triton (stand-in sleeping l(b))" in out
+    assert "per batch 0.3 + 0.02·b ms, 0.1 ms per position" in out
+    assert main(["show", served_file, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["path"] == served_file and d["return_ms"] == 0.1 and len(d["outside_ms"]) == 2
+    other = tmp_path / "map.json"
+    other.write_text('{"D0": [[-1]], "D1": [[1]]}')
+    assert main(["show", str(other)]) == 2
+    assert "not a served-delay file" in capsys.readouterr().err

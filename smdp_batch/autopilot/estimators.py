@@ -359,15 +359,19 @@ class ServiceEstimator:
     def sizes(self) -> tuple[int, ...]:
         return self._per.sizes
 
-    def observe(self, b: Any, ms: Any) -> bool:
+    def observe(self, b: Any, ms: Any, learn: bool = True) -> bool:
         """One batch of size b that took ``ms`` ms.  False (and counted in ``rejected``) if ignored: not a finite
         time in (0, BATCH_MS_MAX].  A reading more than READING_CLIP× away from the size's current estimate is
-        taken at that bound (counted in ``clipped``): one absurd reading moves l̂(b) by a bounded amount."""
+        taken at that bound (counted in ``clipped``): one absurd reading moves l̂(b) by a bounded amount.
+        ``learn`` False: checked (and a bad one counted) but not learned from (False), e.g. a batch that ran beside
+        a solve."""
         x = _num(ms)
         with self._lock:
             i = _size_arg(b, self._per.index)
             if i is None or not (math.isfinite(x) and 0 < x <= BATCH_MS_MAX):
                 self.rejected += 1
+                return False
+            if not learn:
                 return False
             x = self._winsorised(i, x)
             self._per.add(i, x)

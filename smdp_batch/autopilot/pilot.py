@@ -177,6 +177,8 @@ class Autopilot:
         self._clock, self._tlast, self._offset = clock, -math.inf, 0.0
         self._lock = threading.RLock()
         self._job: _Job | None = None
+        self._solve_end = -math.inf  # when the latest solve ended (s): batches overlapping a solve teach nothing
+        self.overlapped = 0  # batches left out of l̂(b) because a solve ran while they did
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
@@ -307,8 +309,11 @@ class Autopilot:
             if self._metered % _ENERGY_CHECK_EVERY == 0 and self._dirty is None and self._job is None \
                     and self._energy_moved():
                 self._trigger("energy")
-        if ok and self.service.observe(b, _num(seconds) * 1e3) and self._dirty is None and self._job is None \
-                and self.service.drift() and self._material():  # (a solve pending or running takes the new curve)
+        # a batch that ran beside a solve ran on a busier host: its time is not the model's
+        overlap = ok and i is not None and (self._job is not None or self._now() - self._solve_end < _num(seconds))
+        self.overlapped += overlap
+        if ok and self.service.observe(b, _num(seconds) * 1e3, learn=not overlap) and self._dirty is None \
+                and self._job is None and self.service.drift() and self._material():  # (a pending solve takes it)
             self._trigger("service")
         self._poll()
 
@@ -425,7 +430,7 @@ class Autopilot:
                 now = self._now()
                 job = self._job
                 if job is not None and now - job.start > self.budget_s:
-                    self._job = None
+                    self._job, self._solve_end = None, now
                     if self._proc is not None:
                         self._proc.kill()  # the job's thread then returns at once
                     elif job.thread is not None:
@@ -517,7 +522,7 @@ class Autopilot:
                 if self._proc is None or not isinstance(out, BaseException):
                     self._count("late_results", "solve-late", seconds=seconds)
                 return
-            self._job = None
+            self._job, self._solve_end = None, now
             self._last_solve_s = seconds
             if now - job.start > self.budget_s:
                 self._failed(now, "solve-timeout", seconds=seconds)

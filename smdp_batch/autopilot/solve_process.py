@@ -4,7 +4,8 @@ Why a process: a re-solve (the SLO optimiser: policy iteration and a simulation,
 thread of the serving process holds that process's GIL inside its numba kernels and takes a share of the
 cores equal to the model's.  The batches then take longer, and the Autopilot reads the stretched batch times
 as a service change and solves again.  A child process started with a lower CPU priority (``nice`` +10 by
-default) leaves the server its GIL and, when the cores are busy, most of the CPU time.  A solve past its
+default, and on Linux the SCHED_IDLE class: CPU time no normal process wants) leaves the server its GIL and, when
+the cores are busy, their time; the Autopilot also leaves batches that ran beside a solve out of l̂(b).  A solve past its
 budget is ended by killing the child (a thread cannot be stopped), and the next solve starts a new one.
 
 The child runs ``python -m smdp_batch.autopilot.solve_process NICE`` with the parent's ``sys.path`` as its
@@ -209,6 +210,20 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def _idle_class() -> bool:
+    """Move this process to Linux's SCHED_IDLE class: it then runs only on CPU time no normal process wants, so
+    a solve takes nothing from a busy server (nice +10 still took about a tenth of a core from it).  On a host
+    whose cores the server keeps busy, a solve may then run past its budget and be retried later: serving wins.
+    False where the class does not exist (not Linux)."""
+    if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE")):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except OSError:
+        return False
+
+
 def _main(argv: list[str]) -> int:
     _die_with_parent(int(os.environ.get(PARENT_ENV, os.getppid())))
     out = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -218,6 +233,7 @@ def _main(argv: list[str]) -> int:
         os.nice(int(argv[0]) if argv else 10)
     except (OSError, ValueError):
         pass
+    _idle_class()
     for mod in argv[1:]:
         try:
             __import__(mod)

@@ -276,14 +276,16 @@ def evaluate_cmd(policy_spec, as_json, **opts):
     emit(d, as_json, text)
 
 
-@click.command("show", short_help="Print what a policy table (or a λ-bank) holds.")
+@click.command("show", short_help="Print what a policy table (or a λ-bank, or a served-delay file) holds.")
 @click.argument("path", type=InputFile())
 @json_option
 def show_cmd(path, as_json):
-    """Print what a policy table (or a λ-bank) holds."""
+    """Print what a policy table (or a λ-bank, or the served-delay file calibrate wrote) holds."""
     from ..errors import PolicyFileError
     from ..runtime.schema import read_bank
 
+    if path.lower().endswith(".json"):
+        return _show_served(path, as_json)
     try:
         pf = read_policy(path)
     except PolicyFileError as e:
@@ -476,3 +478,23 @@ def boundary_text(boundary: str, c_o: float, tail: int | None = None) -> str:
     if boundary == "tail":
         return "tail boundary" + (f" (serve {tail} above s_max)" if tail else "")
     return f"c_o = {c_o:.6g}"
+
+
+def _show_served(path: str, as_json: bool) -> None:
+    """A served-delay file (``calibrate -o``): where it was measured, its parts, and each load's figures."""
+    from ..model.served import VERSION, ServedDelay
+
+    sd = ServedDelay.load(path)
+    src = sd.source
+    lines = [f"{path}: served-delay file v{VERSION}, measured on {src.get('server', '?')} ({src.get('model', '?')}) "
+             f"with {src.get('setting', '?')}, {src.get('date', '?')}",
+             f"  model       {sd.summary()}"]
+    for st in sd.stats:
+        lines.append(f"  load        {st.get('load_per_s', float('nan')):.5g} req/s: p99 {st.get('p99_ms', float('nan')):.4g} ms, "
+                     f"outside p50 {st.get('outside_p50_ms', float('nan')):.3g} / p99 {st.get('outside_p99_ms', float('nan')):.3g} ms, "
+                     + ("carried" if st.get("carried") else f"not carried: {st.get('why', '')}"))
+    if sd.served_latency_ms:
+        lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in sd.served_latency_ms.items()) + " ms")
+    lines.append(f"  idle power  {sd.idle_power_w:.4g} W" if sd.idle_power_w is not None else
+                 "  idle power  not read (no energy counter where it was measured)")
+    emit({"path": path, **sd.as_dict()}, as_json, "\n".join(lines), strict=True)
