@@ -127,8 +127,8 @@ class Autopilot:
     :class:`Plan`); default: solved now by ``solver`` at ``problem.lam``.  ``solver(problem, slo_ms, lams)``
     returns a :class:`Plan` or None (default :func:`slo_plan`); ``budget_s``: its time budget (s).
     ``overhead_ms``: the part of the SLO spent where the hooks cannot see it (network, proxy, client), ms.
-    ``solve_in``: ``"process"`` (a child at ``nice`` +10, SCHED_IDLE on Linux; the default with the default solver) or ``"thread"``
-    (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
+    ``solve_in``: ``"process"`` (a child at ``nice`` +10, SCHED_IDLE on Linux; the default with the default
+    solver) or ``"thread"`` (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
     ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
     a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).
     """
