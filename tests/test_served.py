@@ -296,7 +296,7 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
 @pytest.mark.slow
 @pytest.mark.servers
 def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
-    """Export at a p99 SLO → calibrate → export with the served-delay model → run at three loads on fresh streams:
+    """Export at a p99 SLO → calibrate → export with the served-delay model → run at both ends on fresh streams:
     the measured p99 meets the SLO and is within 10 % of the plan (one retry on a fresh stream: the 2-core host is
     shared with the suite's other worker)."""
     pytest.importorskip("pytriton")
@@ -306,9 +306,9 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     p = BatchingProblem(lam=0.3, **STANDIN)
     slo = 25.0
     lams = load_grid(p, 0.1, 0.3)
-    loads = [x * 1e3 for x in (lams[0], lams[2], lams[4])]
+    loads = [x * 1e3 for x in (lams[0], lams[4])]  # both ends (the middle loads plan with the top one's sample)
     plan = lambda served=None: optimise(p.replace(lam=lams[-1]), {"p99": slo}, lams,  # noqa: E731
-                                        families=("triton-preferred",), requests=50_000, defaults=False,
+                                        families=("triton-preferred",), requests=30_000, defaults=False,
                                         served=served).best["triton-preferred"]
     for attempt in range(2):
         sd = calibrate(p, plan().rule, loads, requests=1000, seed=attempt, slo_ms=slo)
