@@ -403,3 +403,14 @@ def test_show_reads_a_served_delay_file_back(served_file, tmp_path, capsys):
     other.write_text('{"D0": [[-1]], "D1": [[1]]}')
     assert main(["show", str(other)]) == 2
     assert "not a served-delay file" in capsys.readouterr().err
+
+
+def test_a_bound_below_what_the_server_alone_adds_is_refused_at_once():
+    """l(1) as served (2.5 ms) plus the outside delay (10 ms): a 12 ms p99 cannot be met, said before any search."""
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    sd = _sd(outside=[np.full(100, 10.0)], loads=(300.0,), carried_per_s=300.0)
+    with pytest.raises(InputError, match=r"no setting can meet p99 ≤ 12 ms at 300 req/s on this server: .* "
+                                         r"l\(1\) = 2.5 ms as served .* p99 12.5 ms in all"):
+        optimise(p, {"p99": 12.0}, [0.3], requests=2000, served=sd)
+    ans = optimise(p, {"p99": 30.0}, [0.3], families=("triton",), requests=2000, defaults=False, served=sd)
+    assert ans.best["triton"] is not None

@@ -222,6 +222,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             raise InputError(f"{why}: check loads up to that, or calibrate on a host that carries more")
     if served is not None:  # l(b) as the server ran it
         problem = served.apply(problem)
+        _check_served_reachable(problem, slo, lams, served)
     unit = None
     if arrivals is not None:
         arr = np.asarray(arrivals, dtype=np.float64)
@@ -326,6 +327,23 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
                      int(seed), chk.count, time.perf_counter() - t0, cur, problem, float(idle_power_w),
                      bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served)
+
+
+def _check_served_reachable(problem: BatchingProblem, slo: SLO, lams: list[float], served) -> None:
+    """Refuse, before any search, a bound below what the server alone adds to the fastest response: a request
+    served at once, alone, in a batch of the smallest size (l(b_min) as served) plus the outside delay measured at
+    the load (its metric over the calibration sample)."""
+    l1 = float(problem.latency_ms()[0])
+    for m, _ in slo.bounds:
+        for lam in lams:
+            o = served.outside_at(lam)
+            floor = l1 + (float(np.mean(o)) if m == "mean" else float(np.percentile(o, float(m[1:]))))
+            if slo.limit(m) <= floor:
+                name = "W̄" if m == "mean" else m
+                raise InputError(
+                    f"no setting can meet {m} ≤ {slo.limit(m):g} ms at {lam * 1e3:.5g} req/s on this server: a request "
+                    f"served at once, alone, takes l({problem.bmin}) = {l1:.4g} ms as served plus the outside delay "
+                    f"the calibration measured there, {name} {floor:.4g} ms in all; use a bound above that")
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:
