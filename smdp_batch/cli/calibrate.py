@@ -107,7 +107,7 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
     top = sd.carried_per_s or 0.0
     if top >= loads[0]:
         rng = f"{loads[0]:g}:{top:g}" if top > loads[0] else f"{loads[0]:g}:{loads[0] * 1.0001:g}"
-        scenario = scenario_args(problem).split(" ", 2)[2].rsplit(" --w1 ", 1)[0]  # compare searches the weights
+        scenario = scenario_args(problem, load=False, weights=False)  # compare searches the weights
         lines.append(f"  next        smdp-batch compare {scenario} --slo-p99-ms {slo_p99_ms:g} --load-range {rng} "
                      f"--served {shlex.quote(output)}")
     else:

@@ -270,7 +270,7 @@ def calibrate_line(problem, target: str, rule, slo, lams) -> str | None:
     bound = min(b for _, b in slo.bounds)
     lo, hi = lams[0] * 1e3, lams[-1] * 1e3
     rng = f"{lo:.6g}:{hi:.6g}" if hi > lo * 1.0001 else f"{lo:.6g}:{lo * 1.0001:.6g}"
-    return (f"smdp-batch calibrate {scenario_args(problem).split(' ', 2)[2]} --server {target} --setting "
+    return (f"smdp-batch calibrate {scenario_args(problem, load=False)} --server {target} --setting "
             f"{shlex.quote(rule.spec)} --load-range {rng} --slo-p99-ms {bound:g} -o served.json")
 
 

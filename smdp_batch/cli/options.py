@@ -43,17 +43,20 @@ time_unit_option = option(
          "Without it, a trace read as ms whose median gap is below 1 µs (seconds?) or above 100 s (µs?) is refused.")
 
 
-def scenario_args(problem: BatchingProblem, lam: float | None = None) -> str:
+def scenario_args(problem: BatchingProblem, lam: float | None = None, *, load: bool = True,
+                  weights: bool = True) -> str:
     """The scenario options that rebuild ``problem`` (at ``lam`` requests/ms) on a command line, shell-quoted:
-    what a printed next step needs so that it runs as printed."""
+    what a printed next step needs so that it runs as printed.  ``load`` False: without ``--lam`` (the command
+    takes its loads from a range); ``weights`` False: without ``--w1`` (the command searches the weights)."""
     import shlex
 
     d = problem.describe()
     sizes = [int(b) for b in problem.batch_sizes]
-    args = ["--lam", f"{problem.lam if lam is None else lam:.10g}"]
+    args = ["--lam", f"{problem.lam if lam is None else lam:.10g}"] if load else []
     args += (["--bmin", str(sizes[0]), "--bmax", str(sizes[-1])] if sizes == list(range(sizes[0], sizes[-1] + 1))
              else ["--batch-sizes", ",".join(map(str, sizes))])
-    args += ["--latency", d["latency"], "--energy", d["energy"], "--service", d["service"], "--w1", f"{problem.w1:.10g}"]
+    args += ["--latency", d["latency"], "--energy", d["energy"], "--service", d["service"]]
+    args += ["--w1", f"{problem.w1:.10g}"] if weights else []
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
