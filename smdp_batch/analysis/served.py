@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..model.served import ServedDelay
+from ..model.served import ServedDelay, as_served, batch_positions
 
 __all__ = ["CalibrationRun", "fit_served"]
 
@@ -132,9 +132,9 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
         for k, (s0, s1) in run.batch_times.items():
             served_lat.setdefault(int(run.batches[k][1]), []).append(s1 - s0)
     lat_means = {b: float(np.mean(v)) for b, v in sorted(served_lat.items()) if len(v) >= 5}
-    as_served = ServedDelay(0.0, 0.0, 0.0, (1.0,), (np.zeros(1),), served_latency_ms=lat_means).apply(problem)
+    served_problem = as_served(problem, lat_means)
     # per load: the return legs, their positions, the batcher part measured and simulated (with l(b) as served)
-    parts = [_split(as_served, rule, run, per_batch, warmup, seed) for run in runs]
+    parts = [_split(served_problem, rule, run, per_batch, warmup, seed) for run in runs]
     ret_all = np.concatenate([x[0] for x in parts])  # the return legs (position regression on these alone)
     pos_all = np.concatenate([x[1] for x in parts])
     known = pos_all >= 0
@@ -219,11 +219,8 @@ def _split(problem, rule, run: CalibrationRun, per_batch, warmup: float, seed: i
                          "the load is far beyond it")
     pos = (run.position[use] if run.position is not None else np.full(int(use.sum()), -1)).astype(np.float64)
     inbound = None if run.entered_ms is None else at[use] - sent[use]
-    done = at[order] + sim[order]  # the simulated batches: runs of equal completion times, in arrival order
-    first = np.concatenate(([True], np.abs(np.diff(done)) > 1e-9 * np.maximum(np.abs(done[1:]), 1.0)))
-    starts = np.flatnonzero(first)
     sim_pos = np.full(n, 0.0)
-    sim_pos[order] = np.arange(order.size) - np.repeat(starts, np.diff(np.append(starts, order.size)))
+    sim_pos[order] = batch_positions(at[order] + sim[order])  # in the simulated batches
     tail = (sim_pos[use], run.latency_ms[use])
     if run.batch_of is None or not run.batch_times:
         o = run.latency_ms[use] - sim[use] - (0.0 if inbound is None else inbound)

@@ -37,13 +37,37 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["ServedDelay", "FORMAT", "VERSION"]
+__all__ = ["ServedDelay", "as_served", "batch_positions", "FORMAT", "VERSION"]
 
 FORMAT = "smdp-batch served-delay"
 VERSION = 1
 _MAX_BYTES = 64 * 1024 * 1024
 _MAX_SAMPLE = 1_000_000
 _MAX_MS = 1e6  # no part of a served delay beyond 1000 s is a measurement
+
+
+def as_served(problem, served_latency_ms: dict):
+    """``problem`` with l(b) as the server ran it: the measured mean where a size ran (``served_latency_ms``, size →
+    ms), elsewhere the profile's l(b) times the median ratio served ÷ profile over the sizes that ran; made
+    non-decreasing.  Unchanged without measured sizes.  ζ(b) stays the profile's."""
+    sizes = [int(b) for b in problem.batch_sizes]
+    lat = [float(x) for x in problem.latency_ms()]
+    meas = {b: float(v) for b, v in served_latency_ms.items() if b in sizes}
+    if not meas:
+        return problem
+    ratio = float(np.median([meas[b] / lat[sizes.index(b)] for b in meas]))
+    new = np.maximum.accumulate([meas.get(b, x * ratio) for b, x in zip(sizes, lat)])
+    return problem.replace(latency="table:" + ",".join(f"{b}={v:.9g}" for b, v in zip(sizes, new)))
+
+
+def batch_positions(done: np.ndarray) -> np.ndarray:
+    """Each request's place in its batch (0, 1, …), from the completion times of requests in FIFO order: a batch's
+    requests are consecutive and complete together, so a batch is a run of equal completion times (two batches
+    ending at the same instant on two instances count as one, which errs on the safe side)."""
+    n = done.size
+    first = np.concatenate(([True], np.abs(np.diff(done)) > 1e-9 * np.maximum(np.abs(done[1:]), 1.0)))
+    starts = np.flatnonzero(first)
+    return np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
 
 
 def _ms(name: str, x, lo: float = 0.0, hi: float = _MAX_MS) -> float:
@@ -119,34 +143,19 @@ class ServedDelay:
         return self.outside_ms[self.index_at(lam_per_ms)]
 
     def apply(self, problem):
-        """``problem`` with l(b) as the server ran it: the measured mean where a size ran (``served_latency_ms``),
-        elsewhere the profile's l(b) times the median ratio served ÷ profile over the sizes that ran; made
-        non-decreasing.  Unchanged without measured sizes.  ζ(b) stays the profile's."""
-        sizes = [int(b) for b in problem.batch_sizes]
-        lat = [float(x) for x in problem.latency_ms()]
-        meas = {b: float(v) for b, v in self.served_latency_ms.items() if b in sizes}
-        if not meas:
-            return problem
-        ratio = float(np.median([meas[b] / lat[sizes.index(b)] for b in meas]))
-        new = np.maximum.accumulate([meas.get(b, x * ratio) for b, x in zip(sizes, lat)])
-        return problem.replace(latency="table:" + ",".join(f"{b}={v:.9g}" for b, v in zip(sizes, new)))
+        """``problem`` with l(b) as the server ran it (:func:`as_served`)."""
+        return as_served(problem, self.served_latency_ms)
 
     def add_to(self, arr: np.ndarray, resp: np.ndarray, lam_per_ms: float, seed) -> None:
         """Add what the server adds to the batch model's response times ``resp`` (ms, in place) of the requests
-        arriving at ``arr`` (ms): k·r for the k-th request of its batch (k = 0, 1, … in FIFO order: a batch's
-        requests are consecutive and complete together, so a batch is a run of equal completion times; two
-        batches ending at the same instant on two instances count as one, which errs on the safe side) and an
+        arriving at ``arr`` (ms): k·r for the k-th request of its batch (:func:`batch_positions`) and an
         independent draw of the outside delay at λ (:meth:`outside_at`), from a generator of its own
         (``SeedSequence(seed)``'s second child), so that the batch times drawn for the stream stay as they are."""
         n = resp.size
         if n == 0:
             return
         if self.return_ms:
-            done = arr + resp
-            first = np.concatenate(([True], np.abs(np.diff(done)) > 1e-9 * np.maximum(np.abs(done[1:]), 1.0)))
-            starts = np.flatnonzero(first)
-            pos = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
-            resp += self.return_ms * pos
+            resp += self.return_ms * batch_positions(arr + resp)
         sample = self.outside_at(lam_per_ms)
         rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
         resp += sample[rng.integers(0, sample.size, n)]
