@@ -300,18 +300,18 @@ class Autopilot:
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
         """One executed batch of size b that took ``seconds``; a failed batch (``ok`` False) teaches nothing."""
         i = _size_arg(b, self._index)
+        overlap = False  # a batch that ran beside a solve ran on a busier host: its time is not the model's
         if i is not None:
             with self._lock:
                 self._batches[i] += 1
+                overlap = ok and (self._job is not None or self._now() - self._solve_end < _num(seconds))
+                self.overlapped += overlap
         if ok and self.meter is not None:
             self.meter.batch(b, seconds)
             self._metered += 1
             if self._metered % _ENERGY_CHECK_EVERY == 0 and self._dirty is None and self._job is None \
                     and self._energy_moved():
                 self._trigger("energy")
-        # a batch that ran beside a solve ran on a busier host: its time is not the model's
-        overlap = ok and i is not None and (self._job is not None or self._now() - self._solve_end < _num(seconds))
-        self.overlapped += overlap
         if ok and self.service.observe(b, _num(seconds) * 1e3, learn=not overlap) and self._dirty is None \
                 and self._job is None and self.service.drift() and self._material():  # (a pending solve takes it)
             self._trigger("service")

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..limits import RATE_MAX, RATE_MIN
 from ..runtime.table import PolicyTable
+from .estimators import _num as num  # a real number as a float, NaN for anything else
 
 __all__ = ["Plan", "slo_plan"]
 
@@ -38,12 +39,6 @@ class Plan:
     def fault(self, planned: bool = True) -> str | None:
         """What is out of range, or None: λ within the rate limits, the timer None or ≥ 0, the planned times and
         power finite and ≥ 0 (``planned=False``: or NaN, for a table given without its metrics)."""
-        def num(v: Any) -> float:
-            try:
-                return float(v)
-            except (TypeError, ValueError, OverflowError):
-                return math.nan
-
         if not RATE_MIN <= num(self.lam) <= RATE_MAX:
             return f"lam = {self.lam!r} (λ must lie in [{RATE_MIN:g}, {RATE_MAX:g}] per ms)"
         if self.timer_ms is not None and not num(self.timer_ms) >= 0:
