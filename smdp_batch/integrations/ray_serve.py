@@ -116,24 +116,17 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
     class Stub:
         def __init__(self):
             self.log: list = []
-            session = rows = None
+            session = name = rows = None
             if onnx_path:
-                import onnxruntime as ort
+                from .triton_stub_model import onnx_session
 
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-                session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
-                inp = session.get_inputs()[0]
-                top = max([*pad.values(), *lat, 1])
-                rows = np.random.default_rng(0).standard_normal((top, int(inp.shape[1]))).astype(np.float32)
-                for size in sorted(set(pad.values()) | set(lat)):  # warm each executed size
-                    session.run(None, {inp.name: rows[:size]})
+                session, name, rows = onnx_session(onnx_path, set(pad.values()) | set(lat))
 
             async def run_batch(items: list) -> list:
                 b = len(items)
                 t0 = time.time()
                 if session is not None:
-                    await asyncio.to_thread(session.run, None, {session.get_inputs()[0].name: rows[:pad.get(b, b)]})
+                    await asyncio.to_thread(session.run, None, {name: rows[:pad.get(b, b)]})
                 else:
                     await asyncio.sleep(lat[pad.get(b, b)] * scale / 1000.0)
                 t1 = time.time()

@@ -24,6 +24,24 @@ except ImportError:  # imported outside Triton (docs, architecture checks): noth
     pb_utils = None
 
 
+def onnx_session(path: str, sizes):
+    """(session, input name, rows): ONNX Runtime on the CPU with one thread (each instance its own process or
+    worker, so instances contend for the cores as real ones do), seeded random input rows for the largest of
+    ``sizes``, and each size run once to warm it.  Shared with the Ray Serve stand-in
+    (:func:`smdp_batch.integrations.ray_serve.stub_deployment`)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    inp = session.get_inputs()[0]
+    rows = np.random.default_rng(0).standard_normal((max([*sizes, 1]), int(inp.shape[1]))).astype(np.float32)
+    for size in sorted(sizes):  # warm each executed size
+        session.run(None, {inp.name: rows[:size]})
+    return session, inp.name, rows
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"]).get("parameters", {})
@@ -35,19 +53,7 @@ class TritonPythonModel:
         self.session = None
         path = params.get("onnx_path", {}).get("string_value", "")
         if path:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = 1
-            opts.inter_op_num_threads = 1
-            self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-            inp = self.session.get_inputs()[0]
-            self.input_name, dim = inp.name, int(inp.shape[1])
-            rng = np.random.default_rng(0)
-            top = max([*self.pad.values(), *self.latency_ms.keys(), 1])
-            self.rows = rng.standard_normal((top, dim)).astype(np.float32)
-            for size in sorted(set(self.pad.values()) | set(self.latency_ms)):  # warm each executed size
-                self.session.run(None, {self.input_name: self.rows[:size]})
+            self.session, self.input_name, self.rows = onnx_session(path, set(self.pad.values()) | set(self.latency_ms))
 
     def execute(self, requests):
         b = len(requests)
