@@ -101,7 +101,14 @@ def files(tmp_path_factory):
     trace.write_text("\n".join(f"{x:.6f}" for x in np.sort(np.concatenate(
         [rng.uniform(k * 3000 + off, k * 3000 + off + span, n) for k in range(4)
          for off, span, n in ((0, 2000, 1000), (2000, 1000, 3000))]))) + "\n")
+    # a served-delay file of fixed content for compare --served: what a live calibration finds depends on the host
+    from smdp_batch.model.served import ServedDelay
+
+    served = tmp / "fixed_served.json"
+    ServedDelay(0.3, 0.02, 0.1, (100.0, 200.0), (np.linspace(1.0, 3.0, 50), np.linspace(1.0, 4.0, 50)),
+                carried_per_s=200.0, source={"server": "triton", "model": "stand-in sleeping l(b)"}).save(str(served))
     return {"tmp": tmp, "table": str(table), "bank": str(bank), "profile": _profile(tmp / "p.csv"), "trace": str(trace),
+            "served": str(served),
             "old": str(sorted(POLICIES.glob("*.h5"))[0])}
 
 
@@ -142,7 +149,7 @@ def _commands(f):
                           "triton", "--setting", "triton:max=8,delay_us=3000", "--load-range", "100:200",
                           "--slo-p99-ms", "30", "--requests", "200", "-o", str(t / "served.json")]),
            ("compare", ["compare", "--bmax", "8", "--latency", "affine:0.5,2", "--service", "det", "--slo-p99-ms",
-                        "30", "--load-range", "100:200", "--requests", "2000", "--served", str(t / "served.json")])]
+                        "30", "--load-range", "100:200", "--requests", "2000", "--served", f["served"]])]
           if _has("pytriton") else []),
     ]
 
