@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from scipy import stats
+from scipy.special import stdtrit  # the t quantile (scipy.stats costs half a second to import)
 
 from ..errors import InputError
 from ..limits import IDLE_POWER_MAX_W, check_rate, check_requests, read_csv_rows
@@ -39,6 +39,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
+from .sim_draws import unit_draws
 from .sim_kernels import MODES, _advance, _context_kernel, _kernel
 from .sim_replicas import _replicas_contention_kernel, _replicas_kernel
 
@@ -74,7 +75,7 @@ class SimulationResult:
         x = w1 * self.group_latency + w2 * self.group_power
         if other is not None:
             x = x - (w1 * other.group_latency + w2 * other.group_power)
-        return float(stats.t.ppf(0.975, x.size - 1)) * float(np.std(x, ddof=1)) / math.sqrt(x.size)
+        return float(stdtrit(x.size - 1, 0.975)) * float(np.std(x, ddof=1)) / math.sqrt(x.size)
 
     def as_dict(self) -> dict:
         d = {
@@ -232,24 +233,8 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
     det = isinstance(law, Deterministic)
     # one shape for every b (per-size pools when a per-batch time is added, so that each pool's draws shift exactly)
     shared = law.natural_latency() is None and not hasattr(law, "law_for") and per_batch is None
-    pool_of = np.zeros(smax_exec + 1, dtype=np.int64)
-    if det:
-        unit = np.ones((1, 1))
-    elif shared:  # at most one batch per request
-        unit = law.sample(rng, 1.0, n_base)[None, :]
-        if n_req > n_base:
-            unit = np.concatenate([unit, law.sample(rng, 1.0, n_req - n_base)[None, :]], axis=1)
-    else:  # a shape per executed size; a size s is used by at most N / (fewest requests padded to s) batches
-        executed = rule.executed_sizes()
-        base = [n_base // rule.fewest_requests_for(s) + 1 for s in executed]
-        caps = [n_req // rule.fewest_requests_for(s) + 1 for s in executed]
-        unit = np.zeros((len(executed), max(caps)))
-        for i, (s, cap) in enumerate(zip(executed, base)):
-            pool_of[s] = i
-            unit[i, :cap] = law.sample(rng, 1.0, cap, s)
-        for i, (s, lo, hi) in enumerate(zip(executed, base, caps)):  # the continuation's, after the stream's
-            if hi > lo:
-                unit[i, lo:hi] = law.sample(rng, 1.0, hi - lo, s)
+    unit, pool_of = unit_draws(law, rng, rule, n_base, n_req, smax_exec, shared, det)
+    drawn = unit
     if per_batch is not None:  # l(s)·U + extra = (l(s) + extra)·U', U' = (l(s)·U + extra) / (l(s) + extra)
         for s in (list(rule.executed_sizes()) if not det else range(1, smax_exec + 1)):
             if not math.isfinite(lat_of[s]):
@@ -257,6 +242,7 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
             extra_ms = float(per_batch(s))
             if not det:
                 i = pool_of[s]
+                unit = unit.copy() if unit is drawn else unit  # the drawn pools may be another run's too
                 unit[i] = (lat_of[s] * unit[i] + extra_ms) / (lat_of[s] + extra_ms)
             lat_of[s] += extra_ms
     ptr = np.zeros(unit.shape[0], dtype=np.int64)
@@ -451,7 +437,7 @@ def simulate(
     slices = [slice(int(rel[g]), int(rel[g + 1])) for g in range(int(batches))]
     mean_g = np.array([r[sl].mean() for sl in slices])
     power_g = np.array([genergy[g] / (a[sl.stop - 1] - a[sl.start] + gap) for g, sl in enumerate(slices)])
-    tq = float(stats.t.ppf(0.975, len(slices) - 1))
+    tq = float(stdtrit(len(slices) - 1, 0.975))
     ci = lambda x: tq * float(np.std(x, ddof=1)) / math.sqrt(len(x))
     duration = a[-1] - a[0] + gap
     mean_latency = float(r.mean())
