@@ -227,7 +227,8 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
     p = problem.replace(w2=float(w2))
     try:
         cand = None
-        if hint is not None:
+        near = hint is not None and hint.get("near", True)
+        if hint is not None and near:
             cands = Candidates(p, 1e-3)
             cands.warm = np.asarray(hint["policy"], dtype=np.int64)
             c_o = max(100.0, float(hint["abstract_cost"]))  # at least solve()'s default c_o (paper 004 Table II)
@@ -239,9 +240,10 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
             pol, s_max, c_o = sol.policy, sol.s_max, sol.model.abstract_cost
         # eq. 19's boundary: at light tails exact to round-off at any s_max, so equal policies get equal metrics
         # and the sweep's tie test (_improves, 1e-9) closes intervals; the tail boundary's doubling stops at tol.
-        # Near ρ = 1 eq. 19 needs more states than allowed: the tail boundary (exact to 1e-10) evaluates it then
+        # Where eq. 19 needs more than OVERFLOW_SMAX states (near ρ = 1, heavy-tailed batch times: its cost grows
+        # as the square of the truncation), the tail boundary (exact to 1e-10) evaluates it instead
         try:
-            ev = evaluate_deployed(p, pol, tol=NEAR_OVERFLOW, boundary="overflow")
+            ev = evaluate_deployed(p, pol, tol=NEAR_OVERFLOW, boundary="overflow", max_smax=OVERFLOW_SMAX)
         except InputError:
             ev = evaluate_deployed(p, pol)
     except InputError as e:
@@ -251,7 +253,10 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
     keep = int(change[-1]) + 2 if change.size else 1
     return {"sig": (ev.mean_latency_ms, ev.mean_power_w), "throughput": ev.throughput,
             "policy": [int(a) for a in table[:keep]], "control_limit": control_limit_of(pol, p.batch_sizes),
-            "hint": {"s_max": s_max, "abstract_cost": c_o, "policy": [int(a) for a in pol]}}
+            # a near solve that did not settle next door will not here either (heavy tails: the overflow test needs
+            # more than twice the neighbour's truncation): the solves started from this one go straight to solve()
+            "hint": {"s_max": s_max, "abstract_cost": c_o, "policy": [int(a) for a in pol],
+                     "near": (hint is None or hint.get("near", True)) and not (near and cand is None)}}
 
 
 def _point(w2: float, r: dict) -> FrontPoint:
@@ -274,6 +279,9 @@ def _set_simulated(problem: BatchingProblem, point: FrontPoint, s: dict, request
             f"(--requests, ≤ {REQUESTS_LIMIT}) or use a lower load, or drop the simulated percentiles")
     point.percentiles, point.within = s["percentiles"], s["within"]
 
+
+#: The largest truncation a front point's metrics are taken from with eq. 19's boundary (else the tail boundary).
+OVERFLOW_SMAX = 2048
 
 #: Default front tolerance: an interval of w2 is not split further once no policy between its ends can
 #: cost less than this share of the objective below their chord (the sandwich bound of the module doc).

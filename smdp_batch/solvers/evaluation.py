@@ -146,7 +146,7 @@ DEPLOYED_SMAX_LIMIT = 1 << 14
 
 
 def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float = 1e-10,
-                      boundary: str = "tail") -> Evaluation:
+                      boundary: str = "tail", max_smax: int = DEPLOYED_SMAX_LIMIT) -> Evaluation:
     """Metrics of ``policy`` as deployed on the infinite queue (eq. 30), to truncation error < tol.
 
     The policy (length s_max+2) is extended by eq. 30 (its tail action a = π(s_max) beyond) and evaluated
@@ -159,6 +159,8 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
     * ``boundary="overflow"``: eq. 19 with c_o = 0, until S_o's share of the cost (Δ, eq. 22) and its
       probability both fall below ``tol`` (relative to the average cost) — an independent check, but the
       truncation must cover the queue tail (s_max up to 16 384).
+
+    ``max_smax``: the largest truncation to build (≤ 16 384); beyond it the evaluation is refused.
 
     A policy whose tail action cannot keep up with λ (λ·l(a) ≥ a, or a = 0) does not stabilise the
     queue and is rejected.
@@ -196,11 +198,11 @@ def evaluate_deployed(problem: BatchingProblem, policy: np.ndarray, tol: float =
         elif prev is not None and all(abs(getattr(ev, k) - getattr(prev, k)) <= tol * max(1.0, abs(getattr(ev, k)))
                                       for k in ("avg_cost", "mean_latency_ms", "mean_power_w")):
             return replace(ev, delta=abs(ev.avg_cost - prev.avg_cost))
-        if 2 * s > DEPLOYED_SMAX_LIMIT and (tail is None or prev is not None):  # the tail check needs one doubling
+        if 2 * s > min(max_smax, DEPLOYED_SMAX_LIMIT) and (tail is None or prev is not None):  # the tail check needs one doubling
             # prev is set whenever tail is given (the condition above)
             what = f"Δ = {ev.delta:.3g}" if tail is None else f"ĝ moved {abs(ev.avg_cost - prev.avg_cost):.3g} at the last doubling"  # type: ignore[union-attr]
             raise InputError(
-                f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {DEPLOYED_SMAX_LIMIT} "
+                f"the policy's queue-length tail is too heavy to evaluate with s_max ≤ {min(max_smax, DEPLOYED_SMAX_LIMIT)} "
                 f"({what}); is ρ = {problem.rho:.6g} too close to 1?"
             )
         prev = ev
