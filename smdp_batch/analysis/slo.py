@@ -36,6 +36,20 @@ at the boundary would otherwise break the SLO on a fresh seed half of the time. 
 the same arrivals (common random numbers: one seeded stream of unit-rate gaps scaled to each load, or a
 given trace or MAP sample scaled the same way), so settings are compared on equal terms.  Power is the
 mean of P̄ over the loads (equal time at each); the *worst load* is the one with the least margin.
+
+**Screen.**  Most candidates of a search are far from the boundary, so each is first simulated on the first
+1/:data:`SCREEN` of each load's stream (where that is ≥ :data:`SCREEN_MIN` requests): where every bounded metric
+plus twice its half-width there is within its limit, the load counts as met; where one metric less its half-width
+is beyond it, the setting fails; otherwise the whole stream decides.  A setting met on screens only is never
+reported: before it can be a family's pick it is simulated on the whole streams (:meth:`_Checker.confirm`).  So
+the screen spends a fraction of a run where the answer is plain, and every figure printed is a whole stream's.
+
+**Reach.**  First the settings that wait least are simulated at every load: serving what is waiting at once in
+batches of at most Bmax, Bmax/2, … (Triton with no delay), and the SMDP table of least mean latency.  Where even
+their best misses a bound by more than :data:`REACH_MARGIN` of it at some load, the SLO is out of reach and
+nothing else is searched: the answer comes in a second.  Whenever no setting meets the SLO, the answer names the
+least each bounded metric reached (plus its half-width: the bound that setting would meet) at the load where it
+is hardest, and by which setting (``SLOAnswer.reach``).
 """
 
 from __future__ import annotations
@@ -56,6 +70,15 @@ __all__ = ["METRICS", "SLO", "LoadResult", "Setting", "SLOAnswer", "optimise", "
            "FAMILIES", "DEFAULT_SETTINGS"]
 
 _RTOL = 0.01  # bisection stops when the bracket's ends are within 1 % of each other
+#: The screen: a candidate is first simulated on the first 1/SCREEN of each load's stream (module doc) …
+SCREEN = 8
+#: … where that is at least this many requests (a shorter screen's intervals decide too little).
+SCREEN_MIN = 20_000
+#: An SLO is out of reach, and answered without the search, when even the settings that wait least miss a bound
+#: by more than this share of it (module doc, *Reach*).  Tables with a short timer and a capped largest batch
+#: beat them on p99 by up to 15 % (measured: exponential, gamma 0.5 and hyperexponential times at ρ 0.5 and 0.8;
+#: tests/test_slo_speed.py checks that the search finds nothing just inside this margin).
+REACH_MARGIN = 0.25
 
 # ------------------------------------------------------------------------------------------ the search
 class _Checker:
@@ -81,54 +104,85 @@ class _Checker:
         self.order = sorted(range(len(lams)), key=lambda i: (i not in (0, len(lams) - 1), i))
         self.count = 0
         self.progress = progress
+        self.reach: list[dict] = [{} for _ in lams]  # per load: metric → (least value, its half-width, setting)
         self.scale = 4.0 * min(b for _, b in slo.bounds)  # where the delay searches start (see _largest_delay)
+        # the percentiles the bounds need (the others would cost a partition of every batch-means group)
+        self.levels = tuple(float(m[1:]) for m, _ in slo.bounds if m != "mean") or (50.0,)
+        # the screen (module doc): the first 1/SCREEN of each load's stream, where that is ≥ SCREEN_MIN requests
+        n = self.requests // SCREEN
+        self.screens = [np.ascontiguousarray(a[:n]) for a in self.arrivals] if n >= SCREEN_MIN else None
 
-    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None) -> Setting:
-        from .simulate import simulate
-
+    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None,
+            screen: bool = True) -> Setting:
+        """``rule`` at every load (the loads likeliest to fail first); ``full``: every load even after one fails,
+        and no screen (the figures are reported whatever they are); ``screen``: decide on a stream's first part
+        where that is decisive (module doc; the Setting is then ``screened``)."""
         loads: list[LoadResult] = []
-        meets = True
+        meets, screened = True, False
         for i in self.order:
-            self.count += 1
-            if self.progress is not None:
-                self.progress(1)
-            try:
-                res = simulate(self.problems[i], rule, arrivals=self.arrivals[i], seed=self.seed,
-                               idle_power_w=self.idle_w, tail="continue",  # the stream is a sample: it goes on
-                               served=self.served)
-            except InputError as e:  # cannot carry this load: never meets the SLO
-                if not str(e).startswith(("unstable", rule.spec, "only ")):
-                    raise
-                inf = {m: math.inf for m, _ in self.slo.bounds}
-                loads.append(LoadResult(self.lams[i], inf, dict.fromkeys(inf, 0.0), math.inf, 0.0, math.nan, False))
-                meets = False
-                if not full:
-                    break
-                continue
-            d = res.as_dict()
-            vals = {m: float(d[METRICS[m]]) for m, _ in self.slo.bounds}
-            cis = {m: float(d[_CI[m]]) for m, _ in self.slo.bounds}
-            ok = all(vals[m] + cis[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
-            loads.append(LoadResult(self.lams[i], vals, cis, res.mean_power_w, res.mean_power_ci, res.mean_batch_size, ok))
-            if not ok:
+            got = None
+            if screen and not full and self.screens is not None:
+                got = self._load(i, rule, self.screens[i])
+                ok = got.meets
+                if not (all(got.metrics[m] + 2.0 * got.ci[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
+                        or any(got.metrics[m] - got.ci[m] > self.slo.limit(m) for m, _ in self.slo.bounds)):
+                    got = None  # not decisive: the whole stream decides
+                elif ok:
+                    screened = True
+            if got is None:
+                got = self._load(i, rule, self.arrivals[i])
+            loads.append(got)
+            if not got.meets:
                 meets = False
                 if not full:
                     break
         loads.sort(key=lambda x: x.lam)
-        return Setting(family, rule.spec, knobs, loads, meets, rule, policy)
+        return Setting(family, rule.spec, knobs, loads, meets, rule, policy, screened and meets)
+
+    def confirm(self, s: Setting) -> Setting:
+        """A screened setting simulated on the whole stream at every load (its figures as reported)."""
+        if not s.screened or s.rule is None:  # every screened Setting carries its rule (run)
+            return s
+        return self.run(s.family, s.rule, s.knobs, policy=s.policy, screen=False)
+
+    def _load(self, i: int, rule: ServerRule, arrivals: np.ndarray) -> LoadResult:
+        """``rule`` at load i on ``arrivals`` (that load's stream or its screen)."""
+        from .simulate import simulate
+
+        self.count += 1
+        if self.progress is not None:
+            self.progress(1)
+        try:
+            res = simulate(self.problems[i], rule, arrivals=arrivals, seed=self.seed, idle_power_w=self.idle_w,
+                           tail="continue",  # the stream is a sample: it goes on
+                           served=self.served, percentiles=self.levels)
+        except InputError as e:  # cannot carry this load: never meets the SLO
+            if not str(e).startswith(("unstable", rule.spec, "only ")):
+                raise
+            inf = {m: math.inf for m, _ in self.slo.bounds}
+            return LoadResult(self.lams[i], inf, dict.fromkeys(inf, 0.0), math.inf, 0.0, math.nan, False)
+        d = res.as_dict()
+        vals = {m: float(d[METRICS[m]]) for m, _ in self.slo.bounds}
+        cis = {m: float(d[_CI[m]]) for m, _ in self.slo.bounds}
+        ok = all(vals[m] + cis[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
+        if arrivals is self.arrivals[i]:  # the least each metric reached here (with its half-width), and by what
+            for m, _ in self.slo.bounds:
+                if m not in self.reach[i] or vals[m] + cis[m] < sum(self.reach[i][m][:2]):
+                    self.reach[i][m] = (vals[m], cis[m], rule.spec)
+        return LoadResult(self.lams[i], vals, cis, res.mean_power_w, res.mean_power_ci, res.mean_batch_size, ok)
 
 
 def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False,
-                   scale: float | None = None) -> Setting | None:
+                   scale: float | None = None, confirm=lambda s: s) -> Setting | None:
     """The least-power feasible setting along a delay knob d ∈ [0, cap] (ms), where more delay means larger
     batches: bracket the largest feasible d by doubling from ``guess`` (default ``scale``/16), bisect to 1 %.
-    ``check(d)`` → Setting.  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
+    ``check(d)`` → Setting; ``confirm(s)`` → s on the whole stream (the pick is never a screened one).  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
     and the least delay it tells from 0 (``scale``/4096): a loose second bound (a mean of 10⁶ ms beside a p99
     of 50 ms) widens ``cap`` but must not move the search away from the delays the tight bound allows."""
     span = cap if scale is None else min(scale, cap)
     best = None
     if inf_first:  # a pure table: the timer is only a guard
-        s = check(math.inf)
+        s = confirm(check(math.inf))
         if s.meets:
             return s
     tried: dict[float, Setting] = {}
@@ -184,9 +238,13 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
                 a = m
             else:
                 b = m
-    for s in tried.values():
-        best = _better(best, s)
-    return best
+    while True:  # the least power of those tried, on the whole stream
+        best = None
+        for s in tried.values():
+            best = _better(best, s)
+        if best is None or not best.screened:
+            return best
+        tried[next(d for d, s in tried.items() if s is best)] = confirm(best)
 
 
 def not_simulated(problem: BatchingProblem) -> set[str]:
@@ -241,9 +299,12 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     if "table+timer" in fams:
         fams |= {"smdp", "triton", "triton-preferred"}
     best: dict[str, Setting | None] = {}
+    out_of_reach = _out_of_reach(problem, chk, max(lams) if solve_lam is None else float(solve_lam))
+    searched = set() if out_of_reach else fams  # out of reach: nothing is searched, the answer says what is reachable
 
     def delay_family(name: str, make, knob: str, value, guess=None) -> Setting | None:
-        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess, scale=chk.scale)
+        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess, scale=chk.scale,
+                              confirm=chk.confirm)
 
     # the knobs are rounded as the servers' configs write them (whole µs, 6 digits of s, whole ms), so a
     # setting found here is exactly the one exported
@@ -252,9 +313,9 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     # model pads each batch up to the next allowed size, and its time and energy are paid
     full = list(sizes) == list(range(1, B + 1))
     pad = () if full else tuple(sizes)
-    if "triton" in fams:
+    if "triton" in searched:
         best["triton"] = delay_family("triton", lambda d: triton(B, us(d), (), pad), "delay_us", us)
-    if "triton-preferred" in fams:
+    if "triton-preferred" in searched:
         found: dict[int, Setting | None] = {}
 
         def by_q(q: int) -> float:
@@ -265,7 +326,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             found[q] = _largest_delay(
                 lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
                                                                                "preferred": pref}), cap, guess,
-                scale=chk.scale)
+                scale=chk.scale, confirm=chk.confirm)
             return found[q].power_w if found[q] is not None else math.inf  # type: ignore[union-attr]  # checked
 
         for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
@@ -273,17 +334,17 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         best["triton-preferred"] = None
         for s in found.values():
             best["triton-preferred"] = _better(best["triton-preferred"], s)
-    if "tfserving" in fams:
+    if "tfserving" in searched:
         best["tfserving"] = delay_family("tfserving", lambda d: tf_serving(B, us(d), pad), "timeout_us", us)
-    if "ray" in fams:
+    if "ray" in searched:
         secs = lambda d: float(f"{d / 1000.0:.6g}")
         best["ray"] = delay_family("ray", lambda d: ray_serve(B, secs(d), pad), "timeout_s", secs)
-    if "torchserve" in fams:  # TorchServe's maxBatchDelay is a whole number of ms
+    if "torchserve" in searched:  # TorchServe's maxBatchDelay is a whole number of ms
         best["torchserve"] = delay_family("torchserve", lambda d: torchserve(B, math.floor(d), pad), "delay_ms",
                                           lambda d: float(math.floor(d)))
-    if "smdp" in fams:
+    if "smdp" in searched:
         best["smdp"] = _smdp_family(problem, chk, cap, max(lams) if solve_lam is None else float(solve_lam))
-    if "table+timer" in fams:
+    if "table+timer" in searched:
         members = [best.get("smdp")]
         # Triton's rule is a table + timer when every size 1..B is allowed (no padding): then it is a member
         # Triton's rule is a table + timer (with padded profiles, its forced batch is the "pad" form)
@@ -326,7 +387,52 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
                                                {"current": True}, full=True)
     return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
                      int(seed), chk.count, time.perf_counter() - t0, cur, problem, float(idle_power_w),
-                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served)
+                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served,
+                     _reach(chk), out_of_reach)
+
+
+def _out_of_reach(problem: BatchingProblem, chk: _Checker, solve_lam: float) -> bool:
+    """Whether the SLO is out of reach at some load (module doc, *Reach*): even the settings that wait least miss
+    a bound there by more than :data:`REACH_MARGIN` of it, each metric with its half-width.  They are simulated
+    at every load (what they reach is reported either way)."""
+    from ..solvers import solve
+
+    sizes, B = problem.batch_sizes, problem.bmax
+    full = list(sizes) == list(range(1, B + 1))
+    rules = []
+    c = B
+    while c >= problem.bmin:  # serve what is waiting at once, in batches of at most c (Triton with no delay)
+        sub = tuple(b for b in sizes if b <= c)
+        if sub[-1] == c and problem.instances * c / float(problem.latency(np.float64(c))) > max(chk.lams):
+            rules.append(triton(c, 0.0, (), () if full else sub))
+        c //= 2
+    if problem.instances == 1 and problem.contention is None:  # the SMDP table of least mean latency
+        try:
+            sol = solve(problem.replace(lam=solve_lam, w2=0.0))
+            rules.append(table_timer(np.asarray(sol.policy)[: sol.s_max + 1], sizes, math.inf,
+                                     spec="smdp:w2=0+timer:inf"))
+        except InputError:
+            pass
+    for rule in rules:
+        chk.run("reach", rule, {}, full=True)
+    for i in range(len(chk.lams)):
+        for m, _ in chk.slo.bounds:
+            got = chk.reach[i].get(m)
+            if got is not None and got[0] + got[1] > (1.0 + REACH_MARGIN) * chk.slo.limit(m):
+                return True
+    return False
+
+
+def _reach(chk: _Checker) -> dict | None:
+    """Where the SLO is hardest to reach: the load and metric whose least value plus half-width, over every
+    setting simulated on the whole stream, is largest against its limit; None when nothing was simulated."""
+    worst = None
+    for i, lam in enumerate(chk.lams):
+        for m, (v, h, spec) in chk.reach[i].items():
+            r = (v + h) / chk.slo.limit(m)
+            if worst is None or r > worst[0]:
+                worst = (r, {"lam": lam, "metric": m, "value_ms": v, "ci_ms": h, "setting": spec})
+    return None if worst is None else worst[1]
 
 
 def _check_served_reachable(problem: BatchingProblem, slo: SLO, lams: list[float], served) -> None:
@@ -352,9 +458,10 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
     not be unimodal once simulated percentiles and their intervals decide).  A pure table that meets the SLO
     needs no timer; the others get the timer search, with each forced-batch form the runtime offers (largest
     allowed size ≤ n; with allowed sizes other than 1..Bmax also min(n, Bmax) padded up).  Then the one-server
-    tables with the largest batch capped at Bmax/2, Bmax/4, … while that lowers the power: with heavy-tailed
-    batch times one long batch of Bmax after a backlog costs more tail latency than it saves power, and a
-    mean-cost table never caps itself."""
+    tables with the largest batch capped at Bmax/2, Bmax/4, … while that lowers the power, or until a capped
+    table meets the SLO where none did: with heavy-tailed batch times one long batch of Bmax after a backlog costs
+    more tail latency than it saves power (a p99 out of reach with Bmax may be met with Bmax/4), and a mean-cost
+    table never caps itself."""
     from .table_candidates import instances_tables, one_server_tables
 
     multi = len(chk.lams) > 1
@@ -365,14 +472,14 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
     best = _smdp_tables(chk, cap, cands, sizes)
     c = problem.bmax // 2
     per = problem.instances
-    while best is not None and c >= max(problem.bmin, 2):
+    while c >= max(problem.bmin, 2):  # while that lowers the power, or until some capped table meets the SLO
         sub = tuple(b for b in sizes if b <= c)
         if sub[-1] != c or not per * sub[-1] / float(problem.latency(np.float64(sub[-1]))) > max(chk.lams):
             break  # c is not an allowed size, or batches of c cannot carry the top load
         found = _smdp_tables(chk, cap, one_server_tables(problem, solve_lam, sub, multi), sub)
-        if found is None or not found.power_w < best.power_w:
+        if best is not None and (found is None or not found.power_w < best.power_w):
             break
-        best, c = found, c // 2
+        best, c = _better(best, found), c // 2
     return best
 
 
@@ -384,8 +491,8 @@ def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
     for cand in cands:
         pol, name, knobs = cand.policy, cand.name, cand.knobs
         policy = pol.tolist()
-        pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
-                       policy=policy)
+        pure = chk.confirm(chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"),
+                                   {**knobs, "tau_ms": math.inf}, policy=policy))
         if pure.meets:
             pick = _better(pick, pure)
             continue
@@ -397,7 +504,7 @@ def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
                 return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
                                {**knobs, "tau_ms": t, "forced": form}, policy=policy)  # noqa: B023
 
-            s = _largest_delay(check, cap, guess[form], scale=chk.scale)
+            s = _largest_delay(check, cap, guess[form], scale=chk.scale, confirm=chk.confirm)
             if s is not None:
                 guess[form] = s.knobs["tau_ms"] or None
                 pick = _better(pick, s)

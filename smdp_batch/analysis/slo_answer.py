@@ -172,6 +172,7 @@ class Setting:
     meets: bool
     rule: ServerRule | None = field(repr=False, default=None)
     policy: list | None = field(repr=False, default=None)  # the SMDP table (queue lengths 0..s_max)
+    screened: bool = False  # met the SLO on the search's screen: its figures are the screen's, not yet reported
 
     @property
     def power_w(self) -> float:
@@ -213,6 +214,8 @@ class SLOAnswer:
     idle_power_w: float = 0.0  # W per instance running no batch, in every P̄
     idle_power_given: bool = False  # False: 0 W assumed (the answer says so)
     served: object = None  # the served-delay model in every setting's metrics (a ServedDelay), or None
+    reach: dict | None = None  # the least value (and half-width) of the hardest metric at the hardest load, by what
+    out_of_reach: bool = False  # refused before the search: even the settings that wait least miss it (no family ran)
 
     def floors(self) -> list[tuple[float, float, int | None]]:
         """(λ, P_floor W, the size attaining it) at each load (:mod:`~smdp_batch.analysis.power_floor`)."""
@@ -303,6 +306,7 @@ class SLOAnswer:
                 "power_floor_w": floor,
                 "power_floor": [{"lam": lam, "floor_w": f, "size": b} for lam, f, b in floors],
                 "captured_share": share, "captured_against": against,
+                "reach": self.reach, "out_of_reach": self.out_of_reach,
                 **({} if self.current is None else
                    {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
 

@@ -245,7 +245,26 @@ def answer_lines(answer, instances: int = 1, idle_hint: str = "give --idle-power
             lines.append(f"  {label:11s} {text}")
     else:
         lines.append(f"  answer      no table+timer setting meets {slo.text()} at every load: relax the SLO or the range")
+        lines += reach_lines(answer)
     return lines
+
+
+def reach_lines(answer) -> list[str]:
+    """Where an SLO is not met: the least the hardest metric reached at the hardest load, by which setting, and what
+    bound it would meet (a setting meets a bound when its metric plus the half-width is within it)."""
+    from ..analysis.slo import REACH_MARGIN
+
+    r = answer.reach
+    if r is None:
+        return []
+    name = "W̄" if r["metric"] == "mean" else r["metric"]
+    top = r["value_ms"] + r["ci_ms"]
+    how = ("the best of the settings that wait least (serve at once, in batches up to Bmax, Bmax/2, …; the SMDP table "
+           f"of least mean latency), over {100 * REACH_MARGIN:.0f} % above the bound, more than other settings gain on "
+           "them, so nothing else was searched" if answer.out_of_reach else "the least of every setting simulated")
+    return [f"  reach       at {_rate(r['lam'])} the least {name} is {r['value_ms']:.4g} ± {half_width(r['ci_ms'])} ms "
+            f"({r['setting']}): {how}",
+            f"              a bound of {top:.4g} ms or more can be met there; more --requests narrow the ± part"]
 
 
 def half_width(x: float) -> str:

@@ -1,0 +1,128 @@
+"""The fast SLO search: its shortcuts never change what it answers.
+
+* the service draws kept for the next run on the same random numbers give the same runs to the bit;
+* the screen (a candidate decided on the first 1/8 of each stream where that is decisive) gives the answer the
+  whole streams give, and nothing reported rests on a screen;
+* an SLO out of reach is answered without a search, naming the least any setting reached; a search with the
+  pre-check switched off finds nothing there either (the pre-check's margin is checked, not assumed);
+* a p99 that batches of Bmax cannot meet is met with a smaller largest batch where one can.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from smdp_batch.analysis import sim_draws, slo
+from smdp_batch.analysis.simulate import simulate
+from smdp_batch.analysis.slo import optimise
+from smdp_batch.baselines.servers import triton
+from smdp_batch.cli import main
+from smdp_batch.model.problem import BatchingProblem
+
+PROFILE = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "data", "onnx_mlp_cpu.csv")
+
+
+def _onnx(rho: float = 0.5) -> BatchingProblem:
+    return BatchingProblem.from_rho(rho, batch_sizes=(1, 2, 4, 8, 16, 32), latency=f"csv:{PROFILE}",
+                                    energy=f"csv:{PROFILE}", service=f"empirical:{PROFILE}")
+
+
+def _figures(r) -> tuple:
+    return (r.mean_latency_ms, r.mean_power_w, r.percentiles["p99_ms"], r.percentile_ci["p99_ms"],
+            tuple(sorted(r.batch_size_counts.items())))
+
+
+def test_kept_draws_give_the_same_run_to_the_bit(monkeypatch):
+    """A run that finds its pools kept equals one that draws them, per-size law and shared law alike; a run that
+    shifts the pools (a served-delay model's per-batch time) leaves the kept ones as they were."""
+    from smdp_batch.model.served import ServedDelay
+
+    for p in (_onnx(), BatchingProblem.basic(rho=0.5, service="gamma:0.5")):
+        rule = triton(32, 2000.0, (), () if p.batch_sizes == tuple(range(1, 33)) else p.batch_sizes)
+        sim_draws._CACHE.clear()
+        fresh = _figures(simulate(p, rule, requests=30_000, seed=3))
+        assert sim_draws._CACHE, "the pools were not kept"
+        again = _figures(simulate(p, rule, requests=30_000, seed=3))
+        assert again == fresh
+        sd = ServedDelay(a_ms=0.4, c_ms=0.05, return_ms=0.0, loads_per_s=(p.lam * 1e3,),
+                         outside_ms=(np.full(50, 0.1),), carried_per_s=1e9)
+        shifted = simulate(p, rule, requests=30_000, seed=3, served=sd)
+        assert shifted.mean_latency_ms > fresh[0]
+        assert _figures(simulate(p, rule, requests=30_000, seed=3)) == fresh
+        monkeypatch.setattr(sim_draws, "CACHE_BYTES", 0)  # nothing kept: drawn again, the same run
+        sim_draws._CACHE.clear()
+        assert _figures(simulate(p, rule, requests=30_000, seed=3)) == fresh
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("problem, bound", [(BatchingProblem.basic(rho=0.5), 12.6), (_onnx(), 4.78)])
+def test_the_screen_gives_the_answer_the_whole_streams_give(monkeypatch, problem, bound):
+    """With 160 000 requests a load (a screen of 20 000), the search answers what it answers without the screen,
+    every reported figure is the whole stream's, and it ran fewer whole-stream simulations."""
+    with_screen = optimise(problem, {"p99": bound}, requests=160_000)
+    monkeypatch.setattr(slo, "SCREEN_MIN", 10**9)
+    without = optimise(problem, {"p99": bound}, requests=160_000)
+    a, b = with_screen.recommended, without.recommended
+    assert a is not None and b is not None
+    assert a.spec == b.spec or abs(a.power_w - b.power_w) <= math.hypot(a.power_ci, b.power_ci)
+    for s in [*with_screen.best.values(), *with_screen.defaults]:
+        assert s is None or not s.screened
+    # the reported figures are those of the whole stream: simulated again, the same
+    rerun = optimise(problem, {"p99": bound}, requests=160_000, families=("triton",), defaults=False)
+    t = with_screen.best["triton"]
+    assert t is not None and rerun.best["triton"].loads == t.loads
+    assert not [s for s in with_screen.best.values() if s is not None and s.screened]
+
+
+def test_an_slo_out_of_reach_is_answered_without_a_search(capsys):
+    """Heavy-tailed batch times, p99 ≤ 40 ms: even serving at once misses it, so the answer comes from a handful of
+    simulations and names the least p99 reached, by what, and the bound that could be met."""
+    p = BatchingProblem.basic(rho=0.5, service="lognormal:1")
+    ans = optimise(p, {"p99": 40.0}, requests=100_000)
+    assert ans.out_of_reach and ans.recommended is None
+    assert ans.evaluations <= 12  # the settings that wait least and the 5 defaults, not a search
+    r = ans.reach
+    assert r["metric"] == "p99" and r["value_ms"] + r["ci_ms"] > 40.0 * (1 + slo.REACH_MARGIN)
+    d = ans.as_dict()
+    assert d["reach"]["setting"] == r["setting"] and d["out_of_reach"] is True
+    rc = main(["compare", "--service", "lognormal:1", "--slo-p99-ms", "40", "--requests", "100000"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "reach       at 1479.3 req/s the least p99 is" in out and "nothing else was searched" in out
+    assert f"a bound of {r['value_ms'] + r['ci_ms']:.4g} ms or more can be met there" in out
+    rc = main(["compare", "--service", "lognormal:1", "--slo-p99-ms", "40", "--requests", "100000", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reach"]["metric"] == "p99" and doc["out_of_reach"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("service", ["exp", "gamma:0.5", "hyperexp:0.3/0.2,0.7/1.343"])
+def test_nothing_the_search_finds_lies_below_the_pre_checks_reach(monkeypatch, service):
+    """Just below where the pre-check calls an SLO out of reach, the whole search (pre-check off) finds nothing
+    either: no setting beats the ones that wait least by the pre-check's margin."""
+    p = BatchingProblem.basic(rho=0.5, service=service)
+    probe = optimise(p, {"p99": 1e4}, requests=50_000, families=("triton",), defaults=False)
+    reach = probe.reach["value_ms"] + probe.reach["ci_ms"]
+    bound = 0.99 * reach / (1 + slo.REACH_MARGIN)
+    monkeypatch.setattr(slo, "REACH_MARGIN", math.inf)
+    ans = optimise(p, {"p99": bound}, requests=50_000)
+    assert not ans.out_of_reach
+    assert ans.recommended is None, (bound, ans.recommended and ans.recommended.spec)
+    assert ans.reach["value_ms"] + ans.reach["ci_ms"] > bound
+
+
+def test_a_p99_batches_of_bmax_cannot_meet_is_met_with_smaller_batches():
+    """Lognormal batch times: a long batch of 32 after a backlog breaks p99 ≤ 60 ms under every timer, batches of
+    at most 16 meet it; the search says so instead of "no setting meets"."""
+    p = BatchingProblem.basic(rho=0.5, service="lognormal:1")
+    ans = optimise(p, {"p99": 60.0}, requests=200_000, families=("smdp", "triton"), defaults=False)
+    assert ans.best["triton"] is None  # max_batch_size 32, every delay
+    s = ans.best["smdp"]
+    assert s is not None and max(s.knobs["batch_sizes"]) < 32
+    fresh = simulate(p, s.rule, requests=400_000, seed=99)
+    assert fresh.percentiles["p99_ms"] <= 60.0
