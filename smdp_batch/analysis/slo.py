@@ -37,12 +37,12 @@ the same arrivals (common random numbers: one seeded stream of unit-rate gaps sc
 given trace or MAP sample scaled the same way), so settings are compared on equal terms.  Power is the
 mean of P̄ over the loads (equal time at each); the *worst load* is the one with the least margin.
 
-**Screen.**  Most candidates of a search are far from the boundary, so each is first simulated on the first
-1/:data:`SCREEN` of each load's stream (where that is ≥ :data:`SCREEN_MIN` requests): where every bounded metric
-plus twice its half-width there is within its limit, the load counts as met; where one metric less its half-width
-is beyond it, the setting fails; otherwise the whole stream decides.  A setting met on screens only is never
-reported: before it can be a family's pick it is simulated on the whole streams (:meth:`_Checker.confirm`).  So
-the screen spends a fraction of a run where the answer is plain, and every figure printed is a whole stream's.
+**Screen.**  Most candidates of a search miss the SLO plainly, so each is first simulated on the first
+1/:data:`SCREEN` of each load's stream (where that is ≥ :data:`SCREEN_MIN` requests): where a bounded metric less
+its half-width there is already beyond its limit, the setting fails at that load; otherwise the whole stream
+decides.  A setting is never *accepted* on a screen: with heavy-tailed batch times a screen's interval can look
+comfortable where the whole stream's is not (measured: hyperexponential times, a setting 0.26 W worse picked),
+so every setting that meets the SLO, and every figure printed, is a whole stream's.
 
 **Reach.**  First the settings that wait least are simulated at every load: serving what is waiting at once in
 batches of at most Bmax, Bmax/2, … (Triton with no delay), and the SMDP table of least mean latency.  Where even
@@ -112,23 +112,19 @@ class _Checker:
         n = self.requests // SCREEN
         self.screens = [np.ascontiguousarray(a[:n]) for a in self.arrivals] if n >= SCREEN_MIN else None
 
-    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None,
-            screen: bool = True) -> Setting:
+    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None) -> Setting:
         """``rule`` at every load (the loads likeliest to fail first); ``full``: every load even after one fails,
-        and no screen (the figures are reported whatever they are); ``screen``: decide on a stream's first part
-        where that is decisive (module doc; the Setting is then ``screened``)."""
+        and no screen (the figures are reported whatever they are).  Otherwise a load whose screen shows a plain
+        miss fails the setting there (module doc); every figure of a setting that meets the SLO is a whole
+        stream's."""
         loads: list[LoadResult] = []
-        meets, screened = True, False
+        meets = True
         for i in self.order:
             got = None
-            if screen and not full and self.screens is not None:
+            if not full and self.screens is not None:
                 got = self._load(i, rule, self.screens[i])
-                ok = got.meets
-                if not (all(got.metrics[m] + 2.0 * got.ci[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
-                        or any(got.metrics[m] - got.ci[m] > self.slo.limit(m) for m, _ in self.slo.bounds)):
-                    got = None  # not decisive: the whole stream decides
-                elif ok:
-                    screened = True
+                if not any(got.metrics[m] - got.ci[m] > self.slo.limit(m) for m, _ in self.slo.bounds):
+                    got = None  # no plain miss: the whole stream decides
             if got is None:
                 got = self._load(i, rule, self.arrivals[i])
             loads.append(got)
@@ -137,13 +133,7 @@ class _Checker:
                 if not full:
                     break
         loads.sort(key=lambda x: x.lam)
-        return Setting(family, rule.spec, knobs, loads, meets, rule, policy, screened and meets)
-
-    def confirm(self, s: Setting) -> Setting:
-        """A screened setting simulated on the whole stream at every load (its figures as reported)."""
-        if not s.screened or s.rule is None:  # every screened Setting carries its rule (run)
-            return s
-        return self.run(s.family, s.rule, s.knobs, policy=s.policy, screen=False)
+        return Setting(family, rule.spec, knobs, loads, meets, rule, policy)
 
     def _load(self, i: int, rule: ServerRule, arrivals: np.ndarray) -> LoadResult:
         """``rule`` at load i on ``arrivals`` (that load's stream or its screen)."""
@@ -173,16 +163,16 @@ class _Checker:
 
 
 def _largest_delay(check, cap: float, guess: float | None = None, inf_first: bool = False,
-                   scale: float | None = None, confirm=lambda s: s) -> Setting | None:
+                   scale: float | None = None) -> Setting | None:
     """The least-power feasible setting along a delay knob d ∈ [0, cap] (ms), where more delay means larger
     batches: bracket the largest feasible d by doubling from ``guess`` (default ``scale``/16), bisect to 1 %.
-    ``check(d)`` → Setting; ``confirm(s)`` → s on the whole stream (the pick is never a screened one).  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
+    ``check(d)`` → Setting.  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
     and the least delay it tells from 0 (``scale``/4096): a loose second bound (a mean of 10⁶ ms beside a p99
     of 50 ms) widens ``cap`` but must not move the search away from the delays the tight bound allows."""
     span = cap if scale is None else min(scale, cap)
     best = None
     if inf_first:  # a pure table: the timer is only a guard
-        s = confirm(check(math.inf))
+        s = check(math.inf)
         if s.meets:
             return s
     tried: dict[float, Setting] = {}
@@ -238,13 +228,9 @@ def _largest_delay(check, cap: float, guess: float | None = None, inf_first: boo
                 a = m
             else:
                 b = m
-    while True:  # the least power of those tried, on the whole stream
-        best = None
-        for s in tried.values():
-            best = _better(best, s)
-        if best is None or not best.screened:
-            return best
-        tried[next(d for d, s in tried.items() if s is best)] = confirm(best)
+    for s in tried.values():
+        best = _better(best, s)
+    return best
 
 
 def not_simulated(problem: BatchingProblem) -> set[str]:
@@ -303,8 +289,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     searched = set() if out_of_reach else fams  # out of reach: nothing is searched, the answer says what is reachable
 
     def delay_family(name: str, make, knob: str, value, guess=None) -> Setting | None:
-        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess, scale=chk.scale,
-                              confirm=chk.confirm)
+        return _largest_delay(lambda d: chk.run(name, make(d), {knob: value(d)}), cap, guess, scale=chk.scale)
 
     # the knobs are rounded as the servers' configs write them (whole µs, 6 digits of s, whole ms), so a
     # setting found here is exactly the one exported
@@ -326,7 +311,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             found[q] = _largest_delay(
                 lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
                                                                                "preferred": pref}), cap, guess,
-                scale=chk.scale, confirm=chk.confirm)
+                scale=chk.scale)
             return found[q].power_w if found[q] is not None else math.inf  # type: ignore[union-attr]  # checked
 
         for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
@@ -491,8 +476,8 @@ def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
     for cand in cands:
         pol, name, knobs = cand.policy, cand.name, cand.knobs
         policy = pol.tolist()
-        pure = chk.confirm(chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"),
-                                   {**knobs, "tau_ms": math.inf}, policy=policy))
+        pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
+                       policy=policy)
         if pure.meets:
             pick = _better(pick, pure)
             continue
@@ -504,7 +489,7 @@ def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
                 return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
                                {**knobs, "tau_ms": t, "forced": form}, policy=policy)  # noqa: B023
 
-            s = _largest_delay(check, cap, guess[form], scale=chk.scale, confirm=chk.confirm)
+            s = _largest_delay(check, cap, guess[form], scale=chk.scale)
             if s is not None:
                 guess[form] = s.knobs["tau_ms"] or None
                 pick = _better(pick, s)

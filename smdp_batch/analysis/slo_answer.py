@@ -172,7 +172,6 @@ class Setting:
     meets: bool
     rule: ServerRule | None = field(repr=False, default=None)
     policy: list | None = field(repr=False, default=None)  # the SMDP table (queue lengths 0..s_max)
-    screened: bool = False  # met the SLO on the search's screen: its figures are the screen's, not yet reported
 
     @property
     def power_w(self) -> float:
