@@ -60,8 +60,7 @@ def test_kept_draws_give_the_same_run_to_the_bit(monkeypatch):
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("problem, bound", [(BatchingProblem.basic(rho=0.5), 12.6), (_onnx(), 4.78),
-                                            (BatchingProblem.preset("fig9-hyperexp", rho=0.5), 79.22)])
+@pytest.mark.parametrize("problem, bound", [(_onnx(), 4.78), (BatchingProblem.preset("fig9-hyperexp", rho=0.5), 79.22)])
 def test_the_screen_gives_the_answer_the_whole_streams_give(monkeypatch, problem, bound):
     """With 160 000 requests a load (a screen of 20 000), the search answers what it answers without the screen,
     setting for setting (hyperexponential times included, where a screen that also accepted settings picked a
@@ -109,7 +108,7 @@ def test_an_slo_out_of_reach_is_answered_without_a_search(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("service", ["exp", "gamma:0.5", "hyperexp:0.3/0.2,0.7/1.343"])
+@pytest.mark.parametrize("service", ["gamma:0.5", "hyperexp:0.3/0.2,0.7/1.343"])
 def test_nothing_the_search_finds_lies_below_the_pre_checks_reach(monkeypatch, service):
     """Just below where the pre-check calls an SLO out of reach, the whole search (pre-check off) finds nothing
     either: no setting beats the ones that wait least by the pre-check's margin."""
@@ -132,5 +131,5 @@ def test_a_p99_batches_of_bmax_cannot_meet_is_met_with_smaller_batches():
     assert ans.best["triton"] is None  # max_batch_size 32, every delay
     s = ans.best["smdp"]
     assert s is not None and max(s.knobs["batch_sizes"]) < 32
-    fresh = simulate(p, s.rule, requests=400_000, seed=99)
+    fresh = simulate(p, s.rule, requests=2_000_000, seed=99)  # heavy tails: 2·10⁵ requests do not pin a p99 down
     assert fresh.percentiles["p99_ms"] <= 60.0
