@@ -79,7 +79,8 @@ def test_the_screen_gives_the_answer_the_whole_streams_give(monkeypatch, problem
     ran.clear()
     monkeypatch.setattr(slo, "SCREEN_MIN", 10**9)
     without = optimise(problem, {"p99": bound}, requests=160_000)
-    assert all(n == 160_000 for n in ran) and whole_with < len(ran)
+    assert all(n in (160_000, 800_000) for n in ran)  # the whole streams, and the fresh check of the answer
+    assert whole_with < sum(n == 160_000 for n in ran)
     for fam, s in with_screen.best.items():
         t = without.best[fam]
         assert (s is None) == (t is None), fam
@@ -133,3 +134,21 @@ def test_a_p99_batches_of_bmax_cannot_meet_is_met_with_smaller_batches():
     assert s is not None and max(s.knobs["batch_sizes"]) < 32
     fresh = simulate(p, s.rule, requests=2_000_000, seed=99)  # heavy tails: 2·10⁵ requests do not pin a p99 down
     assert fresh.percentiles["p99_ms"] <= 60.0
+
+
+def test_every_answer_is_checked_on_a_fresh_stream():
+    """The recommendation runs again on the next seed, 5× as long: on the basic scenario it holds; with lognormal
+    batch times and 5·10⁴ requests the interval it was chosen on is far too narrow, and the answer says so."""
+    from smdp_batch.cli.slo import answer_lines
+
+    ok = optimise(BatchingProblem.basic(rho=0.5), {"p99": 20.0}, requests=50_000)
+    assert ok.fresh_holds is True and ok.fresh_requests == 250_000
+    d = ok.as_dict()["fresh_check"]
+    assert d["seed"] == 1 and d["holds"] is True and len(d["loads"]) == 1
+    assert any(ln.startswith("  fresh seed  p99 ") and ln.endswith(": holds") for ln in answer_lines(ok))
+    bad = optimise(BatchingProblem.basic(rho=0.5, service="lognormal:1"), {"p99": 103.4}, requests=50_000,
+                   families=("smdp", "triton"), defaults=False)
+    assert bad.recommended is not None and bad.fresh_holds is False
+    assert bad.fresh.loads[0].metrics["p99"] > 103.4
+    line = next(ln for ln in answer_lines(bad) if ln.startswith("  fresh seed"))
+    assert "BREAKS p99 ≤ 103.4 ms" in line and "more --requests" in line

@@ -215,6 +215,8 @@ class SLOAnswer:
     served: object = None  # the served-delay model in every setting's metrics (a ServedDelay), or None
     reach: dict | None = None  # the least value (and half-width) of the hardest metric at the hardest load, by what
     out_of_reach: bool = False  # refused before the search: even the settings that wait least miss it (no family ran)
+    fresh: Setting | None = None  # the recommendation on a fresh stream (the next seed, longer), or None
+    fresh_requests: int | None = None  # requests per load of that stream
 
     def floors(self) -> list[tuple[float, float, int | None]]:
         """(λ, P_floor W, the size attaining it) at each load (:mod:`~smdp_batch.analysis.power_floor`)."""
@@ -243,6 +245,14 @@ class SLOAnswer:
             return None, None
         floor = self.floor_w() if floor_w is None else floor_w
         return captured_share(float(np.mean([x.power_w for x in ref.loads])), rec.power_w, floor), ref.spec
+
+    @property
+    def fresh_holds(self) -> bool | None:
+        """Whether the recommendation's every bounded metric, on the fresh stream, is within its limit at every load
+        (its point estimate: that stream is the check, not a second search); None without a fresh check."""
+        if self.fresh is None:
+            return None
+        return all(x.metrics[m] <= self.slo.limit(m) for x in self.fresh.loads for m, _ in self.slo.bounds)
 
     @property
     def recommended(self) -> Setting | None:
@@ -306,6 +316,9 @@ class SLOAnswer:
                 "power_floor": [{"lam": lam, "floor_w": f, "size": b} for lam, f, b in floors],
                 "captured_share": share, "captured_against": against,
                 "reach": self.reach, "out_of_reach": self.out_of_reach,
+                "fresh_check": None if self.fresh is None else
+                {"seed": self.seed + 1, "requests_per_load": self.fresh_requests, "holds": self.fresh_holds,
+                 "loads": [x.as_dict() for x in self.fresh.loads]},
                 **({} if self.current is None else
                    {"current": {**self.current.as_dict(self.slo), "versus": self.versus(self.current)}})}
 

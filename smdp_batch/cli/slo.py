@@ -284,6 +284,7 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
     lines = [f"  margin      {w.margin_ms(slo):.3g} ms ({100 * w.margin(slo):.2g} % of the bound) at the worst load, "
              f"{_rate(w.lam)}: {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) against {b:g} ms; "
              f"{answer.requests} simulated requests per load, 95 % batch-means half-widths"]
+    lines += fresh_lines(answer, s)
     room = slo.headroom_text()
     sd = answer.served
     if sd is not None:
@@ -305,6 +306,24 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
         text += f"; takes {100 * share:.3g} % of the saving there is against {against}"
     lines.append(text)
     return lines
+
+
+def fresh_lines(answer, s) -> list[str]:
+    """The recommendation on a fresh stream (another seed, longer): where it holds, one line; where it breaks, the
+    load, the figure and what to do."""
+    f = answer.fresh
+    if f is None or s is not answer.recommended:
+        return []
+    slo = answer.slo
+    w = max(f.loads, key=lambda x: max(x.metrics[k] / slo.limit(k) for k, _ in slo.bounds))
+    m, b = max(slo.bounds, key=lambda kb: w.metrics[kb[0]] / slo.limit(kb[0]))
+    name = "W̄" if m == "mean" else m
+    text = (f"  fresh seed  {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) at {_rate(w.lam)} on "
+            f"{answer.fresh_requests} new requests a load (seed {answer.seed + 1})")
+    if answer.fresh_holds:
+        return [text + ": holds"]
+    return [text + f": BREAKS {name} ≤ {b:g} ms — the interval it was chosen on was too narrow for this law's tail; "
+            "ask again with more --requests (5–10× as many) and check that the answer holds here"]
 
 
 #: The Python line of a run-it answer starts with this import, so that it runs as printed.
