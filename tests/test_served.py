@@ -13,7 +13,7 @@ import pytest
 
 from smdp_batch.analysis.served import CalibrationRun, fit_served
 from smdp_batch.analysis.simulate import poisson_arrivals, response_times, simulate
-from smdp_batch.analysis.slo import optimise
+from smdp_batch.analysis.slo import SLO, optimise
 from smdp_batch.baselines.servers import parse_rule
 from smdp_batch.cli import main
 from smdp_batch.errors import InputError
@@ -305,7 +305,7 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
 def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     """Export at a p99 SLO → calibrate → export with the served-delay model → run at both ends on fresh streams:
     the measured p99 meets the SLO and is within 10 % of the plan (one retry on a fresh stream: the 2-core host is
-    shared with the suite's other worker)."""
+    shared with the suite's other worker), the plan keeping 3 % of the bound for the measurement's own noise."""
     pytest.importorskip("pytriton")
     from smdp_batch.analysis.slo import load_grid
     from smdp_batch.integrations.calibrate import calibrate
@@ -314,7 +314,10 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     slo = 25.0
     lams = load_grid(p, 0.1, 0.3)
     loads = [x * 1e3 for x in (lams[0], lams[4])]  # both ends (the middle loads plan with the top one's sample)
-    plan = lambda served=None: optimise(p.replace(lam=lams[-1]), {"p99": slo}, lams,  # noqa: E731
+    # 3 % headroom: a p99 measured on 1 000 requests (ten in its tail) moves by a few % from stream to stream, and a
+    # plan on the bound itself then reads as a miss about as often as not (measured on the CI host: 25.14 ms against
+    # a 25 ms bound, plan 24.74); the headroom is the documented way to keep room for what the plan does not hold
+    plan = lambda served=None: optimise(p.replace(lam=lams[-1]), SLO.of({"p99": slo}, ("pct", 3.0)), lams,  # noqa: E731
                                         families=("triton-preferred",), requests=30_000, defaults=False,
                                         served=served).best["triton-preferred"]
     refusals: list[str] = []
