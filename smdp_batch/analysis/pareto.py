@@ -227,12 +227,12 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
     p = problem.replace(w2=float(w2))
     try:
         cand = None
-        near = hint is not None and hint.get("near", True)
-        if hint is not None and near:
+        near = hint if hint is not None and hint.get("near", True) else None  # where a near solve may settle
+        if near is not None:
             cands = Candidates(p, 1e-3)
-            cands.warm = np.asarray(hint["policy"], dtype=np.int64)
-            c_o = max(100.0, float(hint["abstract_cost"]))  # at least solve()'s default c_o (paper 004 Table II)
-            cand = search_near(cands, int(hint["s_max"]), c_o, 2 * int(hint["s_max"]))
+            cands.warm = np.asarray(near["policy"], dtype=np.int64)
+            c_o = max(100.0, float(near["abstract_cost"]))  # at least solve()'s default c_o (paper 004 Table II)
+            cand = search_near(cands, int(near["s_max"]), c_o, 2 * int(near["s_max"]))
         if cand is not None:
             pol, s_max, c_o = cand.res.policy, cand.model.s_max, cand.model.abstract_cost  # type: ignore[union-attr]  # search_near returns solved ones
         else:
@@ -256,7 +256,7 @@ def _solve_job(problem: BatchingProblem, w2: float, hint: dict | None = None) ->
             # a near solve that did not settle next door will not here either (heavy tails: the overflow test needs
             # more than twice the neighbour's truncation): the solves started from this one go straight to solve()
             "hint": {"s_max": s_max, "abstract_cost": c_o, "policy": [int(a) for a in pol],
-                     "near": (hint is None or hint.get("near", True)) and not (near and cand is None)}}
+                     "near": hint is None or (near is not None and cand is not None)}}
 
 
 def _point(w2: float, r: dict) -> FrontPoint:

@@ -381,18 +381,23 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
             dflt.append(chk.run(spec.split(":")[0], rule, {"default": True}, full=True))
     cur = None if current is None else chk.run(current.spec.partition(":")[0].partition("+")[0], current,
                                                {"current": True}, full=True)
-    pick = None
-    for fam in ("table+timer",) + RULE_FAMILIES:  # SLOAnswer.recommended
-        pick = _better(pick, best.get(fam))
-    fresh = None
-    if pick is not None and pick.rule is not None and unit is None:  # a trace or MAP sample has no second stream
+    ans = SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
+                    int(seed), chk.count, math.nan, cur, problem, float(idle_power_w),
+                    bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served,
+                    _reach(chk), out_of_reach)
+    rec = ans.recommended
+    if rec is not None and rec.rule is not None and unit is None:  # a trace or MAP sample has no second stream
         again = _Checker(problem, slo, lams, min(FRESH * chk.requests, REQUESTS_LIMIT_FRESH), int(seed) + 1, None,
                          None, idle_power_w, served)
-        fresh = again.run(pick.family, pick.rule, pick.knobs, full=True, policy=pick.policy)
-    return SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
-                     int(seed), chk.count, time.perf_counter() - t0, cur, problem, float(idle_power_w),
-                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served,
-                     _reach(chk), out_of_reach, fresh, None if fresh is None else again.requests)
+        ans.fresh = again.run(rec.family, rec.rule, rec.knobs, full=True, policy=rec.policy)
+        ans.fresh_requests = again.requests
+    ans.seconds = time.perf_counter() - t0
+    return ans
+
+
+def _carries(problem: BatchingProblem, c: int, lam: float) -> bool:
+    """Whether c is an allowed size and batches of c on the problem's instances serve more than ``lam`` req/ms."""
+    return c in problem.batch_sizes and problem.instances * c / float(problem.latency(np.float64(c))) > lam
 
 
 def _out_of_reach(problem: BatchingProblem, chk: _Checker, solve_lam: float) -> bool:
@@ -406,9 +411,8 @@ def _out_of_reach(problem: BatchingProblem, chk: _Checker, solve_lam: float) -> 
     rules = []
     c = B
     while c >= problem.bmin:  # serve what is waiting at once, in batches of at most c (Triton with no delay)
-        sub = tuple(b for b in sizes if b <= c)
-        if sub[-1] == c and problem.instances * c / float(problem.latency(np.float64(c))) > max(chk.lams):
-            rules.append(triton(c, 0.0, (), () if full else sub))
+        if _carries(problem, c, max(chk.lams)):
+            rules.append(triton(c, 0.0, (), () if full else tuple(b for b in sizes if b <= c)))
         c //= 2
     if problem.instances == 1 and problem.contention is None:  # the SMDP table of least mean latency
         try:
@@ -475,11 +479,10 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
         cands += instances_tables(problem, solve_lam, multi)[0]
     best = _smdp_tables(chk, cap, cands, sizes)
     c = problem.bmax // 2
-    per = problem.instances
     while c >= max(problem.bmin, 2):  # while that lowers the power, or until some capped table meets the SLO
-        sub = tuple(b for b in sizes if b <= c)
-        if sub[-1] != c or not per * sub[-1] / float(problem.latency(np.float64(sub[-1]))) > max(chk.lams):
+        if not _carries(problem, c, max(chk.lams)):
             break  # c is not an allowed size, or batches of c cannot carry the top load
+        sub = tuple(b for b in sizes if b <= c)
         found = _smdp_tables(chk, cap, one_server_tables(problem, solve_lam, sub, multi), sub)
         if best is not None and (found is None or not found.power_w < best.power_w):
             break

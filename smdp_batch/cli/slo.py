@@ -316,13 +316,13 @@ def fresh_lines(answer, s) -> list[str]:
         return []
     slo = answer.slo
     w = max(f.loads, key=lambda x: max(x.metrics[k] / slo.limit(k) for k, _ in slo.bounds))
-    m, b = max(slo.bounds, key=lambda kb: w.metrics[kb[0]] / slo.limit(kb[0]))
+    m = max((k for k, _ in slo.bounds), key=lambda k: w.metrics[k] / slo.limit(k))
     name = "W̄" if m == "mean" else m
     text = (f"  fresh seed  {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) at {_rate(w.lam)} on "
             f"{answer.fresh_requests} new requests a load (seed {answer.seed + 1})")
     if answer.fresh_holds:
         return [text + ": holds"]
-    return [text + f": BREAKS {name} ≤ {b:g} ms — the interval it was chosen on was too narrow for this law's tail; "
+    return [text + f": BREAKS {name} ≤ {slo.limit(m):g} ms — the interval it was chosen on was too narrow for this law's tail; "
             "ask again with more --requests (5–10× as many) and check that the answer holds here"]
 
 
