@@ -226,11 +226,12 @@ class TruncatedSMDP:
 
     def costs(self) -> np.ndarray:
         """ĉ(s, a) (eq. 19, or with the tail boundary's excursion costs) as an (S, A) array; +inf where infeasible."""
-        c = self.cost_fixed[None, :] + self.cost_slope[None, :] * self.state_level()[:, None]
+        c = np.multiply.outer(self.state_level(), self.cost_slope)
+        c += self.cost_fixed
         c[-1] += self.abstract_cost * self.y
         if self.extra is not None:
             c += self.excursion_costs()
-        c[~self.feasible()] = np.inf
+        np.copyto(c, np.inf, where=~self.feasible())
         return c
 
     def excursion_costs(self) -> np.ndarray:
@@ -282,14 +283,20 @@ class TruncatedSMDP:
         policy = np.asarray(policy)
         if policy.shape != (self.n_states,):
             raise InputError(f"policy must have s_max+2 = {self.n_states} entries, got shape {policy.shape}")
-        lookup = {int(a): i for i, a in enumerate(self.actions)}
         try:
-            idx = np.array([lookup[int(a)] for a in policy], dtype=np.int64)
-        except KeyError as e:
+            idx = np.minimum(np.searchsorted(self.actions, policy), len(self.actions) - 1)
+            unknown = np.nonzero(self.actions[idx] != policy)[0]
+        except (TypeError, ValueError):  # not numbers
+            unknown, idx = np.zeros(1, dtype=np.int64), None
+        if unknown.size:
+            a = policy.flat[int(unknown[0])]
+            a = a.item() if isinstance(a, np.generic) else a
+            shown = int(a) if isinstance(a, float) and a.is_integer() else a
             raise InputError(
-                f"policy uses batch size {e.args[0]}, which is not allowed; allowed: 0 (wait) and "
+                f"policy uses batch size {shown!r}, which is not allowed; allowed: 0 (wait) and "
                 f"{_fmt_sizes(self.problem.batch_sizes)}"
-            ) from None
+            )
+        idx = idx.astype(np.int64, copy=False)  # type: ignore[union-attr]  # set whenever nothing is unknown
         bad = np.nonzero(policy > self.state_level())[0]
         if bad.size:
             s = int(bad[0])

@@ -149,11 +149,15 @@ def assemble(pol_idx, P, SF, klo, khi, actions, s_max, col0, ref):
 
 # ------------------------------------------------------------------------------------ no-pivot LU
 @njit(cache=True)
-def _lu_rows(ab, lw, ext):
+def _lu_rows(ab, lw, ext, i0):
     """In-place LU of the band without pivoting, by rows (Doolittle ikj: row i is eliminated by the rows
-    k < i above it, so it stays hot); ext grows with each row's fill.  False if a pivot is not > 0."""
+    k < i above it, so it stays hot); ext grows with each row's fill.  False if a pivot is not > 0.
+
+    Rows below ``i0`` are taken as already factored: row i's factors depend only on rows 0..i, so a policy
+    that differs from a factored one first at state i0 (with the same border state and band widths) keeps
+    those rows and their ``ext`` (:func:`refactor_from`)."""
     n = ab.shape[0]
-    for i in range(n):
+    for i in range(i0, n):
         ri = ab[i]
         k0 = i - lw if i - lw > 0 else 0
         for k in range(k0, i):
@@ -269,7 +273,7 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     ref = _first_serving(pol, actions, n)
     ones = np.ones(S)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, ones, ref)
-    if not _lu_rows(ab, lw, ext):
+    if not _lu_rows(ab, lw, ext, 0):
         return False, mu
     # Aᵀ = [[Bᵀ, Vᵀ], [Uᵀ, Dᵀ]]; right-hand side e_ref lies in the border (r_b = (1, 0), r_in = 0)
     X = np.zeros((n, 2))
@@ -322,14 +326,46 @@ def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
     pivot is not positive, the 2×2 border is singular, the result is not finite, or the residual of
     eq. 20 exceeds 1e-7·(1 + max|h| + max|c|) — the caller then uses :func:`gain_bias`.
     """
+    ok, g, h, _ = evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, None)
+    return ok, g, h
+
+
+@njit(cache=True)
+def refactor_from(ab, lw, uw, ext, ref, first, prev):
+    """Take the factored rows below ``first`` from ``prev`` = (ab, lw, uw, ext, ref) of a policy that agrees with
+    this one below ``first``; the row to factor from (0 when the border state or the band widths differ)."""
+    pab, plw, puw, pext, pref = prev
+    if pref != ref or plw != lw or puw != uw or first <= 0:
+        return 0
+    k = first if first < ab.shape[0] else ab.shape[0]
+    for i in range(k):
+        ab[i] = pab[i]
+        ext[i] = pext[i]
+    return k
+
+
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, inline="always")
+def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
+    """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref) for the next policy.
+
+    ``prev``: None, or (factors, first) — the factors of a policy that agrees with this one on the states
+    below ``first``; the rows there are not factored again (:func:`refactor_from`).  The result is the same
+    to the bit as a full factorisation.  Inlined into each caller (numba IR): a call between two separately
+    compiled kernels with these fast-math flags gave other last bits once loaded from numba's cache than
+    when compiled in the same process, and the answers must not depend on the cache.
+    """
     S = s_max + 2
     n = s_max + 1
     last = S - 1
     h = np.zeros(S)
     ref = _first_serving(pol, actions, n)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, py, ref)
-    if not _lu_rows(ab, lw, ext):
-        return False, 0.0, h
+    i0 = 0
+    if prev is not None:
+        i0 = refactor_from(ab, lw, uw, ext, ref, prev[1], prev[0])
+    factors = (ab, lw, uw, ext, ref)
+    if not _lu_rows(ab, lw, ext, i0):
+        return False, 0.0, h, factors
     X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
     for s in range(n):
         X[s, 0] = U[s, 0]
@@ -345,7 +381,7 @@ def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
     M[1, 0], M[1, 1], M[1, 2] = D[1, 0], D[1, 1], pc[last]
     ok, g, hso = _solve_border(M, V, X)
     if not ok:
-        return False, 0.0, h
+        return False, 0.0, h, factors
     for s in range(n):
         h[s] = X[s, 2] - X[s, 0] * g - X[s, 1] * hso
     h[ref] = 0.0
@@ -356,17 +392,17 @@ def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
     for s in range(S):
         h[s] -= h0
         if not np.isfinite(h[s]):
-            return False, 0.0, h
+            return False, 0.0, h, factors
         if abs(h[s]) > hmax:
             hmax = abs(h[s])
         if abs(pc[s]) > cmax:
             cmax = abs(pc[s])
     if not np.isfinite(g):
-        return False, 0.0, h
+        return False, 0.0, h, factors
     res = policy_residual(h, g, pc, py, pol, P, SF, klo, khi, actions, s_max)
     if not res <= 1e-7 * (1.0 + hmax + cmax):
-        return False, 0.0, h
-    return True, g, h
+        return False, 0.0, h, factors
+    return True, g, h, factors
 
 
 # ------------------------------------------------------------------------------------ pivoting path

@@ -39,8 +39,10 @@ def truncate_many(problems: list[BatchingProblem], s_max: int, abstract_cost: fl
     for p in problems:
         key = _law_key(p)
         m = truncate(p, s_max, abstract_cost, tables.get(key))  # validates s_max and c_o
-        if key not in tables:  # the model's P/SF may stop early (compact): its columns past them are 0 up to s_max
-            tables[key] = ArrivalTable(m.P[1:], m.SF[1:], span=m.s_max if m.P.shape[1] <= m.s_max else None)
+        if key not in tables:  # the model's P/SF may stop early (compact): its columns past them are 0 up to s_max;
+            # its supports are the table's, clipped to s_max, which every model of this batch clips them to
+            tables[key] = ArrivalTable(m.P[1:], m.SF[1:], m.klo[1:], m.khi[1:],
+                                       span=m.s_max if m.P.shape[1] <= m.s_max else None)
         out.append(m)
     return out
 

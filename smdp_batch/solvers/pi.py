@@ -28,7 +28,8 @@ from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
 from .kernels import (expected_next_table, improve, improve_step, policy_residual, usable_actions, window_filters,
                       window_span)
-from .jit import warm_up
+from .jit import cache_is_warm, warm_up
+from .pi_compiled import pi_loop_compiled, start_background_compile
 from .result import SolveResult
 from .threads import single_blas
 
@@ -37,9 +38,14 @@ CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
 
 
 def _initial_policy(model: TruncatedSMDP) -> np.ndarray:
-    """Greedy (serve the largest feasible batch, eq. 16): stabilising, so a good start."""
-    feas = model.feasible()
-    return np.where(feas, np.arange(len(model.actions))[None, :], 0).max(axis=1).astype(np.int64)
+    """Greedy (serve the largest feasible batch, eq. 16): stabilising, so a good start.
+
+    The actions ascend, so the largest one ≤ a state's level is where the level sorts in; the tail boundary's
+    last two states allow only its B (:meth:`~.TruncatedSMDP.feasible`)."""
+    idx = np.searchsorted(model.actions, model.state_level(), side="right").astype(np.int64) - 1
+    if model.tail_action:
+        idx[-2:] = int(np.searchsorted(model.actions, model.tail_action))
+    return idx
 
 
 def _starts(model: TruncatedSMDP) -> np.ndarray:
@@ -144,6 +150,9 @@ PI_WORK_LIMIT = 2e10
 
 def check_pi_work(model: TruncatedSMDP) -> None:
     """Refuse, before any work, a truncation whose improvement sweeps would take minutes each."""
+    # a bound first: the window is at most the arrival columns plus Bmax + 1 wide (most calls stop here)
+    if float(model.n_states) * len(model.actions) * (model.P.shape[1] + int(model.actions[-1]) + 2) <= PI_WORK_LIMIT:
+        return
     jmin, jmax = window_span(model.klo, model.khi, model.actions, model.s_max)
     width = float(jmax - jmin + 1)  # the window W of :func:`.kernels.improve`
     work = float(model.n_states) * usable_actions(model.actions, model.s_max) * width
@@ -170,7 +179,7 @@ def policy_iteration(
     starts = _starts(model) if policy0 is None else model.action_index(policy0)[None, :]
     costs = model.costs()
     with single_blas():
-        status, pol, g, h, it = pi_loop(
+        status, pol, g, h, it = _run_loop(
             starts, costs, model.sojourn_rows(), model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, int(max_iter)
         )
         converged = status == CONVERGED
@@ -217,6 +226,64 @@ def _tiny_stationary() -> None:
 
 
 def warm_up_pi() -> float:
-    """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took."""
+    """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took.
+
+    Then the compiled loop: loaded when numba's cache has it, else compiled there in the background."""
     kernels = (evaluate_policy_banded, assemble, band_widths, improve_step, policy_residual, stationary_banded)
-    return warm_up("pi", kernels, _tiny_run, COLD_SECONDS, side=(__name__, "_tiny_stationary"))
+    seconds = warm_up("pi", kernels, _tiny_run, COLD_SECONDS, side=(__name__, "_tiny_stationary"))
+    if seconds:  # the first call in this process
+        t0 = time.perf_counter()
+        _prepare_compiled()
+        seconds += time.perf_counter() - t0
+    return seconds
+
+
+# ------------------------------------------------------------------------------------ the compiled loop
+#: State of the compiled loop in this process: loaded (``fn``), or the time of the next cache check (0: none).
+_compiled: dict = {"fn": None, "check_at": 0.0}
+#: Seconds between looks at the cache while the background compile runs (one look reads a small index file).
+CHECK_EVERY = 1.0
+
+
+def run_tiny_compiled() -> None:
+    """The compiled loop on the tiny model, with the argument types of every real call (loads or compiles it)."""
+    model = _tiny_model()
+    pi_loop_compiled(_starts(model), model.costs(), model.sojourn_rows(), model.P, model.SF, model.klo, model.khi,
+                     model.actions, model.s_max, 1000)
+
+
+def _load_compiled() -> None:
+    """Load the compiled loop from the cache and forbid any further compile of it in this process.
+
+    A call with other argument types (an array not C-contiguous, say) then raises TypeError and the
+    Python loop answers instead: a foreground compile (~6 s) never happens in the middle of a solve."""
+    _compiled["check_at"] = 0.0
+    try:
+        run_tiny_compiled()
+    except Exception:  # pragma: no cover - a cache that does not load: the Python loop stays
+        return
+    pi_loop_compiled.disable_compile()
+    _compiled["fn"] = pi_loop_compiled
+
+
+def _prepare_compiled() -> None:
+    if cache_is_warm([pi_loop_compiled]):
+        _load_compiled()
+    elif start_background_compile():
+        _compiled["check_at"] = time.monotonic() + CHECK_EVERY
+
+
+def _run_loop(*args):
+    """:func:`pi_loop` on its arguments, by the compiled loop when this process has it (:mod:`.pi_compiled`)."""
+    check_at = _compiled["check_at"]
+    if check_at and time.monotonic() >= check_at:
+        _compiled["check_at"] = time.monotonic() + CHECK_EVERY
+        if cache_is_warm([pi_loop_compiled]):
+            _load_compiled()
+    fn = _compiled["fn"]
+    if fn is not None:
+        try:
+            return fn(*args)
+        except TypeError:  # argument types it was not compiled for (compiles are off): the Python loop
+            pass
+    return pi_loop(*args)

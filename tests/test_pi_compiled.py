@@ -1,0 +1,139 @@
+"""The compiled policy-iteration loop: the same answers as the Python loop, kept factors equal to the bit, a
+dispatch that never compiles in the middle of a solve, and a background compile that can be turned off."""
+
+from __future__ import annotations
+
+import fcntl
+
+import numpy as np
+import pytest
+
+from smdp_batch import BatchingProblem, truncate
+from smdp_batch.errors import InputError
+from smdp_batch.solvers import pi as pimod
+from smdp_batch.solvers import pi_compiled
+from smdp_batch.solvers.banded import assemble, evaluate_factored, refactor_from
+from smdp_batch.solvers.pi import EVAL_FAILED, _starts, pi_loop, policy_iteration
+from smdp_batch.solvers.pi_compiled import pi_loop_compiled
+
+
+def _model(rho, sizes=range(1, 33), s_max=70, w2=1.0, service="det", tail=None):
+    return truncate(BatchingProblem.from_rho(rho, batch_sizes=sizes, w2=w2, service=service), s_max, tail=tail)
+
+
+MODELS = {
+    "basic rho 0.9": lambda: _model(0.9),
+    "basic rho 0.1, w2 10": lambda: _model(0.1, w2=10.0),
+    "basic rho 0.5, s_max 160": lambda: _model(0.5, s_max=160),
+    "hyperexp, tail boundary": lambda: _model(0.8, (1, 2, 4, 8, 16), 60, service="hyperexp:0.6667/0.5,0.3333/2",
+                                              tail=16),
+    "gamma, overflow": lambda: _model(0.8, (1, 2, 4, 8, 16), 120, service="gamma:0.5"),
+    "degenerate (waits at the top)": lambda: _model(0.42, w2=10.0),
+}
+
+
+def _args(m):
+    return (_starts(m), m.costs(), m.sojourn_rows(), m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, 1000)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_compiled_loop_answers_as_the_python_loop(name):
+    m = MODELS[name]()
+    a, b = pi_loop(*_args(m)), pi_loop_compiled(*_args(m))
+    assert a[0] == b[0]  # status
+    assert np.array_equal(a[1], b[1])  # policy (action indices)
+    assert a[2] == b[2] or (np.isnan(a[2]) and np.isnan(b[2]))  # gain, to the bit
+    assert a[4] == b[4]  # iterations
+    assert np.array_equal(a[3], b[3])  # relative values, to the bit
+    if name.startswith("degenerate"):
+        assert a[0] == EVAL_FAILED  # the case the pivoting loop finishes: both hand over at the same policy
+
+
+def _factors_equal(x, y):
+    return all(np.array_equal(u, v) for u, v in zip(x, y))
+
+
+@pytest.mark.parametrize("first", [3, 20, 40, 70, 71])
+def test_kept_factors_are_the_same_to_the_bit(first):
+    """A policy that differs from a factored one first at state ``first`` keeps the rows below: same (g, h)
+    and factors as a full factorisation.  71 = S_o: its row is the border, so no band row is factored."""
+    m = _model(0.9)
+    costs, Y = m.costs(), m.sojourn_rows()
+    rows = np.arange(m.n_states)
+
+    def ev(p, prev):
+        return evaluate_factored(p, costs[rows, p], Y[0, p], m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, prev)
+
+    pol = _starts(m)[0]
+    new = pol.copy()
+    new[first] -= 1  # serve one less there (greedy: a size another state serves; border and widths stay)
+    ok0, g0, h0, f0 = ev(pol, None)
+    assert ok0
+    ab, lw, uw, U, V, D, ext = assemble(new, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, Y[0, new], f0[4])
+    assert refactor_from(ab, lw, uw, ext, f0[4], first, f0) == min(first, m.s_max + 1)  # rows really kept
+    full = ev(new, None)
+    kept = ev(new, (f0, first))
+    assert full[0] and kept[0]
+    assert full[1] == kept[1]
+    assert np.array_equal(full[2], kept[2])
+    assert _factors_equal(full[3], kept[3])
+
+
+def test_kept_factors_are_not_used_when_the_border_state_moves():
+    """Waiting in state 1 moves the border state (the first serving one): everything is factored again."""
+    m = _model(0.9)
+    costs, Y = m.costs(), m.sojourn_rows()
+    rows = np.arange(m.n_states)
+    pol = _starts(m)[0]
+    new = pol.copy()
+    new[1] = 0
+    args = (m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
+    _, _, _, f0 = evaluate_factored(pol, costs[rows, pol], Y[0, pol], *args, None)
+    full = evaluate_factored(new, costs[rows, new], Y[0, new], *args, None)
+    kept = evaluate_factored(new, costs[rows, new], Y[0, new], *args, (f0, 1))
+    assert full[1] == kept[1] and np.array_equal(full[2], kept[2])
+
+
+def test_policy_iteration_runs_the_compiled_loop_once_loaded_and_never_compiles_again():
+    m = _model(0.9)
+    python = policy_iteration(m)  # whichever loop this process has: the answer is the same
+    pimod.warm_up_pi()
+    pimod._load_compiled()
+    assert pimod._compiled["fn"] is pi_loop_compiled
+    fast = policy_iteration(m)
+    assert np.array_equal(fast.policy, python.policy) and fast.gain == python.gain
+    assert fast.iterations == python.iterations
+    # arguments of a type it was not compiled for (costs in Fortran order): the Python loop answers, no compile
+    n_sigs = len(pi_loop_compiled.signatures)
+    args = list(_args(m))
+    args[1] = np.asfortranarray(args[1])
+    out = pimod._run_loop(*args)
+    ref = pi_loop(*_args(m))
+    assert np.array_equal(out[1], ref[1]) and out[2] == ref[2]
+    assert len(pi_loop_compiled.signatures) == n_sigs
+
+
+def test_background_compile_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(pi_compiled.OFF_VARIABLE, "1")
+    assert pi_compiled.start_background_compile() is False
+
+
+def test_one_background_compile_at_a_time(tmp_path, monkeypatch):
+    """While another interpreter holds the lock, a second returns without compiling."""
+    lock = tmp_path / "pi.lock"
+    monkeypatch.setattr(pi_compiled, "_lock_path", lambda: str(lock))
+    ran = []
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        pi_compiled.compile_into_cache(lambda: ran.append(1))
+        assert ran == []
+    pi_compiled.compile_into_cache(lambda: ran.append(1))
+    assert ran == [1]
+
+
+@pytest.mark.parametrize("bad, shown", [(2.5, "2.5"), ("a", "'a'"), (40, "40")])
+def test_a_policy_with_a_size_not_allowed_is_named(bad, shown):
+    m = _model(0.5, s_max=40)
+    pol = np.full(m.n_states, bad, dtype=object if isinstance(bad, str) else None)
+    with pytest.raises(InputError, match=f"policy uses batch size {shown}, which is not allowed; allowed: 0"):
+        m.action_index(pol)
