@@ -137,3 +137,18 @@ def test_a_policy_with_a_size_not_allowed_is_named(bad, shown):
     pol = np.full(m.n_states, bad, dtype=object if isinstance(bad, str) else None)
     with pytest.raises(InputError, match=f"policy uses batch size {shown}, which is not allowed; allowed: 0"):
         m.action_index(pol)
+
+
+def test_large_models_keep_the_python_loop(monkeypatch):
+    """Above COMPILED_MAX_WORK the compiled loop is slower (its product through numba): never called there."""
+    def refuse(*args):
+        raise AssertionError("the compiled loop ran on a large model")
+
+    monkeypatch.setitem(pimod._compiled, "fn", refuse)
+    m = _model(0.9, range(1, 65), 1000)
+    assert m.costs().size * m.P.shape[1] > pimod.COMPILED_MAX_WORK
+    out = pimod._run_loop(*_args(m))
+    assert out[0] == 0
+    small = _model(0.9)
+    with pytest.raises(AssertionError, match="compiled loop ran"):
+        pimod._run_loop(*_args(small))

@@ -332,9 +332,9 @@ def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
 
 @njit(cache=True)
 def refactor_from(ab, lw, uw, ext, ref, first, prev):
-    """Take the factored rows below ``first`` from ``prev`` = (ab, lw, uw, ext, ref) of a policy that agrees with
-    this one below ``first``; the row to factor from (0 when the border state or the band widths differ)."""
-    pab, plw, puw, pext, pref = prev
+    """Take the factored rows below ``first`` from ``prev`` = (ab, lw, uw, ext, ref, X) of a policy that agrees
+    with this one below ``first``; the row to factor from (0 when the border state or the band widths differ)."""
+    pab, plw, puw, pext, pref, _ = prev
     if pref != ref or plw != lw or puw != uw or first <= 0:
         return 0
     k = first if first < ab.shape[0] else ab.shape[0]
@@ -346,11 +346,13 @@ def refactor_from(ab, lw, uw, ext, ref, first, prev):
 
 @njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, inline="always")
 def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
-    """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref) for the next policy.
+    """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref, X) for the next policy
+    (X: the band's solves for the border columns and the costs).
 
     ``prev``: None, or (factors, first) — the factors of a policy that agrees with this one on the states
-    below ``first``; the rows there are not factored again (:func:`refactor_from`).  The result is the same
-    to the bit as a full factorisation.  Inlined into each caller (numba IR): a call between two separately
+    below ``first``; the rows there are not factored again (:func:`refactor_from`), and when only S_o's action
+    differs (first = s_max + 1: its row is the border) the band's solves are the same and are kept too.  The
+    result is the same to the bit as a full factorisation.  Inlined into each caller (numba IR): a call between two separately
     compiled kernels with these fast-math flags gave other last bits once loaded from numba's cache than
     when compiled in the same process, and the answers must not depend on the cache.
     """
@@ -361,20 +363,25 @@ def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     ref = _first_serving(pol, actions, n)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, py, ref)
     i0 = 0
+    X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
+    kept = False
     if prev is not None:
         i0 = refactor_from(ab, lw, uw, ext, ref, prev[1], prev[0])
-    factors = (ab, lw, uw, ext, ref)
-    if not _lu_rows(ab, lw, ext, i0):
-        return False, 0.0, h, factors
-    X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
-    for s in range(n):
-        X[s, 0] = U[s, 0]
-        X[s, 1] = U[s, 1]
-        X[s, 2] = pc[s]
-    X[ref, 0] = 0.0
-    X[ref, 1] = 0.0
-    X[ref, 2] = 0.0
-    _lu_solve(ab, lw, ext, X)
+        if i0 == n and prev[1] >= n:  # only S_o's action differs: B, U and the costs below agree
+            X = prev[0][5]
+            kept = True
+    factors = (ab, lw, uw, ext, ref, X)
+    if not kept:
+        if not _lu_rows(ab, lw, ext, i0):
+            return False, 0.0, h, factors
+        for s in range(n):
+            X[s, 0] = U[s, 0]
+            X[s, 1] = U[s, 1]
+            X[s, 2] = pc[s]
+        X[ref, 0] = 0.0
+        X[ref, 1] = 0.0
+        X[ref, 2] = 0.0
+        _lu_solve(ab, lw, ext, X)
     # border: (D − V Z) x_b = r_b − V z_r, x_b = (g, h(S_o))
     M = np.empty((2, 3))
     M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[0, 1], pc[ref]

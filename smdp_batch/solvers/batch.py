@@ -23,9 +23,10 @@ from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
 from .pi import warm_up_pi
 from .rvi import ETA_FRACTION, warm_up_rvi
+from .result import SolveResult
 from .solution import SOLVERS, Solution, _renamed_s_max, check_backend, solve_truncated
 
-__all__ = ["solve_batch", "truncate_many"]
+__all__ = ["solve_batch", "solve_models", "truncate_many"]
 
 
 def _law_key(p: BatchingProblem) -> tuple:
@@ -45,6 +46,29 @@ def truncate_many(problems: list[BatchingProblem], s_max: int, abstract_cost: fl
                                        span=m.s_max if m.P.shape[1] <= m.s_max else None)
         out.append(m)
     return out
+
+
+def solve_models(models: list[TruncatedSMDP], solver: str = "pi", eps: float = 0.01, max_iter: int | None = None,
+                 eta_fraction: float = ETA_FRACTION, policy0: np.ndarray | None = None) -> list[SolveResult]:
+    """Solve built models one by one on numba (the solver's result each, no evaluation): :func:`solve_batch`'s
+    numba path, and what ``benchmarks/bench_solvers.py`` times against peers that are handed built arrays.
+
+    PI warm-starts from ``policy0[i]`` when given, else from the previous model's policy (when it serves B
+    on long queues and the sizes match); the answer does not depend on the start, only the iterations do.
+    """
+    results: list[SolveResult] = []
+    prev = None
+    for i, m in enumerate(models):
+        start = policy0[i] if policy0 is not None else prev
+        if start is not None and solver == "pi":
+            try:
+                m.action_index(start)  # a neighbour with other batch sizes cannot warm-start
+            except InputError:
+                start = None
+        r = solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=start)
+        results.append(r)
+        prev = r.policy if tail_stable(m.problem, r.policy) else None
+    return results
 
 
 def solve_batch(
@@ -101,17 +125,7 @@ def solve_batch(
         else:
             results = rvi_batch(models, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
     else:
-        results, prev = [], None
-        for i, m in enumerate(models):
-            start = policy0[i] if policy0 is not None else prev
-            if start is not None and solver == "pi":
-                try:
-                    m.action_index(start)  # a neighbour with other batch sizes cannot warm-start
-                except InputError:
-                    start = None
-            r = solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=start)
-            results.append(r)
-            prev = r.policy if tail_stable(m.problem, r.policy) else None
+        results = solve_models(models, solver, eps, max_iter, eta_fraction, policy0)
     secs = (time.perf_counter() - t0) / len(models)
     return [
         Solution(m.problem, m, r, evaluate_policy(m, r.policy), 1e-3, False, secs)

@@ -11,10 +11,11 @@ fast-math flags it has in the Python loop, so the two loops answer the same stat
 values and iteration count to the bit on every case the tests run.  Only the improvement's product goes
 through numba's BLAS binding instead of NumPy's; that could decide a tie within round-off differently, as
 any other BLAS build could (the improvement rule keeps the current action unless another is better by
-1e-11 relative).  Measured with ``benchmarks/bench_solvers.py``:
-0.43 → 0.24 ms per solve at Bmax 32, s_max 70.
+1e-11 relative).  Measured with ``benchmarks/bench_solvers.py``: 0.43 → 0.22 ms per solve at Bmax 32,
+s_max 70.  It pays on small models only (:data:`.pi.COMPILED_MAX_WORK`); on large ones the per-call
+overhead it saves is nothing and its product through numba is slower, so those keep the Python loop.
 
-Compiling it takes about 6 s more, which a first solve must not pay.  So :mod:`.pi` uses it only
+Compiling it takes about 9 s more, which a first solve must not pay.  So :mod:`.pi` uses it only
 once it is in numba's on-disk cache (loading it then takes ~20 ms), and when it is not, a
 background interpreter at the lowest CPU priority compiles it into the cache
 (:func:`start_background_compile`) while the solves go on with the Python loop; a long-running
@@ -79,19 +80,20 @@ def _improve(pol, g, h, costs, F, tail, jmin, Y, s_max):
     for i in range(n + Wd):
         j = i + jmin
         hbar[i] = 0.0 if j < 0 else (h[j] if j <= s_max else h[S - 1])
-    EH = np.zeros((n, A))
+    EH = np.zeros((n, A))  # the columns past Au stay 0: those actions are infeasible everywhere (cost +inf)
     rows = n if n < BLOCK else BLOCK
     Hw = np.empty((rows, Wd))
+    prod = np.empty((rows, Au))  # BLAS writes here (out=): a slice assignment of a product costs as much again
+    hso = h[S - 1]
     for s0 in range(0, n, BLOCK):
         m = min(n, s0 + BLOCK) - s0
         for r in range(m):
             for t in range(Wd):
                 Hw[r, t] = hbar[s0 + r + t]
-        EH[s0 : s0 + m, :Au] = np.dot(Hw[:m], F)
-    hso = h[S - 1]
-    for s in range(n):
-        for ai in range(Au):
-            EH[s, ai] += tail[ai] * hso
+        np.dot(Hw[:m], F, prod[:m])
+        for r in range(m):
+            for ai in range(Au):
+                EH[s0 + r, ai] = prod[r, ai] + tail[ai] * hso
     return improve_step(pol, g, EH, costs, Y, s_max)
 
 
@@ -196,7 +198,7 @@ def start_background_compile() -> bool:
     """Start a detached interpreter that compiles the loop into the cache; False when it is off or cannot start.
 
     It runs under SCHED_IDLE (nice 19 where that is refused), with no terminal and its own session, so it
-    takes only idle CPU and outlives neither more nor less than its compile (~6 s of CPU).
+    takes only idle CPU and lives as long as its compile (~9 s of CPU), whether or not its parent still runs.
     """
     if os.environ.get(OFF_VARIABLE):
         return False
