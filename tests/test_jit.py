@@ -81,6 +81,45 @@ def test_every_kernel_module_takes_njit_from_kernel_cache():
     assert found == set(kernel_cache.KERNEL_MODULES)
 
 
+def _kernels() -> dict:
+    """Every numba kernel of the package: name → (module, fast-math?, inline="always"?, names it calls)."""
+    import ast
+    from pathlib import Path
+
+    from smdp_batch import kernel_cache
+
+    root = Path(kernel_cache.__file__).parent
+    out = {}
+    for rel in kernel_cache.KERNEL_MODULES:
+        tree = ast.parse((root / rel).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for d in node.decorator_list:
+                if isinstance(d, ast.Call) and getattr(d.func, "id", None) == "njit":
+                    kw = {k.arg: k.value for k in d.keywords}
+                    inline = isinstance(kw.get("inline"), ast.Constant) and kw["inline"].value == "always"
+                    calls = {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                    out[node.name] = (rel, "fastmath" in kw, inline, calls)
+    return out
+
+
+def test_no_kernel_depends_on_what_the_cache_held_when_it_compiled():
+    """A kernel that calls another compiled separately gets the callee's machine code from numba's cache (no
+    inlining) or inlines its fresh IR, so with fast-math flags on either side its last bits would depend on the
+    cache's history (measured: ĝ moved in the 16th digit).  So a fast-math kernel calls only kernels inlined at
+    numba's IR level, and one that other kernels call is itself inlined (compiled within each caller)."""
+    kernels = _kernels()
+    assert "evaluate_factored" in kernels and "pi_loop_compiled" in kernels
+    for name, (rel, fast, _, calls) in kernels.items():
+        for callee in calls & set(kernels):
+            c_rel, c_fast, c_inline, _ = kernels[callee]
+            if fast:
+                assert c_inline, f"{rel}:{name} has fast-math flags and calls {callee}, which is not inlined"
+            if c_fast:
+                assert c_inline, f"{c_rel}:{callee} has fast-math flags and is called by {name}: inline it"
+
+
 def test_kernel_stamps_carry_the_digest_of_every_kernel_file(tmp_path):
     from pathlib import Path
 

@@ -25,7 +25,8 @@ LAPACK's band layout of Bᵀ.  Two solvers read it:
   O(S·uw²) (its lower width is uw): 0.66 s against 0.16 s for the banded path at s_max = 4 000,
   hyperexponential service at ρ = 0.9.
 
-Never O(S²) memory.
+Never O(S²) memory.  The kernels Python calls release the GIL (``nogil``): the SLO search solves a table front on
+one thread while it simulates on others.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def _first_serving(pol, actions, n):
     return 0
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit(cache=True, inline="always")
 def _solve_border(M, w, X):
     """The 2×2 border of a bordered banded solve: (M[:, :2] − w·Z[:, :2]) x_b = M[:, 2] − w·Z[:, 2].
 
@@ -257,7 +258,7 @@ def _lu_solve_t(ab, lw, ext, X):
                     X[k, j] -= l * X[i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     """(ok, μ): the stationary law under ``pol`` (action indices) by the no-pivot LU of the band.
 
@@ -317,7 +318,7 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     return True, mu
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit(cache=True, nogil=True)
 def evaluate_policy_banded(pol, pc, py, P, SF, klo, khi, actions, s_max):
     """(ok, g, h) of the policy ``pol`` (action indices, length s_max+2) with costs ``pc[s]`` and sojourns
     ``py[s]`` (eq. 20).
@@ -344,7 +345,7 @@ def refactor_from(ab, lw, uw, ext, ref, first, prev):
     return k
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, inline="always")
+@njit(cache=True, inline="always")
 def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref, X) for the next policy
     (X: the band's solves for the border columns and the costs).
@@ -352,9 +353,9 @@ def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     ``prev``: None, or (factors, first) — the factors of a policy that agrees with this one on the states
     below ``first``; the rows there are not factored again (:func:`refactor_from`), and when only S_o's action
     differs (first = s_max + 1: its row is the border) the band's solves are the same and are kept too.  The
-    result is the same to the bit as a full factorisation.  Inlined into each caller (numba IR): a call between two separately
-    compiled kernels with these fast-math flags gave other last bits once loaded from numba's cache than
-    when compiled in the same process, and the answers must not depend on the cache.
+    result is the same to the bit as a full factorisation.  Inlined into each caller (numba IR), without fast-math
+    flags: a kernel's last bits must not depend on what numba's cache held when it compiled
+    (:mod:`smdp_batch.kernel_cache`).
     """
     S = s_max + 2
     n = s_max + 1

@@ -250,7 +250,7 @@ def _solve(lc, lv, ue, U, ref, f):
 V_EPS = 1e-18
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _v_terms(i, qa, s_max):
     """(n, nmax): the terms of V_a(i)'s sum kept (those with qᵏ ≥ :data:`V_EPS`) and the terms up to s_max; the
     excursion's term q^nmax·(h(s_max) + Cc − g·Ct) counts only when n = nmax (else it is below V_EPS too)."""
@@ -259,7 +259,7 @@ def _v_terms(i, qa, s_max):
     return min(nmax, kcut), nmax
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
 def _v_at(h, g, i, qa, cc, ct, s_max):
     """V_a(i) for i ≤ s_max + 1 (module doc): Σ_k (1 − q)qᵏ·h(i + k) up to s_max, then the excursion's
     term, over the terms :func:`_v_terms` keeps.  Summed in blocks of 32 with the powers precomputed,

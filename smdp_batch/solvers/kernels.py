@@ -52,7 +52,7 @@ def _dot(x, z):
     return acc
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, fastmath={"reassoc", "contract"}, nogil=True)
 def expected_next_table(h, P, SF, klo, khi, actions, s_max):
     """(S, A) table of Σ_j m̂(j|s,a) h(j); +inf where a is infeasible (a > s)."""
     S = s_max + 2
@@ -68,7 +68,7 @@ def expected_next_table(h, P, SF, klo, khi, actions, s_max):
     return out
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, nogil=True, inline="always")
 def policy_residual(h, g, c, py, pol_idx, P, SF, klo, khi, actions, s_max):
     """max_s |h(s) − c(s) + g·y(s) − Σ_j m̂(j|s,π(s))h(j)| — the residual of eq. 20 under π (c, y per state)."""
     worst = 0.0
@@ -123,7 +123,7 @@ def window_filters(P: np.ndarray, SF: np.ndarray, klo: np.ndarray, khi: np.ndarr
     return F, tail, jmin
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def improve_step(pol, g, EH, costs, Y, s_max):
     """PI's improvement rule (Puterman §11.4): argmin_a Q(s,a), keeping pol[s] unless beaten by > 1e-11 relative.
 

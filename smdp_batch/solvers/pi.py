@@ -26,7 +26,7 @@ from ..errors import InputError, NotConvergedWarning
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
-from .kernels import (expected_next_table, improve, improve_step, policy_residual, usable_actions, window_filters,
+from .kernels import (expected_next_table, improve, improve_step, usable_actions, window_filters,
                       window_span)
 from .jit import cache_is_warm, warm_up
 from .pi_compiled import pi_loop_compiled, start_background_compile
@@ -229,7 +229,7 @@ def warm_up_pi() -> float:
     """Load or compile PI's and evaluation's kernels once per process (:mod:`.jit`); the seconds it took.
 
     Then the compiled loop: loaded when numba's cache has it, else compiled there in the background."""
-    kernels = (evaluate_policy_banded, assemble, band_widths, improve_step, policy_residual, stationary_banded)
+    kernels = (evaluate_policy_banded, assemble, band_widths, improve_step, stationary_banded)  # compiled on their own
     seconds = warm_up("pi", kernels, _tiny_run, COLD_SECONDS, side=(__name__, "_tiny_stationary"))
     if seconds:  # the first call in this process
         t0 = time.perf_counter()

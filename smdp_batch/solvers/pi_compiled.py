@@ -6,9 +6,9 @@ call overhead, and each evaluation factors the whole band again.  :func:`pi_loop
 loop — the same starts, evaluations, window filters and improvement rule (:func:`.kernels.improve_step`),
 in the same order — compiled as one function, and it factors less: an improved policy that agrees with
 the current one below a state keeps the band's factored rows there (:func:`.banded.evaluate_factored`).
-The kept rows are the same to the bit as factoring them again, and the evaluation is inlined with the
-fast-math flags it has in the Python loop, so the two loops answer the same status, policy, gain, relative
-values and iteration count to the bit on every case the tests run.  Only the improvement's product goes
+The kept rows are the same to the bit as factoring them again, and the evaluation is inlined as it is
+in the Python loop's kernel, so the two loops answer the same status, policy, gain, relative values and
+iteration count to the bit on every case the tests run.  Only the improvement's product goes
 through numba's BLAS binding instead of NumPy's; that could decide a tie within round-off differently, as
 any other BLAS build could (the improvement rule keeps the current action unless another is better by
 1e-11 relative).  Measured with ``benchmarks/bench_solvers.py``: 0.43 → 0.22 ms per solve at Bmax 32,
@@ -115,7 +115,7 @@ def _first_change(new, pol):
     return new.shape[0]
 
 
-@njit(cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})  # the flags of the evaluation it inlines
+@njit(cache=True, nogil=True)
 def pi_loop_compiled(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     """:func:`.pi.pi_loop` as one compiled function: same arguments, same (status, pol, g, h, iterations).
 
