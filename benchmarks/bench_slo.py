@@ -6,9 +6,10 @@ the rules' default settings, on six scenarios × three SLOs (1.5×, 2× and 3× 
     python benchmarks/bench_slo.py --timings  # the timings only
 
 **Timings**: the search time of one load and of a 5-load range (ρ/3 .. ρ) on the basic, ONNX and heavy-tailed
-scenarios, and of an SLO out of reach, each beside the same search with its shortcuts off (no screen, service
-draws drawn again for every run: the search as it was before them), in this process, with the ratio and whether
-the two answers agree (the same setting, or powers within their intervals).
+scenarios, and of an SLO out of reach, each beside the same search on one thread (which must give every figure
+the same) and with its shortcuts off as well (one thread, no screen, service draws drawn again for every run: the
+search as it was before them), in this process, with the ratio and whether the answers agree (the same setting,
+or powers within their intervals).
 
 Every candidate of one cell runs on the same arrivals (200 000 requests, seed 0); a setting meets the SLO
 when p99 + its 95 % half-width ≤ the bound.  Each chosen setting is then simulated afresh with 10⁶ requests
@@ -124,18 +125,25 @@ def table(quick: bool) -> int:
     return bad
 
 
-def timed(p: BatchingProblem, bound: float, lams, shortcuts: bool):
-    """(answer, seconds) of one search, with its shortcuts (the screen, kept service draws) on or off."""
+def timed(p: BatchingProblem, bound: float, lams, shortcuts: bool, workers: int | None = None):
+    """(answer, seconds) of one search, with its shortcuts (the screen, kept service draws) on or off, on
+    ``workers`` threads (default: one per CPU)."""
     saved = slo.SCREEN_MIN, sim_draws.CACHE_BYTES
     if not shortcuts:
         slo.SCREEN_MIN, sim_draws.CACHE_BYTES = 10**12, 0
     sim_draws._CACHE.clear()
     try:
         t0 = time.perf_counter()
-        ans = optimise(p, {"p99": bound}, lams, requests=200_000)
+        ans = optimise(p, {"p99": bound}, lams, requests=200_000, workers=workers)
         return ans, time.perf_counter() - t0
     finally:
         slo.SCREEN_MIN, sim_draws.CACHE_BYTES = saved
+
+
+def _figures(a) -> tuple:
+    """Every family's setting and figures, the defaults' and the fresh check's: what threads must not change."""
+    return (tuple((f, None if s is None else (s.spec, s.loads)) for f, s in sorted(a.best.items())),
+            tuple((s.spec, s.loads) for s in a.defaults), None if a.fresh is None else a.fresh.loads, a.evaluations)
 
 
 def agree(a, b) -> str:
@@ -157,18 +165,23 @@ def timings() -> int:
              ("lognormal:1 ρ 0.5", BatchingProblem.basic(rho=0.5, service="lognormal:1"), 60.0),
              ("lognormal:1 ρ 0.5, out of reach", BatchingProblem.basic(rho=0.5, service="lognormal:1"), 40.0)]
     optimise(BatchingProblem.basic(rho=0.5), {"p99": 20.0}, requests=200_000)  # compile once
-    print("\n| scenario | p99 SLO [ms] | loads | search [s] | simulations | without shortcuts [s] | ratio | same answer |")
-    print("|---|---|---|---|---|---|---|---|")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"\nsearch: {min(slo.MAX_WORKERS, cpus or 1)} threads (one per CPU); one thread: the same search on one; "
+          "without shortcuts: one thread, no screen, service draws drawn again for every run")
+    print("\n| scenario | p99 SLO [ms] | loads | search [s] | simulations | one thread [s] | without shortcuts [s] | "
+          "ratio | same answer |")
+    print("|---|---|---|---|---|---|---|---|---|")
     bad = 0
     for name, p, bound in cases:
         for n in (1, 5):
             lams = None if n == 1 else load_grid(p, p.lam / 3, p.lam)
             fast, t_fast = timed(p, bound, lams, True)
-            slow, t_slow = timed(p, bound, lams, False)
+            one, t_one = timed(p, bound, lams, True, workers=1)
+            slow, t_slow = timed(p, bound, lams, False, workers=1)
             same = agree(fast, slow)
-            bad += same == "NO"
+            bad += same == "NO" or _figures(fast) != _figures(one)  # threads never change a figure
             span = "1" if n == 1 else f"5 ({lams[0] * 1e3:.0f}..{lams[-1] * 1e3:.0f} req/s)"
-            print(f"| {name} | {bound:g} | {span} | {t_fast:.2f} | {fast.evaluations} | {t_slow:.2f} | "
+            print(f"| {name} | {bound:g} | {span} | {t_fast:.2f} | {fast.evaluations} | {t_one:.2f} | {t_slow:.2f} | "
                   f"{t_slow / t_fast:.1f}× | {same} |", flush=True)
     print(f"\ncases where the two answers disagree: {bad}")
     return bad

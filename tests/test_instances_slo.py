@@ -48,9 +48,9 @@ def test_the_optimiser_on_c_instances_tries_the_c_server_tables_and_never_loses_
     tried: list[str] = []
     run = slo_mod._Checker.run
 
-    def spy(self, family, rule, knobs, full=False, policy=None):
-        tried.append(rule.spec)
-        return run(self, family, rule, knobs, full, policy)
+    def spy(self, family, rule, knobs, full=False, policy=None, workers=1):
+        tried.append(rule.spec)  # (list.append is atomic: the families run on threads)
+        return run(self, family, rule, knobs, full, policy, workers)
 
     monkeypatch.setattr(slo_mod._Checker, "run", spy)
     p = _problem()

@@ -152,3 +152,22 @@ def test_every_answer_is_checked_on_a_fresh_stream():
     assert bad.fresh.loads[0].metrics["p99"] > 103.4
     line = next(ln for ln in answer_lines(bad) if ln.startswith("  fresh seed"))
     assert "BREAKS p99 ≤ 103.4 ms" in line and "more --requests" in line
+
+
+def _answer_figures(ans) -> tuple:
+    fams = tuple((f, None if s is None else (s.spec, s.loads, s.meets)) for f, s in sorted(ans.best.items()))
+    dflt = tuple((s.spec, s.loads) for s in ans.defaults)
+    fresh = None if ans.fresh is None else (ans.fresh.spec, ans.fresh.loads)
+    return fams, dflt, fresh, ans.evaluations, json.dumps(ans.reach, sort_keys=True)
+
+
+@pytest.mark.parametrize("problem, bound", [(BatchingProblem.basic(rho=0.5), 15.0),
+                                            (BatchingProblem.basic(rho=0.5, service="lognormal:1"), 60.0)])
+def test_the_search_answers_the_same_on_one_thread_or_several(problem, bound):
+    """The families' searches, the defaults' runs and the fresh check run on threads: every setting, figure,
+    reach and count is the same with one thread as with three (a range of loads, 20 000 requests each)."""
+    lams = [problem.lam * f for f in (0.6, 0.8, 1.0)]
+    one = optimise(problem, {"p99": bound}, lams, requests=20_000, workers=1)
+    three = optimise(problem, {"p99": bound}, lams, requests=20_000, workers=3)
+    assert _answer_figures(one) == _answer_figures(three)
+    assert one.recommended is not None

@@ -15,6 +15,7 @@ kept pools are bounded by :data:`CACHE_BYTES` (least recently used out first).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = ["unit_draws", "CACHE_BYTES"]
 CACHE_BYTES = 64 * 2**20
 
 _CACHE: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()  # the SLO search simulates on threads: one reader or writer of the cache at a time
 
 
 def unit_draws(law, rng: np.random.Generator, rule, n_base: int, n_req: int, smax_exec: int, shared: bool,
@@ -44,9 +46,11 @@ def unit_draws(law, rng: np.random.Generator, rule, n_base: int, n_req: int, sma
                   tuple(n_req // rule.fewest_requests_for(s) + 1 for s in executed))
     st = rng.bit_generator.state
     key = (id(law), repr(st), int(n_base), int(n_req), layout)
-    hit = _CACHE.get(key)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None and hit[0] is law:
+            _CACHE.move_to_end(key)
     if hit is not None and hit[0] is law:
-        _CACHE.move_to_end(key)
         rng.bit_generator.state = hit[3]
         return hit[1], hit[2]
     if shared:
@@ -63,7 +67,8 @@ def unit_draws(law, rng: np.random.Generator, rule, n_base: int, n_req: int, sma
             if hi > lo:
                 unit[i, lo:hi] = law.sample(rng, 1.0, hi - lo, s)
     if unit.nbytes <= CACHE_BYTES // 4:
-        _CACHE[key] = (law, unit, pool_of, rng.bit_generator.state)
-        while sum(v[1].nbytes for v in _CACHE.values()) > CACHE_BYTES:
-            _CACHE.popitem(last=False)
+        with _LOCK:
+            _CACHE[key] = (law, unit, pool_of, rng.bit_generator.state)
+            while sum(v[1].nbytes for v in _CACHE.values()) > CACHE_BYTES:
+                _CACHE.popitem(last=False)
     return unit, pool_of

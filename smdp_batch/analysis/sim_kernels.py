@@ -162,7 +162,7 @@ def _busy_now(tau, free, cont, run, rem, extra, slow, efac, lat_of, en_of, arr, 
     return busy, end
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the SLO search runs rule families on threads
 def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp,
             bounds, genergy, sizes_hist, qhist, state, stop, free, cont, slow, efac, run, rem, extra):
     """Serve requests until request ``stop`` is reached (resumable: ``state`` = head, next, the latest batch
@@ -487,7 +487,7 @@ def _context_action(n, tau, nxt, arr, ctx_mode, tables, top, ctx_arr, init_ctx, 
     return tables[np.argmax(beta), row], sw_ptr
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the SLO search runs rule families on threads
 def _context_kernel(arr, ctx_mode, tables, top, ctx_arr, init_ctx, sw_t, sw_p, alpha, D0, qv, actions, pad, lat_of,
                     en_of, det, pool_of, unit, ptr, resp, bounds, genergy, sizes_hist, qhist, state, stop):
     """:func:`_kernel`'s table mode with a table chosen by context (see CTX_*); state[4] is the phase-path pointer."""

@@ -82,7 +82,7 @@ def _room(q_done, q_size, q_start, q_head, q_tail):
     return d, z, st
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the SLO search runs rule families on threads
 def _replicas_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                      sizes_hist, qhist, pick, c):
     """Ray Serve with c replicas behind its router (one call serves the whole stream).
@@ -164,7 +164,7 @@ def _rep_close(r, close, open_n, members, pad, lat_of, det, pool_of, unit, ptr, 
     return nb + 1, pos + size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # the SLO search runs rule families on threads
 def _replicas_contention_kernel(arr, maxb, delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                                 sizes_hist, qhist, pick, c, slow, efac, acc):
     """:func:`_replicas_kernel` on replicas that slow each other: while k of them run a batch, each batch

@@ -24,6 +24,7 @@ the group's arrivals.  Percentiles are taken over all measured requests.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -481,6 +482,7 @@ CONTINUATION = 1024
 #: settings on each of a few streams, and a continued copy of a 2·10⁵-request stream built for each (a fresh
 #: array, cold in the cache) cost a quarter of the search.
 _CONTINUED: dict[int, tuple] = {}
+_CONTINUED_LOCK = threading.Lock()  # the SLO search simulates on threads (the weak reference's drop is one atomic pop)
 
 
 def _continued(arr: np.ndarray, lam: float | None, extra: int, seed) -> np.ndarray:
@@ -488,17 +490,19 @@ def _continued(arr: np.ndarray, lam: float | None, extra: int, seed) -> np.ndarr
     generator of their own (the service times drawn for the stream stay as they are).  Read-only; the same
     array for the same stream and arguments."""
     key = (lam, int(extra), seed)
-    hit = _CONTINUED.get(id(arr))
+    with _CONTINUED_LOCK:
+        hit = _CONTINUED.get(id(arr))
     if hit is not None and hit[0]() is arr and hit[1] == key:
         return hit[2]
     rate = lam if lam is not None else (arr.size - 1) / float(arr[-1] - arr[0])
     more = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0]).exponential(1.0 / rate, int(extra))
     out = np.concatenate([arr, arr[-1] + np.cumsum(more)])
     out.setflags(write=False)
-    if len(_CONTINUED) >= 16:  # a few streams at a time: drop the oldest
-        _CONTINUED.pop(next(iter(_CONTINUED)))
     i = id(arr)
-    _CONTINUED[i] = (weakref.ref(arr, lambda _: _CONTINUED.pop(i, None)), key, out)
+    with _CONTINUED_LOCK:
+        while len(_CONTINUED) >= 16:  # a few streams at a time: drop the oldest
+            _CONTINUED.pop(next(iter(_CONTINUED)), None)
+        _CONTINUED[i] = (weakref.ref(arr, lambda _: _CONTINUED.pop(i, None)), key, out)
     return out
 
 

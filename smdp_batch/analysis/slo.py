@@ -57,12 +57,23 @@ metric's estimate there is within its limit (``SLOAnswer.fresh_holds``).  Choosi
 meets the SLO on one stream favours a setting that stream flatters, and with heavy-tailed batch times (lognormal
 σ = 1) the p99's batch-means interval at 2·10⁵ requests is too narrow: the check is how the answer says so
 instead of a user's server.
+
+**Threads.**  The rule families' searches are independent, and so are the defaults' runs and the fresh check's
+loads: they run on threads (:data:`MAX_WORKERS` at most, one per CPU this process may use), the simulator's
+event loops releasing the GIL; and each capped table front is solved on a thread of its own while the tables
+before it are simulated.  Every search sees the same streams and the same draws whatever runs beside it,
+so the answer is the same to the digit with one thread or several (``tests/test_slo_speed.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -90,6 +101,25 @@ FRESH, REQUESTS_LIMIT_FRESH = 5, 1_000_000
 #: beat them on p99 by up to 15 % (measured: exponential, gamma 0.5 and hyperexponential times at ρ 0.5 and 0.8;
 #: tests/test_slo_speed.py checks that the search finds nothing just inside this margin).
 REACH_MARGIN = 0.25
+#: The most threads the rule families are searched on (module doc, *Threads*).
+MAX_WORKERS = 4
+#: The SMDP tables of a front are searched this many at a time (each from the τ the tables before them found):
+#: a constant, so that the answer is the same on any number of threads.
+WAVE = 2
+
+
+def _in_parallel(thunks: list, workers: int | None) -> list:
+    """Each thunk's result, in order; on up to ``workers`` threads (None or 0: the CPUs this process may use, at
+    most MAX_WORKERS), taken in the order given (the longest first).  The simulator's event loops release
+    the GIL, so the families' simulations run at once; each search is the same whatever runs beside it."""
+    if not workers:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(MAX_WORKERS, cpus)
+    workers = max(1, min(int(workers), len(thunks)))
+    if workers == 1:
+        return [f() for f in thunks]
+    with ThreadPoolExecutor(workers, thread_name_prefix="slo-search") as pool:
+        return [f.result() for f in [pool.submit(t) for t in thunks]]
 
 # ------------------------------------------------------------------------------------------ the search
 class _Checker:
@@ -100,6 +130,8 @@ class _Checker:
         from ..limits import check_requests
 
         self.problem, self.slo, self.lams, self.seed, self.idle_w = problem, slo, lams, int(seed), idle_power_w
+        self._lock = threading.Lock()  # rule families are searched on threads (module doc, *Threads*)
+        self.workers: int | None = None  # threads for the searches that run inside one family (the SMDP tables)
         self.served = served
         self.requests = check_requests(requests, "requests")
         if self.requests < 1000:
@@ -123,16 +155,21 @@ class _Checker:
         n = self.requests // SCREEN
         self.screens = [np.ascontiguousarray(a[:n]) for a in self.arrivals] if n >= SCREEN_MIN else None
 
-    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None) -> Setting:
+    def run(self, family: str, rule: ServerRule, knobs: dict, full: bool = False, policy=None,
+            workers: int = 1) -> Setting:
         """``rule`` at every load (the loads likeliest to fail first); ``full``: every load even after one fails,
-        and no screen (the figures are reported whatever they are).  Otherwise a load whose screen shows a plain
-        miss fails the setting there (module doc); every figure of a setting that meets the SLO is a whole
-        stream's."""
-        loads: list[LoadResult] = []
+        and no screen (the figures are reported whatever they are), on up to ``workers`` threads.  Otherwise a
+        load whose screen shows a plain miss fails the setting there (module doc); every figure of a setting that
+        meets the SLO is a whole stream's."""
+        if full:
+            loads = _in_parallel([lambda i=i: self._load(i, rule, self.arrivals[i]) for i in self.order], workers)
+            loads.sort(key=lambda x: x.lam)
+            return Setting(family, rule.spec, knobs, loads, all(x.meets for x in loads), rule, policy)
+        loads = []
         meets = True
         for i in self.order:
             got = None
-            if not full and self.screens is not None:
+            if self.screens is not None:
                 got = self._load(i, rule, self.screens[i])
                 if not any(got.metrics[m] - got.ci[m] > self.slo.limit(m) for m, _ in self.slo.bounds):
                     got = None  # no plain miss: the whole stream decides
@@ -141,8 +178,7 @@ class _Checker:
             loads.append(got)
             if not got.meets:
                 meets = False
-                if not full:
-                    break
+                break
         loads.sort(key=lambda x: x.lam)
         return Setting(family, rule.spec, knobs, loads, meets, rule, policy)
 
@@ -150,9 +186,10 @@ class _Checker:
         """``rule`` at load i on ``arrivals`` (that load's stream or its screen)."""
         from .simulate import simulate
 
-        self.count += 1
-        if self.progress is not None:
-            self.progress(1)
+        with self._lock:
+            self.count += 1
+            if self.progress is not None:
+                self.progress(1)
         try:
             res = simulate(self.problems[i], rule, arrivals=arrivals, seed=self.seed, idle_power_w=self.idle_w,
                            tail="continue",  # the stream is a sample: it goes on
@@ -167,9 +204,11 @@ class _Checker:
         cis = {m: float(d[_CI[m]]) for m, _ in self.slo.bounds}
         ok = all(vals[m] + cis[m] <= self.slo.limit(m) for m, _ in self.slo.bounds)
         if arrivals is self.arrivals[i]:  # the least each metric reached here (with its half-width), and by what
-            for m, _ in self.slo.bounds:
-                if m not in self.reach[i] or vals[m] + cis[m] < sum(self.reach[i][m][:2]):
-                    self.reach[i][m] = (vals[m], cis[m], rule.spec)
+            with self._lock:  # ties go to the first spec in sort order, whichever thread came first
+                for m, _ in self.slo.bounds:
+                    old = self.reach[i].get(m)
+                    if old is None or (vals[m] + cis[m], rule.spec) < (old[0] + old[1], old[2]):
+                        self.reach[i][m] = (vals[m], cis[m], rule.spec)
         return LoadResult(self.lams[i], vals, cis, res.mean_power_w, res.mean_power_ci, res.mean_batch_size, ok)
 
 
@@ -253,7 +292,8 @@ def not_simulated(problem: BatchingProblem) -> set[str]:
 def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None = None, *,
              families=FAMILIES, requests: int = 200_000, seed: int = 0, arrivals: np.ndarray | None = None,
              solve_lam: float | None = None, defaults: bool = True, progress=None, current=None,
-             idle_power_w: float = 0.0, idle_power_given: bool | None = None, served=None) -> SLOAnswer:
+             idle_power_w: float = 0.0, idle_power_given: bool | None = None, served=None,
+             workers: int | None = None) -> SLOAnswer:
     """Per family, the least-power setting that meets ``slo`` at every load in ``lams`` (module doc).
 
     ``lams``: loads in requests/ms (default: ``problem.lam``; :func:`load_grid` makes a range).
@@ -265,7 +305,9 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     ``idle_power_given``: whether it was measured or given (default: when it is not 0), else the answer says
     that 0 W was assumed.  ``served``: a :class:`~smdp_batch.model.served.ServedDelay` measured on the server
     (``smdp-batch calibrate``): every setting's metrics are then the served response times (``simulate``), and a
-    load beyond what the server's own path carried is refused with the figure measured there.
+    load beyond what the server's own path carried is refused with the figure measured there.  ``workers``:
+    threads the rule families are searched on (default: the CPUs this process may use, at most
+    :data:`MAX_WORKERS`; 1 searches them one after another) — the answer is the same either way.
     """
     t0 = time.perf_counter()
     slo = slo if isinstance(slo, SLO) else SLO.of(slo)
@@ -286,6 +328,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         unit = (arr - arr[0]) * ((arr.size - 1) / (arr[-1] - arr[0]))  # mean rate 1/ms, then scaled per load
     chk = _Checker(problem, slo, lams, requests if unit is None else unit.size, seed, unit, progress, idle_power_w,
                    served)
+    chk.workers = workers
     sizes = problem.batch_sizes
     B = problem.bmax
     cap = 4.0 * max(b for _, b in slo.bounds)  # waiting longer than this can only break the SLO
@@ -309,37 +352,42 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     # model pads each batch up to the next allowed size, and its time and energy are paid
     full = list(sizes) == list(range(1, B + 1))
     pad = () if full else tuple(sizes)
-    if "triton" in searched:
-        best["triton"] = delay_family("triton", lambda d: triton(B, us(d), (), pad), "delay_us", us)
+    jobs: dict[str, Callable[[], Setting | None]] = {}  # the searches, longest first (they run on threads)
     if "triton-preferred" in searched:
-        found: dict[int, Setting | None] = {}
+        def preferred() -> Setting | None:
+            found: dict[int, Setting | None] = {}
 
-        def by_q(q: int) -> float:
-            pref = [s for s in sizes if s >= q]
-            near = [found[k] for k in sorted(found, key=lambda k: abs(k - q)) if found[k] is not None]
-            # near holds no None (filtered above)
-            guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None  # type: ignore[union-attr]
-            found[q] = _largest_delay(
-                lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
-                                                                               "preferred": pref}), cap, guess,
-                scale=chk.scale)
-            return found[q].power_w if found[q] is not None else math.inf  # type: ignore[union-attr]  # checked
+            def by_q(q: int) -> None:
+                pref = [s for s in sizes if s >= q]
+                near = [found[k] for k in sorted(found, key=lambda k: abs(k - q)) if found[k] is not None]
+                # near holds no None (filtered above)
+                guess = near[0].knobs["delay_us"] / 1000.0 if near and near[0].knobs["delay_us"] > 0 else None  # type: ignore[union-attr]
+                found[q] = _largest_delay(
+                    lambda d: chk.run("triton-preferred", triton(B, us(d), pref, pad), {"Q": q, "delay_us": us(d),
+                                                                                   "preferred": pref}), cap, guess,
+                    scale=chk.scale)
 
-        for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
-            by_q(q)
-        best["triton-preferred"] = None
-        for s in found.values():
-            best["triton-preferred"] = _better(best["triton-preferred"], s)
+            for q in reversed(sizes):  # every Q: the power over Q need not be unimodal once percentiles decide
+                by_q(q)
+            pick = None
+            for s in found.values():
+                pick = _better(pick, s)
+            return pick
+
+        jobs["triton-preferred"] = preferred
+    if "smdp" in searched:
+        jobs["smdp"] = lambda: _smdp_family(problem, chk, cap, max(lams) if solve_lam is None else float(solve_lam))
+    if "triton" in searched:
+        jobs["triton"] = lambda: delay_family("triton", lambda d: triton(B, us(d), (), pad), "delay_us", us)
     if "tfserving" in searched:
-        best["tfserving"] = delay_family("tfserving", lambda d: tf_serving(B, us(d), pad), "timeout_us", us)
+        jobs["tfserving"] = lambda: delay_family("tfserving", lambda d: tf_serving(B, us(d), pad), "timeout_us", us)
     if "ray" in searched:
         secs = lambda d: float(f"{d / 1000.0:.6g}")
-        best["ray"] = delay_family("ray", lambda d: ray_serve(B, secs(d), pad), "timeout_s", secs)
+        jobs["ray"] = lambda: delay_family("ray", lambda d: ray_serve(B, secs(d), pad), "timeout_s", secs)
     if "torchserve" in searched:  # TorchServe's maxBatchDelay is a whole number of ms
-        best["torchserve"] = delay_family("torchserve", lambda d: torchserve(B, math.floor(d), pad), "delay_ms",
-                                          lambda d: float(math.floor(d)))
-    if "smdp" in searched:
-        best["smdp"] = _smdp_family(problem, chk, cap, max(lams) if solve_lam is None else float(solve_lam))
+        jobs["torchserve"] = lambda: delay_family("torchserve", lambda d: torchserve(B, math.floor(d), pad),
+                                                  "delay_ms", lambda d: float(math.floor(d)))
+    best.update(zip(jobs, _in_parallel(list(jobs.values()), workers)))
     if "table+timer" in searched:
         members = [best.get("smdp")]
         # Triton's rule is a table + timer when every size 1..B is allowed (no padding): then it is a member
@@ -364,7 +412,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
         best["table+timer"] = pick
     wanted = [f for f in FAMILIES if f in fams and (f in set(families) or "table+timer" in set(families))]
     best = {f: best.get(f) for f in wanted}
-    dflt: list[Setting] = []
+    runs: list[Callable[[], Setting]] = []  # the defaults, then the user's own rule: every load, on threads
     if defaults:
         from ..baselines.servers import parse_rule
 
@@ -378,9 +426,13 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
                 rule.check(sizes)
             except InputError:  # e.g. Ray's max_batch_size 10 is not an allowed size here
                 continue
-            dflt.append(chk.run(spec.split(":")[0], rule, {"default": True}, full=True))
-    cur = None if current is None else chk.run(current.spec.partition(":")[0].partition("+")[0], current,
-                                               {"current": True}, full=True)
+            runs.append(functools.partial(chk.run, spec.split(":")[0], rule, {"default": True}, full=True))
+    if current is not None:
+        runs.append(functools.partial(chk.run, current.spec.partition(":")[0].partition("+")[0], current,
+                                      {"current": True}, full=True))
+    done = _in_parallel(runs, workers)
+    dflt: list[Setting] = done[: len(done) - (current is not None)]
+    cur = done[-1] if current is not None else None
     ans = SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
                     int(seed), chk.count, math.nan, cur, problem, float(idle_power_w),
                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served,
@@ -389,7 +441,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     if rec is not None and rec.rule is not None and unit is None:  # a trace or MAP sample has no second stream
         again = _Checker(problem, slo, lams, min(FRESH * chk.requests, REQUESTS_LIMIT_FRESH), int(seed) + 1, None,
                          None, idle_power_w, served)
-        ans.fresh = again.run(rec.family, rec.rule, rec.knobs, full=True, policy=rec.policy)
+        ans.fresh = again.run(rec.family, rec.rule, rec.knobs, full=True, policy=rec.policy, workers=workers or 0)
         ans.fresh_requests = again.requests
     ans.seconds = time.perf_counter() - t0
     return ans
@@ -474,45 +526,70 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
 
     multi = len(chk.lams) > 1
     sizes = problem.batch_sizes
-    cands = one_server_tables(problem, solve_lam, sizes, multi)
-    if problem.instances > 1:
-        cands += instances_tables(problem, solve_lam, multi)[0]
-    best = _smdp_tables(chk, cap, cands, sizes)
-    c = problem.bmax // 2
-    while c >= max(problem.bmin, 2):  # while that lowers the power, or until some capped table meets the SLO
-        if not _carries(problem, c, max(chk.lams)):
-            break  # c is not an allowed size, or batches of c cannot carry the top load
-        sub = tuple(b for b in sizes if b <= c)
-        found = _smdp_tables(chk, cap, one_server_tables(problem, solve_lam, sub, multi), sub)
-        if best is not None and (found is None or not found.power_w < best.power_w):
-            break
-        best, c = _better(best, found), c // 2
+
+    def capped(c: int) -> tuple[int, ...] | None:  # the sizes up to c, if batches of c carry the top load
+        return tuple(b for b in sizes if b <= c) if c >= max(problem.bmin, 2) and _carries(problem, c, max(chk.lams)) \
+            else None
+
+    # each capped front is solved on a thread of its own while the tables before it are simulated (a front is a
+    # function of its arguments: solving it early, or in vain when the loop stops, changes no answer)
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="slo-front")
+    try:
+        c = problem.bmax // 2
+        sub = capped(c)
+        nxt = ahead.submit(one_server_tables, problem, solve_lam, sub, multi) if sub else None
+        cands = one_server_tables(problem, solve_lam, sizes, multi)
+        if problem.instances > 1:
+            cands += instances_tables(problem, solve_lam, multi)[0]
+        best = _smdp_tables(chk, cap, cands, sizes)
+        while sub is not None and nxt is not None:  # while that lowers the power, or until a capped table meets it
+            tables = nxt.result()
+            sub_next = capped(c // 2)
+            nxt = ahead.submit(one_server_tables, problem, solve_lam, sub_next, multi) if sub_next else None
+            found = _smdp_tables(chk, cap, tables, sub)
+            if best is not None and (found is None or not found.power_w < best.power_w):
+                break
+            best, c, sub = _better(best, found), c // 2, sub_next
+    finally:  # a front solved ahead in vain is not waited for
+        ahead.shutdown(wait=False, cancel_futures=True)
     return best
 
 
 def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
-    """The least-power of ``cands`` (Candidate tables over ``sizes``), each pure or with its best timer."""
+    """The least-power of ``cands`` (Candidate tables over ``sizes``), each pure or with its best timer.
+
+    The candidates are searched in waves of :data:`WAVE` on threads; each timer search starts from the τ the
+    waves before found (the last candidate's with a timer), so the answer does not depend on the threads."""
     forms = ("largest",) if list(sizes) == list(range(1, sizes[-1] + 1)) else ("largest", "pad")
-    pick: Setting | None = None
     guess: dict[str, float | None] = dict.fromkeys(forms)
-    for cand in cands:
+
+    def search(cand, start: dict) -> list[Setting]:
         pol, name, knobs = cand.policy, cand.name, cand.knobs
         policy = pol.tolist()
         pure = chk.run("smdp", table_timer(pol, sizes, math.inf, spec=f"{name}+timer:inf"), {**knobs, "tau_ms": math.inf},
                        policy=policy)
         if pure.meets:
-            pick = _better(pick, pure)
-            continue
+            return [pure]
+        out = []
         for form in forms:
             suffix = ":pad" if form == "pad" else ""
 
             def check(t: float, form=form, suffix=suffix) -> Setting:  # searched within this iteration (B023)
                 t = float(f"{t:.6g}")  # as the spelling writes it
-                return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),  # noqa: B023
-                               {**knobs, "tau_ms": t, "forced": form}, policy=policy)  # noqa: B023
+                return chk.run("smdp", table_timer(pol, sizes, t, spec=f"{name}+timer:{t:g}{suffix}", forced=form),
+                               {**knobs, "tau_ms": t, "forced": form}, policy=policy)
 
-            s = _largest_delay(check, cap, guess[form], scale=chk.scale)
+            s = _largest_delay(check, cap, start[form], scale=chk.scale)
             if s is not None:
-                guess[form] = s.knobs["tau_ms"] or None
+                out.append(s)
+        return out
+
+    pick: Setting | None = None
+    for w0 in range(0, len(cands), WAVE):
+        start = dict(guess)
+        for found in _in_parallel([lambda c=c, st=start: search(c, st) for c in cands[w0 : w0 + WAVE]], chk.workers):
+            for s in found:
                 pick = _better(pick, s)
+                if math.isfinite(s.knobs["tau_ms"]):
+                    guess[s.knobs["forced"]] = s.knobs["tau_ms"] or None
     return pick
