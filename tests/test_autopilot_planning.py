@@ -120,6 +120,36 @@ def test_the_same_plan_again_is_kept_not_swapped():
     assert ap.plan.lam != live.lam  # its planned metrics are the new solve's
 
 
+def test_a_solve_that_keeps_the_plan_backs_off_and_a_rate_change_ends_that():
+    """Stationary traffic whose estimates wobble would re-solve every min_interval_s for the same answer: each
+    kept result doubles the wait (1 s × 2^kept), and a change of the arrival rate ends the back-off."""
+    def same(problem, slo_ms, lams):
+        return Plan(PolicyTable(control(8), problem.batch_sizes, {"inputs": {"lam": lams[0]}}), lams[0], None, 8.0,
+                    30.0, 15.0, True, "control:8")
+
+    clock, rng = Clock(), np.random.default_rng(12)
+    ap, p = make(same, clock=clock, min_interval_s=1.0)
+    t = feed(ap, p.lam, 400, rng)
+    starts = []
+    for k in range(3):
+        ap._trigger("service")  # what a drift of l̂(b) does
+        while ap.metrics.solves == k:
+            clock.t += 0.25
+            t = feed(ap, p.lam, 1, rng, t)
+        starts.append(clock.t)
+        assert ap.join(10)
+    m = ap.metrics
+    assert m.kept == 3 and m.swaps == 0 and m.solves == 3
+    assert np.diff(starts) == pytest.approx([2.0, 4.0], abs=0.26)  # kept once: 2 s; twice: 4 s (now 8 s)
+    ap._trigger("service")
+    step = clock.t
+    while ap.metrics.solves == 3:  # a 3× rate step: found, and solved for without the 8 s wait
+        clock.t += 0.05
+        t = feed(ap, 3 * p.lam, 20, rng, t)
+        assert clock.t - step < 8.0, "the rate change waited out the back-off"
+    assert ap.join(10)
+
+
 # ------------------------------------------------------------------ solves in a child process
 def child_solver(problem, slo_ms, lams):
     """Module-level (picklable): a control-limit table whose spec names the process that solved it."""

@@ -46,7 +46,9 @@ most ``max_threads`` run at once and a late result is dropped), and an estimate 
 98 % of the stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in
 :class:`AutopilotMetrics` and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible
 solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
-at most 300 s.  The solve clock (``clock``, seconds) is made monotone: a step back counts as no time passing;
+at most 300 s; a solve that keeps the live plan (the estimates moved, the answer did not) backs off the same way,
+2^(kept in a row), so that noise in stationary traffic does not re-solve every ``min_interval_s``.  A change of
+the arrival rate ends both back-offs.  The solve clock (``clock``, seconds) is made monotone: a step back counts as no time passing;
 a step forward may time out a solve.
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
@@ -183,6 +185,7 @@ class Autopilot:
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
         self._fails = 0
+        self._kept = 0  # solves in a row that kept the live plan (each doubles the wait before the next)
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._unlearned = 0  # responses since the excess was last learned
         self._index = {b: i for i, b in enumerate(self.sizes)}
@@ -278,8 +281,8 @@ class Autopilot:
     def observe_arrival(self, t_ms: Any) -> None:
         if self.rate.observe(t_ms):
             with self._lock:  # a new load: what failed or was infeasible at the old one may not be now
-                if self._fails:
-                    self._fails, self._not_before = 0, self._last_start + self.min_interval_s
+                if self._fails or self._kept:
+                    self._fails, self._kept, self._not_before = 0, 0, self._last_start + self.min_interval_s
             self._trigger("rate")
         else:
             self._arrivals += 1
@@ -538,10 +541,14 @@ class Autopilot:
                 self._failed(now, "solve-unusable", reason=job.reason)
             elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
                 self._fails = 0
+                self._kept += 1  # the estimates moved but not the answer: wait longer before solving again
+                self._not_before = max(self._not_before, job.start + min(max(self.min_interval_s, 0.1) * 2.0 ** self._kept,
+                                                                        _RETRY_MAX_S))
                 self._live = replace(out, id=self._live.id, target_ms=job.target)
-                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target, seconds=round(seconds, 4))
+                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target,
+                            seconds=round(seconds, 4), next_in_s=round(self._not_before - now, 3))
             else:
-                self._fails = 0
+                self._fails = self._kept = 0
                 self._swap(out, job, seconds)
 
     def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
