@@ -4,6 +4,8 @@ Driven by synthetic clocks and streams; the solver is the real SLO optimiser whe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 import functools
 import json
@@ -249,6 +251,30 @@ def test_a_swap_that_breaks_the_slo_in_service_is_rolled_back():
     ap.observe_response([10.0] * 190 + [80.0] * 10)  # p99 of this window: 80 ms > 1.1 × SLO
     m = ap.metrics
     assert m.rollbacks == 1 and ap.plan is before and m.live_table == before.id and m.last_event == "rollback"
+
+
+def test_a_plan_rolled_back_is_not_swapped_in_again_at_that_load():
+    """The solver insists on the plan that broke the SLO live: it stays rolled back (``blocked``, counted with the
+    kept plans) while solves plan it within 25 % of the load it failed at, and may return at another load."""
+    def insists(problem, slo_ms, lams):
+        return Plan(PolicyTable(control(3), problem.batch_sizes, {"inputs": {"lam": lams[0]}}), lams[0], None, 5.0,
+                    0.5 * slo_ms, 20.0, True, "control:3")
+
+    ap, p = make(insists, window=200, grace=50)
+    before = ap.plan
+    t, rng = _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    failed = ap.plan
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)  # breaks the SLO: rolled back
+    assert ap.metrics.rollbacks == 1 and ap.plan is before
+    ap._trigger("service")  # a re-solve at the same load: the same plan again
+    t = feed(ap, 3 * p.lam, 5, rng, t)
+    assert ap.join(10)
+    m = ap.metrics
+    assert m.solves == 2 and m.swaps == 1 and m.kept == 1 and m.last_event == "blocked" and ap.plan is before
+    assert m.solves == m.swaps + m.kept + m.failed_solves + m.infeasible
+    assert not ap._is_blocked(replace(failed, lam=2.0 * failed.lam))  # at another load it may be tried again
 
 
 def test_a_swap_that_holds_the_slo_becomes_the_last_good_table():

@@ -46,10 +46,11 @@ most ``max_threads`` run at once and a late result is dropped), and an estimate 
 98 % of the stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in
 :class:`AutopilotMetrics` and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible
 solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
-at most 300 s; a solve that keeps the live plan (the estimates moved, the answer did not) backs off the same way,
-2^(kept in a row), so that noise in stationary traffic does not re-solve every ``min_interval_s``.  A change of
-the arrival rate ends both back-offs.  The solve clock (``clock``, seconds) is made monotone: a step back counts as no time passing;
-a step forward may time out a solve.
+≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise
+does not re-solve every ``min_interval_s``; a change of rate ends both.  A plan rolled back is not swapped in
+again while solves plan it within 25 % of the load it failed at (``blocked``, counted with the kept): swap,
+fail, roll back was a cycle (8 swaps, 6 rollbacks in one run).  The solve clock (``clock``, seconds) is made
+monotone: a step back counts as no time passing; a step forward may time out a solve.
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
 (numba, scipy) when it first runs.
@@ -88,6 +89,7 @@ __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
 log = logging.getLogger("smdp_batch")
 _IDS = itertools.count(1)
 _RETRY_MAX_S = 300.0
+_BLOCK_BAND, _BLOCK_MAX = 0.25, 8  # a plan rolled back at λ is blocked over λ/1.25..1.25λ; the last 8 are kept
 _RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's λ
 _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
 _LEARN_EVERY = 100  # responses between two updates of the excess
@@ -186,6 +188,7 @@ class Autopilot:
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
         self._fails = 0
         self._kept = 0  # solves in a row that kept the live plan (each doubles the wait before the next)
+        self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._unlearned = 0  # responses since the excess was last learned
         self._index = {b: i for i, b in enumerate(self.sizes)}
@@ -376,7 +379,10 @@ class Autopilot:
             if p99 > limit and worse and self._previous is not None:
                 self._live, self._good, self._previous = self._previous, self._previous, None
                 self._seen, self._windows, self._watching = 0, 0, False
-                self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99)
+                lo, hi = live.lam / (1.0 + _BLOCK_BAND), live.lam * (1.0 + _BLOCK_BAND)
+                self._blocked = [b for b in self._blocked if not _same(b[0], live)][-(_BLOCK_MAX - 1):] + [(live, lo, hi)]
+                self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99,
+                            blocked_lam=[round(lo, 6), round(hi, 6)])
             else:
                 self._watch_ok += 1
                 if self._watch_ok >= self.watch:
@@ -539,17 +545,22 @@ class Autopilot:
                     self._swap(out, job, seconds, "best_effort", "best-effort")
             elif not self._usable(out, job.target):
                 self._failed(now, "solve-unusable", reason=job.reason)
-            elif _same(out, self._live):  # the same table and timer: nothing to swap, keep judging it
-                self._fails = 0
-                self._kept += 1  # the estimates moved but not the answer: wait longer before solving again
+            elif self._is_blocked(out) or _same(out, self._live):  # the live plan stays: back off (module doc)
+                self._fails, self._kept = 0, self._kept + 1
                 self._not_before = max(self._not_before, job.start + min(max(self.min_interval_s, 0.1) * 2.0 ** self._kept,
                                                                         _RETRY_MAX_S))
-                self._live = replace(out, id=self._live.id, target_ms=job.target)
-                self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target,
-                            seconds=round(seconds, 4), next_in_s=round(self._not_before - now, 3))
+                if not _same(out, self._live):  # rolled back at this load before
+                    self._count("kept", "blocked", reason=job.reason, lam=out.lam, setting=out.spec, target_ms=job.target)
+                else:  # the same table and timer: nothing to swap, keep judging it
+                    self._live = replace(out, id=self._live.id, target_ms=job.target)
+                    self._count("kept", "kept", reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, target_ms=job.target,
+                                seconds=round(seconds, 4), next_in_s=round(self._not_before - now, 3))
             else:
                 self._fails = self._kept = 0
                 self._swap(out, job, seconds)
+
+    def _is_blocked(self, out: Plan) -> bool:  # a plan rolled back before, planned within its blocked band
+        return any(lo <= out.lam <= hi and _same(out, b) for b, lo, hi in self._blocked)
 
     def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)

@@ -67,7 +67,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_last_solve_seconds": ("gauge", "s", "how long the last re-solve took (NaN before the first)"),
     "autopilot_solves_total": ("counter", "1", "re-solves started"),
     "autopilot_swaps_total": ("counter", "1", "new tables put live"),
-    "autopilot_kept_total": ("counter", "1", "solves that kept the live table (the same, or too little saved)"),
+    "autopilot_kept_total": ("counter", "1", "solves that kept the live table (the same, too little saved, or rolled back at this load)"),
     "autopilot_rollbacks_total": ("counter", "1", "tables taken back on observed p99"),
     "autopilot_failed_solves_total": ("counter", "1", "solves that raised, timed out or returned no usable plan"),
     "autopilot_infeasible_solves_total": ("counter", "1", "solves where no table meets the SLO at λ̂"),

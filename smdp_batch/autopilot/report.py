@@ -41,7 +41,7 @@ class AutopilotMetrics:
     overhead_ms: float = 0.0  # given: the time spent outside the hooks' view (network, client)
     target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
-    kept: int = 0  # solves that kept the live plan (the same table and timer, or too little saved)
+    kept: int = 0  # solves that kept the live plan (the same table and timer, too little saved, or blocked)
     best_effort: int = 0  # infeasible solves whose best effort went live (a lower p99 at λ̂ than the live plan's)
     energy_source: str = "model"  # where ζ̂(b) comes from: the model, an energy meter, or observe_energy readings
     idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
