@@ -16,9 +16,22 @@ from smdp_batch.solvers import jit
 from smdp_batch.solvers.pi import COLD_SECONDS, warm_up_pi
 
 
-def _dispatcher(entries: int):
-    index = SimpleNamespace(_load_index=lambda: dict.fromkeys(range(entries)))
-    return SimpleNamespace(_cache=SimpleNamespace(_cache_file=index))
+_HERE = ("x86_64-unknown-linux-gnu", "this-cpu", "+avx2")
+
+
+def _dispatcher(entries: int, machine: tuple = _HERE):
+    """A stand-in for a numba dispatcher whose cache index holds ``entries`` entries compiled for ``machine``."""
+    index = SimpleNamespace(_load_index=lambda: {(i, machine, ("stamp",)): None for i in range(entries)})
+    codegen = SimpleNamespace(magic_tuple=lambda: _HERE)
+    return SimpleNamespace(_cache=SimpleNamespace(_cache_file=index), targetctx=SimpleNamespace(codegen=lambda: codegen))
+
+
+def test_a_cache_compiled_for_another_cpu_is_not_warm_here():
+    """A package on a shared file system: entries another machine's CPU compiled do not count (numba would
+    compile again here), so the notice is said and the compiled PI loop is not loaded in the foreground."""
+    assert jit.cache_is_warm([_dispatcher(1)])
+    assert not jit.cache_is_warm([_dispatcher(1, ("x86_64-unknown-linux-gnu", "other-cpu", "+avx512f"))])
+    assert not jit.cache_is_warm([_dispatcher(0)])
 
 
 def test_cold_cache_gives_one_notice_and_one_run(caplog, monkeypatch):

@@ -36,10 +36,14 @@ _done: set[str] = set()
 
 
 def cache_is_warm(kernels: Sequence) -> bool:
-    """Whether every numba dispatcher in ``kernels`` has a current entry in the on-disk cache."""
+    """Whether every numba dispatcher in ``kernels`` has a current entry for this machine in the on-disk cache.
+
+    An entry holds the target it was compiled for (numba's "magic tuple": OS, architecture, CPU and its
+    features): a cache shared by machines of other CPUs (a package on a shared file system) is not warm here."""
     try:
-        return all(len(k._cache._cache_file._load_index()) > 0 for k in kernels)
-    except AttributeError:  # numba's cache internals changed: say nothing rather than guess
+        return all(any(key[1] == k.targetctx.codegen().magic_tuple() for key in k._cache._cache_file._load_index())
+                   for k in kernels)
+    except (AttributeError, IndexError, TypeError):  # numba's cache internals changed: say nothing rather than guess
         return True
 
 
