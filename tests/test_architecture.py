@@ -227,3 +227,16 @@ def test_a_name_that_left_the_runtime_says_where_it_went():
     import smdp_batch.runtime as rt
 
     assert not hasattr(rt, "no_such_name")
+
+
+def test_the_scheduler_groups_exactly_the_tests_marked_to_take_turns(request):
+    """conftest reads the turn-taking tests from the sources (xdist's controller does not collect): the same set as
+    the markers collection sees, so no server test runs beside another and none is grouped by mistake."""
+    from conftest import TURN_MARKERS, turn_taking_tests
+
+    items = request.session.items  # the whole suite in CI; the files given otherwise (-k deselects from it)
+    marked = {i.nodeid.split("[", 1)[0] for i in items if any(i.get_closest_marker(m) for m in TURN_MARKERS)}
+    collected = {i.nodeid.split("::", 1)[0] for i in items}
+    assert marked == {n for n in turn_taking_tests() if n.split("::", 1)[0] in collected}
+    assert "tests/test_real_servers.py::test_slo_exports_meet_the_slo_on_the_real_servers_across_the_load_range" \
+        in turn_taking_tests()
