@@ -62,7 +62,7 @@ def test_every_missing_module_names_a_declared_extra():
 
 def test_the_ci_install_covers_what_the_tests_import():
     """Every third-party module tests/ imports comes with the core or the README's test command's extras."""
-    dist = {"google": "protobuf", "mdptoolbox": "pymdptoolbox", "pytriton": "nvidia-pytriton"}
+    dist = {"google": "protobuf", "mdptoolbox": "pymdptoolbox", "pytriton": "nvidia-pytriton", "xdist": "pytest-xdist"}
     local = {"smdp_batch", "tests", "examples", "run_demo", "hm"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
     installed = CORE | {"nvidia-pytriton"} | set().union(*(_extra(e) for e in CI_EXTRAS))
     found = set()

@@ -435,3 +435,47 @@ def test_a_bound_below_what_the_server_alone_adds_is_refused_at_once():
         optimise(p, {"p99": 12.0}, [0.3], requests=2000, served=sd)
     ans = optimise(p, {"p99": 30.0}, [0.3], families=("triton",), requests=2000, defaults=False, served=sd)
     assert ans.best["triton"] is not None
+
+
+def test_batches_served_too_slowly_for_the_problems_own_rate_fit_and_are_refused_by_load():
+    """A loaded host stretched every batch 3×: with l(b) as served, the problem's own λ (a placeholder: plans name
+    their loads) is beyond what batches carry.  The fit still answers, and a plan at a load the batches as served
+    cannot carry is refused in one line; one they carry is planned."""
+    p = BatchingProblem(lam=1.0, **STANDIN)
+    assert 3 * p.rho > 1  # unstable with l(b) × 3
+    rule = parse_rule("triton:max=16,delay_us=2000", p)
+    run = _synthetic_run(p, rule, 100.0, 0)
+    run.batch_times.update({k: (e - 3 * (e - s), e) for k, (s, e) in run.batch_times.items()})
+    sd = fit_served(p, rule, [run])
+    assert all(v == pytest.approx(3 * float(p.latency(np.float64(b))), rel=0.01) for b, v in sd.served_latency_ms.items())
+    assert sd.apply(p).max_lam == pytest.approx(p.max_lam / 3, rel=0.01)
+    with pytest.raises(InputError, match=r"queue is unstable"):
+        optimise(p, {"p99": 200.0}, [1.0], families=("triton",), requests=2000, defaults=False, served=sd)
+    ok = optimise(p, {"p99": 200.0}, [0.1], families=("triton",), requests=2000, defaults=False, served=sd)
+    assert ok.best["triton"] is not None
+
+
+def test_when_only_the_lowest_load_was_carried_the_next_line_runs_as_printed(tmp_path, capsys, monkeypatch):
+    """The calibration carried its lowest load only (a loaded host): the printed next line plans at that load
+    alone, and runs (a range past the carried load, as it once printed, was refused by the served model)."""
+    import shlex
+
+    from smdp_batch.integrations import calibrate as cal_mod
+
+    stats = tuple({"load_per_s": x, "requests": 300, "answered": 300, "errors": 0, "p99_ms": p, "batcher_p99_ms": p,
+                   "batcher_model_p99_ms": p, "to_batcher_ms": 0.1, "tail_gap_ms": 0.0, "model_p99_ms": 8.0,
+                   "outside_p50_ms": 0.5, "outside_p99_ms": o, "client_lag_p99_ms": 0.0, "client_kept_up": True,
+                   "carried": ok, "why": "" if ok else f"the server's own path alone took p99 {o:g} ms ≥ the SLO 30 ms",
+                   "wall_s": 3.0}
+                  for x, p, o, ok in ((100.0, 20.0, 2.0, True), (173.2, 45.0, 39.0, False), (300.0, 60.0, 50.0, False)))
+    fake = _sd(0.3, 0.02, 0.1, [1.0 + np.zeros(300)] * 3, (100.0, 173.2, 300.0), carried_per_s=100.0, stats=stats,
+               source={"server": "triton", "model": "stand-in", "seconds": 9.0, "time_scale": 1.0})
+    monkeypatch.setattr(cal_mod, "calibrate", lambda *a, **k: fake)  # no server: what a loaded host measured
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", "--server", "triton", "--setting", "triton:max=16,delay_us=5000", "--bmax", "16",
+                 "--latency", "affine:0.5,2",
+                 "--service", "det", "--slo-p99-ms", "30", "--load-range", "100:300", "-o", "served.json"]) == 0
+    nxt = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("next")][0]
+    args = shlex.split(nxt.split("smdp-batch", 1)[1])
+    assert "--rps" in args and args[args.index("--rps") + 1] == "100" and "--load-range" not in args
+    assert main([*args, "--requests", "5000"]) == 0, capsys.readouterr().err

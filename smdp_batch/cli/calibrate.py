@@ -106,9 +106,10 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
     lines.append(f"  written     {output}")
     top = sd.carried_per_s or 0.0
     if top >= loads[0]:
-        rng = f"{loads[0]:g}:{top:g}" if top > loads[0] else f"{loads[0]:g}:{loads[0] * 1.0001:g}"
+        # the carried loads: a range up to the top one, or that one load alone (a range past it would be refused)
+        rng = f"--load-range {loads[0]:g}:{top:g}" if top > loads[0] else f"--rps {top:g}"
         scenario = scenario_args(problem, load=False, weights=False)  # compare searches the weights
-        lines.append(f"  next        smdp-batch compare {scenario} --slo-p99-ms {slo_p99_ms:g} --load-range {rng} "
+        lines.append(f"  next        smdp-batch compare {scenario} --slo-p99-ms {slo_p99_ms:g} {rng} "
                      f"--served {shlex.quote(output)}")
     else:
         lines.append("  next        the server's own path carried none of these loads on this host; calibrate at "

@@ -49,7 +49,11 @@ _MAX_MS = 1e6  # no part of a served delay beyond 1000 s is a measurement
 def as_served(problem, served_latency_ms: dict):
     """``problem`` with l(b) as the server ran it: the measured mean where a size ran (``served_latency_ms``, size →
     ms), elsewhere the profile's l(b) times the median ratio served ÷ profile over the sizes that ran; made
-    non-decreasing.  Unchanged without measured sizes.  ζ(b) stays the profile's."""
+    non-decreasing.  Unchanged without measured sizes.  ζ(b) stays the profile's.
+
+    The problem's own λ is kept where it is stable with l(b) as served; where batches as served cannot carry it
+    (a loaded host stretched them), it becomes half the rate they carry: the callers give the loads they check
+    explicitly, and a load beyond the server is refused there, by name, not here."""
     sizes = [int(b) for b in problem.batch_sizes]
     lat = [float(x) for x in problem.latency_ms()]
     meas = {b: float(v) for b, v in served_latency_ms.items() if b in sizes}
@@ -57,7 +61,9 @@ def as_served(problem, served_latency_ms: dict):
         return problem
     ratio = float(np.median([meas[b] / lat[sizes.index(b)] for b in meas]))
     new = np.maximum.accumulate([meas.get(b, x * ratio) for b, x in zip(sizes, lat)])
-    return problem.replace(latency="table:" + ",".join(f"{b}={v:.9g}" for b, v in zip(sizes, new)))
+    latency = "table:" + ",".join(f"{b}={v:.9g}" for b, v in zip(sizes, new))
+    carried = problem.max_lam * float(lat[-1]) / float(new[-1])  # the stable rate with l(Bmax) as served
+    return problem.replace(latency=latency, lam=problem.lam if problem.lam < carried else 0.5 * carried)
 
 
 def batch_positions(done: np.ndarray) -> np.ndarray:
