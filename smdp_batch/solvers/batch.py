@@ -54,20 +54,22 @@ def solve_models(models: list[TruncatedSMDP], solver: str = "pi", eps: float = 0
     numba path, and what ``benchmarks/bench_solvers.py`` times against peers that are handed built arrays.
 
     PI warm-starts from ``policy0[i]`` when given, else from the previous model's policy (when it serves B
-    on long queues and the sizes match); the answer does not depend on the start, only the iterations do.
+    on long queues and the truncation and sizes are the same: then it fits this model as it stands); the answer
+    does not depend on the start, only the iterations do.
     """
     results: list[SolveResult] = []
-    prev = None
+    prev, prev_key = None, None
     for i, m in enumerate(models):
-        start = policy0[i] if policy0 is not None else prev
-        if start is not None and solver == "pi":
+        key = (m.s_max, m.tail_action, tuple(m.actions))
+        start = policy0[i] if policy0 is not None else (prev if key == prev_key else None)
+        if start is not None and solver == "pi" and policy0 is not None:
             try:
-                m.action_index(start)  # a neighbour with other batch sizes cannot warm-start
+                m.action_index(start)  # a given start that does not fit this model's sizes is not used
             except InputError:
                 start = None
         r = solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=start)
         results.append(r)
-        prev = r.policy if tail_stable(m.problem, r.policy) else None
+        prev, prev_key = (r.policy if tail_stable(m.problem, r.policy) else None), key
     return results
 
 
