@@ -277,6 +277,24 @@ def test_a_plan_rolled_back_is_not_swapped_in_again_at_that_load():
     assert not ap._is_blocked(replace(failed, lam=2.0 * failed.lam))  # at another load it may be tried again
 
 
+def test_after_a_rollback_the_next_plans_keep_a_margin_halved_by_each_swap_that_holds():
+    """The plan planned p99 = SLO/2 and measured 80 ms: the next solves plan for SLO − the overshoot (capped at a
+    quarter of the SLO); a swap that then holds through its watch halves that margin."""
+    solver = FakeSolver()
+    ap, p = make(solver, window=200, grace=50, watch=2)
+    t, rng = _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)
+    assert ap.metrics.rollbacks == 1
+    assert ap.metrics.target_p99_ms == pytest.approx(SLO - 0.25 * SLO)  # overshoot 80 − SLO/2, capped at SLO/4
+    ap._trigger("service")
+    t = feed(ap, 3 * p.lam, 5, rng, t)
+    assert ap.join(10) and solver.calls[-1][1] == pytest.approx(0.75 * SLO) and ap.metrics.swaps == 2
+    ap.observe_response(np.full(50 + 2 * 200, 10.0))  # the grace, then two clean windows: it holds
+    assert not ap._watching and ap.metrics.target_p99_ms == pytest.approx(SLO - 0.125 * SLO)
+
+
 def test_a_swap_that_holds_the_slo_becomes_the_last_good_table():
     ap, p = make(FakeSolver(), window=200, grace=50, watch=2)
     _step(ap, p)

@@ -3,8 +3,7 @@
 Use it wherever a table goes (``DynamicBatcher(infer, Autopilot(problem, slo_p99_ms))``).  It serves one
 live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the batcher's hooks:
 
-* ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.autopilot.estimators.RateChange` (λ̂ and its change
-  points);
+* ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.autopilot.estimators.RateChange` (λ̂, change points);
 * ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.autopilot.estimators.ServiceEstimator` (l̂(b)
   and its drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.autopilot.energy_meter`) and
   counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
@@ -48,9 +47,10 @@ most ``max_threads`` run at once and a late result is dropped), and an estimate 
 solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
 ≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise
 does not re-solve every ``min_interval_s``; a change of rate ends both.  A plan rolled back is not swapped in
-again while solves plan it within 25 % of the load it failed at (``blocked``, counted with the kept): swap,
-fail, roll back was a cycle (8 swaps, 6 rollbacks in one run).  The solve clock (``clock``, seconds) is made
-monotone: a step back counts as no time passing; a step forward may time out a solve.
+again while solves plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8):
+swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its
+overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that holds.  The solve clock
+(``clock``, s) is made monotone: a step back counts as no time passing; a step forward may time out a solve.
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
 (numba, scipy) when it first runs.
@@ -89,7 +89,7 @@ __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
 log = logging.getLogger("smdp_batch")
 _IDS = itertools.count(1)
 _RETRY_MAX_S = 300.0
-_BLOCK_BAND, _BLOCK_MAX = 0.25, 8  # a plan rolled back at λ is blocked over λ/1.25..1.25λ; the last 8 are kept
+_BLOCK_BAND, _BLOCK_MAX, _MARGIN_MAX = 0.25, 8, 0.25  # module doc: blocked band and count, margin cap (× SLO)
 _RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's λ
 _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
 _LEARN_EVERY = 100  # responses between two updates of the excess
@@ -196,7 +196,7 @@ class Autopilot:
         self._seen, self._windows = 0, 0  # responses since the live plan went live; full windows of them judged
         self._watching, self._watch_ok = False, 0
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
-        self._excess, self._arrivals = 0.0, 0  # learned: observed p99 − planned p99 (ms); arrivals since a λ̂ check
+        self._excess, self._arrivals, self._margin = 0.0, 0, 0.0  # learned excess (ms); arrivals since a λ̂ check; margin
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
                        best_effort=0, kept=0)
         self._hook_errors = 0  # hook calls whose body raised (counted and logged; the caller never sees it)
@@ -381,12 +381,12 @@ class Autopilot:
                 self._seen, self._windows, self._watching = 0, 0, False
                 lo, hi = live.lam / (1.0 + _BLOCK_BAND), live.lam * (1.0 + _BLOCK_BAND)
                 self._blocked = [b for b in self._blocked if not _same(b[0], live)][-(_BLOCK_MAX - 1):] + [(live, lo, hi)]
-                self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99,
-                            blocked_lam=[round(lo, 6), round(hi, 6)])
+                self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
+                self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99, blocked=[lo, hi])
             else:
                 self._watch_ok += 1
                 if self._watch_ok >= self.watch:
-                    self._good, self._previous, self._watching = live, None, False
+                    self._good, self._previous, self._watching, self._margin = live, None, False, 0.5 * self._margin
 
     def _learn(self) -> bool:
         """The excess: the p99 of the latest ``window`` responses less the mean p99 planned for them (each
@@ -410,8 +410,8 @@ class Autopilot:
         return self.slo_ms - self.overhead_ms - t if math.isfinite(t) else 0.0
 
     def _target(self) -> float:
-        """The p99 the next solve plans for (ms): the SLO less the overhead budget and the learned excess."""
-        return max(self.slo_ms - self.overhead_ms - self._excess, 1e-3)
+        """The p99 the next solve plans for (ms): the SLO less the overhead budget, the learned excess, the margin."""
+        return max(self.slo_ms - self.overhead_ms - self._excess - self._margin, 1e-3)
 
     # ------------------------------------------------------------------ solving
     def _now(self) -> float:
