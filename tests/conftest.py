@@ -1,6 +1,7 @@
 """Suite-wide test settings."""
 
 import ast
+import contextlib
 import fcntl
 from pathlib import Path
 
@@ -44,14 +45,25 @@ def _servers_take_turns(request, tmp_path_factory):
     across the xdist workers: two at once (each server's processes and a load generator) starve each other on
     a 2-core machine and stretch the latencies they measure.  The scheduler above puts them on one worker; a lock
     file in the directory the workers share (pytest's base temp) holds the rule wherever they run (xdist's own
-    ``--dist loadgroup`` no longer groups on pytest ≥ 9.2: pytest-xdist issue 1386).  Tests marked ``cpu_heavy`` (a minute of one core's work) take the same turn, so
-    they never starve a server test's replica and load generator either."""
-    if request.node.get_closest_marker("servers") is None and request.node.get_closest_marker("cpu_heavy") is None:
+    ``--dist loadgroup`` no longer groups on pytest ≥ 9.2: pytest-xdist issue 1386).  Tests marked ``cpu_heavy``
+    (a minute of one core's work) take the same turn, so they never starve a server test's replica and load
+    generator either.  Tests marked ``exclusive`` (a p99 judged live at real speed) run with nothing beside them:
+    every other test holds a shared lock that they take exclusively."""
+    base = tmp_path_factory.getbasetemp().parent
+    turn = any(request.node.get_closest_marker(m) is not None for m in TURN_MARKERS)
+    alone = request.node.get_closest_marker("exclusive") is not None
+    with contextlib.ExitStack() as held:
+        if turn:  # always before the shared lock: no worker waits on one while holding the other's turn
+            held.enter_context(_flock(base / "real-servers.lock", fcntl.LOCK_EX))
+        held.enter_context(_flock(base / "exclusive.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield
-        return
-    with open(tmp_path_factory.getbasetemp().parent / "real-servers.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+
+
+@contextlib.contextmanager
+def _flock(path, how):
+    with open(path, "a") as f:
+        fcntl.flock(f, how)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -264,6 +264,7 @@ def _line(out: str, label: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.servers
+@pytest.mark.exclusive  # judged live at real speed: nothing beside it
 def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_path, capsys, monkeypatch):
     """The loop as a user runs it, each next line as printed (fewer requests, to keep the suite short): export at
     an SLO prints the calibrate line; it runs the setting on the real Triton at time scale 1 and writes the file;
@@ -302,6 +303,7 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.servers
+@pytest.mark.exclusive  # judged live at real speed: nothing beside it
 def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     """Export at a p99 SLO → calibrate → export with the served-delay model → run at both ends on fresh streams:
     the measured p99 meets the SLO and is within 10 % of the plan (one retry on a fresh stream: the 2-core host is
@@ -479,3 +481,16 @@ def test_when_only_the_lowest_load_was_carried_the_next_line_runs_as_printed(tmp
     args = shlex.split(nxt.split("smdp-batch", 1)[1])
     assert "--rps" in args and args[args.index("--rps") + 1] == "100" and "--load-range" not in args
     assert main([*args, "--requests", "5000"]) == 0, capsys.readouterr().err
+
+
+def test_an_answer_without_a_setting_says_whether_the_servers_time_is_in_it(served_file, capsys):
+    """Out of reach with the calibrated server's time in it: the reach line and the 'in plan' line, which says
+    what the least p99 includes; without a calibration the 'not in plan' line."""
+    args = ["compare", "--slo-p99-ms", "6", "--load-range", "500:1500", "--requests", "5000"]
+    assert main([*args, "--served", served_file]) == 0
+    out = capsys.readouterr().out
+    assert "no table+timer setting meets" in out and "  reach       " in out
+    assert "in plan     the server's own time, calibrated on triton" in out
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "no table+timer setting meets" in out and "not in plan the server's own time" in out

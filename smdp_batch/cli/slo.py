@@ -246,7 +246,23 @@ def answer_lines(answer, instances: int = 1, idle_hint: str = "give --idle-power
     else:
         lines.append(f"  answer      no table+timer setting meets {slo.text()} at every load: relax the SLO or the range")
         lines += reach_lines(answer)
+        lines.append(server_time_line(answer))
     return lines
+
+
+def server_time_line(answer) -> str:
+    """Whether the server's own time is in the answer (calibrated, with what it measured) or not (and the headroom
+    kept for it): said with a setting and without one (a bound out of reach is so with that time in it)."""
+    room = answer.slo.headroom_text()
+    sd = answer.served
+    if sd is not None:
+        src = sd.source
+        return (f"  in plan     the server's own time, calibrated on {src.get('server', 'the server')} "
+                f"({src.get('model', 'its model')}) at {', '.join(f'{x:.4g}' for x in sd.loads_per_s)} req/s: "
+                + sd.summary() + ("" if room == "none" else f"; --headroom keeps {room} more"))
+    return ("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
+            + ("give --headroom MS|PCT to keep room for it, or measure it with smdp-batch calibrate"
+               if room == "none" else f"--headroom keeps {room} for it"))
 
 
 def reach_lines(answer) -> list[str]:
@@ -285,17 +301,7 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
              f"{_rate(w.lam)}: {name} {w.metrics[m]:.4g} ms (± {half_width(w.ci[m])}) against {b:g} ms; "
              f"{answer.requests} simulated requests per load, 95 % batch-means half-widths"]
     lines += fresh_lines(answer, s)
-    room = slo.headroom_text()
-    sd = answer.served
-    if sd is not None:
-        src = sd.source
-        lines.append(f"  in plan     the server's own time, calibrated on {src.get('server', 'the server')} "
-                     f"({src.get('model', 'its model')}) at {', '.join(f'{x:.4g}' for x in sd.loads_per_s)} req/s: "
-                     + sd.summary() + ("" if room == "none" else f"; --headroom keeps {room} more"))
-    else:
-        lines.append("  not in plan the server's own time (front end, dispatch, returning each response, the network): "
-                     + ("give --headroom MS|PCT to keep room for it, or measure it with smdp-batch calibrate"
-                        if room == "none" else f"--headroom keeps {room} for it"))
+    lines.append(server_time_line(answer))
     idle = (f"{answer.idle_power_w:g} W per idle instance" if answer.idle_power_given
             else f"0 W idle power assumed ({idle_hint})")
     floor = answer.floor_w()
