@@ -35,13 +35,9 @@ import numpy as np
 from ..kernel_cache import kernel_digest
 from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
 from .banded import evaluate_factored
-from .kernels import improve_step
+from .kernels import BLOCK, improve_step  # BLOCK: rows of the window matrix one product takes (as kernels.improve)
 
 __all__ = ["pi_loop_compiled", "start_background_compile"]
-
-#: Rows of the window matrix one product takes (as :data:`.kernels.BLOCK`): memory O(S·A + BLOCK·W).
-BLOCK = 8192
-
 
 @njit(cache=True)
 def _filters(P, SF, klo, khi, actions, s_max):
