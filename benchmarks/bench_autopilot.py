@@ -4,6 +4,7 @@
     python benchmarks/bench_autopilot.py --servers triton --lam 0.05 --phase-seconds 20   # ≈ 7 min on 2 cores
     python benchmarks/bench_autopilot.py --servers ray --lam 0.03                          # ≈ 5 min
     python benchmarks/bench_autopilot.py --model light --lam 0.1 --servers triton           # the 0.7-2 ms model
+    python benchmarks/bench_autopilot.py --simulated --lam 0.05 --phase-seconds 20 --repeats 3  # ≈ 1 min, no server
 
 The trace (open-loop Poisson at λ0 requests/ms, ``--lam``, default 0.1): 1 steady λ0; 2 a 3× step up; 3 a
 linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every batch sleeps half its own
@@ -29,6 +30,14 @@ only loosely), the share of requests over the SLO, the server's p99 (entered →
 Triton's own batcher the model does not see the queue, so NaN), the mean batch size, and the modelled energy
 per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile size a batch of b pads up to,
 × 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long).
+
+``--simulated`` runs the same trace and settings in the simulator (:mod:`smdp_batch.autopilot.simulated`), on a
+simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
+problem: deterministic) × 1.5 in phase 4, each response ``--sim-outside-ms`` more (the server's and the client's
+own time), each Autopilot solve ``--sim-solve-seconds`` of simulated time.  The tuned server rule is Triton's
+batcher there: serve 32 at once, else everything waiting once the oldest has waited the tuned delay, padded up to
+the next profiled size (``short_batch="pad-up"``).  No server,
+no CPU contention: what the ranking of the settings owes to the model and the traffic alone.
 """
 
 from __future__ import annotations
@@ -236,6 +245,66 @@ def table(server: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: float) -> dict:
+    """The settings in the simulator (module doc): per setting, the rows of each seed and the Autopilot's events."""
+    from smdp_batch.autopilot import Autopilot, slo_plan
+    from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
+    from smdp_batch.runtime import PolicyTable
+    from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
+
+    lam, target = LAM0["per_ms"], SLO - OVERHEAD["ms"]
+    p = problem(lam, MODEL["repeat"])
+    phases = [Phase(seconds, lam, name=PHASES[0]), Phase(seconds, 3 * lam, name=PHASES[1]),
+              Phase(seconds, 3 * lam, 0.2 * lam, name=PHASES[2]), Phase(seconds, lam, slowdown=1.5, name=PHASES[3]),
+              Phase(seconds, lam, name=PHASES[4])]
+    knobs = tuned("triton")
+    triton = PolicyTable(np.where(np.arange(33) >= 32, 32, 0), p.batch_sizes,  # 32 at once, else wait for the delay
+                         {"inputs": {"lam": lam}, "max_wait_ms": float(knobs["delay_us"]) / 1e3})
+    plans = [slo_plan(p.replace(lam=lam * f), target, [lam * f]) for f in (0.2, 0.35, 0.6, 1.0, 1.7, 3.0)]
+    bank = AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
+    out: dict = {"_tuned": knobs["spec"]}
+    for name in SETTINGS:
+        rows, events = [], []
+        for seed in seeds:
+            clock = SimClock()
+            pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=OVERHEAD["ms"], solve_in="clock", clock=clock,
+                              solve_seconds=solve_s, energy_meter=None)
+            policy = {"autopilot": pilot, "tuned server": triton, "λ-bank": bank, "static table": pilot.table}[name]
+            run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms,
+                           short_batch="pad-up" if name == "tuned server" else "auto")  # a plan's own form
+            rows.append(run.summary(SLO))
+            events.append([e["event"] for e in run.events] if name == "autopilot" else [])
+        out[name] = {"rows": rows, "events": events}
+        print(f"simulated {name}: done", flush=True)
+    return out
+
+
+def sim_table(res: dict, outside_ms: float, solve_s: float) -> str:
+    n = len(res["autopilot"]["rows"])
+    lines = [f"\nsimulated ({n} seeds; tuned server = Triton's batcher, {res['_tuned']}; outside {outside_ms:g} ms per "
+             f"response; a solve {solve_s:g} s; p99 SLO {SLO:g} ms)\n",
+             "| phase | setting | p99 ms (mean over seeds) [range] | > SLO (mean) | mean batch | mJ/request |",
+             "|---|---|---:|---:|---:|---:|"]
+    for k, ph in enumerate(PHASES):
+        for name in SETTINGS:
+            rs = [r[k] for r in res[name]["rows"]]
+            p99 = np.array([r["p99_ms"] for r in rs])
+            lines.append(f"| {ph} | {name} | {p99.mean():.1f} [{p99.min():.1f}, {p99.max():.1f}] | "
+                         f"{100 * np.mean([r['over_slo'] for r in rs]):.1f} % | "
+                         f"{np.mean([r['mean_batch'] for r in rs]):.2f} | {np.mean([r['mj_per_request'] for r in rs]):.1f} |")
+    for name in SETTINGS:
+        total = [sum(r["mj_per_request"] * r["requests"] for r in run) / sum(r["requests"] for r in run)
+                 for run in res[name]["rows"]]
+        over = [sum(r["over_slo"] * r["requests"] for r in run) / sum(r["requests"] for r in run)
+                for run in res[name]["rows"]]
+        ev = res[name]["events"]
+        extra = "".join(f", {k} {sum(e.count(k) for e in ev) / n:g}" for k in ("swap", "rollback", "kept", "blocked")
+                        ) if name == "autopilot" else ""
+        lines.append(f"\n* {name}: whole trace {np.mean(total):.1f} mJ/request, {100 * np.mean(over):.2f} % over the "
+                     f"SLO (mean of seeds){extra} per run")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase-seconds", type=float, default=10.0)
@@ -248,11 +317,25 @@ def main() -> int:
     ap.add_argument("--model", choices=("heavy", "light"), default="heavy",
                     help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms)")
     ap.add_argument("--only", help="comma-separated settings to run (default: all)")
+    ap.add_argument("--simulated", action="store_true", help="run the trace in the simulator, no server (module doc)")
+    ap.add_argument("--repeats", type=int, default=3, help="--simulated: seeds (from --seed)")
+    ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
+                    "the batcher (ms)")
+    ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
     if a.only:
         keep = [x.strip() for x in a.only.split(",")]
         SETTINGS[:] = [x for x in SETTINGS if x in keep]
+    if a.simulated:
+        t0 = time.perf_counter()
+        res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
+        print(sim_table(res, a.sim_outside_ms, a.sim_solve_seconds))
+        print(f"\n{time.perf_counter() - t0:.0f} s in all")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1, default=float)
+        return 0
     arr, phase = trace(a.phase_seconds, np.random.default_rng(a.seed))
     print(f"{arr.size} requests, {len(PHASES)} phases of {a.phase_seconds:g} s", flush=True)
     results = {}

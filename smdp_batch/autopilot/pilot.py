@@ -1,65 +1,60 @@
 """Autopilot: a policy that re-solves its own table when the traffic or the server changes.
 
-Use it wherever a table goes (``DynamicBatcher(infer, Autopilot(problem, slo_p99_ms))``).  It serves one
-live *plan* — a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the batcher's hooks:
+Use it wherever a table goes (``DynamicBatcher(infer, Autopilot(problem, slo_p99_ms))``).  It serves one live *plan* —
+a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the batcher's hooks:
 
 * ``observe_arrival(t_ms)`` feeds a :class:`~smdp_batch.autopilot.estimators.RateChange` (λ̂, change points);
-* ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.autopilot.estimators.ServiceEstimator` (l̂(b)
-  and its drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.autopilot.energy_meter`) and
-  counts the batch per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
+* ``observe_batch(b, seconds, ok)`` feeds a :class:`~smdp_batch.autopilot.estimators.ServiceEstimator` (l̂(b) and its
+  drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.autopilot.energy_meter`) and counts the batch
+  per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
   :class:`~smdp_batch.autopilot.estimators.EnergyEstimator` (used while the meter has no estimate);
 * ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
 
-When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band
-leaves the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator
-drifts by at least ``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the
-curve of the last solve by more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the
-Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with
-a time budget, at most once per ``min_interval_s``, **in a lower-priority child process**
-(:mod:`~smdp_batch.autopilot.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
-pass).  The default solver is the SLO optimiser (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``:
-the least-power SMDP table + timer whose simulated p99 plus its 95 % half-width meets the *target* at λ̂ and
-at both edges of λ̂'s one-σ band).  The target is SLO − ``overhead_ms`` (the share of the SLO spent outside
-the hooks' view: network, client) − the learned excess (with ``learn=True``: the p99 of the latest responses
-less the p99 planned for them, smoothed and capped at half the SLO).  The new plan goes live only if it meets
-the target with finite planned metrics (the same table and timer again is kept, not swapped; the default
-solver also simulates the live plan on the same arrivals and keeps it unless the new one saves 2 % of its
-power); the swap is one
-reference assignment, and ``decide(n)`` reads that reference once, so every batch is decided wholly by one
-table.
+When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band leaves
+the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
+``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by
+more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the Autopilot builds the problem at
+λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with a time budget, at most once per
+``min_interval_s``, **in a lower-priority child process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with
+``solve_in="thread"``, the default for a solver you pass).  The default solver is the SLO optimiser
+(:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer whose simulated p99
+plus its 95 % half-width meets the *target* at λ̂ and at both edges of λ̂'s one-σ band).  The target is SLO −
+``overhead_ms`` (the share of the SLO spent outside the hooks' view: network, client) − the learned excess (with
+``learn=True``: the p99 of the latest responses less the p99 planned for them, smoothed and capped at half the SLO).
+The new plan goes live only if it meets the target with finite planned metrics (the same table and timer again is
+kept, not swapped; the default solver also simulates the live plan on the same arrivals and keeps it unless the new
+one saves 2 % of its power); the swap is one reference assignment, and ``decide(n)`` reads that reference once, so
+every batch is decided wholly by one table.
 
-Rollback: after a swap, the response times of the next requests (after ``grace`` of them, which may have
-waited under the old table) are watched in windows of ``window``; a window whose p99 exceeds SLO −
-``overhead_ms`` by more than ``tolerance``, and the latest window of the plan it replaced by as much (when
-there was one), puts the previous plan back.  After ``watch`` clean windows the new
-plan is the last good.
+Rollback: after a swap, the response times of the next requests (after ``grace`` of them, which may have waited under
+the old table) are watched in windows of ``window``; a window whose p99 exceeds SLO − ``overhead_ms`` by more than
+``tolerance``, and the latest window of the plan it replaced by as much (when there was one), puts the previous plan
+back.  After ``watch`` clean windows the new plan is the last good.
 
-When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the
-solver's best effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers
-the greedy table when its simulated p99 at λ̂ is below the live plan's, since a plan made for another load
-is the worse effort (the rollback watch then judges it as any swap).
+When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the solver's best
+effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers the greedy table when
+its simulated p99 at λ̂ is below the live plan's, since a plan made for another load is the worse effort (the rollback
+watch then judges it as any swap).
 
-Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown
-batch sizes) or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at
-most ``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above
-98 % of the stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in
-:class:`AutopilotMetrics` and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible
-solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
-≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise
-does not re-solve every ``min_interval_s``; a change of rate ends both.  A plan rolled back is not swapped in
-again while solves plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8):
-swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its
-overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that holds.  The solve clock
-(``clock``, s) is made monotone: a step back counts as no time passing; a step forward may time out a solve.
+Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch
+sizes) or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most
+``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the
+stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in :class:`AutopilotMetrics`
+and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible solve (or an out-of-range estimate)
+is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan
+backs off the same way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a
+change of rate ends both.  A plan rolled back is not swapped in again while solves plan it within 25 % of the load it
+failed at (``blocked``, counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in
+one run); and the plans after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead),
+halved by each swap that holds.  The solve clock (``clock``, s) is made monotone: a step back counts as no time
+passing; a step forward may time out a solve.  With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that clock:
+the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
-The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis
-(numba, scipy) when it first runs.
-
-This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the live, good and
-previous plans and the rollback watch read and write one state under one lock, and a batch is decided by one
-read of the live plan.  What can stand alone stands beside it: the responses seen
-(:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy meter, the plan (and its range check) and
-its default solver, the solve process, and the metrics snapshot (:mod:`~smdp_batch.autopilot.report`).
+The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba, scipy)
+when it first runs.  This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the plans
+and the rollback watch share one state under one lock, and a batch is decided by one read of the live plan.  What can
+stand alone stands beside it: the responses seen (:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy
+meter, the plan and its solver, the solve process, the metrics snapshot (:mod:`~smdp_batch.autopilot.report`).
 """
 
 from __future__ import annotations
@@ -113,14 +108,18 @@ def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+_RUNNING = object()  # a job's result while its solve runs
+
+
 class _Job:
-    __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy")
+    __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy", "out")
 
     def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float,
                  energy: np.ndarray | None = None):
         self.thread: threading.Thread | None = None
         self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
         self.energy = energy  # ζ̂(b) for this solve (None: the model's)
+        self.out: Any = _RUNNING  # solve_in="clock": the result, handed over solve_seconds after the start
 
 
 class Autopilot:
@@ -132,10 +131,15 @@ class Autopilot:
     returns a :class:`Plan` or None (default :func:`slo_plan`); ``budget_s``: its time budget (s).
     ``overhead_ms``: the part of the SLO spent where the hooks cannot see it (network, proxy, client), ms.
     ``solve_in``: ``"process"`` (a child at ``nice`` +10, SCHED_IDLE on Linux; the default with the default
-    solver) or ``"thread"`` (the default with a given ``solver``, which then need not be picklable).  ``close()`` ends the child.
+    solver), ``"thread"`` (the default with a given ``solver``, which then need not be picklable) or ``"clock"``
+    (the solve runs at once in the hook that starts it, and its result goes live ``solve_seconds`` of ``clock``
+    later: the simulated-clock mode of :mod:`~smdp_batch.autopilot.simulated`).  ``close()`` ends the child.
     ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
     a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).
     """
+
+    _previous: Plan | None  # the plan a swap replaced, while its watch runs
+    _proc: Any  # the solve process (solve_in="process")
 
     def __init__(self, problem: Any, slo_p99_ms: float, table: PolicyTable | Plan | None = None, *,
                  solver: Callable[..., Plan | None] | None = None, budget_s: float = 10.0, overhead_ms: float = 0.0,
@@ -144,7 +148,8 @@ class Autopilot:
                  service: ServiceEstimator | None = None, energy: EnergyEstimator | None = None,
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
-                 clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2):
+                 clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2,
+                 solve_seconds: float = 1.0):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -152,7 +157,8 @@ class Autopilot:
             raise ValueError(f"slo_p99_ms must be at most {SLO_MAX_MS:g} ms (about 17 minutes: the SLO optimiser's "
                              f"limit, beyond which the servers' integer timers no longer fit), got {slo_p99_ms!r}")
         for name, v in (("budget_s", budget_s), ("tolerance", tolerance), ("min_interval_s", min_interval_s),
-                        ("overhead_ms", overhead_ms), ("rate_tol", rate_tol), ("energy_tol", energy_tol)):
+                        ("overhead_ms", overhead_ms), ("rate_tol", rate_tol), ("energy_tol", energy_tol),
+                        ("solve_seconds", solve_seconds)):
             if not (math.isfinite(_num(v)) and _num(v) >= 0):
                 raise ValueError(f"{name} must be a finite number ≥ 0, got {v!r}")
         if not _num(overhead_ms) < slo:
@@ -161,15 +167,15 @@ class Autopilot:
             raise ValueError(f"service_tol_ms must be a finite number of ms ≥ 0 or None, got {service_tol_ms!r}")
         if not (window >= 100 and grace >= 0 and watch >= 1 and max_threads >= 1 and min_samples >= 2):
             raise ValueError("need window ≥ 100, grace ≥ 0, watch ≥ 1, max_threads ≥ 1 and min_samples ≥ 2")
-        if solve_in not in (None, "process", "thread"):
-            raise ValueError(f"solve_in must be 'process', 'thread' or None, got {solve_in!r}")
+        if solve_in not in (None, "process", "thread", "clock"):
+            raise ValueError(f"solve_in must be 'process', 'thread', 'clock' or None, got {solve_in!r}")
         self.problem, self.slo_ms = problem, slo
         self.solver = solver or slo_plan
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
         self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
-        self.max_threads = int(max_threads)
+        self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
         self.sizes = tuple(problem.batch_sizes)
         self.rate = rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
@@ -177,50 +183,34 @@ class Autopilot:
         self.meter = open_meter(energy_meter, self.sizes, problem)
         self.energy_tol = float(energy_tol)
         self._zeta_ref = np.asarray(problem.energy_mj(), dtype=np.float64)  # ζ(b) of the last solve (mJ)
-        self._metered = 0  # batches given to the meter
-        self._clock, self._tlast, self._offset = clock, -math.inf, 0.0
+        self._metered, self._clock, self._tlast, self._offset = 0, clock, -math.inf, 0.0  # batches metered; the clock
         self._lock = threading.RLock()
-        self._job: _Job | None = None
+        self._job: _Job | None = None  # the solve in flight
         self._solve_end = -math.inf  # when the latest solve ended (s): batches overlapping a solve teach nothing
         self.overlapped = 0  # batches left out of l̂(b) because a solve ran while they did
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
-        self._fails = 0
-        self._kept = 0  # solves in a row that kept the live plan (each doubles the wait before the next)
+        self._fails, self._kept = 0, 0  # solves in a row that failed / kept the live plan (each doubles the next wait)
         self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._unlearned = 0  # responses since the excess was last learned
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
-        self._seen, self._windows = 0, 0  # responses since the live plan went live; full windows of them judged
-        self._watching, self._watch_ok = False, 0
+        self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses since the live plan
+        # went live; full windows of them judged; whether a swap is watched; its clean windows
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals, self._margin = 0.0, 0, 0.0  # learned excess (ms); arrivals since a λ̂ check; margin
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
                        best_effort=0, kept=0)
-        self._hook_errors = 0  # hook calls whose body raised (counted and logged; the caller never sees it)
+        self._hook_errors, self._proc = 0, None  # hook calls whose body raised (counted, logged); the solve process
         self._last_solve_s, self._event = math.nan, "start"
-        self._proc: Any = None
-        plan: Plan
-        if table is None:
-            solved = self.solver(problem, self._target(), [float(problem.lam)])
-            if solved is None or not self._usable(solved, self._target()):
-                raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
-            plan = replace(solved, target_ms=self._target())
-        elif isinstance(table, Plan):
-            fault = table.fault(planned=False)
-            if fault:
-                raise ValueError(f"the initial plan is out of range: {fault}")
-            plan = table
-        elif isinstance(table, PolicyTable):
-            t = table.meta.get("max_wait_ms")
-            plan = Plan(table, float(table.lam or problem.lam), t if isinstance(t, (int, float)) else None)
-        else:
-            raise TypeError("table must be a PolicyTable, a Plan or None")
+        solved = self.solver(problem, self._target(), [float(problem.lam)]) if table is None else None
+        if table is None and (solved is None or not self._usable(solved, self._target())):
+            raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
+        plan = Plan.given(table, problem.lam) if solved is None else replace(solved, target_ms=self._target())
         self._live: Plan = replace(plan, id=next(_IDS))
-        self._good: Plan = self._live
-        self._previous: Plan | None = None
+        self._good, self._previous = self._live, None
         self.solve_in = solve_in or ("process" if solver is None else "thread")
         if self.solve_in == "process":
             self._start_process(nice)
@@ -292,14 +282,13 @@ class Autopilot:
             if self._arrivals >= _RATE_CHECK_EVERY:
                 self._arrivals = 0
                 self._check_rate()
-        self._poll()
+        self.poll()
 
     def _check_rate(self) -> None:
         """A slow change the change test misses (a ramp): λ̂'s band excludes the plan's λ, by more than rate_tol."""
         lam, band, live = self.rate.rate, self.rate.band(), self._live
-        if lam is None or band is None or self.rate.samples < self.min_samples:
-            return
-        if not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
+        if lam is not None and band is not None and self.rate.samples >= self.min_samples \
+                and not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
             self._trigger("rate")
 
     @_never_raises
@@ -321,7 +310,7 @@ class Autopilot:
         if ok and self.service.observe(b, _num(seconds) * 1e3, learn=not overlap) and self._dirty is None \
                 and self._job is None and self.service.drift() and self._material():  # (a pending solve takes it)
             self._trigger("service")
-        self._poll()
+        self.poll()
 
     def _material(self) -> bool:
         """Whether a drift of l̂(b) can matter: it moved from the curve of the last solve by ``service_tol_ms`` at
@@ -433,12 +422,15 @@ class Autopilot:
         line = {"event": event, "live_table": self._live.id, **info}
         log.log(level, "autopilot %s", json.dumps(line, sort_keys=True, default=str))
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
+        """Run the solve schedule now (every hook does): hand over a solve that has ended (``solve_in="clock"``),
+        time out one past ``budget_s``, start one that is due."""
         try:
             with self._lock:
-                now = self._now()
-                job = self._job
-                if job is not None and now - job.start > self.budget_s:
+                now, job = self._now(), self._job
+                if job is not None and job.out is not _RUNNING and now >= job.start + self.solve_seconds:
+                    self._finish(job, job.out, self.solve_seconds)
+                elif job is not None and now - job.start > self.budget_s:
                     self._job, self._solve_end = None, now
                     if self._proc is not None:
                         self._proc.kill()  # the job's thread then returns at once
@@ -454,19 +446,20 @@ class Autopilot:
         """Count and log a failure; try again after max(min_interval_s, 0.1 s) × 2^(failures in a row), ≤ 300 s."""
         self._fails += 1
         self._dirty = self._dirty or "retry"
-        self._not_before = now + min(max(self.min_interval_s, 0.1) * 2.0 ** self._fails, _RETRY_MAX_S)
+        self._not_before = now + self._backoff(self._fails)
         self._count(key, event, logging.WARNING, **info)
 
+    def _backoff(self, k: int) -> float:  # the wait after k failures (or kept results) in a row, s
+        return min(max(self.min_interval_s, 0.1) * 2.0 ** k, _RETRY_MAX_S)
+
     def _start(self, now: float) -> None:
-        reason = self._dirty or ""
-        lam = self.rate.rate
+        reason, lam = self._dirty or "", self.rate.rate
         if lam is None or (reason == "rate" and self.rate.samples < self.min_samples):
             return  # not enough post-change data yet: stay dirty
         self._abandoned = [t for t in self._abandoned if t.is_alive()]
         if len(self._abandoned) >= self.max_threads:
             return  # hung solves hold every slot: wait for one to end
-        latency = self.service.latency_ms()
-        band = self.rate.band(1.0)
+        latency, band = self.service.latency_ms(), self.rate.band(1.0)
         max_lam = self.sizes[-1] / float(latency[-1])
         if not (math.isfinite(lam) and 1e-12 <= lam < 0.98 * max_lam and np.all(np.isfinite(latency))):
             self._failed(now, "out-of-range", "out_of_range", lam_hat=lam, max_lam=max_lam)
@@ -485,6 +478,9 @@ class Autopilot:
         self.service.rebase(latency)  # drift is now measured from the curve this solve uses
         if job.energy is not None:  # and the energy's too
             self._zeta_ref = np.asarray(job.energy, dtype=np.float64)
+        if self.solve_in == "clock":
+            self._work(job)
+            return
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
         job.thread.start()
 
@@ -511,7 +507,10 @@ class Autopilot:
             out: Any = proc.call(solver, *args) if proc is not None else solver(*args)
         except Exception as exc:  # noqa: BLE001 - counted, the live plan stays
             out = exc
-        self._finish(job, out, time.perf_counter() - t0)
+        if self.solve_in == "clock":
+            job.out = out  # poll() hands it over once solve_seconds of the clock have passed
+        else:
+            self._finish(job, out, time.perf_counter() - t0)
 
     def _valid(self, plan: Any) -> bool:
         """A plan of known batch sizes with planned metrics in range: λ within the rate limits, times and power
@@ -533,7 +532,7 @@ class Autopilot:
                 return
             self._job, self._solve_end = None, now
             self._last_solve_s = seconds
-            if now - job.start > self.budget_s:
+            if (seconds if self.solve_in == "clock" else now - job.start) > self.budget_s:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
                 self._failed(now, "solve-error", error=str(out)[:200], reason=job.reason)
@@ -547,8 +546,7 @@ class Autopilot:
                 self._failed(now, "solve-unusable", reason=job.reason)
             elif self._is_blocked(out) or _same(out, self._live):  # the live plan stays: back off (module doc)
                 self._fails, self._kept = 0, self._kept + 1
-                self._not_before = max(self._not_before, job.start + min(max(self.min_interval_s, 0.1) * 2.0 ** self._kept,
-                                                                        _RETRY_MAX_S))
+                self._not_before = max(self._not_before, job.start + self._backoff(self._kept))
                 if not _same(out, self._live):  # rolled back at this load before
                     self._count("kept", "blocked", reason=job.reason, lam=out.lam, setting=out.spec, target_ms=job.target)
                 else:  # the same table and timer: nothing to swap, keep judging it

@@ -49,6 +49,20 @@ class Plan:
                 return f"{name} = {getattr(self, name)!r} (planned times and power are finite and ≥ 0)"
         return None
 
+    @classmethod
+    def given(cls, table: Any, lam: float) -> "Plan":
+        """The plan of a table given as is (a :class:`Plan`, or a PolicyTable serving at its own λ or else ``lam``,
+        its timer ``meta["max_wait_ms"]``), its metrics unknown; ValueError when out of range, TypeError for others."""
+        if isinstance(table, Plan):
+            fault = table.fault(planned=False)
+            if fault:
+                raise ValueError(f"the initial plan is out of range: {fault}")
+            return table
+        if isinstance(table, PolicyTable):
+            t = table.meta.get("max_wait_ms")
+            return cls(table, float(table.lam or lam), t if isinstance(t, (int, float)) else None)
+        raise TypeError("table must be a PolicyTable, a Plan or None")
+
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
              incumbent: Plan | None = None, margin: float = 0.02) -> Plan | None:

@@ -1,0 +1,312 @@
+"""The Autopilot on a simulated clock: a batching policy served by one simulated instance through a trace of phases.
+
+:func:`simulate` runs a policy — an :class:`~smdp_batch.autopilot.Autopilot`, a
+:class:`~smdp_batch.runtime.PolicyTable`, an :class:`~smdp_batch.runtime.bank.AdaptivePolicy` — the way
+:class:`~smdp_batch.runtime.DynamicBatcher` runs it on one instance, with time simulated instead of slept:
+
+* arrivals are Poisson within each :class:`Phase` (a constant rate, or a linear ramp, by inverting the cumulative
+  rate), the same times for every policy run with the same seed (common random numbers);
+* when the instance is idle with n waiting it serves ``decide(n)`` of the oldest, or waits for the next arrival or
+  for the safety bound (``max_wait_ms="auto"``: the table's own timer or :func:`~smdp_batch.runtime.bound.
+  default_max_wait_ms`, as the batcher), then serves the largest allowed size ≤ n (a *forced* batch), or n when
+  none fits (``short_batch="serve"``), or with ``short_batch="pad-up"`` min(n, Bmax) requests run as the next
+  allowed size (Triton's rule on padded profiles); by default (``"auto"``) each forced batch follows the live table's
+  ``meta["short_batch"]`` (an SLO plan records the form it was planned with); after the last arrival what is left
+  is drained the same way;
+* a batch of b takes a time drawn from the problem's service law with mean l(b), times the phase's ``slowdown``,
+  and ζ(b) × ``slowdown`` of energy (mJ: a slowed model runs as long and as hard);
+* each response takes ``outside_ms`` more after its batch ends (the server's front end and the client: a constant,
+  or a draw per response), and the end-to-end time is what the policy's hooks see, as the integrations report it.
+
+An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
+``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
+passed here) and ``solve_in="clock"``, it reads the simulated time, each solve runs at once in the hook that
+starts it and goes live ``solve_seconds`` of simulated time later: the run is deterministic for a seed, and
+controller designs can be compared on one trace in seconds.  What the simulation leaves out: the host's CPU
+(a solve does not slow the batches beside it, though the Autopilot still leaves them out of l̂(b)), and any
+delay of the server's own beyond ``outside_ms``.
+
+Units: times in ms (``clock`` in s, as the Autopilot's), energy in mJ, rates in requests per ms.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..runtime.bound import default_max_wait_ms
+
+__all__ = ["Phase", "SimClock", "SimRun", "arrivals", "simulate"]
+
+#: The most requests one simulation takes (about 100 bytes each with an Autopilot's hooks).
+MAX_REQUESTS = 5_000_000
+_EARLY_MS = 1e-9  # a bound this close is due (the batcher's _EARLY_S)
+
+
+class SimClock:
+    """A clock the simulator moves: ``clock()`` is the simulated time in s (pass it to the Autopilot's ``clock``)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``seconds`` of traffic at ``rate`` requests/ms (a linear ramp to ``end_rate`` when given), every batch
+    started in it taking ``slowdown`` × its drawn time."""
+
+    seconds: float
+    rate: float
+    end_rate: float | None = None
+    slowdown: float = 1.0
+    name: str = ""
+
+    def check(self, k: int) -> None:
+        end = self.rate if self.end_rate is None else self.end_rate
+        for what, v, ok in (("seconds", self.seconds, "a finite number > 0"),
+                            ("rate", self.rate, "a finite rate ≥ 0 (requests/ms)"),
+                            ("end_rate", end, "a finite rate ≥ 0 (requests/ms) or None"),
+                            ("slowdown", self.slowdown, "a finite factor > 0")):
+            good = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+                (v > 0 if what in ("seconds", "slowdown") else v >= 0)
+            if not good:
+                raise ValueError(f"phase {k + 1}: {what} = {v!r}; it must be {ok}")
+
+
+def arrivals(phases: Sequence[Phase], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Poisson arrival times (ms, increasing) and the phase index of each, for ``phases`` run back to back."""
+    if not phases:
+        raise ValueError("a trace needs at least one phase")
+    for k, ph in enumerate(phases):
+        ph.check(k)
+    expected = sum(ph.seconds * 1e3 * 0.5 * (ph.rate + (ph.rate if ph.end_rate is None else ph.end_rate))
+                   for ph in phases)
+    if expected > MAX_REQUESTS:
+        raise ValueError(f"the trace holds about {expected:.3g} requests; at most {MAX_REQUESTS:.0e} are simulated "
+                         "(shorten the phases or lower the rates)")
+    rng = np.random.default_rng([seed, 0])
+    out, idx, t0 = [], [], 0.0
+    for k, ph in enumerate(phases):
+        T, la = ph.seconds * 1e3, float(ph.rate)
+        lb = la if ph.end_rate is None else float(ph.end_rate)
+        total = 0.5 * (la + lb) * T  # Λ(T), the cumulative rate Λ(t) = la·t + (lb − la)·t²/2T
+        u = np.sort(rng.uniform(0.0, total, rng.poisson(total)))
+        if abs(lb - la) <= 1e-12 * max(la, lb):
+            t = u / la if la > 0 else u
+        else:
+            c = (lb - la) / (2.0 * T)
+            t = 2.0 * u / (la + np.sqrt(la * la + 4.0 * c * u))  # the root of c·t² + la·t = u, without cancellation
+        out.append(t0 + np.minimum(t, T))
+        idx.append(np.full(u.size, k, dtype=np.int64))
+        t0 += T
+    return np.concatenate(out), np.concatenate(idx)
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """What :func:`simulate` saw: per request (arrival and end-to-end response time, ms; phase), per batch (start
+    and duration, ms; size; energy, mJ; phase it started in), and the Autopilot's events (each its JSON line as a
+    dict, with ``t_s``, the simulated time)."""
+
+    phases: tuple[Phase, ...]
+    arrival_ms: np.ndarray
+    response_ms: np.ndarray
+    phase: np.ndarray
+    batch_start_ms: np.ndarray
+    batch_ms: np.ndarray
+    batch_size: np.ndarray
+    batch_energy_mj: np.ndarray
+    batch_phase: np.ndarray
+    forced_batches: int
+    events: tuple[dict, ...]
+
+    def summary(self, slo_ms: float) -> list[dict]:
+        """Per phase: requests, p99 (ms) with a distribution-free 95 % interval (the order statistics at the
+        binomial(n, 0.99) ranks' normal bounds), the share over ``slo_ms``, mean batch size, energy per request
+        (mJ), and the Autopilot's events in it by kind."""
+        rows = []
+        for k, ph in enumerate(self.phases):
+            x = np.sort(self.response_ms[self.phase == k])
+            n = x.size
+            sel = self.batch_phase == k
+            b = self.batch_size[sel]
+            t_lo = sum(p.seconds for p in self.phases[:k])
+            kinds: dict[str, int] = {}
+            for e in self.events:
+                if t_lo <= e["t_s"] < t_lo + ph.seconds:
+                    kinds[e["event"]] = kinds.get(e["event"], 0) + 1
+            half = 1.96 * math.sqrt(n * 0.99 * 0.01)
+            lo, hi = int(math.floor(0.99 * n - half)), int(math.ceil(0.99 * n + half))
+            rows.append({"phase": ph.name or str(k + 1), "requests": int(n),
+                         "p99_ms": float(np.percentile(x, 99)) if n else math.nan,
+                         "p99_interval_ms": (float(x[lo]) if n >= 100 and lo >= 0 else math.nan,
+                                             float(x[hi]) if n >= 100 and hi < n else math.inf),
+                         "over_slo": float(np.mean(x > slo_ms)) if n else math.nan,
+                         "mean_batch": float(b.mean()) if b.size else math.nan,
+                         "mj_per_request": float(self.batch_energy_mj[sel].sum() / b.sum()) if b.size else math.nan,
+                         "events": kinds})
+        return rows
+
+
+class _Events(logging.Handler):
+    """The Autopilot's JSON lines on the ``smdp_batch`` logger, stamped with the simulated time."""
+
+    def __init__(self, clock: Callable[[], float]):
+        super().__init__(logging.DEBUG)
+        self.clock, self.lines = clock, []  # type: tuple[Callable[[], float], list[dict]]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("autopilot "):
+            try:
+                self.lines.append({"t_s": self.clock(), **json.loads(msg[len("autopilot "):])})
+            except ValueError:
+                pass
+
+
+def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
+             outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] = 0.0,
+             max_wait_ms: float | str | None = "auto", short_batch: str = "auto") -> SimRun:
+    """Serve ``phases`` of Poisson traffic with ``policy`` on one simulated instance of ``problem``'s server (its
+    service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
+    (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
+    draws); ``max_wait_ms`` and ``short_batch`` ("serve", "pad-up", or "auto": the table's own): as
+    :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``batch_size`` records the requests of each batch; its time and energy are those of the size it
+    ran as (padded up, where it was)."""
+    from .pilot import Autopilot
+
+    if not callable(getattr(policy, "decide", None)):
+        raise TypeError("policy must have a decide(n) method (an Autopilot, a PolicyTable, an AdaptivePolicy)")
+    if isinstance(policy, Autopilot) and (policy.solve_in != "clock" or clock is None or policy._clock is not clock):
+        raise ValueError("an Autopilot runs in the simulator when built with solve_in='clock' and clock=SimClock(), "
+                         "that same clock passed here: a solve in a thread or process would race the simulated time")
+    if short_batch not in ("serve", "pad-up", "auto"):
+        raise ValueError(f"short_batch must be 'serve', 'pad-up' or 'auto', got {short_batch!r}")
+    if isinstance(max_wait_ms, str) and max_wait_ms != "auto":
+        raise ValueError(f"max_wait_ms must be 'auto', None or a number of ms ≥ 0, got {max_wait_ms!r}")
+    fixed = None if max_wait_ms == "auto" else math.inf if max_wait_ms is None else float(max_wait_ms)
+    if fixed is not None and not fixed >= 0:
+        raise ValueError(f"max_wait_ms must be 'auto', None or a number of ms ≥ 0, got {max_wait_ms!r}")
+    if not callable(outside_ms) and not (math.isfinite(float(outside_ms)) and float(outside_ms) >= 0):
+        raise ValueError(f"outside_ms must be a finite number of ms ≥ 0 or a function (rng, n) → ms, got {outside_ms!r}")
+    phases = tuple(phases)
+    arr, ph_of = arrivals(phases, seed)
+    clock = clock or SimClock()
+    rng_s, rng_o = np.random.default_rng([seed, 1]), np.random.default_rng([seed, 2])
+    ends = np.cumsum([p.seconds * 1e3 for p in phases])
+    slow = np.array([p.slowdown for p in phases])
+    sizes = sorted(int(b) for b in (getattr(policy, "batch_sizes", None) or problem.batch_sizes))
+    law = problem.service
+    l_of: dict[int, float] = {}
+    z_of: dict[int, float] = {}
+    bound_cache: dict[int, tuple[Any, float]] = {}
+
+    def bound_ms() -> float:
+        if fixed is not None:
+            return fixed
+        table = policy if hasattr(policy, "phase_table") else getattr(policy, "table", policy)
+        hit = bound_cache.get(id(table))
+        if hit is None or hit[0] is not table:
+            hit = bound_cache[id(table)] = (table, float(default_max_wait_ms(table)))
+        return hit[1]
+
+    def forced(n: int) -> tuple[int, int]:  # (requests taken, the size they run as)
+        meta = getattr(getattr(policy, "table", policy), "meta", None)
+        form = short_batch if short_batch != "auto" else meta.get("short_batch") if isinstance(meta, dict) else None
+        if form == "pad-up":
+            take = min(n, sizes[-1])
+            return take, next(b for b in sizes if b >= take)
+        fit = [b for b in sizes if b <= n]
+        return (fit[-1], fit[-1]) if fit else (n, n)
+
+    on_arrival = getattr(policy, "observe_arrival", None)
+    on_batch = getattr(policy, "observe_batch", None)
+    on_response = getattr(policy, "observe_response", None)
+    N = arr.size
+    resp = np.full(N, math.nan)
+    b_start, b_ms, b_size, b_mj, b_ph = [], [], [], [], []
+    q: deque[int] = deque()
+    i, t, n_forced = 0, 0.0, 0
+    events = _Events(clock)
+    logger = logging.getLogger("smdp_batch")
+    level = logger.level
+    logger.addHandler(events)
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    try:
+        while i < N or q:
+            if not q:
+                t = max(t, float(arr[i]))
+                clock.t = t / 1e3
+                q.append(i)
+                if on_arrival is not None:
+                    on_arrival(float(arr[i]))
+                i += 1
+                continue
+            n = len(q)
+            clock.t = t / 1e3
+            b = policy.decide(n)
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b <= n:
+                raise ValueError(f"the policy returned {b!r} at queue length {n}; a batch must be an int in 0..{n}")
+            b = run_as = int(b)
+            if b == 0:
+                deadline = float(arr[q[0]]) + bound_ms()
+                nxt = float(arr[i]) if i < N else math.inf
+                if deadline - t > _EARLY_MS and min(nxt, deadline) < math.inf:
+                    if nxt <= deadline:  # an arrival first: decide again with it
+                        t = nxt
+                        clock.t = t / 1e3
+                        q.append(i)
+                        if on_arrival is not None:
+                            on_arrival(nxt)
+                        i += 1
+                    else:  # the bound fires: decide again (a swap may have come), then serve
+                        t = deadline
+                        poll = getattr(policy, "poll", None)
+                        if poll is not None:
+                            clock.t = t / 1e3
+                            poll()
+                    continue
+                b, run_as = forced(n)  # overdue, or the last arrival came and no bound is set: drain
+                n_forced += 1
+            batch = [q.popleft() for _ in range(b)]
+            k = min(int(np.searchsorted(ends, t, side="right")), len(phases) - 1)
+            if run_as not in l_of:
+                l_of[run_as] = float(problem.latency(np.float64(run_as)))
+                z_of[run_as] = float(problem.energy(np.float64(run_as)))
+            dur = float(law.sample(rng_s, l_of[run_as], 1, run_as)[0]) * slow[k]
+            end = t + dur
+            while i < N and arr[i] < end:  # arrivals during the batch, at their times
+                clock.t = float(arr[i]) / 1e3
+                q.append(i)
+                if on_arrival is not None:
+                    on_arrival(float(arr[i]))
+                i += 1
+            t = end
+            clock.t = t / 1e3
+            extra = outside_ms(rng_o, b) if callable(outside_ms) else np.full(b, float(outside_ms))
+            idx = np.asarray(batch, dtype=np.int64)
+            resp[idx] = end - arr[idx] + np.asarray(extra, dtype=np.float64).reshape(b)
+            if on_batch is not None:
+                on_batch(run_as, dur / 1e3, True)
+            if on_response is not None:
+                on_response(resp[idx])
+            b_start.append(end - dur)
+            b_ms.append(dur)
+            b_size.append(b)
+            b_mj.append(z_of[run_as] * slow[k])
+            b_ph.append(k)
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
+    return SimRun(phases, arr, resp, ph_of, np.array(b_start), np.array(b_ms), np.array(b_size, dtype=np.int64),
+                  np.array(b_mj), np.array(b_ph, dtype=np.int64), n_forced, tuple(events.lines))

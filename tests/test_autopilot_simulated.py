@@ -1,0 +1,189 @@
+"""The Autopilot on a simulated clock (smdp_batch.autopilot.simulated): the simulated batcher agrees with the exact
+evaluation of a table and keeps the safety bound; an Autopilot run is deterministic, a solve goes live
+solve_seconds after it starts, a plan that breaks the SLO in service is rolled back and blocked, and stationary
+traffic starts no service re-solve."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+from smdp_batch.autopilot import Autopilot, Plan, slo_plan
+from smdp_batch.autopilot.simulated import Phase, SimClock, arrivals, simulate
+from smdp_batch.model.laws import Deterministic
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.runtime import PolicyTable
+from smdp_batch.solvers import solve
+
+SLO = 40.0
+
+
+def control(q: int, bmax: int = 32) -> np.ndarray:
+    s = np.arange(bmax + 1)
+    return np.where(s >= q, np.minimum(s, bmax), 0)
+
+
+def table(pol, p, timer=None) -> PolicyTable:
+    return PolicyTable(pol, p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": timer})
+
+
+def test_a_table_in_the_simulator_has_the_mean_latency_and_power_of_its_exact_evaluation():
+    """An independent check of the event loop: 3·10⁵ requests of the optimal table at ρ = 0.5 against eq. 21's
+    exact metrics of the same table."""
+    p = BatchingProblem.basic(rho=0.5)
+    sol = solve(p)
+    run = simulate(table(sol.table, p), p, [Phase(200.0, p.lam)], seed=1, max_wait_ms=None)
+    ev = sol.deployed
+    assert run.response_ms.size > 250_000 and np.all(np.isfinite(run.response_ms))
+    assert run.response_ms.mean() == pytest.approx(ev.mean_latency_ms, rel=0.01)
+    assert run.batch_size.mean() == pytest.approx(ev.mean_batch_size, rel=0.01)
+    span = run.batch_start_ms[-1] + run.batch_ms[-1]
+    assert run.batch_energy_mj.sum() / span == pytest.approx(ev.mean_power_w, rel=0.01)  # mJ/ms = W
+    assert run.batch_size.sum() == run.response_ms.size  # every request served once
+
+
+def test_the_safety_bound_caps_the_oldest_wait_and_the_forced_batch_is_the_largest_size_that_fits():
+    p = BatchingProblem.basic(rho=0.05, service=Deterministic())
+    run = simulate(table(control(32), p), p, [Phase(20.0, p.lam)], seed=2, max_wait_ms=5.0)
+    lat = {b: float(p.latency(np.float64(b))) for b in range(1, 33)}
+    served_in = np.repeat(run.batch_size, run.batch_size)  # requests are served oldest first, batch by batch
+    wait = run.response_ms - np.array([lat[b] for b in served_in])
+    assert wait.max() <= 5.0 + 1e-9 and run.forced_batches > 0
+    assert set(run.batch_size) <= set(p.batch_sizes)
+    # the timer-table form: the table's own timer is the bound under "auto"
+    auto = simulate(table(control(32), p, timer=5.0), p, [Phase(20.0, p.lam)], seed=2)
+    np.testing.assert_array_equal(auto.response_ms, run.response_ms)
+
+
+def test_a_forced_batch_pads_up_where_the_table_was_planned_so():
+    """Sizes 1, 2, 4, 8, 16, 32 and a table that waits for 32: with "pad-up" (or "auto" on a table whose meta says
+    pad-up) a forced batch of n < 32 runs as the next allowed size, its time and energy that size's."""
+    p = BatchingProblem.basic(rho=0.05, service=Deterministic(), batch_sizes=(1, 2, 4, 8, 16, 32))
+    ph = [Phase(20.0, p.lam)]
+    padded = simulate(table(control(32), p, timer=5.0), p, ph, seed=6, short_batch="pad-up")
+    meta = {"inputs": {"lam": p.lam}, "max_wait_ms": 5.0, "short_batch": "pad-up"}
+    auto = simulate(PolicyTable(control(32), p.batch_sizes, meta), p, ph, seed=6)
+    np.testing.assert_array_equal(auto.batch_energy_mj, padded.batch_energy_mj)
+    run_as = np.array([next(s for s in p.batch_sizes if s >= b) for b in padded.batch_size])
+    zeta = {b: float(p.energy(np.float64(b))) for b in p.batch_sizes}
+    np.testing.assert_allclose(padded.batch_energy_mj, [zeta[b] for b in run_as])
+    np.testing.assert_allclose(padded.batch_ms, [float(p.latency(np.float64(b))) for b in run_as])
+    assert np.any(padded.batch_size != run_as)  # some batches were padded
+    served = simulate(table(control(32), p, timer=5.0), p, ph, seed=6)  # "serve": the largest size that fits
+    assert set(served.batch_size) <= set(p.batch_sizes)
+
+
+def test_phases_give_poisson_counts_and_a_ramp_its_shape():
+    ph = [Phase(100.0, 0.2), Phase(100.0, 0.6, 0.0)]
+    t, k = arrivals(ph, seed=3)
+    assert np.all(np.diff(t) >= 0) and t[-1] <= 200_000.0
+    n0, n1 = int((k == 0).sum()), int((k == 1).sum())
+    assert abs(n0 - 20_000) < 5 * math.sqrt(20_000) and abs(n1 - 30_000) < 5 * math.sqrt(30_000)
+    first = int(((k == 1) & (t < 150_000.0)).sum())  # the ramp's first half carries 3/4 of its arrivals
+    assert abs(first / n1 - 0.75) < 0.02
+    np.testing.assert_array_equal(arrivals(ph, seed=3)[0], t)
+
+
+class Fake:
+    """A deterministic solver: at the rate it is given, a control-limit table with made-up planned metrics;
+    ``bad`` answers a table that waits for 32 requests, with no timer, claiming half the SLO."""
+
+    def __init__(self, bad: bool = False):
+        self.bad, self.calls = bad, 0
+
+    def __call__(self, problem, slo_ms, lams):
+        self.calls += 1
+        q = 32 if self.bad else 4
+        t = PolicyTable(control(q), problem.batch_sizes, {"inputs": {"lam": lams[0]}, "max_wait_ms": None})
+        return Plan(t, lams[0], None, 5.0, 0.5 * slo_ms, 20.0, True, f"control:{q}")
+
+
+def pilot(p, solver, clock, **kw) -> Autopilot:
+    start = Plan(table(control(2), p), p.lam, None, 8.0, 30.0, 15.0)
+    opts = {"min_interval_s": 1.0, "energy_meter": None, "solve_in": "clock", "solve_seconds": 3.0, **kw}
+    return Autopilot(p, SLO, start, solver=solver, clock=clock, **opts)
+
+
+def _events(run):
+    return [{k: v for k, v in e.items() if k not in ("live_table", "to", "table")} for e in run.events]
+
+
+def test_an_autopilot_run_is_deterministic_and_a_solve_goes_live_solve_seconds_after_it_starts():
+    p = BatchingProblem.basic(rho=0.1)
+    trace = [Phase(10.0, p.lam), Phase(10.0, 3 * p.lam)]
+    runs = []
+    for _ in range(2):
+        clock = SimClock()
+        runs.append(simulate(pilot(p, Fake(), clock), p, trace, seed=4, clock=clock))
+    a, b = runs
+    np.testing.assert_array_equal(a.response_ms, b.response_ms)
+    assert _events(a) == _events(b)
+    swaps = [e for e in a.events if e["event"] == "swap"]
+    assert swaps and swaps[0]["reason"] == "rate" and swaps[0]["seconds"] == 3.0
+    assert 10.0 + 3.0 <= swaps[0]["t_s"] < 20.0  # the step at 10 s, found, solved, live 3 s of simulated time later
+    after = a.batch_start_ms > swaps[0]["t_s"] * 1e3 + 100.0
+    assert np.all(a.batch_size[after] >= 4)  # the new table serves from 4 on (the start table from 2)
+
+
+def test_a_plan_that_breaks_the_slo_in_service_is_rolled_back_and_blocked_at_that_load():
+    p = BatchingProblem.basic(rho=0.1)
+    clock = SimClock()
+    ap = pilot(p, Fake(bad=True), clock, window=100, grace=0, rate_tol=0.25, min_interval_s=0.5)
+    run = simulate(ap, p, [Phase(5.0, p.lam), Phase(25.0, 1.5 * p.lam)], seed=5, clock=clock)
+    kinds = [e["event"] for e in run.events]
+    assert "swap" in kinds and "rollback" in kinds
+    assert kinds.index("swap") < kinds.index("rollback")
+    rollback = next(e for e in run.events if e["event"] == "rollback")
+    assert rollback["observed_p99_ms"] > SLO * 1.1
+    later = kinds[kinds.index("rollback") + 1:]
+    assert "swap" not in later and "blocked" in later  # the same plan planned at that load again: blocked
+    assert ap.plan.spec != "control:32" and ap.metrics.rollbacks == 1
+    end = run.arrival_ms > (rollback["t_s"] + 1.0) * 1e3
+    assert np.percentile(run.response_ms[end], 99) < SLO  # the plan put back holds it
+
+
+def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser():
+    """60 s of stationary traffic at ρ = 0.3: the drift test raises no false alarm (three seeds)."""
+    p = BatchingProblem.basic(rho=0.3)
+    solver = functools.partial(slo_plan, requests=5000)
+    for seed in range(3):
+        clock = SimClock()
+        ap = Autopilot(p, SLO, None, solver=solver, clock=clock, solve_in="clock", energy_meter=None)
+        run = simulate(ap, p, [Phase(60.0, p.lam)], seed=seed, clock=clock)
+        assert not [e for e in run.events if e.get("reason") == "service"], run.events
+        assert np.mean(run.response_ms > SLO) <= 0.01
+
+
+def test_bad_inputs_get_one_clear_error():
+    p = BatchingProblem.basic(rho=0.1)
+    t = table(control(2), p)
+    with pytest.raises(ValueError, match="phase 1: seconds = -1"):
+        simulate(t, p, [Phase(-1.0, p.lam)])
+    with pytest.raises(ValueError, match="phase 2: rate = nan"):
+        simulate(t, p, [Phase(1.0, p.lam), Phase(1.0, math.nan)])
+    with pytest.raises(ValueError, match="at least one phase"):
+        simulate(t, p, [])
+    with pytest.raises(ValueError, match="at most 5e"):
+        simulate(t, p, [Phase(1e6, 10.0)])
+    with pytest.raises(ValueError, match="max_wait_ms"):
+        simulate(t, p, [Phase(1.0, p.lam)], max_wait_ms="soon")
+    with pytest.raises(ValueError, match="short_batch must be"):
+        simulate(t, p, [Phase(1.0, p.lam)], short_batch="pad")
+    with pytest.raises(ValueError, match="returned 3 at queue length 1"):
+        simulate(_Returns(3), p, [Phase(1.0, p.lam)])
+    thread = Autopilot(p, SLO, Plan(t, p.lam), solver=Fake(), energy_meter=None)
+    with pytest.raises(ValueError, match="solve_in='clock'"):
+        simulate(thread, p, [Phase(1.0, p.lam)])
+    with pytest.raises(TypeError, match="decide"):
+        simulate(object(), p, [Phase(1.0, p.lam)])
+
+
+class _Returns:
+    def __init__(self, b):
+        self.b = b
+
+    def decide(self, n):
+        return self.b
