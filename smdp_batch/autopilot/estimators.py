@@ -59,16 +59,18 @@ non-decreasing in b (a running maximum), as the model requires.  :meth:`ServiceE
 says the pooled ratio (or any size's mean) has left its band:
 |r̄ − 1| > max(``rel_tol``, z·s/√n) with n ≥ ``min_batches`` batches (4 × that for one size's mean), or that a
 two-sided CUSUM on the log ratio y = ln(x / l_ref(b)) has passed its threshold:
-S⁺ ← max(0, S⁺ + d − κ), S⁻ ← max(0, S⁻ − d − κ), d = y − μ̂ clipped to ±3σ̂, κ = ln(1 + ``rel_tol``), alarm at
-h = 10·σ̂ (μ̂, σ̂ the log ratio's mean and spread, learned while neither sum rises; σ̂ at least 0.02; 0 and 0.3
-before ``min_batches`` batches).  The
+S⁺ ← max(0, S⁺ + d − κ), S⁻ ← max(0, S⁻ − d − κ), d = y − μ̂ clipped to ±max(3σ̂, 2κ), κ = ln(1 + ``rel_tol``),
+alarm at h = max(10·σ̂, 4κ) (μ̂, σ̂ the log ratio's mean and spread, learned while neither sum rises; σ̂ at least
+0.02; 0 and 0.3 before ``min_batches`` batches).  The floors in κ matter where the batch times barely vary (a GPU,
+a deterministic model): a clip at 3σ̂ below κ would keep every sum at 0 (a 1.5× slowdown of deterministic
+batches was never found), and with it a shift of κ per batch, twice the tolerance, reaches h in 4 batches.  The
 means behind the band test forget slowly (``memory`` batches), so after a long steady service they would take
 hundreds of batches to move; the CUSUM restarts from 0 whenever the service is as planned, so a slowdown in
 the middle of service is found as fast as from a fresh estimator.  With
 the defaults (rel_tol 0.2, z 4, min_batches 8), measured on 200 seeded runs of 32 sizes
 (``tests/test_estimators.py``): a 1.5× slowdown is found within 8 batches when the batch times' coefficient
-of variation is ≤ 0.1, and within 48 when it is ≤ 0.3 (the slowest of 200: 34); an unchanged service with
-CV 0.3 was never flagged in 10 runs of 10⁴ batches.
+of variation is ≤ 0.1 (deterministic batches included), and within 48 when it is ≤ 0.3 (the slowest of 200: 34);
+an unchanged service with CV 0.02 or 0.3 was never flagged in 10 runs of 10⁴ batches.
 
 **Batch energy** (:class:`EnergyEstimator`).  The model's ζ(b) (mJ) stays in force for every size with no
 reading; a size with readings gets the posterior mean (k·ζ(b) + n_b·ē_b)/(k + n_b) of its readings.
@@ -399,15 +401,16 @@ class ServiceEstimator:
         return n.mean[0], max(math.sqrt(n.var[0] * n.n[0] / (n.n[0] - 1.0)), CUSUM_SD_MIN)
 
     def _threshold(self) -> float:
-        return CUSUM_H * self._spread()[1]
+        return max(CUSUM_H * self._spread()[1], 4.0 * math.log1p(self.rel_tol))
 
     def _cusum(self, y: float) -> None:
         k = math.log1p(self.rel_tol)
         mu, sd = self._spread()
-        h = CUSUM_H * sd
+        h = self._threshold()
         if self._up < 0.5 * h and self._down < 0.5 * h:  # the service as planned: its spread is the noise
             self._noise.add(0, y)
-        d = min(max(y - mu, -3.0 * sd), 3.0 * sd)  # one batch moves a sum by at most 3σ̂ (a skewed law's tail)
+        c = max(3.0 * sd, 2.0 * k)  # one batch moves a sum by at most this (a skewed law's tail; module doc)
+        d = min(max(y - mu, -c), c)
         self._up = max(0.0, self._up + d - k)
         self._down = max(0.0, self._down - d - k)
 
