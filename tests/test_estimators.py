@@ -334,7 +334,7 @@ def test_a_slowdown_in_the_middle_of_service_is_found_within_48_batches(cv):
     50 seeded runs: none flagged in the steady part, and the 1.5× slowdown found within 48 batches in every
     run (measured: median 9 / 13 batches, p99 12 / 28 at CV 0.1 / 0.3).  Deterministic batches (CV 0) were
     never found before the floors of the clip and the threshold (module doc of the estimators)."""
-    delays = []
+    delays, ratios = [], []
     for seed in range(50):
         est, rng, l = _service(seed, 1.5)
         for _ in range(5000):
@@ -346,10 +346,14 @@ def test_a_slowdown_in_the_middle_of_service_is_found_within_48_batches(cv):
             est.observe(i + 1, 1.5 * l[i] * _noise(rng, cv))
             if est.drift():
                 delays.append(t)
+                ratios.append(est.ratio())
                 break
         else:
             delays.append(200)
     assert max(delays) <= 48 and np.median(delays) <= 20, delays
+    # restarted at the change point: l̂ is the new service's (the pooled ratio of the batches since: 4-20 of them,
+    # so at CV 0.3 it reads 1.3-2.0), not a blend of 5 000 old batches and a few new ones (which reads about 1.0)
+    assert 1.2 <= min(ratios) and max(ratios) <= 2.1 and abs(np.median(ratios) - 1.5) < 0.08, ratios
 
 
 @pytest.mark.parametrize("cv", [0.02, 0.3])

@@ -63,7 +63,10 @@ S⁺ ← max(0, S⁺ + d − κ), S⁻ ← max(0, S⁻ − d − κ), d = y − 
 alarm at h = max(10·σ̂, 4κ) (μ̂, σ̂ the log ratio's mean and spread, learned while neither sum rises; σ̂ at least
 0.02; 0 and 0.3 before ``min_batches`` batches).  The floors in κ matter where the batch times barely vary (a GPU,
 a deterministic model): a clip at 3σ̂ below κ would keep every sum at 0 (a 1.5× slowdown of deterministic
-batches was never found), and with it a shift of κ per batch, twice the tolerance, reaches h in 4 batches.  The
+batches was never found), and with it a shift of κ per batch, twice the tolerance, reaches h in 4 batches.  When
+a sum passes h the estimator restarts at the change point (where that sum was last 0, as the rate estimator does):
+the means forget what came before and hold the batches since, and the pooled ratio is used from one batch on, so
+l̂(b), and the re-solve that takes it, is the new service's at once, not a blend still mostly the old.  The
 means behind the band test forget slowly (``memory`` batches), so after a long steady service they would take
 hundreds of batches to move; the CUSUM restarts from 0 whenever the service is as planned, so a slowdown in
 the middle of service is found as fast as from a fresh estimator.  With
@@ -81,6 +84,7 @@ from __future__ import annotations
 import math
 import numbers
 import threading
+from collections import deque
 from typing import Any, Iterable
 
 import numpy as np
@@ -93,6 +97,8 @@ GAP_MAX_MS = 1.0 / RATE_MIN
 #: The service CUSUM's threshold in units of the log ratio's spread, that spread's floor, and its value before
 #: ``min_batches`` batches (module docstring).
 CUSUM_H, CUSUM_SD_MIN, CUSUM_SD_PRIOR = 10.0, 0.02, 0.3
+#: Readings kept for the service estimator's restart at a change point (an alarm comes within this many of it).
+RECENT = 64
 SLOW_MEMORY = 8  # the clip's reference rate forgets SLOW_MEMORY × memory gaps, and goes on through changes
 _RING = 1024  # gaps kept for the confirmation window (a fixed ring: O(1) memory)
 _NO_ALARM = (0, 0.0, 0, 0.0, 0, 0.0)  # RateChange's pending alarm when there is none
@@ -352,6 +358,9 @@ class ServiceEstimator:
         self._ratio = _PerSize((0,), memory)  # the pooled ratio x / l_ref(b)
         self._noise = _PerSize((0,), memory)  # ln(x / l_ref(b)) while the CUSUM rests: its spread σ̂
         self._up = self._down = 0.0  # the CUSUM's sums (module docstring)
+        self._runs = [0, 0]  # batches since S⁺, S⁻ were last 0: the change point's estimate
+        self._recent: deque[tuple[int, float]] = deque(maxlen=RECENT)  # the latest (size index, reading)
+        self._changed = False  # the CUSUM fired: the means hold the batches since its change point only
         self._lock = threading.Lock()
         self.count = 0
         self.rejected = 0
@@ -376,6 +385,7 @@ class ServiceEstimator:
             if not learn:
                 return False
             x = self._winsorised(i, x)
+            self._recent.append((i, x))
             self._per.add(i, x)
             self._ratio.add(0, x / self._ref[i])
             self._cusum(math.log(x / self._ref[i]))
@@ -413,6 +423,15 @@ class ServiceEstimator:
         d = min(max(y - mu, -c), c)
         self._up = max(0.0, self._up + d - k)
         self._down = max(0.0, self._down - d - k)
+        self._runs = [self._runs[0] + 1 if self._up > 0 else 0, self._runs[1] + 1 if self._down > 0 else 0]
+        if not self._changed and max(self._up, self._down) > h:  # restart at the change point (module doc)
+            since = self._runs[0] if self._up > h else self._runs[1]
+            self._per.reset()
+            self._ratio.reset()
+            for i, x in list(self._recent)[-max(since, 1):]:
+                self._per.add(i, x)
+                self._ratio.add(0, x / self._ref[i])
+            self._changed = True
 
     def ratio(self) -> float:
         """The pooled ratio r̂ of measured to reference batch times: r̄ once it has ``min_batches`` batches, else 1."""
@@ -420,7 +439,7 @@ class ServiceEstimator:
             return self._ratio_locked()
 
     def _ratio_locked(self) -> float:
-        return self._ratio.mean[0] if self._ratio.n[0] >= self.min_batches else 1.0
+        return self._ratio.mean[0] if self._ratio.n[0] >= (1 if self._changed else self.min_batches) else 1.0
 
     def latency_ms(self) -> np.ndarray:
         """l̂(b) on the allowed sizes (ms): posterior means, non-decreasing in b."""
@@ -468,11 +487,13 @@ class ServiceEstimator:
             self._per.reset()
             self._ratio.reset()
             self._up = self._down = 0.0  # the spread σ̂ is the service's own: kept
+            self._runs, self._changed = [0, 0], False
+            self._recent.clear()
 
     def state_size(self) -> int:
         p, r = self._per, self._ratio
         return (len(self.__dict__) + len(p.n) + len(p.mean) + len(p.var) + len(r.n) + len(self._noise.n)
-                + self.reference.size + self.model.size)
+                + self.reference.size + self.model.size + 2 * RECENT)  # the ring at its bound
 
 
 class EnergyEstimator:
