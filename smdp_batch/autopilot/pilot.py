@@ -74,6 +74,7 @@ import numpy as np
 from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
+from .control import TimerControl
 from .plan import Plan, _same, slo_plan
 from .report import AutopilotMetrics
 from .responses import Responses
@@ -135,7 +136,9 @@ class Autopilot:
     (the solve runs at once in the hook that starts it, and its result goes live ``solve_seconds`` of ``clock``
     later: the simulated-clock mode of :mod:`~smdp_batch.autopilot.simulated`).  ``close()`` ends the child.
     ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
-    a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).
+    a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).  ``control``: the closed loop on
+    the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`; True:
+    the default one; False: the plans' timers as solved).
     """
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
@@ -149,7 +152,7 @@ class Autopilot:
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
                  clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2,
-                 solve_seconds: float = 1.0):
+                 solve_seconds: float = 1.0, control: bool | TimerControl = True):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -176,6 +179,7 @@ class Autopilot:
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
+        self.control = TimerControl() if control is True else control or None
         self.sizes = tuple(problem.batch_sizes)
         self.rate = rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
@@ -216,25 +220,14 @@ class Autopilot:
             self._start_process(nice)
 
     def _start_process(self, nice: int) -> None:
-        import pickle
+        from .solve_process import SolveProcessError, open_process
 
-        from .solve_process import SolveProcess, SolveProcessError, warm
-
-        try:
-            pickle.dumps(self.solver)
-        except Exception as exc:  # noqa: BLE001 - anything pickle raises
-            raise ValueError(f"solve_in='process' needs a picklable solver (a module-level function): {exc}") from exc
-        proc = SolveProcess(nice, warm=("smdp_batch.analysis.slo",))
-        try:
-            proc.start()
+        warm = (self.problem, self._target(), [float(self.problem.lam)]) if self.solver is slo_plan else None
+        try:  # the default solver's kernels load now, not when a change needs them
+            self._proc = open_process(self.solver, nice, warm)
         except SolveProcessError as exc:
             self.solve_in = "thread"
             self._count(None, "solve-in-thread", logging.WARNING, error=str(exc)[:200])
-            return
-        self._proc = proc
-        if self.solver is slo_plan:  # load its compiled kernels now, not when a change needs them
-            args = (self.problem, self._target(), [float(self.problem.lam)])
-            threading.Thread(target=warm, args=(proc, self.solver, args), name="smdp-autopilot-warm", daemon=True).start()
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
@@ -253,8 +246,9 @@ class Autopilot:
 
     @property
     def table(self) -> PolicyTable:
-        """The live table (its ``meta["max_wait_ms"]`` is the batcher's bound under ``max_wait_ms="auto"``)."""
-        return self._live.table
+        """The live table (its ``meta["max_wait_ms"]``, the timer in force, is the batcher's bound under
+        ``max_wait_ms="auto"``)."""
+        return self._live.table if self.control is None else self.control.table(self._live)
 
     @property
     def plan(self) -> Plan:
@@ -266,8 +260,8 @@ class Autopilot:
 
     @property
     def max_wait_ms(self) -> float | None:
-        """The live plan's timer (ms), or None for none."""
-        return self._live.timer_ms
+        """The timer in force (ms): the live plan's, times the closed loop's multiplier; None for none."""
+        return self._live.timer_ms if self.control is None else self.control.timer_ms(self._live)
 
     # ------------------------------------------------------------------ hooks (never raise)
     @_never_raises
@@ -348,6 +342,8 @@ class Autopilot:
             return
         with self._lock:
             self._resp.add(vals, self._live.p99_ms)
+            if self.control is not None:
+                self.control.add(vals, self.slo_ms - self.overhead_ms)
             self._seen += k
             self._unlearned += k
             while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
@@ -563,6 +559,8 @@ class Autopilot:
     def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
+        if self.control is not None:  # the new plan models part of what the loop corrected (control's module doc)
+            self.control.u *= 0.5
         self._count(key, event, reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
                     timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec)
 
@@ -587,12 +585,12 @@ class Autopilot:
         return AutopilotMetrics(
             c["swaps"], c["rollbacks"], c["failed_solves"], c["infeasible"], c["out_of_range"], c["solves"],
             c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
-            live.timer_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
+            self.max_wait_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected + self._hook_errors, event, p50,
             self.sizes,
             batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
             self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
-            source, math.nan if power is None else power[0])
+            source, math.nan if power is None else power[0], 1.0 if self.control is None else self.control.scale)
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

@@ -45,3 +45,4 @@ class AutopilotMetrics:
     best_effort: int = 0  # infeasible solves whose best effort went live (a lower p99 at λ̂ than the live plan's)
     energy_source: str = "model"  # where ζ̂(b) comes from: the model, an energy meter, or observe_energy readings
     idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
+    timer_scale: float = 1.0  # the closed loop's multiplier on the live plan's timer (timer_ms is the product)

@@ -16,7 +16,9 @@
 * a batch of b takes a time drawn from the problem's service law with mean l(b), times the phase's ``slowdown``,
   and ζ(b) × ``slowdown`` of energy (mJ: a slowed model runs as long and as hard);
 * each response takes ``outside_ms`` more after its batch ends (the server's front end and the client: a constant,
-  or a draw per response), and the end-to-end time is what the policy's hooks see, as the integrations report it.
+  or a draw per response), which the end-to-end times recorded include and the policy's hooks do not see: they get
+  each request's time from its arrival to its batch's end, as the batcher's hooks report it (an Autopilot budgets
+  the rest as ``overhead_ms``).
 
 An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
 ``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
@@ -299,7 +301,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             if on_batch is not None:
                 on_batch(run_as, dur / 1e3, True)
             if on_response is not None:
-                on_response(resp[idx])
+                on_response(end - arr[idx])
             b_start.append(end - dur)
             b_ms.append(dur)
             b_size.append(b)

@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-__all__ = ["SolveProcess", "SolveProcessError", "python_executable", "warm"]
+__all__ = ["SolveProcess", "SolveProcessError", "open_process", "python_executable", "warm"]
 
 _HEADER = struct.Struct("<Q")
 _MAX_MESSAGE = 256 << 20  # 256 MiB: a plan is a few kB; anything larger is a broken pipe
@@ -188,6 +188,20 @@ def warm(proc: SolveProcess, solver: Callable[..., Any], args: tuple) -> None:
         proc.call(solver, *args)
     except Exception:  # noqa: BLE001 - a failed warm-up only means the first re-solve loads them
         pass
+
+
+def open_process(solver: Callable[..., Any], nice: int, warm_args: tuple | None = None) -> SolveProcess:
+    """A started solve process for ``solver`` (ValueError when it cannot be pickled; :class:`SolveProcessError` when
+    the child does not start); with ``warm_args``, one solve on them in the background loads its kernels now."""
+    try:
+        pickle.dumps(solver)
+    except Exception as exc:  # noqa: BLE001 - anything pickle raises
+        raise ValueError(f"solve_in='process' needs a picklable solver (a module-level function): {exc}") from exc
+    proc = SolveProcess(nice, warm=("smdp_batch.analysis.slo",))
+    proc.start()
+    if warm_args is not None:
+        threading.Thread(target=warm, args=(proc, solver, warm_args), name="smdp-autopilot-warm", daemon=True).start()
+    return proc
 
 
 def _kill_box(box: list) -> None:

@@ -1,0 +1,99 @@
+"""The Autopilot's closed loop: integral control of the share of responses over the limit, by the live timer.
+
+A plan is solved for a target p99, but what the responses meet is the plan plus everything it does not model
+(the server's own time, a noisy host, a slow estimate).  :class:`TimerControl` watches the responses the
+Autopilot is given, in windows of ``window`` (100), and moves a multiplier m = e^u on the live plan's timer with
+no re-solve.  With k of the window's n responses over the limit (SLO − ``overhead_ms``), s = k/n and s* the
+``target_share`` (1 %, what a p99 allows):
+
+    k > s*·n + 1:  u ← u − min(g·(s − s*)/s*, ``step``)    (tighten: 3 of 100 by 10 %, 10 of 100 by 36 %)
+    k = 0:         u ← u + g/4                             (relax by 1.25 %, never past the plan: m ≤ ``hi`` = 1)
+    otherwise:     hold                                    (1 or 2 of 100: the binomial noise of a 1 % share)
+
+with u ≥ ln ``lo`` (m ≥ 0.05) and g = 0.05.  The law is an integral one: it moves until the windows that
+tighten and those that relax balance, which for a share s happens where P(k = 0)·g/4 equals P(k > s*n + 1) times
+the mean tightening — about s = 0.85 % — so the share over the limit settles below 1 %, and a plan that already
+meets it (s ≈ s*, whose clean windows outnumber its noisy ones) keeps its own timer.  A breach is answered within
+a window; the slack is taken back slowly.  Relaxing stops at the plan's timer: beyond it the tail of a batcher
+with near-deterministic batches rises as a cliff (every request that waits for the timer crosses at once), which
+an integral law only finds by crossing it.  With m < 1 a plan with no timer gets one: m × its planned p99.
+
+The timer is what moves the tail of a table + timer plan at once: the oldest request waits at most the timer,
+so its response is at most the timer plus a batch.  A swap halves u: the new plan was solved with the latest
+estimates, which model part of what the loop corrected (a slowdown it held until the re-solve), and the rest (the
+server's own time, which no plan models) is found again within a few windows.
+
+numpy only; not thread-safe by itself (the Autopilot holds its lock around every call).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+__all__ = ["TimerControl"]
+
+
+class TimerControl:
+    """An integral controller of the share of responses over a limit, acting on a multiplier of the live timer."""
+
+    def __init__(self, target_share: float = 0.01, window: int = 100, gain: float = 0.05, step: float = 0.45,
+                 lo: float = 0.05, hi: float = 1.0):
+        if not (0 < target_share < 1 and window >= 10 and gain > 0 and step > 0 and 0 < lo <= 1 <= hi):
+            raise ValueError("need 0 < target_share < 1, window ≥ 10, gain > 0, step > 0 and 0 < lo ≤ 1 ≤ hi")
+        self.target_share, self.window, self.gain, self.step = float(target_share), int(window), float(gain), float(step)
+        self.u_lo, self.u_hi = math.log(lo), math.log(hi)
+        self.u = 0.0
+        self.windows = 0  # windows judged
+        self._n = self._over = 0
+        self._shown: tuple = (None, 0.0, None)  # (plan, u, the retimed table): built once per plan and step
+
+    @property
+    def scale(self) -> float:
+        """The multiplier m on the live timer."""
+        return math.exp(self.u)
+
+    def add(self, ms: np.ndarray, limit_ms: float) -> bool:
+        """Count responses ``ms`` against ``limit_ms``; True when a full window moved the multiplier."""
+        self._n += int(ms.size)
+        self._over += int(np.count_nonzero(ms > limit_ms))
+        if self._n < self.window:
+            return False
+        n, over = self._n, self._over
+        self._n = self._over = 0
+        self.windows += 1
+        if over == 0:
+            d = 0.25 * self.gain
+        elif over > self.target_share * n + 1.0:
+            d = -min(self.gain * (over / n - self.target_share) / self.target_share, self.step)
+        else:  # within the window's binomial noise: hold
+            return False
+        u = min(max(self.u + d, self.u_lo), self.u_hi)
+        moved, self.u = u != self.u, u
+        return moved
+
+    def reset(self) -> None:
+        self.u, self._n, self._over = 0.0, 0, 0
+
+    def timer_ms(self, plan) -> float | None:
+        """The timer in force for ``plan`` (a :class:`~smdp_batch.autopilot.plan.Plan`): m × its timer; with none,
+        m × its planned p99 while m < 1, else None."""
+        base = plan.timer_ms
+        if base is None or not math.isfinite(base):
+            return self.scale * plan.p99_ms if self.u < 0 and math.isfinite(plan.p99_ms) else None
+        return self.scale * base
+
+    def table(self, plan):
+        """``plan``'s table with the timer in force as its ``meta["max_wait_ms"]`` (what the batcher reads under
+        ``max_wait_ms="auto"``): the plan's own table while m = 1, else a copy built once per plan and step."""
+        if self.u == 0.0:
+            return plan.table
+        shown_plan, shown_u, table = self._shown
+        if shown_plan is plan and shown_u == self.u:
+            return table
+        table = copy.copy(plan.table)
+        table.meta = {**plan.table.meta, "max_wait_ms": self.timer_ms(plan)}
+        self._shown = (plan, self.u, table)
+        return table

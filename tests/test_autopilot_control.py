@@ -1,0 +1,86 @@
+"""The Autopilot's closed loop (smdp_batch.autopilot.control): the integral law on the share of responses over the
+limit, its dead band, its bounds and the retimed table the batcher reads; and, on the simulated clock, a slowdown
+the plans cannot answer held by the timer alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from smdp_batch.autopilot import Autopilot, Plan
+from smdp_batch.autopilot.control import TimerControl
+from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
+from smdp_batch.model.laws import Deterministic
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.runtime import PolicyTable
+
+SLO = 40.0
+
+
+def control(q: int, bmax: int = 32) -> np.ndarray:
+    s = np.arange(bmax + 1)
+    return np.where(s >= q, np.minimum(s, bmax), 0)
+
+
+def plan(p, timer=25.0, q=16) -> Plan:
+    t = PolicyTable(control(q), p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": timer})
+    return Plan(t, p.lam, timer, 10.0, 30.0, 20.0, True, f"control:{q}")
+
+
+def test_the_integral_law_tightens_at_once_holds_within_the_noise_and_relaxes_back_to_the_plan():
+    c = TimerControl()
+    assert c.add(np.full(99, 1.0), 10.0) is False and c.windows == 0  # not a full window yet
+    assert c.add(np.array([50.0]), 10.0) is False and c.windows == 1 and c.u == 0.0  # 1 of 100: the target share
+    assert c.add(np.r_[np.full(90, 1.0), np.full(10, 50.0)], 10.0)  # 10 % over: the largest step
+    assert c.u == pytest.approx(-0.45) and c.scale == pytest.approx(math.exp(-0.45))
+    assert not c.add(np.r_[np.full(98, 1.0), np.full(2, 50.0)], 10.0)  # 2 of 100: within the noise of 1 %
+    assert c.u == pytest.approx(-0.45)
+    assert c.add(np.r_[np.full(97, 1.0), np.full(3, 50.0)], 10.0) and c.u == pytest.approx(-0.55)  # 3: by 10 %
+    assert c.add(np.full(100, 1.0), 10.0) and c.u == pytest.approx(-0.5375)  # a clean window relaxes by 1.25 %
+    for _ in range(60):
+        c.add(np.full(100, 1.0), 10.0)
+    assert c.u == 0.0  # never looser than the plan (hi = 1)
+    for _ in range(200):
+        c.add(np.full(100, 50.0), 10.0)
+    assert c.scale == pytest.approx(0.05)  # at most 20× tighter
+
+
+def test_the_timer_in_force_and_the_table_the_batcher_reads():
+    p = BatchingProblem.basic(rho=0.2)
+    pl = plan(p)
+    c = TimerControl()
+    assert c.table(pl) is pl.table and c.timer_ms(pl) == 25.0
+    c.u = math.log(0.5)
+    t = c.table(pl)
+    assert t is not pl.table and t.meta["max_wait_ms"] == pytest.approx(12.5) and pl.table.meta["max_wait_ms"] == 25.0
+    assert c.table(pl) is t  # built once per plan and step
+    assert np.array_equal(t.policy, pl.table.policy) and t.decide(20) == pl.table.decide(20)
+    untimed = Plan(pl.table, p.lam, None, 10.0, 30.0, 20.0)
+    assert c.timer_ms(untimed) == pytest.approx(15.0)  # no timer of its own: m × its planned p99
+    c.reset()
+    assert c.timer_ms(untimed) is None
+    with pytest.raises(ValueError, match="target_share"):
+        TimerControl(target_share=0.0)
+
+
+def _slowed(ctl) -> np.ndarray:
+    """A 3× slowdown no solve answers (the solver finds nothing): the in-batcher times of its last 25 s."""
+    p = BatchingProblem.basic(rho=0.2, service=Deterministic())
+    clock = SimClock()
+    ap = Autopilot(p, SLO, plan(p), solver=lambda *a: None, clock=clock, solve_in="clock", energy_meter=None,
+                   control=ctl)
+    run = simulate(ap, p, [Phase(10.0, p.lam), Phase(30.0, p.lam, slowdown=3.0)], seed=7, clock=clock)
+    late = run.arrival_ms > 15_000.0
+    return run.response_ms[late], ap
+
+
+def test_on_the_simulated_clock_the_loop_holds_a_slowdown_the_plans_cannot_answer():
+    """Timer 25 ms + l(16) ≈ 31 ms in-batcher; slowed 3×, a request that waits for the timer takes ≈ 43 ms > 40.
+    Without the loop 1 in 18 requests miss; with it the timer shrinks until fewer than 1 % do."""
+    off, _ = _slowed(False)
+    on, ap = _slowed(True)
+    assert np.mean(off > SLO) > 0.05
+    assert np.mean(on > SLO) <= 0.01 and ap.metrics.timer_scale < 0.95
+    assert ap.max_wait_ms == pytest.approx(25.0 * ap.metrics.timer_scale) and ap.plan.timer_ms == 25.0
