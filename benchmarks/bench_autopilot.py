@@ -34,7 +34,8 @@ per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile 
 ``--simulated`` runs the same trace and settings in the simulator (:mod:`smdp_batch.autopilot.simulated`), on a
 simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
 problem: deterministic) × 1.5 in phase 4, each response ``--sim-outside-ms`` more (the server's and the client's
-own time), each Autopilot solve ``--sim-solve-seconds`` of simulated time.  The tuned server rule is Triton's
+own time), each Autopilot solve ``--sim-solve-seconds`` of simulated time; beside the four settings, the
+Autopilot without its closed loop (``control=False``).  The tuned server rule is Triton's
 batcher there: serve 32 at once, else everything waiting once the oldest has waited the tuned delay, padded up to
 the next profiled size (``short_batch="pad-up"``).  No server,
 no CPU contention: what the ranking of the settings owes to the model and the traffic alone.
@@ -66,6 +67,7 @@ MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or l
 SETTINGS = ["autopilot", "tuned server", "λ-bank", "static table"]  # --only picks
 KIND = {"autopilot": "autopilot", "tuned server": "none", "λ-bank": "bank", "static table": "static"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
+SIM_SETTINGS = ["autopilot", "autopilot, open loop", "tuned server", "λ-bank", "static table"]  # --simulated
 
 
 def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -263,43 +265,43 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
     plans = [slo_plan(p.replace(lam=lam * f), target, [lam * f]) for f in (0.2, 0.35, 0.6, 1.0, 1.7, 3.0)]
     bank = AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
     out: dict = {"_tuned": knobs["spec"]}
-    for name in SETTINGS:
+    for name in SIM_SETTINGS:
         rows, events = [], []
         for seed in seeds:
             clock = SimClock()
             pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=OVERHEAD["ms"], solve_in="clock", clock=clock,
-                              solve_seconds=solve_s, energy_meter=None)
-            policy = {"autopilot": pilot, "tuned server": triton, "λ-bank": bank, "static table": pilot.table}[name]
+                              solve_seconds=solve_s, energy_meter=None, control=name != "autopilot, open loop")
+            policy = {"tuned server": triton, "λ-bank": bank, "static table": pilot.table}.get(name, pilot)
             run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms,
                            short_batch="pad-up" if name == "tuned server" else "auto")  # a plan's own form
             rows.append(run.summary(SLO))
-            events.append([e["event"] for e in run.events] if name == "autopilot" else [])
+            events.append([e["event"] for e in run.events] if name.startswith("autopilot") else [])
         out[name] = {"rows": rows, "events": events}
         print(f"simulated {name}: done", flush=True)
     return out
 
 
 def sim_table(res: dict, outside_ms: float, solve_s: float) -> str:
-    n = len(res["autopilot"]["rows"])
+    n = len(res[SIM_SETTINGS[0]]["rows"])
     lines = [f"\nsimulated ({n} seeds; tuned server = Triton's batcher, {res['_tuned']}; outside {outside_ms:g} ms per "
              f"response; a solve {solve_s:g} s; p99 SLO {SLO:g} ms)\n",
              "| phase | setting | p99 ms (mean over seeds) [range] | > SLO (mean) | mean batch | mJ/request |",
              "|---|---|---:|---:|---:|---:|"]
     for k, ph in enumerate(PHASES):
-        for name in SETTINGS:
+        for name in SIM_SETTINGS:
             rs = [r[k] for r in res[name]["rows"]]
             p99 = np.array([r["p99_ms"] for r in rs])
             lines.append(f"| {ph} | {name} | {p99.mean():.1f} [{p99.min():.1f}, {p99.max():.1f}] | "
                          f"{100 * np.mean([r['over_slo'] for r in rs]):.1f} % | "
                          f"{np.mean([r['mean_batch'] for r in rs]):.2f} | {np.mean([r['mj_per_request'] for r in rs]):.1f} |")
-    for name in SETTINGS:
+    for name in SIM_SETTINGS:
         total = [sum(r["mj_per_request"] * r["requests"] for r in run) / sum(r["requests"] for r in run)
                  for run in res[name]["rows"]]
         over = [sum(r["over_slo"] * r["requests"] for r in run) / sum(r["requests"] for r in run)
                 for run in res[name]["rows"]]
         ev = res[name]["events"]
         extra = "".join(f", {k} {sum(e.count(k) for e in ev) / n:g}" for k in ("swap", "rollback", "kept", "blocked")
-                        ) if name == "autopilot" else ""
+                        ) if name.startswith("autopilot") else ""
         lines.append(f"\n* {name}: whole trace {np.mean(total):.1f} mJ/request, {100 * np.mean(over):.2f} % over the "
                      f"SLO (mean of seeds){extra} per run")
     return "\n".join(lines)
@@ -327,6 +329,7 @@ def main() -> int:
     if a.only:
         keep = [x.strip() for x in a.only.split(",")]
         SETTINGS[:] = [x for x in SETTINGS if x in keep]
+        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
     if a.simulated:
         t0 = time.perf_counter()
         res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
