@@ -47,6 +47,28 @@ def test_the_integral_law_tightens_at_once_holds_within_the_noise_and_relaxes_ba
     assert c.scale == pytest.approx(0.05)  # at most 20× tighter
 
 
+def _window(k: int) -> np.ndarray:
+    return np.r_[np.full(100 - k, 1.0), np.full(k, 50.0)]
+
+
+def test_tightening_that_makes_it_worse_twice_in_a_row_goes_back_to_the_plans_timer_and_rests():
+    """The sign of the effect: 5 over, then 8, 12, 15 while the timer tightens (smaller batches costing the host
+    more); the third and fourth are beyond the first's noise (5 + 2√5 + 1 ≈ 10.5): back to m = 1, and 30 windows
+    of rest in which breaches do not tighten."""
+    c = TimerControl()
+    for k in (5, 8, 12):
+        assert c.add(_window(k), 10.0)
+    assert c.u < 0 and c.inversions == 0  # one window worse: the lag of requests queued before, perhaps
+    assert c.add(_window(15), 10.0) and c.u == 0.0 and c.inversions == 1
+    for _ in range(29):
+        assert not c.add(_window(20), 10.0)  # resting: hold
+    assert c.u == 0.0 and c.add(_window(20), 10.0) and c.u < 0  # rested: tightens again
+    d = TimerControl()
+    for k in (5, 8, 12, 6, 14):  # worse, better, worse: never twice in a row
+        d.add(_window(k), 10.0)
+    assert d.inversions == 0 and d.u < -1.0
+
+
 def test_the_timer_in_force_and_the_table_the_batcher_reads():
     p = BatchingProblem.basic(rho=0.2)
     pl = plan(p)

@@ -76,6 +76,23 @@ def test_a_forced_batch_pads_up_where_the_table_was_planned_so():
     assert set(served.batch_size) <= set(p.batch_sizes)
 
 
+def test_a_per_batch_time_holds_the_instance_after_each_batch_unseen_by_the_hooks():
+    p = BatchingProblem.basic(rho=0.3, service=Deterministic())
+    seen = []
+
+    class Seen(PolicyTable):
+        def observe_batch(self, b, seconds, ok=True):
+            seen.append(seconds * 1e3)
+
+    t = Seen(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": 10.0})
+    run = simulate(t, p, [Phase(5.0, p.lam)], seed=8, per_batch_ms=4.0)
+    gaps = run.batch_start_ms[1:] - (run.batch_start_ms[:-1] + run.batch_ms[:-1])
+    assert gaps.min() >= 4.0 - 1e-9 and np.any(gaps < 4.0 + 1e-6)  # back to back under load: exactly 4 ms apart
+    np.testing.assert_allclose(seen, run.batch_ms)  # the hooks see the batch, not the 4 ms
+    with pytest.raises(ValueError, match="per_batch_ms"):
+        simulate(t, p, [Phase(1.0, p.lam)], per_batch_ms=-1.0)
+
+
 def test_phases_give_poisson_counts_and_a_ramp_its_shape():
     ph = [Phase(100.0, 0.2), Phase(100.0, 0.6, 0.0)]
     t, k = arrivals(ph, seed=3)

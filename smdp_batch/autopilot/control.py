@@ -18,6 +18,16 @@ a window; the slack is taken back slowly.  Relaxing stops at the plan's timer: b
 with near-deterministic batches rises as a cliff (every request that waits for the timer crosses at once), which
 an integral law only finds by crossing it.  With m < 1 a plan with no timer gets one: m × its planned p99.
 
+**The sign of the effect.**  A tighter timer means smaller batches, and where each batch costs the server time the
+model does not see (a dispatch, a Python backend's per-batch work on a host short of CPU) smaller batches raise
+the delay instead of cutting it; an integral law would then tighten without end, down to batches of one and a
+queue that grows.  So each run of tightening windows is watched: when the third and the fourth in a row are both
+over the limit more than the first was (beyond the first's binomial noise, k > k₁ + 2√k₁ + 1: one window can be
+worse by the lag of the requests that queued before the tightening, two in a row rarely), the timer goes back to
+the plan's (m = 1, the larger batches) and tightening rests for ``cooldown`` windows (30); ``inversions`` counts
+them.  (A single instance that serves everything waiting cannot show it: a backlog makes its batches large again
+whatever the timer; it takes a server whose own work slows with its batch count, as on a host short of CPU.)
+
 The timer is what moves the tail of a table + timer plan at once: the oldest request waits at most the timer,
 so its response is at most the timer plus a batch.  A swap halves u: the new plan was solved with the latest
 estimates, which model part of what the loop corrected (a slowdown it held until the re-solve), and the rest (the
@@ -40,14 +50,18 @@ class TimerControl:
     """An integral controller of the share of responses over a limit, acting on a multiplier of the live timer."""
 
     def __init__(self, target_share: float = 0.01, window: int = 100, gain: float = 0.05, step: float = 0.45,
-                 lo: float = 0.05, hi: float = 1.0):
-        if not (0 < target_share < 1 and window >= 10 and gain > 0 and step > 0 and 0 < lo <= 1 <= hi):
-            raise ValueError("need 0 < target_share < 1, window ≥ 10, gain > 0, step > 0 and 0 < lo ≤ 1 ≤ hi")
+                 lo: float = 0.05, hi: float = 1.0, cooldown: int = 30):
+        if not (0 < target_share < 1 and window >= 10 and gain > 0 and step > 0 and 0 < lo <= 1 <= hi
+                and cooldown >= 0):
+            raise ValueError("need 0 < target_share < 1, window ≥ 10, gain > 0, step > 0, 0 < lo ≤ 1 ≤ hi and "
+                             "cooldown ≥ 0")
         self.target_share, self.window, self.gain, self.step = float(target_share), int(window), float(gain), float(step)
-        self.u_lo, self.u_hi = math.log(lo), math.log(hi)
+        self.u_lo, self.u_hi, self.cooldown = math.log(lo), math.log(hi), int(cooldown)
         self.u = 0.0
-        self.windows = 0  # windows judged
+        self.windows = self.inversions = 0  # windows judged; runs of tightening that made it worse (module doc)
         self._n = self._over = 0
+        self._run, self._first, self._worse, self._rest = 0, 0, 0, 0  # tightening windows in a row; the first's count;
+        # those since worse than it; windows of rest left
         self._shown: tuple = (None, 0.0, None)  # (plan, u, the retimed table): built once per plan and step
 
     @property
@@ -64,18 +78,31 @@ class TimerControl:
         n, over = self._n, self._over
         self._n = self._over = 0
         self.windows += 1
-        if over == 0:
-            d = 0.25 * self.gain
-        elif over > self.target_share * n + 1.0:
+        self._rest = max(self._rest - 1, 0)
+        if over > self.target_share * n + 1.0 and self._rest == 0:  # tighten, watching the sign (module doc)
+            self._run += 1
+            if self._run == 1:
+                self._first, self._worse = over, 0
+            elif self._run >= 3:
+                worse = over > self._first + 2.0 * math.sqrt(self._first) + 1.0
+                self._worse = self._worse + 1 if worse else 0
+                if self._worse >= 2:
+                    self.inversions += 1
+                    self._run, self._rest = 0, self.cooldown
+                    moved, self.u = self.u != 0.0, 0.0
+                    return moved
             d = -min(self.gain * (over / n - self.target_share) / self.target_share, self.step)
-        else:  # within the window's binomial noise: hold
+        elif over == 0:
+            self._run, d = 0, 0.25 * self.gain
+        else:  # within the window's binomial noise (or resting): hold
+            self._run = 0
             return False
         u = min(max(self.u + d, self.u_lo), self.u_hi)
         moved, self.u = u != self.u, u
         return moved
 
     def reset(self) -> None:
-        self.u, self._n, self._over = 0.0, 0, 0
+        self.u, self._n, self._over, self._run, self._rest = 0.0, 0, 0, 0, 0
 
     def timer_ms(self, plan) -> float | None:
         """The timer in force for ``plan`` (a :class:`~smdp_batch.autopilot.plan.Plan`): m × its timer; with none,

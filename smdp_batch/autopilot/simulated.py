@@ -14,7 +14,9 @@
   ``meta["short_batch"]`` (an SLO plan records the form it was planned with); after the last arrival what is left
   is drained the same way;
 * a batch of b takes a time drawn from the problem's service law with mean l(b), times the phase's ``slowdown``,
-  and ζ(b) × ``slowdown`` of energy (mJ: a slowed model runs as long and as hard);
+  and ζ(b) × ``slowdown`` of energy (mJ: a slowed model runs as long and as hard); ``per_batch_ms`` more holds the
+  instance after each batch, unseen by the hooks (a server's own dispatch between batches: where it is large,
+  smaller batches raise the delay);
 * each response takes ``outside_ms`` more after its batch ends (the server's front end and the client: a constant,
   or a draw per response), which the end-to-end times recorded include and the policy's hooks do not see: they get
   each request's time from its arrival to its batch's end, as the batcher's hooks report it (an Autopilot budgets
@@ -177,7 +179,7 @@ class _Events(logging.Handler):
 
 def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
              outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] = 0.0,
-             max_wait_ms: float | str | None = "auto", short_batch: str = "auto") -> SimRun:
+             max_wait_ms: float | str | None = "auto", short_batch: str = "auto", per_batch_ms: float = 0.0) -> SimRun:
     """Serve ``phases`` of Poisson traffic with ``policy`` on one simulated instance of ``problem``'s server (its
     service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
@@ -198,6 +200,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     fixed = None if max_wait_ms == "auto" else math.inf if max_wait_ms is None else float(max_wait_ms)
     if fixed is not None and not fixed >= 0:
         raise ValueError(f"max_wait_ms must be 'auto', None or a number of ms ≥ 0, got {max_wait_ms!r}")
+    if not (isinstance(per_batch_ms, (int, float)) and math.isfinite(per_batch_ms) and per_batch_ms >= 0):
+        raise ValueError(f"per_batch_ms must be a finite number of ms ≥ 0, got {per_batch_ms!r}")
     if not callable(outside_ms) and not (math.isfinite(float(outside_ms)) and float(outside_ms) >= 0):
         raise ValueError(f"outside_ms must be a finite number of ms ≥ 0 or a function (rng, n) → ms, got {outside_ms!r}")
     phases = tuple(phases)
@@ -238,6 +242,16 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     b_start, b_ms, b_size, b_mj, b_ph = [], [], [], [], []
     q: deque[int] = deque()
     i, t, n_forced = 0, 0.0, 0
+
+    def arrive(until: float) -> None:  # the arrivals before ``until`` (ms) join the queue, each at its own time
+        nonlocal i
+        while i < N and arr[i] < until:
+            clock.t = float(arr[i]) / 1e3
+            q.append(i)
+            if on_arrival is not None:
+                on_arrival(float(arr[i]))
+            i += 1
+
     events = _Events(clock)
     logger = logging.getLogger("smdp_batch")
     level = logger.level
@@ -248,11 +262,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
         while i < N or q:
             if not q:
                 t = max(t, float(arr[i]))
-                clock.t = t / 1e3
-                q.append(i)
-                if on_arrival is not None:
-                    on_arrival(float(arr[i]))
-                i += 1
+                arrive(math.nextafter(t, math.inf))
                 continue
             n = len(q)
             clock.t = t / 1e3
@@ -266,11 +276,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                 if deadline - t > _EARLY_MS and min(nxt, deadline) < math.inf:
                     if nxt <= deadline:  # an arrival first: decide again with it
                         t = nxt
-                        clock.t = t / 1e3
-                        q.append(i)
-                        if on_arrival is not None:
-                            on_arrival(nxt)
-                        i += 1
+                        arrive(math.nextafter(t, math.inf))
                     else:  # the bound fires: decide again (a swap may have come), then serve
                         t = deadline
                         poll = getattr(policy, "poll", None)
@@ -287,12 +293,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                 z_of[run_as] = float(problem.energy(np.float64(run_as)))
             dur = float(law.sample(rng_s, l_of[run_as], 1, run_as)[0]) * slow[k]
             end = t + dur
-            while i < N and arr[i] < end:  # arrivals during the batch, at their times
-                clock.t = float(arr[i]) / 1e3
-                q.append(i)
-                if on_arrival is not None:
-                    on_arrival(float(arr[i]))
-                i += 1
+            arrive(end)  # the arrivals during the batch
             t = end
             clock.t = t / 1e3
             extra = outside_ms(rng_o, b) if callable(outside_ms) else np.full(b, float(outside_ms))
@@ -307,6 +308,9 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             b_size.append(b)
             b_mj.append(z_of[run_as] * slow[k])
             b_ph.append(k)
+            if per_batch_ms > 0:  # the instance stays busy, unseen: arrivals meanwhile wait for it
+                arrive(t + per_batch_ms)
+                t += per_batch_ms
     finally:
         logger.removeHandler(events)
         logger.setLevel(level)
