@@ -5,7 +5,9 @@
 Open-loop Poisson traffic at λ = 0.1 requests/ms (100/s) for 5 s, then 3× that for 10 s.  The Autopilot
 starts from the SLO optimiser's table for λ, finds the step, re-solves in a lower-priority child process and swaps; the
 script prints each swap (one JSON line on the ``smdp_batch`` logger) and then the metrics and the observed
-p99 per phase.
+p99 per phase.  The p99 printed is the client's (submit → result), which includes the hop to the model's thread and
+back that the batcher's hooks do not see: ``OVERHEAD_MS`` budgets it (planned with 0 ms, the first phase's client
+p99 was 52.3 ms against the 50 ms SLO).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from examples.autopilot_common import make, problem  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher  # noqa: E402
 
-LAM, SLO = 0.1, 50.0
+LAM, SLO, OVERHEAD_MS = 0.1, 50.0, 5.0
 
 
 async def phase(batcher, lam_per_ms: float, seconds: float, rng) -> list[float]:
@@ -48,7 +50,7 @@ async def phase(batcher, lam_per_ms: float, seconds: float, rng) -> list[float]:
 
 
 async def main() -> None:
-    infer, pilot = make("autopilot", LAM, SLO)
+    infer, pilot = make("autopilot", LAM, SLO, overhead_ms=OVERHEAD_MS)
     rng = np.random.default_rng(0)
     print(f"start: {pilot.table} at λ {LAM}/ms, planned p99 {pilot.plan.p99_ms:.1f} ms, P̄ {pilot.plan.power_w:.2f} W")
 

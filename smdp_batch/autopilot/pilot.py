@@ -51,7 +51,8 @@ passing; a step forward may time out a solve.  With ``solve_in="clock"`` a solve
 the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba, scipy)
-when it first runs.  This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the plans
+when it first runs, in the solve process (the first plan too: a full garbage collection over numba's objects in the
+serving process stalled every request in flight 50-70 ms).  This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the plans
 and the rollback watch share one state under one lock, and a batch is decided by one read of the live plan.  What can
 stand alone stands beside it: the responses seen (:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy
 meter, the plan and its solver, the solve process, the metrics snapshot (:mod:`~smdp_batch.autopilot.report`).
@@ -209,25 +210,29 @@ class Autopilot:
                        best_effort=0, kept=0)
         self._hook_errors, self._proc = 0, None  # hook calls whose body raised (counted, logged); the solve process
         self._last_solve_s, self._event = math.nan, "start"
-        solved = self.solver(problem, self._target(), [float(problem.lam)]) if table is None else None
+        self.solve_in, fallback = solve_in or ("process" if solver is None else "thread"), None
+        args = (problem, self._target(), [float(problem.lam)])
+        if self.solve_in == "process":  # with a table given, a warm-up solve loads the default solver's kernels now
+            from .solve_process import SolveProcessError, open_process
+            try:
+                self._proc = open_process(self.solver, nice, args if self.solver is slo_plan and table is not None else None)
+            except SolveProcessError as exc:
+                self.solve_in, fallback = "thread", str(exc)[:200]
+        solved = self._initial(args) if table is None else None
         if table is None and (solved is None or not self._usable(solved, self._target())):
             raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
         plan = Plan.given(table, problem.lam) if solved is None else replace(solved, target_ms=self._target())
         self._live: Plan = replace(plan, id=next(_IDS))
         self._good, self._previous = self._live, None
-        self.solve_in = solve_in or ("process" if solver is None else "thread")
-        if self.solve_in == "process":
-            self._start_process(nice)
+        if fallback is not None:
+            self._count(None, "solve-in-thread", logging.WARNING, error=fallback)
 
-    def _start_process(self, nice: int) -> None:
-        from .solve_process import SolveProcessError, open_process
-
-        warm = (self.problem, self._target(), [float(self.problem.lam)]) if self.solver is slo_plan else None
-        try:  # the default solver's kernels load now, not when a change needs them
-            self._proc = open_process(self.solver, nice, warm)
-        except SolveProcessError as exc:
-            self.solve_in = "thread"
-            self._count(None, "solve-in-thread", logging.WARNING, error=str(exc)[:200])
+    def _initial(self, args: tuple) -> Any:  # in the solve process where there is one (module doc: imports)
+        from .solve_process import SolveProcessError
+        try:
+            return self._proc.call(self.solver, *args) if self._proc is not None else self.solver(*args)
+        except SolveProcessError:
+            return self.solver(*args)
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
@@ -246,8 +251,7 @@ class Autopilot:
 
     @property
     def table(self) -> PolicyTable:
-        """The live table (its ``meta["max_wait_ms"]``, the timer in force, is the batcher's bound under
-        ``max_wait_ms="auto"``)."""
+        """The live table; its ``meta["max_wait_ms"]`` (the timer in force) bounds the batcher's wait under "auto"."""
         return self._live.table if self.control is None else self.control.table(self._live)
 
     @property
