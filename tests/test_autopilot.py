@@ -253,6 +253,26 @@ def test_a_swap_that_breaks_the_slo_in_service_is_rolled_back():
     assert m.rollbacks == 1 and ap.plan is before and m.live_table == before.id and m.last_event == "rollback"
 
 
+@pytest.mark.parametrize("old_here, rolled_back", [(math.nan, True), (70.0, False), (30.0, True)])
+def test_the_rollback_judges_the_replaced_plan_at_the_new_load(old_here, rolled_back):
+    """Counterfactual: the old plan's last window read 20 ms (at the old load), the new plan's reads 50 ms, over
+    the 44 ms limit.  Simulated at the new load the old plan would read ``old_here`` (plus the excess it showed
+    over its planned 30 ms: none): at 70 ms the new plan is the better one and stays; at 30 ms, or unknown (then
+    the old window's 20 ms is all there is), it goes."""
+    def solver(problem, slo_ms, lams):
+        plan = FakeSolver()(problem, slo_ms, lams)
+        return replace(plan, incumbent_p99_ms=old_here)
+
+    ap, p = make(solver, window=200, grace=50)
+    before = ap.plan
+    ap.observe_response(np.full(250, 20.0))  # the grace, then the old plan's window at the old load
+    _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    ap.observe_response(np.full(50, 10.0))  # the grace
+    ap.observe_response(np.full(200, 50.0))
+    assert (ap.metrics.rollbacks == 1 and ap.plan is before) == rolled_back
+
+
 def test_a_plan_rolled_back_is_not_swapped_in_again_at_that_load():
     """The solver insists on the plan that broke the SLO live: it stays rolled back (``blocked``, counted with the
     kept plans) while solves plan it within 25 % of the load it failed at, and may return at another load."""

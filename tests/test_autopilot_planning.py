@@ -316,6 +316,8 @@ def test_the_default_solver_keeps_a_live_plan_that_still_holds_and_replaces_one_
     light = p.replace(lam=0.1 * p.lam)  # waiting for 32 requests without a timer breaks the SLO at a tenth
     new = slo_plan(light, SLO, [light.lam], requests=5_000, incumbent=waits)
     assert new is not None and not _same(new, waits) and new.p99_ms <= SLO
+    # the replaced plan, simulated at the new load, goes with it for the rollback watch: it breaks the SLO there
+    assert new.incumbent_p99_ms > SLO and math.isnan(alone.incumbent_p99_ms)
 
 
 def test_rollback_needs_the_new_plan_to_do_worse_than_the_one_it_replaced():

@@ -26,10 +26,10 @@ kept, not swapped; the default solver also simulates the live plan on the same a
 one saves 2 % of its power); the swap is one reference assignment, and ``decide(n)`` reads that reference once, so
 every batch is decided wholly by one table.
 
-Rollback: after a swap, the response times of the next requests (after ``grace`` of them, which may have waited under
-the old table) are watched in windows of ``window``; a window whose p99 exceeds SLO − ``overhead_ms`` by more than
-``tolerance``, and the latest window of the plan it replaced by as much (when there was one), puts the previous plan
-back.  After ``watch`` clean windows the new plan is the last good.
+Rollback: after a swap, the response times of the next requests (after ``grace`` of them) are watched in windows of
+``window``; a window whose p99 exceeds SLO − ``overhead_ms``, and the plan it replaced, each by more than ``tolerance``,
+puts that plan back, judged at this load: simulated here (the default solver gives it) plus the excess its last
+window showed over its plan; else its last window.  ``watch`` clean windows later the new plan is the last good.
 
 When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the solver's best
 effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers the greedy table when
@@ -363,8 +363,10 @@ class Autopilot:
         if not self._watching:
             self._good_p99 = p99  # the last good plan's latest window
         else:
-            limit = (self.slo_ms - self.overhead_ms) * (1.0 + self.tolerance)
-            worse = not p99 <= self._good_p99 * (1.0 + self.tolerance)  # than the plan it replaced (NaN: unknown)
+            limit, old = (self.slo_ms - self.overhead_ms) * (1.0 + self.tolerance), self._good_p99  # NaN: unknown
+            if math.isfinite(live.incumbent_p99_ms):  # the replaced plan at this load: simulated, + the excess it showed
+                old = live.incumbent_p99_ms + max(float(np.nan_to_num(self._good_p99 - self._good.p99_ms)), 0.0)
+            worse = not p99 <= old * (1.0 + self.tolerance)  # than the plan it replaced
             if p99 > limit and worse and self._previous is not None:
                 self._live, self._good, self._previous = self._previous, self._previous, None
                 self._seen, self._windows, self._watching = 0, 0, False
@@ -530,8 +532,7 @@ class Autopilot:
                 if self._proc is None or not isinstance(out, BaseException):
                     self._count("late_results", "solve-late", seconds=seconds)
                 return
-            self._job, self._solve_end = None, now
-            self._last_solve_s = seconds
+            self._job, self._solve_end, self._last_solve_s = None, now, seconds
             if (seconds if self.solve_in == "clock" else now - job.start) > self.budget_s:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
@@ -570,8 +571,7 @@ class Autopilot:
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the solve in flight (tests, shutdown); True when none is left running."""
-        job = self._job
-        if job is not None and job.thread is not None:
+        if (job := self._job) is not None and job.thread is not None:
             job.thread.join(timeout)
         return self._job is None
 

@@ -35,6 +35,7 @@ class Plan:
     spec: str = ""
     id: int = 0
     target_ms: float = math.nan  # the p99 it was solved for: the SLO less the overhead budget and the excess
+    incumbent_p99_ms: float = math.nan  # the plan it is to replace, simulated at ``lam`` on the same arrivals
 
     def fault(self, planned: bool = True) -> str | None:
         """What is out of range, or None: λ within the rate limits, the timer None or ≥ 0, the planned times and
@@ -75,7 +76,8 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
 
     ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
     ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
-    swap that saves nothing only costs a rollback watch."""
+    swap that saves nothing only costs a rollback watch.  Otherwise its simulated p99 at ``lams[0]`` goes with
+    the new plan (``incumbent_p99_ms``): the rollback watch compares the new plan's responses with it."""
     from ..analysis.slo import optimise
     from ..baselines.servers import table_timer
     from ..limits import SLO_MAX_MS
@@ -107,7 +109,9 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
     meta = {"inputs": {"lam": float(lams[0])}, "max_wait_ms": timer, "setting": s.spec,
             "short_batch": "pad-up" if s.knobs.get("forced") == "pad" else "serve"}
     table = PolicyTable(np.asarray(s.policy, dtype=np.int64), sizes, meta)
-    return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec)
+    old = min(cur.loads, key=lambda x: abs(x.lam - lams[0])).metrics["p99"] if cur is not None and cur.loads else math.nan
+    return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec,
+                incumbent_p99_ms=float(old))
 
 
 def _best_effort(problem: Any, current: Any, requests: int, seed: int) -> Plan | None:
