@@ -273,6 +273,22 @@ def test_the_rollback_judges_the_replaced_plan_at_the_new_load(old_here, rolled_
     assert (ap.metrics.rollbacks == 1 and ap.plan is before) == rolled_back
 
 
+@pytest.mark.parametrize("share, rolled_back", [(0.1, True), (0.01, False)])
+def test_the_sequential_test_judges_a_swap_after_100_responses_not_a_window_of_500(share, rolled_back):
+    ap, p = make(FakeSolver(), window=500, grace=50)
+    before = ap.plan
+    _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    ap.observe_response(np.full(50, 10.0))  # the grace
+    k = round(share * 100)
+    for _ in range(4):  # 400 responses, fewer than a window
+        ap.observe_response(np.r_[np.full(100 - k, 10.0), np.full(k, 80.0)])
+        if ap.metrics.rollbacks:
+            break
+    assert (ap.metrics.rollbacks == 1 and ap.plan is before) == rolled_back
+    assert ap._windows == 0  # no full window was needed
+
+
 def test_a_plan_rolled_back_is_not_swapped_in_again_at_that_load():
     """The solver insists on the plan that broke the SLO live: it stays rolled back (``blocked``, counted with the
     kept plans) while solves plan it within 25 % of the load it failed at, and may return at another load."""

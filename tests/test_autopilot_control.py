@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from smdp_batch.autopilot import Autopilot, Plan
-from smdp_batch.autopilot.control import TimerControl
+from smdp_batch.autopilot.control import BreachTest, TimerControl
 from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
 from smdp_batch.model.laws import Deterministic
 from smdp_batch.model.problem import BatchingProblem
@@ -67,6 +67,18 @@ def test_tightening_that_makes_it_worse_twice_in_a_row_goes_back_to_the_plans_ti
     for k in (5, 8, 12, 6, 14):  # worse, better, worse: never twice in a row
         d.add(_window(k), 10.0)
     assert d.inversions == 0 and d.u < -1.0
+
+
+def test_the_sequential_breach_test_fires_on_a_5x_share_within_100_responses_and_not_on_the_target():
+    t = BreachTest()
+    ten = np.tile(np.r_[np.full(9, 1.0), 50.0], 10)  # 10 % over, spread evenly
+    assert not t.add(ten[:60], 10.0) and t.s >= t.h  # the evidence is there, but fewer than 100 responses
+    assert t.add(ten[60:], 10.0) and t.n == 100
+    t.reset()
+    one = np.tile(np.r_[np.full(99, 1.0), 50.0], 50)  # 1 % over: 5 000 responses, never
+    assert not any(t.add(one[i:i + 100], 10.0) for i in range(0, one.size, 100))
+    with pytest.raises(ValueError, match="p0 < p1"):
+        BreachTest(p0=0.05, p1=0.01)
 
 
 def test_the_timer_in_force_and_the_table_the_batcher_reads():

@@ -33,6 +33,14 @@ so its response is at most the timer plus a batch.  A swap halves u: the new pla
 estimates, which model part of what the loop corrected (a slowdown it held until the re-solve), and the rest (the
 server's own time, which no plan models) is found again within a few windows.
 
+**The rollback's sequential test** (:class:`BreachTest`).  After a swap the rollback watch judged the new plan
+on full windows of 500 responses after a grace of 100 (12-20 s at 30-50 requests/s: longer than a phase).  A
+Bernoulli CUSUM on the same indicator, response over the limit, tests a share p₀ = 1 % against p₁ = 5 %:
+S ← max(0, S + ln(p₁/p₀)) for a breach, S ← max(0, S + ln((1 − p₁)/(1 − p₀))) for one within (each breach adds
+1.61, each clean response takes 0.041 away), and calls a judgement when S ≥ h = ln 1000 after at least 100
+responses: a plan with 10 % over is judged after about 100 responses, one at 1 % goes on to its windows (from
+h, a run of that length under p₀ is about 1/1000 as likely as under p₁).
+
 numpy only; not thread-safe by itself (the Autopilot holds its lock around every call).
 """
 
@@ -43,7 +51,7 @@ import math
 
 import numpy as np
 
-__all__ = ["TimerControl"]
+__all__ = ["BreachTest", "TimerControl"]
 
 
 class TimerControl:
@@ -124,3 +132,24 @@ class TimerControl:
         table.meta = {**plan.table.meta, "max_wait_ms": self.timer_ms(plan)}
         self._shown = (plan, self.u, table)
         return table
+
+
+class BreachTest:
+    """A Bernoulli CUSUM of responses over a limit, a share ``p0`` against ``p1`` (module doc): :meth:`add` says
+    when the evidence for ``p1`` reaches ``h`` after at least ``least`` responses; :meth:`reset` starts over."""
+
+    def __init__(self, p0: float = 0.01, p1: float = 0.05, h: float = math.log(1000.0), least: int = 100):
+        if not (0 < p0 < p1 < 1 and h > 0 and least >= 1):
+            raise ValueError("need 0 < p0 < p1 < 1, h > 0 and least ≥ 1")
+        self.up, self.down = math.log(p1 / p0), math.log((1.0 - p1) / (1.0 - p0))
+        self.h, self.least = float(h), int(least)
+        self.s, self.n = 0.0, 0  # the statistic; responses since the reset
+
+    def add(self, ms: np.ndarray, limit_ms: float) -> bool:
+        for over in np.asarray(ms) > limit_ms:
+            self.s = max(0.0, self.s + (self.up if over else self.down))
+        self.n += int(np.size(ms))
+        return self.s >= self.h and self.n >= self.least
+
+    def reset(self) -> None:
+        self.s, self.n = 0.0, 0

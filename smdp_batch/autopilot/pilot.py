@@ -75,7 +75,7 @@ import numpy as np
 from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
-from .control import TimerControl
+from .control import BreachTest, TimerControl
 from .plan import Plan, _same, slo_plan
 from .report import AutopilotMetrics
 from .responses import Responses
@@ -180,7 +180,7 @@ class Autopilot:
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
-        self.control = TimerControl() if control is True else control or None
+        self.control, self._breach = TimerControl() if control is True else control or None, BreachTest()
         self.sizes = tuple(problem.batch_sizes)
         self.rate = rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
@@ -276,9 +276,8 @@ class Autopilot:
                     self._fails, self._kept, self._not_before = 0, 0, self._last_start + self.min_interval_s
             self._trigger("rate")
         else:
-            self._arrivals += 1
-            if self._arrivals >= _RATE_CHECK_EVERY:
-                self._arrivals = 0
+            self._arrivals = (self._arrivals + 1) % _RATE_CHECK_EVERY
+            if self._arrivals == 0:
                 self._check_rate()
         self.poll()
 
@@ -319,8 +318,7 @@ class Autopilot:
         return busy or bool(np.max(np.abs(cur - self.service.reference)) >= self.service_tol_ms)
 
     def _energy_moved(self) -> bool:
-        """Whether the meter's ζ̂(b) left the curve of the last solve by more than ``energy_tol`` (relative) at
-        a size that has run."""
+        """Whether the meter's ζ̂(b) left the last solve's curve by more than ``energy_tol`` at a size that ran."""
         zeta = self.meter.energy_mj(self.service.latency_ms())
         if zeta is None:
             return False
@@ -350,6 +348,9 @@ class Autopilot:
                 self.control.add(vals, self.slo_ms - self.overhead_ms)
             self._seen += k
             self._unlearned += k
+            if self._watching and self._seen > self.grace and self._breach.add(  # the sequential test: judge now
+                    vals[-(self._seen - self.grace):], self.slo_ms - self.overhead_ms):
+                self._window_done(self._resp.p99(self._breach.n))
             while self._seen >= self.grace + self.window * (self._windows + 1):  # a full window under the live plan
                 self._windows += 1
                 self._window_done(self._resp.p99())
@@ -376,14 +377,13 @@ class Autopilot:
                 self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99, blocked=[lo, hi])
             else:
                 self._watch_ok += 1
+                self._breach.reset()
                 if self._watch_ok >= self.watch:
                     self._good, self._previous, self._watching, self._margin = live, None, False, 0.5 * self._margin
 
     def _learn(self) -> bool:
-        """The excess: the p99 of the latest ``window`` responses less the mean p99 planned for them (each
-        response records the live plan's), while λ̂ is within 25 % of the live plan's λ; smoothed (half of each
-        new reading), at most half the SLO.  When it moves by max(2 ms, 5 % of the SLO) from the live plan's,
-        re-plan: a p99 of a few hundred responses is noisy, and every re-plan costs a solve.  False: too few yet."""
+        """The excess (module doc), while λ̂ is within 25 % of the live plan's λ, smoothed by halves; a move of max(2 ms,
+        5 % of the SLO) from the live plan's re-plans (a p99 of a few hundred responses is noisy).  False: too few."""
         lam, live = self.rate.rate, self._live
         e = self._resp.excess(min(self.window, _LEARN_MIN))
         if e is None:
@@ -515,8 +515,7 @@ class Autopilot:
             self._finish(job, out, time.perf_counter() - t0)
 
     def _valid(self, plan: Any) -> bool:
-        """A plan of known batch sizes with planned metrics in range: λ within the rate limits, times and power
-        finite and ≥ 0, a timer None or ≥ 0."""
+        """A plan of known batch sizes with planned metrics in range (:meth:`Plan.fault`)."""
         if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
             return False
         return set(plan.table.batch_sizes) <= set(self.sizes) and plan.fault(planned=True) is None
@@ -564,6 +563,7 @@ class Autopilot:
     def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
+        self._breach.reset()
         if self.control is not None:  # the new plan models part of what the loop corrected (control's module doc)
             self.control.u *= 0.5
         self._count(key, event, reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,

@@ -38,9 +38,12 @@ class Responses:
             self._planned[:n - head] = planned_p99_ms
         self._i = (i + n) % w
 
-    def p99(self) -> float:
-        """The p99 of the ring (ms), read when a full window of responses has been recorded."""
-        return float(np.percentile(self._ms, 99))
+    def p99(self, last: int | None = None) -> float:
+        """The p99 of the ring (ms), read when a full window of responses has been recorded; of its ``last``
+        responses (at most ``window``) when given."""
+        if last is None or last >= self.window:
+            return float(np.percentile(self._ms, 99))
+        return float(np.percentile(self._ms[(self._i - np.arange(1, max(last, 1) + 1)) % self.window], 99))
 
     def percentiles(self, qs: tuple[float, ...]) -> tuple[float, ...]:
         """The percentiles ``qs`` of the responses recorded so far (ms); NaN each while there are none."""
