@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,9 +163,11 @@ def test_a_plan_that_breaks_the_slo_in_service_is_rolled_back_and_blocked_at_tha
     assert np.percentile(run.response_ms[end], 99) < SLO  # the plan put back holds it
 
 
-def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser():
-    """60 s of stationary traffic at ρ = 0.3: the drift test raises no false alarm (three seeds)."""
-    p = BatchingProblem.basic(rho=0.3)
+@pytest.mark.parametrize("service", ["det", "gamma:11", "lognormal:0.3"])
+def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser(service):
+    """60 s of stationary traffic at ρ = 0.3, batch times deterministic or with a coefficient of variation of 0.3
+    (gamma of shape 11, lognormal σ 0.3): the drift test raises no false alarm (three seeds each)."""
+    p = BatchingProblem.basic(rho=0.3, service=service)
     solver = functools.partial(slo_plan, requests=5000)
     for seed in range(3):
         clock = SimClock()
@@ -172,6 +175,29 @@ def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser()
         run = simulate(ap, p, [Phase(60.0, p.lam)], seed=seed, clock=clock)
         assert not [e for e in run.events if e.get("reason") == "service"], run.events
         assert np.mean(run.response_ms > SLO) <= 0.01
+
+
+def test_a_slowdown_in_the_middle_of_service_starts_a_solve_within_48_batches():
+    """The whole path (estimator, materiality, schedule) on the simulated clock, on the heavy ONNX profile of the
+    five-phase benchmark (7-24 ms batches, 50 requests/s): 30 s steady, then every batch 1.5× slower, batch times
+    with a coefficient of variation of 0.3; the solve (it finds nothing) starts within 48 batches of the change in
+    each of 10 seeds (over 50 seeds: median 14, at most 28; no event before the change in any)."""
+    csv = f"csv:{Path(__file__).resolve().parents[1] / 'benchmarks' / 'data' / 'onnx_mlp_x4_cpu.csv'}"
+    p = BatchingProblem(0.05, batch_sizes=(1, 2, 4, 8, 16, 32), latency=csv, energy=csv, service="gamma:11")
+    n = np.arange(33)
+    largest = np.array([max(b for b in p.batch_sizes if b <= k) if k >= 4 else 0 for k in n])  # from 4 on
+    start = Plan(PolicyTable(largest, p.batch_sizes, {"inputs": {"lam": p.lam}, "max_wait_ms": 25.0}), p.lam, 25.0,
+                 20.0, 45.0, 15.0)
+    found = []
+    for seed in range(10):
+        clock = SimClock()
+        ap = Autopilot(p, 50.0, start, solver=lambda *a: None, clock=clock, solve_in="clock", solve_seconds=0.0,
+                       energy_meter=None, min_interval_s=0.0)
+        run = simulate(ap, p, [Phase(30.0, p.lam), Phase(10.0, p.lam, slowdown=1.5)], seed=seed, clock=clock)
+        assert not [e for e in run.events if e["t_s"] < 30.0], run.events[:3]  # no false alarm before
+        t = next(e["t_s"] for e in run.events if e.get("reason") == "service")
+        found.append(int(np.count_nonzero((run.batch_start_ms >= 30_000.0) & (run.batch_start_ms < t * 1e3))))
+    assert max(found) <= 48 and np.median(found) <= 20, found
 
 
 def test_bad_inputs_get_one_clear_error():
