@@ -165,8 +165,7 @@ def timings() -> int:
              ("lognormal:1 ρ 0.5", BatchingProblem.basic(rho=0.5, service="lognormal:1"), 60.0),
              ("lognormal:1 ρ 0.5, out of reach", BatchingProblem.basic(rho=0.5, service="lognormal:1"), 40.0)]
     optimise(BatchingProblem.basic(rho=0.5), {"p99": 20.0}, requests=200_000)  # compile once
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"\nsearch: {min(slo.MAX_WORKERS, cpus or 1)} threads (one per CPU); one thread: the same search on one; "
+    print(f"\nsearch: {slo.default_workers()} threads (one per CPU); one thread: the same search on one; "
           "without shortcuts: one thread, no screen, service draws drawn again for every run")
     print("\n| scenario | p99 SLO [ms] | loads | search [s] | simulations | one thread [s] | without shortcuts [s] | "
           "ratio | same answer |")

@@ -108,14 +108,17 @@ MAX_WORKERS = 4
 WAVE = 2
 
 
+def default_workers() -> int:
+    """The threads a search runs on by default: the CPUs this process may use, at most :data:`MAX_WORKERS`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(MAX_WORKERS, cpus)
+
+
 def _in_parallel(thunks: list, workers: int | None) -> list:
-    """Each thunk's result, in order; on up to ``workers`` threads (None or 0: the CPUs this process may use, at
-    most MAX_WORKERS), taken in the order given (the longest first).  The simulator's event loops release
-    the GIL, so the families' simulations run at once; each search is the same whatever runs beside it."""
-    if not workers:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = min(MAX_WORKERS, cpus)
-    workers = max(1, min(int(workers), len(thunks)))
+    """Each thunk's result, in order; on up to ``workers`` threads (None or 0: :func:`default_workers`), taken in
+    the order given (the longest first).  The simulator's event loops release the GIL, so the families'
+    simulations run at once; each search is the same whatever runs beside it."""
+    workers = max(1, min(int(workers or default_workers()), len(thunks)))
     if workers == 1:
         return [f() for f in thunks]
     with ThreadPoolExecutor(workers, thread_name_prefix="slo-search") as pool:

@@ -112,6 +112,11 @@ class TimerControl:
     def reset(self) -> None:
         self.u, self._n, self._over, self._run, self._rest = 0.0, 0, 0, 0, 0
 
+    def swapped(self) -> None:
+        """A new plan went live: it was solved with the latest estimates, which model part of what the loop
+        corrected, so half the correction goes (module doc)."""
+        self.u *= 0.5
+
     def timer_ms(self, plan) -> float | None:
         """The timer in force for ``plan`` (a :class:`~smdp_batch.autopilot.plan.Plan`): m × its timer; with none,
         m × its planned p99 while m < 1, else None."""
@@ -146,9 +151,11 @@ class BreachTest:
         self.s, self.n = 0.0, 0  # the statistic; responses since the reset
 
     def add(self, ms: np.ndarray, limit_ms: float) -> bool:
-        for over in np.asarray(ms) > limit_ms:
-            self.s = max(0.0, self.s + (self.up if over else self.down))
-        self.n += int(np.size(ms))
+        over = np.asarray(ms) > limit_ms
+        if over.size:  # S_k = max(0, S_{k−1} + x_k) for the batch at once: C_k − min(0, min_{j≤k} C_j), C = S + Σx
+            c = self.s + np.cumsum(np.where(over, self.up, self.down))
+            self.s = max(float(c[-1] - min(0.0, float(c.min()))), 0.0)
+        self.n += int(over.size)
         return self.s >= self.h and self.n >= self.least
 
     def reset(self) -> None:

@@ -564,8 +564,8 @@ class Autopilot:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
         self._breach.reset()
-        if self.control is not None:  # the new plan models part of what the loop corrected (control's module doc)
-            self.control.u *= 0.5
+        if self.control is not None:
+            self.control.swapped()
         self._count(key, event, reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
                     timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec)
 

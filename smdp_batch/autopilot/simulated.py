@@ -237,6 +237,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     on_arrival = getattr(policy, "observe_arrival", None)
     on_batch = getattr(policy, "observe_batch", None)
     on_response = getattr(policy, "observe_response", None)
+    on_timer = getattr(policy, "poll", None)
     N = arr.size
     resp = np.full(N, math.nan)
     b_start, b_ms, b_size, b_mj, b_ph = [], [], [], [], []
@@ -279,10 +280,9 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                         arrive(math.nextafter(t, math.inf))
                     else:  # the bound fires: decide again (a swap may have come), then serve
                         t = deadline
-                        poll = getattr(policy, "poll", None)
-                        if poll is not None:
+                        if on_timer is not None:
                             clock.t = t / 1e3
-                            poll()
+                            on_timer()
                     continue
                 b, run_as = forced(n)  # overdue, or the last arrival came and no bound is set: drain
                 n_forced += 1

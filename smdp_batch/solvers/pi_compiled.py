@@ -39,6 +39,7 @@ from .kernels import BLOCK, improve_step  # BLOCK: rows of the window matrix one
 
 __all__ = ["pi_loop_compiled", "start_background_compile"]
 
+
 @njit(cache=True)
 def _filters(P, SF, klo, khi, actions, s_max):
     """:func:`.kernels.window_filters` in numba: (F, tail, jmin), F (W × Au) in the frame j = next − level."""
