@@ -118,3 +118,37 @@ def test_on_the_simulated_clock_the_loop_holds_a_slowdown_the_plans_cannot_answe
     assert np.mean(off > SLO) > 0.05
     assert np.mean(on > SLO) <= 0.01 and ap.metrics.timer_scale < 0.95
     assert ap.max_wait_ms == pytest.approx(25.0 * ap.metrics.timer_scale) and ap.plan.timer_ms == 25.0
+
+
+def _outside(served: bool):
+    """Steady traffic with 9 ms + Exp(2 ms) per response outside the batcher, no overhead budgeted: the in-batcher
+    times (≤ timer 25 + l(16) ≈ 31 ms) never reach the SLO; the end-to-end ones do for the requests that wait."""
+    p = BatchingProblem.basic(rho=0.2, service=Deterministic())
+    clock = SimClock()
+    ap = Autopilot(p, SLO, plan(p), solver=lambda *a: None, clock=clock, solve_in="clock", energy_meter=None)
+    run = simulate(ap, p, [Phase(40.0, p.lam)], seed=7, clock=clock, served=served,
+                   outside_ms=lambda rng, n: 9.0 + rng.exponential(2.0, n))
+    return run.response_ms[run.arrival_ms > 15_000.0], ap
+
+
+def test_told_the_end_to_end_times_the_loop_holds_the_slo_the_batchers_view_cannot_see():
+    blind, ap_blind = _outside(False)
+    told, ap_told = _outside(True)
+    assert np.mean(blind > SLO) > 0.05 and ap_blind.metrics.timer_scale == 1.0  # the hooks' view looks fine
+    assert ap_blind.metrics.responses_from == "batcher" and ap_blind.metrics.observed_p99_ms < 32.0
+    assert np.mean(told > SLO) <= 0.01 and ap_told.metrics.timer_scale < 0.9
+    assert ap_told.metrics.responses_from == "served" and ap_told.metrics.observed_p99_ms > 35.0
+
+
+def test_served_times_replace_the_batchers_view_from_their_first_call():
+    p = BatchingProblem.basic(rho=0.2, service=Deterministic())
+    ap = Autopilot(p, SLO, plan(p), solver=lambda *a: None, solve_in="thread", energy_meter=None)
+    ap.observe_response(np.full(100, 10.0))
+    assert ap.metrics.observed_p99_ms == 10.0 and ap.metrics.responses_from == "batcher"
+    ap.observe_served([50.0, math.nan, -1.0, "x"])  # a non-number list is left out whole; then the view switches
+    ap.observe_served(np.full(100, 20.0))
+    ap.observe_response(np.full(400, 90.0))  # the batcher's hook, now left out
+    assert ap.metrics.responses_from == "served"
+    assert ap.metrics.observed_p99_ms == pytest.approx(20.0)
+    ap.observe_served(10 ** 400)  # does not fit a float: left out, never raises
+    assert ap.metrics.rejected_inputs == 0

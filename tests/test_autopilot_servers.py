@@ -95,6 +95,7 @@ def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_o
     assert sum(b for b, _, _ in batches) == arr.size  # every request in exactly one batch
     assert max(b for b, _, _ in batches) > 1  # it batched
     _check_swap(m, _replica_rates(entered, arr.size))
+    assert m["responses_from"] == "served"  # the replica's record (entry → answer) reached it
 
 
 @pytest.mark.slow
@@ -116,10 +117,12 @@ def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once
     assert sum(b for b, _, _, _ in batches) == arr.size  # every request in exactly one batch
     assert max(b for b, _, _, _ in batches) > 1
     _check_swap(m)
+    assert m["responses_from"] == "served"  # the server's record (model entry → answer sent) reached it
 
 
 def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
-    """No Ray needed: ``table_batch(autopilot=...)`` decides by the Autopilot and tells it of arrivals and batches."""
+    """No Ray needed: ``table_batch(autopilot=...)`` decides by the Autopilot and tells it of arrivals, batches and
+    each call's time to its return (``served=False``: not that, for a caller that tells it a wider view)."""
     from smdp_batch.errors import InputError
     from smdp_batch.integrations.ray_serve import table_batch
     from smdp_batch.runtime import PolicyTable
@@ -130,7 +133,7 @@ def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
         max_wait_ms = None
 
         def __init__(self):
-            self.arrivals, self.batches, self.responses = 0, [], 0
+            self.arrivals, self.batches, self.responses, self.served = 0, [], 0, []
 
         def decide(self, n):
             return self.table.decide(n)
@@ -144,6 +147,9 @@ def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
         def observe_response(self, ms):
             self.responses += len(list(ms))
 
+        def observe_served(self, ms):
+            self.served.append(ms)
+
     pilot = Pilot()
 
     @table_batch(autopilot=pilot, max_wait_ms=None)
@@ -156,6 +162,10 @@ def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
     assert asyncio.run(main()) == [0, 10, 20, 30]
     assert pilot.arrivals == 4 and pilot.responses == 4  # every arrival and response reached the hooks
     assert sorted(b for b, _ in pilot.batches) == [1, 3] and all(ok for _, ok in pilot.batches)  # 4 queued: 3, then 1
+    assert len(pilot.served) == 4 and all(0.0 <= ms < 5_000.0 for ms in pilot.served)  # one end-to-end time each
+    quiet = Pilot()
+    g = table_batch(autopilot=quiet, max_wait_ms=None, served=False)(f.__wrapped__)
+    assert asyncio.run(g(5)) == 50 and quiet.served == [] and quiet.responses == 1
     for bad in ({}, {"table": Pilot.table, "autopilot": pilot}, {"autopilot": object()}):
         with pytest.raises(InputError):
             table_batch(**bad)

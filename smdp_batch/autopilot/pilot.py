@@ -8,7 +8,9 @@ a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the
   drift), the energy meter (on a GPU: NVML's counter, :mod:`~smdp_batch.autopilot.energy_meter`) and counts the batch
   per size (the metrics' histogram); ``observe_energy(b, mJ)`` an
   :class:`~smdp_batch.autopilot.estimators.EnergyEstimator` (used while the meter has no estimate);
-* ``observe_response(ms)`` (one response time, or a batch's list) feeds the observed p99 window.
+* ``observe_response(ms)`` (the batcher's view, entry → batch end; one time or a batch's list) feeds the responses
+  seen: the closed loop, the rollback watch, the excess; ``observe_served(ms)`` (end-to-end times, the server's
+  record of entry → answer sent, or the client's) replaces that view from its first call.
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band leaves
 the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
@@ -19,7 +21,7 @@ more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves,
 ``solve_in="thread"``, the default for a solver you pass).  The default solver is the SLO optimiser
 (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer whose simulated p99
 plus its 95 % half-width meets the *target* at λ̂ and at both edges of λ̂'s one-σ band).  The target is SLO −
-``overhead_ms`` (the share of the SLO spent outside the hooks' view: network, client) − the learned excess (with
+``overhead_ms`` (the share of the SLO spent outside the response times it is told: network, client) − the learned excess (with
 ``learn=True``: the p99 of the latest responses less the p99 planned for them, smoothed and capped at half the SLO).
 The new plan goes live only if it meets the target with finite planned metrics (the same table and timer again is
 kept, not swapped; the default solver also simulates the live plan on the same arrivals and keeps it unless the new
@@ -76,9 +78,9 @@ from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .control import BreachTest, TimerControl
-from .plan import Plan, _same, slo_plan
+from .plan import RUNNING, Job, Plan, _same, slo_plan
 from .report import AutopilotMetrics
-from .responses import Responses
+from .responses import Responses, response_times
 from ..runtime.table import PolicyTable
 
 __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
@@ -110,20 +112,6 @@ def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-_RUNNING = object()  # a job's result while its solve runs
-
-
-class _Job:
-    __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy", "out")
-
-    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float,
-                 energy: np.ndarray | None = None):
-        self.thread: threading.Thread | None = None
-        self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
-        self.energy = energy  # ζ̂(b) for this solve (None: the model's)
-        self.out: Any = _RUNNING  # solve_in="clock": the result, handed over solve_seconds after the start
-
-
 class Autopilot:
     """A self-re-solving policy for :class:`~smdp_batch.runtime.DynamicBatcher` (module docstring).
 
@@ -131,7 +119,7 @@ class Autopilot:
     ``slo_p99_ms``: the p99 response-time SLO (ms).  ``table``: the initial table (a PolicyTable or a
     :class:`Plan`); default: solved now by ``solver`` at ``problem.lam``.  ``solver(problem, slo_ms, lams)``
     returns a :class:`Plan` or None (default :func:`slo_plan`); ``budget_s``: its time budget (s).
-    ``overhead_ms``: the part of the SLO spent where the hooks cannot see it (network, proxy, client), ms.
+    ``overhead_ms``: the part of the SLO spent outside the response times it is told (network, proxy, client), ms.
     ``solve_in``: ``"process"`` (a child at ``nice`` +10, SCHED_IDLE on Linux; the default with the default
     solver), ``"thread"`` (the default with a given ``solver``, which then need not be picklable) or ``"clock"``
     (the solve runs at once in the hook that starts it, and its result goes live ``solve_seconds`` of ``clock``
@@ -190,7 +178,7 @@ class Autopilot:
         self._zeta_ref = np.asarray(problem.energy_mj(), dtype=np.float64)  # ζ(b) of the last solve (mJ)
         self._metered, self._clock, self._tlast, self._offset = 0, clock, -math.inf, 0.0  # batches metered; the clock
         self._lock = threading.RLock()
-        self._job: _Job | None = None  # the solve in flight
+        self._job: Job | None = None  # the solve in flight
         self._solve_end = -math.inf  # when the latest solve ended (s): batches overlapping a solve teach nothing
         self.overlapped = 0  # batches left out of l̂(b) because a solve ran while they did
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
@@ -199,6 +187,7 @@ class Autopilot:
         self._fails, self._kept = 0, 0  # solves in a row that failed / kept the live plan (each doubles the next wait)
         self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
+        self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
         self._unlearned = 0  # responses since the excess was last learned
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
@@ -331,14 +320,20 @@ class Autopilot:
 
     @_never_raises
     def observe_response(self, ms: Any) -> None:
-        """One response time (ms), or an iterable of them (a batch's requests); a value that is not a time in
-        [0, 10 × the SLO optimiser's limit] is left out."""
-        try:
-            seq = ms if isinstance(ms, (list, tuple, np.ndarray)) else list(ms) if hasattr(ms, "__iter__") else [ms]
-            vals = np.asarray(seq, dtype=np.float64).ravel()
-        except (TypeError, ValueError, OverflowError):  # 10**400 does not fit a float
-            return
-        vals = vals[np.isfinite(vals) & (vals >= 0) & (vals <= 10.0 * SLO_MAX_MS)]
+        """One response time (ms) from batcher entry to batch end, or a batch's list: the batcher's hook.  Left out
+        once :meth:`observe_served` has been called (those times replace this view)."""
+        if not self._served:
+            self._responses(response_times(ms, 10.0 * SLO_MAX_MS))
+
+    @_never_raises
+    def observe_served(self, ms: Any) -> None:
+        """End-to-end response times (ms), one or a list, as the server recorded them (entry → answer sent) or the
+        client did.  From the first call on they replace the batcher's view in the closed loop, the rollback
+        watch, the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out."""
+        self._served = True
+        self._responses(response_times(ms, 10.0 * SLO_MAX_MS))
+
+    def _responses(self, vals: np.ndarray) -> None:
         k = vals.size
         if k == 0:
             return
@@ -430,7 +425,7 @@ class Autopilot:
         try:
             with self._lock:
                 now, job = self._now(), self._job
-                if job is not None and job.out is not _RUNNING and now >= job.start + self.solve_seconds:
+                if job is not None and job.out is not RUNNING and now >= job.start + self.solve_seconds:
                     self._finish(job, job.out, self.solve_seconds)
                 elif job is not None and now - job.start > self.budget_s:
                     self._job, self._solve_end = None, now
@@ -473,7 +468,7 @@ class Autopilot:
                 lams.append(band[0])
             if band[1] > 1.01 * lam:
                 lams.append(min(band[1], 0.98 * max_lam))
-        job = self._job = _Job(now, reason, latency, lams, self._target(), self._energy_hat(latency))
+        job = self._job = Job(now, reason, latency, lams, self._target(), self._energy_hat(latency))
         self._c["solves"] += 1
         self._last_start = now
         self._not_before = now + self.min_interval_s
@@ -486,7 +481,7 @@ class Autopilot:
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
         job.thread.start()
 
-    def _problem(self, job: _Job) -> Any:
+    def _problem(self, job: Job) -> Any:
         from ..model.curves import Table
 
         changes: dict[str, Any] = {"lam": job.lams[0], "latency": Table(self.sizes, tuple(map(float, job.latency)))}
@@ -500,7 +495,7 @@ class Autopilot:
         zeta = None if self.meter is None else self.meter.energy_mj(latency)
         return zeta if zeta is not None else self.energy.energy_mj() if self.energy.measured else None
 
-    def _work(self, job: _Job) -> None:
+    def _work(self, job: Job) -> None:
         t0 = time.perf_counter()
         try:
             args = (self._problem(job), job.target, job.lams)
@@ -524,7 +519,7 @@ class Autopilot:
         """A valid plan that meets ``target``."""
         return self._valid(plan) and plan.meets and plan.p99_ms <= target * (1 + 1e-9)
 
-    def _finish(self, job: _Job, out: Any, seconds: float) -> None:
+    def _finish(self, job: Job, out: Any, seconds: float) -> None:
         with self._lock:
             now = self._now()
             if self._job is not job:  # abandoned past its budget (in process mode: killed, nothing comes back)
@@ -560,7 +555,7 @@ class Autopilot:
     def _is_blocked(self, out: Plan) -> bool:  # a plan rolled back before, planned within its blocked band
         return any(lo <= out.lam <= hi and _same(out, b) for b, lo, hi in self._blocked)
 
-    def _swap(self, out: Plan, job: _Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
+    def _swap(self, out: Plan, job: Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, True, 0
         self._breach.reset()
@@ -594,7 +589,8 @@ class Autopilot:
             self.sizes,
             batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
             self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
-            source, math.nan if power is None else power[0], 1.0 if self.control is None else self.control.scale)
+            source, math.nan if power is None else power[0], 1.0 if self.control is None else self.control.scale,
+            "served" if self._served else "batcher")
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

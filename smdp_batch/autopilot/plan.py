@@ -1,6 +1,6 @@
 """The Autopilot's plans: a table and its timer with the metrics planned for them (:class:`Plan`), and the
 default solver that makes one (:func:`slo_plan`, the SLO optimiser's least-power SMDP table + timer; when no
-table meets the target at the estimated load, the best effort there).
+table meets the target at the estimated load, the best effort there), and a solve in flight (:class:`Job`).
 
 Importing this module needs numpy only; :func:`slo_plan` imports the analysis (numba, scipy) when it runs.
 """
@@ -8,6 +8,7 @@ Importing this module needs numpy only; :func:`slo_plan` imports the analysis (n
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,3 +137,19 @@ def _same(a: Plan, b: Plan) -> bool:
     ta, tb = a.table, b.table
     return (ta.batch_sizes == tb.batch_sizes and a.timer_ms == b.timer_ms and ta.policy.shape == tb.policy.shape
             and bool(np.array_equal(ta.policy, tb.policy)))
+
+
+RUNNING = object()  # a job's result while its solve runs
+
+
+class Job:
+    """A solve in flight: when and why it started, its inputs (l̂(b), the loads, the target, ζ̂(b)) and its result."""
+
+    __slots__ = ("thread", "start", "reason", "latency", "lams", "target", "energy", "out")
+
+    def __init__(self, start: float, reason: str, latency: np.ndarray, lams: list[float], target: float,
+                 energy: np.ndarray | None = None):
+        self.thread: threading.Thread | None = None
+        self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
+        self.energy = energy  # ζ̂(b) for this solve (None: the model's)
+        self.out: Any = RUNNING  # solve_in="clock": the result, handed over solve_seconds after the start

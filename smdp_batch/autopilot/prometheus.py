@@ -59,7 +59,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_timer_seconds": ("gauge", "s", "the timer in force: the live plan's × the closed loop's multiplier (NaN: none)"),
     "autopilot_timer_scale": ("gauge", "1", "the closed loop's multiplier on the live plan's timer (1: as planned)"),
     "autopilot_slo_p99_seconds": ("gauge", "s", "the p99 response-time SLO"),
-    "autopilot_overhead_seconds": ("gauge", "s", "the given overhead budget: the SLO's share outside the hooks' view"),
+    "autopilot_overhead_seconds": ("gauge", "s", "the given overhead budget: the SLO's share outside the response times the Autopilot is told"),
     "autopilot_excess_seconds": ("gauge", "s", "the learned excess: observed p99 less the live plan's planned p99"),
     "autopilot_target_p99_seconds": ("gauge", "s", "the p99 the next solve plans for: SLO − overhead − excess"),
     "autopilot_observed_response_seconds": (

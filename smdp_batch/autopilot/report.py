@@ -38,7 +38,7 @@ class AutopilotMetrics:
     batches: tuple[int, ...] = ()  # executed batches of each size (failed ones too), since the start
     energy_hat_mj: tuple[float, ...] = ()  # ζ̂(b)
     excess_ms: float = 0.0  # learned: observed p99 less planned p99 (the server's own delays)
-    overhead_ms: float = 0.0  # given: the time spent outside the hooks' view (network, client)
+    overhead_ms: float = 0.0  # given: the time outside the response times it judges (network, client)
     target_p99_ms: float = math.nan  # what the next solve plans for: SLO − overhead − excess
     solve_in: str = "thread"  # "process" (a lower-priority child) or "thread"
     kept: int = 0  # solves that kept the live plan (the same table and timer, too little saved, or blocked)
@@ -46,3 +46,4 @@ class AutopilotMetrics:
     energy_source: str = "model"  # where ζ̂(b) comes from: the model, an energy meter, or observe_energy readings
     idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
     timer_scale: float = 1.0  # the closed loop's multiplier on the live plan's timer (timer_ms is the product)
+    responses_from: str = "batcher"  # whose response times it judges: the batcher's hook, or "served" (end-to-end)

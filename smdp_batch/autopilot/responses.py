@@ -14,7 +14,18 @@ import math
 
 import numpy as np
 
-__all__ = ["Responses"]
+__all__ = ["Responses", "response_times"]
+
+
+def response_times(ms: object, most_ms: float) -> np.ndarray:
+    """``ms`` (one response time in ms, or an iterable of them) as a float64 array of the values that are times in
+    [0, ``most_ms``]; empty when it is not a number or numbers (10**400 does not fit a float: left out too)."""
+    try:
+        seq = ms if isinstance(ms, (list, tuple, np.ndarray)) else list(ms) if hasattr(ms, "__iter__") else [ms]
+        vals = np.asarray(seq, dtype=np.float64).ravel()
+    except (TypeError, ValueError, OverflowError):
+        return np.empty(0)
+    return vals[np.isfinite(vals) & (vals >= 0) & (vals <= most_ms)]
 
 
 class Responses:

@@ -20,7 +20,8 @@
 * each response takes ``outside_ms`` more after its batch ends (the server's front end and the client: a constant,
   or a draw per response), which the end-to-end times recorded include and the policy's hooks do not see: they get
   each request's time from its arrival to its batch's end, as the batcher's hooks report it (an Autopilot budgets
-  the rest as ``overhead_ms``).
+  the rest as ``overhead_ms``, or with ``served=True`` is told the end-to-end times, as the server integrations
+  tell it theirs).
 
 An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
 ``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
@@ -179,12 +180,15 @@ class _Events(logging.Handler):
 
 def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
              outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] = 0.0,
-             max_wait_ms: float | str | None = "auto", short_batch: str = "auto", per_batch_ms: float = 0.0) -> SimRun:
+             max_wait_ms: float | str | None = "auto", short_batch: str = "auto", per_batch_ms: float = 0.0,
+             served: bool = False) -> SimRun:
     """Serve ``phases`` of Poisson traffic with ``policy`` on one simulated instance of ``problem``'s server (its
     service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
     draws); ``max_wait_ms`` and ``short_batch`` ("serve", "pad-up", or "auto": the table's own): as
-    :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``batch_size`` records the requests of each batch; its time and energy are those of the size it
+    :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``served``: an Autopilot is also told each response's
+    end-to-end time (``observe_served``, at its batch's end), as a server integration that records them does.
+    ``batch_size`` records the requests of each batch; its time and energy are those of the size it
     ran as (padded up, where it was)."""
     from .pilot import Autopilot
 
@@ -237,6 +241,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     on_arrival = getattr(policy, "observe_arrival", None)
     on_batch = getattr(policy, "observe_batch", None)
     on_response = getattr(policy, "observe_response", None)
+    on_served = getattr(policy, "observe_served", None) if served else None
     on_timer = getattr(policy, "poll", None)
     N = arr.size
     resp = np.full(N, math.nan)
@@ -303,6 +308,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                 on_batch(run_as, dur / 1e3, True)
             if on_response is not None:
                 on_response(end - arr[idx])
+            if on_served is not None:
+                on_served(resp[idx])
             b_start.append(end - dur)
             b_ms.append(dur)
             b_size.append(b)

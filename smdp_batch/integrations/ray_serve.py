@@ -36,7 +36,8 @@ __all__ = ["table_batch", "stub_deployment", "autopilot_deployment", "RayServe",
 
 
 def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | None = None,
-                short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | str | None = "default"):
+                short_batch: str = "serve", pad_item: Any = None, batch_timeout_s: float | str | None = "default",
+                served: bool = True):
     """``@serve.batch``'s calling convention, batches formed by ``table`` (a PolicyTable, a PhasePolicy, a path to
     either kind of table, a callable) or by ``autopilot`` (an :class:`~smdp_batch.autopilot.pilot.Autopilot`).
 
@@ -44,7 +45,10 @@ def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | 
     functions; the options are :class:`~smdp_batch.runtime.DynamicBatcher`'s.  With ``autopilot=`` the
     Autopilot is the batcher's table: it decides every batch from its live table and hears of every arrival,
     executed batch (size, seconds, ok) and response time through its hooks; with ``max_wait_ms="auto"`` the
-    safety bound follows the live plan's timer.  One Autopilot may serve several instances' batchers.
+    safety bound follows the live plan's timer.  One Autopilot may serve several instances' batchers.  With
+    ``served=True`` it is also told each call's time from the call to its return (``observe_served``: the batch
+    end's hand-back through the event loop included); pass False where the caller tells it a wider view of its
+    own (the Triton and Ray deployments here: model entry → answer sent).
     """
     from ..runtime import PolicyTable
     from ..runtime.phase import PhasePolicy
@@ -75,13 +79,20 @@ def table_batch(table=None, max_wait_ms="auto", *, autopilot=None, lam: float | 
                 hit = batchers[key] = (loop, owner, DynamicBatcher(infer, table, max_wait_ms, **options))
             return hit[2]
 
+        tell = getattr(autopilot, "observe_served", None) if served else None
+
         @functools.wraps(func)
         async def single(*args):
-            if len(args) == 2:  # a method: (self, item)
-                return await batcher_for(args[0]).submit(args[1])
-            if len(args) == 1:
-                return await batcher_for(None).submit(args[0])
-            raise TypeError(f"{func.__name__} takes one request (and self), got {len(args)} arguments")
+            if len(args) not in (1, 2):
+                raise TypeError(f"{func.__name__} takes one request (and self), got {len(args)} arguments")
+            owner, item = (args[0], args[1]) if len(args) == 2 else (None, args[0])  # a method: (self, item)
+            if tell is None:
+                return await batcher_for(owner).submit(item)
+            t0 = time.monotonic()
+            try:
+                return await batcher_for(owner).submit(item)
+            finally:
+                tell((time.monotonic() - t0) * 1e3)
 
         single.batcher_for = batcher_for  # type: ignore[attr-defined]  # a function attribute
         return single
@@ -206,6 +217,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             infer, self.pilot = make()
             self.log: list = []
             self.served: collections.deque = collections.deque(maxlen=200_000)
+            self.tell = getattr(self.pilot, "observe_served", None)
             is_async = inspect.iscoroutinefunction(infer)
 
             async def run_batch(items: list) -> list:
@@ -221,14 +233,17 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 self.batched = serve.batch(max_batch_size=int(serve_batch[0]),
                                            batch_wait_timeout_s=float(serve_batch[1]))(run_batch)
             elif hasattr(self.pilot, "observe_batch"):
-                self.batched = table_batch(autopilot=self.pilot, max_wait_ms=max_wait_ms)(run_batch)
+                self.batched = table_batch(autopilot=self.pilot, max_wait_ms=max_wait_ms, served=False)(run_batch)
             else:
                 self.batched = table_batch(self.pilot, max_wait_ms=max_wait_ms)(run_batch)
 
         async def __call__(self, i, x=None):
             t_in = time.time()
             out = await self.batched((i, x))
-            self.served.append((i, t_in, time.time()))
+            t_out = time.time()
+            self.served.append((i, t_in, t_out))
+            if self.tell is not None:  # the replica's record, entry → answer: the Autopilot's responses
+                self.tell((t_out - t_in) * 1e3)
             return out
 
         def served_times(self) -> list:

@@ -255,10 +255,11 @@ class TritonPythonModel:
         if self.native:  # Triton's own batcher hands execute() its batches
             if self.is_async:
                 raise InputError("with Triton's own batching the infer function must be synchronous")
-        elif hasattr(self.pilot, "observe_batch"):
-            self.batched = table_batch(autopilot=self.pilot, max_wait_ms=wait)(self._batch)
+        elif hasattr(self.pilot, "observe_batch"):  # told the server's view below (model entry → answer sent)
+            self.batched = table_batch(autopilot=self.pilot, max_wait_ms=wait, served=False)(self._batch)
         else:
             self.batched = table_batch(self.pilot, max_wait_ms=wait)(self._batch)
+        self.tell = getattr(self.pilot, "observe_served", None)
         self.stop = threading.Event()
         self.writer = threading.Thread(target=self._write_loop, daemon=True, name="autopilot-metrics")
         if hasattr(self.pilot, "metrics"):
@@ -299,6 +300,8 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - the request gets an error answer
             resp = pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc)[:300]))
         sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.tell is not None:  # the server's record, entry → answer sent: the Autopilot's responses
+            self.tell((time.time() - t_in) * 1e3)
 
     async def _all(self, requests) -> None:
         await asyncio.gather(*(self._one(r) for r in requests))
