@@ -18,6 +18,9 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 
 * ``autopilot`` — an Autopilot (SLO optimiser, family smdp) started at λ0, ``min_samples`` 100,
   ``overhead_ms`` as above, its solves in a lower-priority child process;
+* ``autopilot, Ray's batcher`` (Ray only) — the same, planning Ray's own ``serve.batch`` (``family="ray"``) and
+  setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); Triton's batcher takes
+  its delay only from a model reload, so it has no such setting;
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
   (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
   max_queue_delay_microseconds, both with max batch 32;
@@ -64,8 +67,9 @@ SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
 MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or light (1×: 0.7-2 ms)
-SETTINGS = ["autopilot", "tuned server", "λ-bank", "static table"]  # --only picks
-KIND = {"autopilot": "autopilot", "tuned server": "none", "λ-bank": "bank", "static table": "static"}
+SETTINGS = ["autopilot", "autopilot, Ray's batcher", "tuned server", "λ-bank", "static table"]  # --only picks
+KIND = {"autopilot": "autopilot", "autopilot, Ray's batcher": "autopilot-ray", "tuned server": "none", "λ-bank": "bank",
+        "static table": "static"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
 SIM_SETTINGS = ["autopilot", "autopilot, open loop", "tuned server", "λ-bank", "static table"]  # --simulated
 
@@ -171,7 +175,8 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
             sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else None
-            h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb), f"s{i}")
+            live = KIND[name] == "autopilot-ray"
+            h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb, live_knobs=live), f"s{i}")
             load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
             sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
             batches = h.batches.remote().result(timeout_s=60)
@@ -180,9 +185,10 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
             for j, t_in, t_out in h.served_times.remote().result(timeout_s=60):
                 served[j] = t_in, t_out
             out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
-                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "lam_hat",
-                                                             "latency_hat_ms", "excess_ms", "target_p99_ms",
-                                                             "observed_p99_ms")},
+                         "metrics": m and {k: m.get(k) for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible",
+                                                                 "lam_hat", "latency_hat_ms", "excess_ms", "target_p99_ms",
+                                                                 "observed_p99_ms", "timer_scale", "knob_changes",
+                                                                 "batch_wait_timeout_ms")},
                          "events": h.autopilot_events.remote().result(timeout_s=60) if m else []}
             rs.delete(f"s{i}")
             print(f"ray {name}: done ({errors} errors)", flush=True)
@@ -195,14 +201,15 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     knobs = tuned("triton")
     out = {"_tuned": knobs["spec"]}
     specs = {}
-    for i, name in enumerate(SETTINGS):
+    names = [x for x in SETTINGS if KIND[x] != "autopilot-ray"]  # Triton's batcher cannot be retimed live
+    for i, name in enumerate(names):
         kw = {"kind": KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO, "slow_file": os.path.join(tmp, f"tr{i}.slow"),
               "min_samples": 100, "overhead_ms": OVERHEAD["ms"], "repeat": MODEL["repeat"]}
         tb = (32, float(knobs["delay_us"])) if name == "tuned server" else None
         specs[f"s{i}"] = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10,
                                             sys_path=(ROOT,), triton_batching=tb)
     with AutopilotTriton(specs) as srv:
-        for i, name in enumerate(SETTINGS):
+        for i, name in enumerate(names):
             slow = specs[f"s{i}"].kwargs["slow_file"]
 
             views: list = []
@@ -233,16 +240,19 @@ def table(server: str, res: dict) -> str:
     lines = [f"\n{server} (tuned server setting: {res['_tuned']}; p99 SLO {SLO:g} ms)\n",
              "| phase | setting | p99 ms (client) [95 % interval] | > SLO | p99 ms (server) | mean batch | mJ/request |",
              "|---|---|---:|---:|---:|---:|---:|"]
+    names = [x for x in SETTINGS if x in res]
     for k, ph in enumerate(PHASES):
-        for name in SETTINGS:
+        for name in names:
             r = res[name]["rows"][k]
             lo, hi = r["p99_ci_ms"]
             lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} [{lo:.0f}, {hi:.0f}] | {100 * r['over_slo']:.1f} % | "
                          f"{r['server_p99_ms']:.1f} | "
                          f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} |")
-    for name in SETTINGS:
+    for name in names:
         m = res[name]["metrics"]
         extra = f", swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}" if m else ""
+        if m and m.get("knob_changes") is not None:
+            extra += f", timeout set {m['knob_changes']} times (last {m['batch_wait_timeout_ms']:.1f} ms)"
         lines.append(f"\n* {name}: errors {res[name]['errors']}{extra}")
     return "\n".join(lines)
 

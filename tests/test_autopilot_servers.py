@@ -100,6 +100,52 @@ def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_o
 
 @pytest.mark.slow
 @pytest.mark.servers
+def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step():
+    """``live_knobs=True``: Ray's ``serve.batch`` forms the batches and the Autopilot (family "ray") retimes it."""
+    pytest.importorskip("ray.serve")
+    from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
+    from smdp_batch.integrations.loadgen import replay
+    from smdp_batch.integrations.triton_autopilot import sleep_pilot
+
+    arr = _arrivals(3)
+    with RayServe() as rs:
+        h = rs.deploy(autopilot_deployment("knobs", functools.partial(sleep_pilot, **PILOT, family="ray"),
+                                           live_knobs=True), "knobs")
+
+        async def main():
+            return await replay(lambda i: h.remote(i, float(i)), arr, 1.0, max_seconds=120.0)
+
+        sent, done, results, errors = asyncio.run(main())
+        m = _settled(lambda: h.metrics.remote().result(timeout_s=60))
+        batches = h.batches.remote().result(timeout_s=60)
+        entered = {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}
+    assert errors == 0 and all(r is not None for r in results)
+    assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
+    assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]
+    assert sum(b for b, _, _ in batches) == arr.size and max(b for b, _, _ in batches) > 1  # Ray's batches
+    _check_swap(m, _replica_rates(entered, arr.size))
+    assert m["responses_from"] == "served" and sum(m["batches"]) == len(batches)  # every batch told to it
+    assert m["knob_changes"] >= 1 and m["batch_wait_timeout_ms"] == pytest.approx(m["timer_ms"])  # applied live
+
+
+def test_live_knobs_refuse_an_autopilot_that_does_not_plan_rays_batcher():
+    pytest.importorskip("ray.serve")
+    from smdp_batch.autopilot.plan import ray_table
+    from smdp_batch.errors import InputError
+    from smdp_batch.integrations.ray_serve import autopilot_deployment
+    from smdp_batch.model.problem import BatchingProblem
+
+    p = BatchingProblem.basic(rho=0.3)
+    t = ray_table(p, 12.5, p.lam, "ray:max=32,timeout_s=0.0125")
+    assert t.decide(31) == 0 and t.decide(32) == 32 and t.decide(40) == 32 and t.meta["max_wait_ms"] == 12.5
+    app = autopilot_deployment("x", lambda: (None, None), live_knobs=True)
+    cls = app._bound_deployment.func_or_class  # the replica's class, built here without Ray running
+    with pytest.raises(InputError, match="family='ray'"):
+        cls()
+
+
+@pytest.mark.slow
+@pytest.mark.servers
 def test_triton_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
     pytest.importorskip("pytriton")
     pytest.importorskip("tritonclient.grpc.aio")

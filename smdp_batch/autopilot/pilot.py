@@ -52,12 +52,11 @@ halved by each swap that holds.  The solve clock (``clock``, s) is made monotone
 passing; a step forward may time out a solve.  With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that clock:
 the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
-The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba, scipy)
-when it first runs, in the solve process (the first plan too: a full garbage collection over numba's objects in the
-serving process stalled every request in flight 50-70 ms).  This module is one idea, the Autopilot's state machine: the hooks, the solve schedule, the plans
-and the rollback watch share one state under one lock, and a batch is decided by one read of the live plan.  What can
-stand alone stands beside it: the responses seen (:mod:`~smdp_batch.autopilot.responses`), the estimators, the energy
-meter, the plan and its solver, the solve process, the metrics snapshot (:mod:`~smdp_batch.autopilot.report`).
+The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba,
+scipy) in the solve process, the first plan's too (a full garbage collection over numba's objects in the serving
+process stalled every request in flight 50-70 ms).  One idea, the Autopilot's state machine: hooks, solve schedule,
+plans and rollback watch share one state under one lock, and a batch is decided by one read of the live plan; the
+rest stands beside it (responses, estimators, energy meter, plan and solver, solve process, metrics).
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .control import BreachTest, TimerControl
-from .plan import RUNNING, Job, Plan, _same, slo_plan
+from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
 from .report import AutopilotMetrics
 from .responses import Responses, response_times
 from ..runtime.table import PolicyTable
@@ -127,7 +126,8 @@ class Autopilot:
     ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
     a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).  ``control``: the closed loop on
     the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`; True:
-    the default one; False: the plans' timers as solved).
+    the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
+    + timer) or "ray" (Ray Serve's batcher, its timeout set live: :func:`~smdp_batch.autopilot.plan.slo_plan`).
     """
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
@@ -141,7 +141,7 @@ class Autopilot:
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
                  clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2,
-                 solve_seconds: float = 1.0, control: bool | TimerControl = True):
+                 solve_seconds: float = 1.0, control: bool | TimerControl = True, family: str = "smdp"):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -159,10 +159,12 @@ class Autopilot:
             raise ValueError(f"service_tol_ms must be a finite number of ms ≥ 0 or None, got {service_tol_ms!r}")
         if not (window >= 100 and grace >= 0 and watch >= 1 and max_threads >= 1 and min_samples >= 2):
             raise ValueError("need window ≥ 100, grace ≥ 0, watch ≥ 1, max_threads ≥ 1 and min_samples ≥ 2")
+        if family not in PLAN_FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(PLAN_FAMILIES)}, got {family!r}")
         if solve_in not in (None, "process", "thread", "clock"):
             raise ValueError(f"solve_in must be 'process', 'thread', 'clock' or None, got {solve_in!r}")
         self.problem, self.slo_ms = problem, slo
-        self.solver = solver or slo_plan
+        self.solver, self.family = solver or slo_plan, family
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
         self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
@@ -191,8 +193,7 @@ class Autopilot:
         self._unlearned = 0  # responses since the excess was last learned
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
-        self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses since the live plan
-        # went live; full windows of them judged; whether a swap is watched; its clean windows
+        self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals, self._margin = 0.0, 0, 0.0  # learned excess (ms); arrivals since a λ̂ check; margin
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
@@ -204,7 +205,7 @@ class Autopilot:
         if self.solve_in == "process":  # with a table given, a warm-up solve loads the default solver's kernels now
             from .solve_process import SolveProcessError, open_process
             try:
-                self._proc = open_process(self.solver, nice, args if self.solver is slo_plan and table is not None else None)
+                self._proc = open_process(self._solver(None), nice, args if self.solver is slo_plan and table is not None else None)
             except SolveProcessError as exc:
                 self.solve_in, fallback = "thread", str(exc)[:200]
         solved = self._initial(args) if table is None else None
@@ -219,9 +220,12 @@ class Autopilot:
     def _initial(self, args: tuple) -> Any:  # in the solve process where there is one (module doc: imports)
         from .solve_process import SolveProcessError
         try:
-            return self._proc.call(self.solver, *args) if self._proc is not None else self.solver(*args)
+            return self._proc.call(self._solver(None), *args) if self._proc is not None else self._solver(None)(*args)
         except SolveProcessError:
-            return self.solver(*args)
+            return self._solver(None)(*args)
+
+    def _solver(self, incumbent: Plan | None) -> Callable[..., Any]:  # the default solver knows the live plan and family
+        return functools.partial(slo_plan, incumbent=incumbent, family=self.family) if self.solver is slo_plan else self.solver
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
@@ -499,7 +503,7 @@ class Autopilot:
         t0 = time.perf_counter()
         try:
             args = (self._problem(job), job.target, job.lams)
-            solver = functools.partial(slo_plan, incumbent=self._live) if self.solver is slo_plan else self.solver
+            solver = self._solver(self._live)
             proc = self._proc
             out: Any = proc.call(solver, *args) if proc is not None else solver(*args)
         except Exception as exc:  # noqa: BLE001 - counted, the live plan stays

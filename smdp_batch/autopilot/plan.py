@@ -19,7 +19,7 @@ from ..limits import RATE_MAX, RATE_MIN
 from ..runtime.table import PolicyTable
 from .estimators import _num as num  # a real number as a float, NaN for anything else
 
-__all__ = ["Plan", "slo_plan"]
+__all__ = ["PLAN_FAMILIES", "Plan", "ray_table", "server_rule", "slo_plan"]
 
 
 @dataclass(frozen=True)
@@ -66,70 +66,115 @@ class Plan:
         raise TypeError("table must be a PolicyTable, a Plan or None")
 
 
-def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
-             incumbent: Plan | None = None, margin: float = 0.02) -> Plan | None:
-    """The SLO optimiser's least-power SMDP table + timer meeting p99 ≤ ``slo_ms`` at every load in ``lams``
-    (1/ms; planned metrics at ``lams[0]``).
+#: The families a plan may come from: the SMDP table + timer the batcher runs, or the rule of a server's own batcher
+#: whose knobs are set live (Ray Serve's ``serve.batch``: ``batch_wait_timeout_s``, max batch = Bmax).
+PLAN_FAMILIES = ("smdp", "ray")
 
-    When no table meets it: the best effort at ``lams[0]``, a plan with ``meets=False`` — the greedy table
-    (serve the largest allowed size ≤ n at once, no timer), which waits least, when its simulated p99 there is
-    below the incumbent's on the same arrivals — else None (the live plan is already the better effort).
+
+def server_rule(plan: Plan, problem: Any) -> Any:
+    """The plan as the simulator's rule (a ServerRule): its table + timer, or Ray's rule at its timeout."""
+    from ..baselines.servers import ray_serve, table_timer
+
+    t = plan.table
+    tau = plan.timer_ms if plan.timer_ms is not None else math.inf
+    if t.meta.get("family") == "ray":
+        sizes = list(problem.batch_sizes)
+        pad = () if sizes == list(range(1, sizes[-1] + 1)) else tuple(sizes)
+        return ray_serve(int(problem.bmax), float(f"{tau / 1000.0:.6g}"), pad)
+    forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
+    return table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
+
+
+def ray_table(problem: Any, timeout_ms: float, lam: float, spec: str) -> PolicyTable:
+    """Ray Serve's batcher as a table + timer: serve Bmax at once when Bmax wait, else everything waiting (≤ Bmax,
+    padded up to the next allowed size where sizes are missing) once the timer fires; ``meta["family"]`` = "ray"."""
+    sizes = list(problem.batch_sizes)
+    bmax = int(problem.bmax)
+    n = np.arange(bmax + 1)
+    full = sizes == list(range(1, bmax + 1))
+    return PolicyTable(np.where(n >= bmax, bmax, 0).astype(np.int64), sizes,
+                       {"inputs": {"lam": float(lam)}, "max_wait_ms": float(timeout_ms), "setting": spec,
+                        "family": "ray", "short_batch": "serve" if full else "pad-up"})
+
+
+def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
+             incumbent: Plan | None = None, margin: float = 0.02, family: str = "smdp") -> Plan | None:
+    """The SLO optimiser's least-power setting meeting p99 ≤ ``slo_ms`` at every load in ``lams`` (1/ms; planned
+    metrics at ``lams[0]``): of ``family`` "smdp" (a table + timer), or "ray" (Ray Serve's batcher at max batch
+    Bmax, its ``batch_wait_timeout_s`` the plan's timer: :func:`ray_table`).
+
+    When no setting meets it: the best effort at ``lams[0]``, a plan with ``meets=False`` — the greedy table
+    (serve the largest allowed size ≤ n at once, no timer; for "ray", timeout 0), which waits least, when its
+    simulated p99 there is below the incumbent's on the same arrivals — else None (the live plan is already the
+    better effort).
 
     ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
     ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
     swap that saves nothing only costs a rollback watch.  Otherwise its simulated p99 at ``lams[0]`` goes with
     the new plan (``incumbent_p99_ms``): the rollback watch compares the new plan's responses with it."""
     from ..analysis.slo import optimise
-    from ..baselines.servers import table_timer
     from ..limits import SLO_MAX_MS
 
-    current = None
-    if incumbent is not None:
-        t = incumbent.table
-        tau = incumbent.timer_ms if incumbent.timer_ms is not None else math.inf
-        forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
-        current = table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
+    if family not in PLAN_FAMILIES:
+        raise InputError(f"family must be one of {', '.join(PLAN_FAMILIES)}, got {family!r}")
+    current = None if incumbent is None else server_rule(incumbent, problem)
     try:
         ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams),
-                       families=("smdp",), requests=requests, seed=seed, defaults=False, current=current)
+                       families=(family,), requests=requests, seed=seed, defaults=False, current=current)
     except InputError:  # the target is below what any rule can reach (l(1) alone): nothing meets it
-        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed)
-    s = ans.best.get("smdp")
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family)
+    s = ans.best.get(family)
     cur = ans.current
     if incumbent is not None and cur is not None and cur.meets and \
             (s is None or not s.meets or cur.power_w <= (1.0 + margin) * s.power_w):
         at = min(cur.loads, key=lambda x: abs(x.lam - lams[0]))
         return replace(incumbent, lam=float(lams[0]), mean_ms=at.metrics["mean"], p99_ms=at.metrics["p99"],
                        power_w=at.power_w, meets=True)
-    if s is None or s.policy is None or not s.meets:
-        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed)
+    if s is None or not s.meets or (family == "smdp" and s.policy is None):
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family)
     at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
-    tau = s.knobs.get("tau_ms")
-    timer = float(tau) if tau is not None and math.isfinite(tau) else None
-    sizes = s.knobs.get("batch_sizes") or list(problem.batch_sizes)
-    meta = {"inputs": {"lam": float(lams[0])}, "max_wait_ms": timer, "setting": s.spec,
-            "short_batch": "pad-up" if s.knobs.get("forced") == "pad" else "serve"}
-    table = PolicyTable(np.asarray(s.policy, dtype=np.int64), sizes, meta)
     old = min(cur.loads, key=lambda x: abs(x.lam - lams[0])).metrics["p99"] if cur is not None and cur.loads else math.nan
+    timer: float | None
+    if family == "ray":
+        timer = float(s.knobs["timeout_s"]) * 1000.0
+        table = ray_table(problem, timer, lams[0], s.spec)
+    else:
+        tau = s.knobs.get("tau_ms")
+        timer = float(tau) if tau is not None and math.isfinite(tau) else None
+        sizes = s.knobs.get("batch_sizes") or list(problem.batch_sizes)
+        meta = {"inputs": {"lam": float(lams[0])}, "max_wait_ms": timer, "setting": s.spec,
+                "short_batch": "pad-up" if s.knobs.get("forced") == "pad" else "serve"}
+        table = PolicyTable(np.asarray(s.policy, dtype=np.int64), sizes, meta)
     return Plan(table, float(lams[0]), timer, at.metrics["mean"], at.metrics["p99"], at.power_w, True, s.spec,
                 incumbent_p99_ms=float(old))
 
 
-def _best_effort(problem: Any, current: Any, requests: int, seed: int) -> Plan | None:
-    """The greedy table at ``problem.lam`` as a plan that does not meet its target, if its simulated p99 is
-    below the live rule's (``current``, None: none) on the same arrivals; else None."""
+def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: str = "smdp") -> Plan | None:
+    """The greedy table at ``problem.lam`` (for "ray": Ray's batcher with timeout 0) as a plan that does not meet
+    its target, if its simulated p99 is below the live rule's (``current``, None: none) on the same arrivals;
+    else None."""
     from ..analysis.simulate import simulate
     from ..baselines import parse_policy
+    from ..baselines.servers import ray_serve
 
-    policy = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
-    greedy = simulate(problem, policy, requests=requests, seed=seed)
+    sizes = list(problem.batch_sizes)
+    if family == "ray":
+        pad = () if sizes == list(range(1, sizes[-1] + 1)) else tuple(sizes)
+        rule: Any = ray_serve(int(problem.bmax), 0.0, pad)
+    else:
+        rule = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
+    greedy = simulate(problem, rule, requests=requests, seed=seed)
     if current is not None and not greedy.percentiles["p99_ms"] < simulate(problem, current, requests=requests,
                                                                           seed=seed).percentiles["p99_ms"]:
         return None
-    meta = {"inputs": {"lam": problem.lam}, "max_wait_ms": None, "setting": "greedy (best effort)",
-            "short_batch": "serve"}
-    return Plan(PolicyTable(policy, list(problem.batch_sizes), meta), problem.lam, None, greedy.mean_latency_ms,
-                greedy.percentiles["p99_ms"], greedy.mean_power_w, False, "greedy (best effort)")
+    spec = "ray:timeout 0 (best effort)" if family == "ray" else "greedy (best effort)"
+    if family == "ray":
+        table, timer = ray_table(problem, 0.0, problem.lam, spec), 0.0
+    else:
+        table, timer = PolicyTable(rule, sizes, {"inputs": {"lam": problem.lam}, "max_wait_ms": None, "setting": spec,
+                                                 "short_batch": "serve"}), None
+    return Plan(table, problem.lam, timer, greedy.mean_latency_ms, greedy.percentiles["p99_ms"], greedy.mean_power_w,
+                False, spec)
 
 
 def _same(a: Plan, b: Plan) -> bool:

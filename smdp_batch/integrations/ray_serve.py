@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import math
 import os
 import time
 from typing import Any, Callable
@@ -191,7 +192,7 @@ class _EventLog:
 
 
 def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: float | str | None = "auto",
-                         serve_batch: tuple[int, float] | None = None, num_cpus: float = 0):
+                         serve_batch: tuple[int, float] | None = None, num_cpus: float = 0, live_knobs: bool = False):
     """A Ray Serve application whose batches an Autopilot forms, built in the replica by ``make()``.
 
     ``make()`` returns ``(infer, policy)``: ``infer(items) -> list`` (async, or sync: then run in a worker
@@ -199,6 +200,11 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     Autopilot's first solve and its solver threads run there): an Autopilot (``table_batch(autopilot=...)``),
     any other table ``table_batch`` takes (a PolicyTable, a λ-bank AdaptivePolicy), or None with
     ``serve_batch=(max_batch_size, batch_wait_timeout_s)``: Ray's own ``serve.batch`` (for comparisons).
+    ``live_knobs=True``: Ray's own ``serve.batch`` forms the batches, at max batch Bmax, and the Autopilot
+    (``family="ray"``) sets its ``batch_wait_timeout_s`` live: the timer in force (the live plan's × the closed
+    loop's multiplier) is applied after each batch and arrival where it changed (``set_batch_wait_timeout_s``: an
+    attribute write that the next batch reads; no restart, no request lost); the Autopilot hears of every arrival,
+    batch (at the size it ran as: padded up to the next allowed size) and the replica's entry → answer times.
     A call ``handle.remote(i, x)`` returns ``(i, b, output)``, b the size of the batch that served it.
     ``handle.metrics.remote()`` returns the Autopilot's metrics as a dict (after waiting up to 30 s for a
     solve in flight; None for another policy); ``handle.batches.remote()`` the (b, start, end)
@@ -218,6 +224,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             self.log: list = []
             self.served: collections.deque = collections.deque(maxlen=200_000)
             self.tell = getattr(self.pilot, "observe_served", None)
+            self.knob_changes, self.timeout_ms = 0, math.nan  # live_knobs: timeouts set on Ray's batcher; the last
             is_async = inspect.iscoroutinefunction(infer)
 
             async def run_batch(items: list) -> list:
@@ -227,7 +234,25 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 self.log.append((len(items), t0, time.time()))
                 return [(i, len(items), y) for (i, _), y in zip(items, out)]
 
-            if self.pilot is None:
+            async def run_knobs(items: list) -> list:  # Ray's batch, told to the Autopilot; then its timer applied
+                t0, ok = time.monotonic(), False
+                try:
+                    out = await run_batch(items)
+                    ok = True
+                    return out
+                finally:
+                    self.pilot.observe_batch(next((b for b in sizes if b >= len(items)), len(items)),
+                                             time.monotonic() - t0, ok)
+                    self.apply()
+
+            if live_knobs:
+                plan = getattr(self.pilot, "plan", None)
+                if plan is None or plan.table.meta.get("family") != "ray":
+                    raise InputError("live_knobs=True needs an Autopilot planning Ray's batcher (family='ray')")
+                sizes = sorted(self.pilot.batch_sizes)
+                self.timeout_ms = float(self.pilot.max_wait_ms)
+                self.batched = serve.batch(max_batch_size=sizes[-1], batch_wait_timeout_s=self.timeout_ms / 1e3)(run_knobs)
+            elif self.pilot is None:
                 if serve_batch is None:
                     raise InputError("autopilot_deployment: make() gave no policy and serve_batch= is not set")
                 self.batched = serve.batch(max_batch_size=int(serve_batch[0]),
@@ -237,8 +262,18 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             else:
                 self.batched = table_batch(self.pilot, max_wait_ms=max_wait_ms)(run_batch)
 
+        def apply(self) -> None:
+            """The Autopilot's timer in force onto Ray's batcher, where it changed (``live_knobs``)."""
+            t = self.pilot.max_wait_ms
+            if t is not None and t != self.timeout_ms:
+                self.batched.set_batch_wait_timeout_s(float(t) / 1e3)
+                self.timeout_ms, self.knob_changes = float(t), self.knob_changes + 1
+
         async def __call__(self, i, x=None):
             t_in = time.time()
+            if live_knobs:
+                self.pilot.observe_arrival(time.monotonic() * 1e3)
+                self.apply()
             out = await self.batched((i, x))
             t_out = time.time()
             self.served.append((i, t_in, t_out))
@@ -254,7 +289,8 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             if not hasattr(self.pilot, "join"):
                 return None
             await asyncio.to_thread(self.pilot.join, 30.0)
-            return dataclasses.asdict(self.pilot.metrics)
+            extra = {"batch_wait_timeout_ms": self.timeout_ms, "knob_changes": self.knob_changes} if live_knobs else {}
+            return {**dataclasses.asdict(self.pilot.metrics), **extra}
 
         def batches(self) -> list:
             return list(self.log)
