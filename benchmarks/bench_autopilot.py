@@ -18,7 +18,7 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 
 * ``autopilot`` — an Autopilot (SLO optimiser, family smdp) started at λ0, ``min_samples`` 100,
   ``overhead_ms`` as above, its solves in a lower-priority child process;
-* ``autopilot, Ray's batcher`` (Ray only) — the same, planning Ray's own ``serve.batch`` (``family="ray"``) and
+* ``autopilot on Ray's batcher`` (Ray only) — the same, planning Ray's own ``serve.batch`` (``family="ray"``) and
   setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); Triton's batcher takes
   its delay only from a model reload, so it has no such setting;
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
@@ -67,8 +67,8 @@ SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
 MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or light (1×: 0.7-2 ms)
-SETTINGS = ["autopilot", "autopilot, Ray's batcher", "tuned server", "λ-bank", "static table"]  # --only picks
-KIND = {"autopilot": "autopilot", "autopilot, Ray's batcher": "autopilot-ray", "tuned server": "none", "λ-bank": "bank",
+SETTINGS = ["autopilot", "autopilot on Ray's batcher", "tuned server", "λ-bank", "static table"]  # --only picks
+KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray", "tuned server": "none", "λ-bank": "bank",
         "static table": "static"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
 SIM_SETTINGS = ["autopilot", "autopilot, open loop", "tuned server", "λ-bank", "static table"]  # --simulated

@@ -124,7 +124,8 @@ def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step(
     assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]
     assert sum(b for b, _, _ in batches) == arr.size and max(b for b, _, _ in batches) > 1  # Ray's batches
     _check_swap(m, _replica_rates(entered, arr.size))
-    assert m["responses_from"] == "served" and sum(m["batches"]) == len(batches)  # every batch told to it
+    allowed = set(m["batch_sizes"])  # every batch of a size it plans with was told to it
+    assert m["responses_from"] == "served" and sum(m["batches"]) == sum(b in allowed for b, _, _ in batches)
     assert m["knob_changes"] >= 1 and m["batch_wait_timeout_ms"] == pytest.approx(m["timer_ms"])  # applied live
 
 

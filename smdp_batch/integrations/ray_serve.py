@@ -204,7 +204,8 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     (``family="ray"``) sets its ``batch_wait_timeout_s`` live: the timer in force (the live plan's × the closed
     loop's multiplier) is applied after each batch and arrival where it changed (``set_batch_wait_timeout_s``: an
     attribute write that the next batch reads; no restart, no request lost); the Autopilot hears of every arrival,
-    batch (at the size it ran as: padded up to the next allowed size) and the replica's entry → answer times.
+    every batch of a size it plans with (Ray forms any size ≤ Bmax; the others teach l̂(b) nothing, as with
+    DynamicBatcher) and the replica's entry → answer times.
     A call ``handle.remote(i, x)`` returns ``(i, b, output)``, b the size of the batch that served it.
     ``handle.metrics.remote()`` returns the Autopilot's metrics as a dict (after waiting up to 30 s for a
     solve in flight; None for another policy); ``handle.batches.remote()`` the (b, start, end)
@@ -241,17 +242,17 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                     ok = True
                     return out
                 finally:
-                    self.pilot.observe_batch(next((b for b in sizes if b >= len(items)), len(items)),
-                                             time.monotonic() - t0, ok)
+                    if len(items) in sizes:  # a size the profile has (Ray forms any size ≤ Bmax; as DynamicBatcher)
+                        self.pilot.observe_batch(len(items), time.monotonic() - t0, ok)
                     self.apply()
 
             if live_knobs:
                 plan = getattr(self.pilot, "plan", None)
                 if plan is None or plan.table.meta.get("family") != "ray":
                     raise InputError("live_knobs=True needs an Autopilot planning Ray's batcher (family='ray')")
-                sizes = sorted(self.pilot.batch_sizes)
+                sizes = set(self.pilot.batch_sizes)
                 self.timeout_ms = float(self.pilot.max_wait_ms)
-                self.batched = serve.batch(max_batch_size=sizes[-1], batch_wait_timeout_s=self.timeout_ms / 1e3)(run_knobs)
+                self.batched = serve.batch(max_batch_size=max(sizes), batch_wait_timeout_s=self.timeout_ms / 1e3)(run_knobs)
             elif self.pilot is None:
                 if serve_batch is None:
                     raise InputError("autopilot_deployment: make() gave no policy and serve_batch= is not set")
