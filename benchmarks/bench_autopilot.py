@@ -20,7 +20,10 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
   ``overhead_ms`` as above, its solves in a lower-priority child process;
 * ``autopilot on Ray's batcher`` (Ray only) — the same, planning Ray's own ``serve.batch`` (``family="ray"``) and
   setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); Triton's batcher takes
-  its delay only from a model reload, so it has no such setting;
+  its delay only from a model reload, so it has no such setting; ``autopilot on Ray's batcher open loop``, only
+  when ``--only`` names it: the same without its closed loop (``control=False``); ``autopilot on Ray's batcher
+  told the client``, only when named: the same, told the client's response times every 0.25 s
+  (``observe_client``), with no ``overhead_ms`` and the excess learned (``learn=True``);
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
   (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
   max_queue_delay_microseconds, both with max batch 32;
@@ -67,9 +70,12 @@ SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
 MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or light (1×: 0.7-2 ms)
-SETTINGS = ["autopilot", "autopilot on Ray's batcher", "tuned server", "λ-bank", "static table"]  # --only picks
+SETTINGS = ["autopilot", "autopilot on Ray's batcher", "tuned server", "λ-bank", "static table",
+            "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
+EXTRA = SETTINGS[-2:]  # run only when --only names them
 KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray", "tuned server": "none", "λ-bank": "bank",
-        "static table": "static"}
+        "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
+        "autopilot on Ray's batcher told the client": "autopilot-ray-client"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
 SIM_SETTINGS = ["autopilot", "autopilot, open loop", "tuned server", "λ-bank", "static table"]  # --simulated
 
@@ -162,6 +168,33 @@ async def with_slowdown(load, slow_file: str, seconds: float):
             os.remove(slow_file)
 
 
+async def told_replay(h, x, arr, max_seconds: float):
+    """``replay`` through ``h`` that tells the replica the client's response times every 0.25 s
+    (``observe_client``): the Autopilot then judges what the client sees."""
+    from smdp_batch.integrations.loadgen import replay
+
+    told: list = []
+
+    async def send(j):
+        t0 = time.perf_counter()
+        r = await h.remote(j, x)
+        told.append((time.perf_counter() - t0) * 1e3)
+        return r
+
+    async def tell():
+        while True:
+            await asyncio.sleep(0.25)
+            if told:
+                batch, told[:] = list(told), []
+                h.observe_client.remote(batch)
+
+    teller = asyncio.ensure_future(tell())
+    try:
+        return await replay(send, arr, 1.0, max_seconds=max_seconds)
+    finally:
+        teller.cancel()
+
+
 def run_ray(arr, phase, seconds, tmp) -> dict:
     from smdp_batch.integrations.loadgen import replay
     from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
@@ -175,9 +208,12 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
             sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else None
-            live = KIND[name] == "autopilot-ray"
+            live = KIND[name].startswith("autopilot-ray")
             h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb, live_knobs=live), f"s{i}")
-            load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
+            if KIND[name] == "autopilot-ray-client":
+                load = told_replay(h, x, arr, 10 * seconds)
+            else:
+                load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
             sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
             batches = h.batches.remote().result(timeout_s=60)
             m = h.metrics.remote().result(timeout_s=60)
@@ -201,7 +237,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     knobs = tuned("triton")
     out = {"_tuned": knobs["spec"]}
     specs = {}
-    names = [x for x in SETTINGS if KIND[x] != "autopilot-ray"]  # Triton's batcher cannot be retimed live
+    names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")]  # Triton's batcher: no live retiming
     for i, name in enumerate(names):
         kw = {"kind": KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO, "slow_file": os.path.join(tmp, f"tr{i}.slow"),
               "min_samples": 100, "overhead_ms": OVERHEAD["ms"], "repeat": MODEL["repeat"]}
@@ -339,6 +375,8 @@ def main() -> int:
     if a.only:
         keep = [x.strip() for x in a.only.split(",")]
         SETTINGS[:] = [x for x in SETTINGS if x in keep]
+    else:
+        SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
         SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
     if a.simulated:
         t0 = time.perf_counter()

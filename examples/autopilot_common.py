@@ -13,7 +13,8 @@
 * :func:`make` — ``(infer, policy)`` for :func:`smdp_batch.integrations.ray_serve.autopilot_deployment` and
   :class:`smdp_batch.integrations.triton_autopilot.AutopilotModelSpec`; ``kind`` picks the policy:
   ``autopilot`` (an Autopilot), ``autopilot-ray`` (an Autopilot planning Ray's own batcher, for
-  ``autopilot_deployment(live_knobs=True)``), ``static`` (the Autopilot's first table, never re-solved), ``bank`` (a λ-bank
+  ``autopilot_deployment(live_knobs=True)``; ``autopilot-ray-open``: without its closed loop; ``autopilot-ray-client``: told the client's times, no
+  ``overhead_ms``, the excess learned), ``static`` (the Autopilot's first table, never re-solved), ``bank`` (a λ-bank
   AdaptivePolicy of SLO tables over a grid of rates), or ``none`` (the server batches by itself).
 """
 
@@ -88,8 +89,11 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
 
         plans = [slo_plan(p.replace(lam=lam * f), slo_p99_ms - overhead_ms, [lam * f]) for f in bank_factors]
         return infer, AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
-    if kind == "autopilot-ray":  # plans Ray's own batcher; the deployment sets its timeout live
-        return infer, Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=overhead_ms, family="ray")
+    if kind in ("autopilot-ray", "autopilot-ray-open"):  # plans Ray's own batcher; the deployment sets its timeout live
+        return infer, Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=overhead_ms, family="ray",
+                                control=kind == "autopilot-ray")
+    if kind == "autopilot-ray-client":  # told the client's own times: no budget outside them, the excess learned
+        return infer, Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=0.0, family="ray", learn=True)
     pilot = Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=overhead_ms)
     if kind == "static":
         return infer, pilot.table

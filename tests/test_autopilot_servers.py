@@ -119,6 +119,10 @@ def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step(
         m = _settled(lambda: h.metrics.remote().result(timeout_s=60))
         batches = h.batches.remote().result(timeout_s=60)
         entered = {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}
+        h.observe_client.remote([77.0] * 500).result(timeout_s=60)  # the client's own times replace the replica's
+        h.remote(0, 0.0).result(timeout_s=60)  # whose own time is no longer told
+        told = h.metrics.remote().result(timeout_s=60)
+    assert told["observed_p99_ms"] == pytest.approx(77.0)
     assert errors == 0 and all(r is not None for r in results)
     assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
     assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]

@@ -210,7 +210,9 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     ``handle.metrics.remote()`` returns the Autopilot's metrics as a dict (after waiting up to 30 s for a
     solve in flight; None for another policy); ``handle.batches.remote()`` the (b, start, end)
     ``time.time()`` seconds of every batch; ``handle.autopilot_events.remote()`` the Autopilot's event lines
-    (swaps, rollbacks, failures: the JSON lines it logs on the ``smdp_batch`` logger, the latest 1000).
+    (swaps, rollbacks, failures: the JSON lines it logs on the ``smdp_batch`` logger, the latest 1000).  The
+    Autopilot judges each request's replica entry → answer time, or, once a client calls
+    ``handle.observe_client.remote(ms_list)`` with the times it measured, those instead.
     """
     import dataclasses
     import inspect
@@ -226,6 +228,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             self.served: collections.deque = collections.deque(maxlen=200_000)
             self.tell = getattr(self.pilot, "observe_served", None)
             self.knob_changes, self.timeout_ms = 0, math.nan  # live_knobs: timeouts set on Ray's batcher; the last
+            self.client_told = False  # whether the client tells its own times (observe_client)
             is_async = inspect.iscoroutinefunction(infer)
 
             async def run_batch(items: list) -> list:
@@ -278,9 +281,16 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             out = await self.batched((i, x))
             t_out = time.time()
             self.served.append((i, t_in, t_out))
-            if self.tell is not None:  # the replica's record, entry → answer: the Autopilot's responses
+            if self.tell is not None and not self.client_told:  # the replica's record, entry → answer
                 self.tell((t_out - t_in) * 1e3)
             return out
+
+        def observe_client(self, ms: list) -> None:
+            """Response times the client measured (ms, send → answer): from the first call on they are the
+            Autopilot's responses instead of the replica's own record (``observe_served``)."""
+            if self.tell is not None:
+                self.client_told = True
+                self.tell(ms)
 
         def served_times(self) -> list:
             """(request id, entered, answered) in ``time.time()`` s, the latest 200 000: the server's view."""
