@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import warnings
+from typing import Iterator
+
 
 class InputError(ValueError):
     """Invalid user input: the message names the bad value and what would be valid.
@@ -25,3 +30,26 @@ class DegenerateTruncationWarning(RuntimeWarning):
 class TableNotConvergedWarning(RuntimeWarning):
     """The converged-table search hit its state or work limit: the table's decisions are not verified
     against a larger truncation (``Solution.converged_upto`` is None)."""
+
+
+_QUIET = threading.local()  # per thread: how many solver_checks_convergence blocks are open
+
+
+@contextlib.contextmanager
+def solver_checks_convergence() -> Iterator[None]:
+    """Within it, the solvers this thread calls do not warn :class:`NotConvergedWarning`: the caller reads
+    ``converged`` itself.  Thread-safe, unlike ``warnings.catch_warnings``, which swaps the process-wide filter
+    list: a thread leaving its block put the list back under another thread still inside its own, whose
+    warning then reached the caller's filters (seen: the SLO search's parallel families, one PI at its cap)."""
+    _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _QUIET.depth -= 1
+
+
+def warn_not_converged(message: str, stacklevel: int = 2) -> None:
+    """Warn :class:`NotConvergedWarning` from a solver (``stacklevel`` as ``warnings.warn``'s, counted from the
+    solver), unless its caller checks convergence itself (:func:`solver_checks_convergence`)."""
+    if not getattr(_QUIET, "depth", 0):
+        warnings.warn(message, NotConvergedWarning, stacklevel=stacklevel + 1)

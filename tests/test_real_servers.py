@@ -199,3 +199,42 @@ def test_triton_stub_runs_an_onnx_model_on_each_of_two_instances(tmp_path):
     took = [t1 - t0 for t0, t1 in run.batch_times.values()]
     assert 0 < max(took) < 500.0, took  # ONNX Runtime ran each batch: none slept its listed 2 s
     assert len(run.batches) < arrivals.size  # the dynamic batcher did form batches (a 3 ms delay)
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_triton_retimes_its_batcher_by_a_reload_while_serving_and_loses_no_request():
+    """``TritonServer(model_control="explicit").retime``: the model reloads with the new delay under load; every
+    request is answered, and the batches that were not full wait the new delay after the reload."""
+    pytest.importorskip("pytriton")
+    pytest.importorskip("tritonclient.http")
+    import threading
+    import time
+
+    from smdp_batch.errors import InputError
+    from smdp_batch.integrations.triton import ModelSpec, TritonServer, run_load
+
+    spec = ModelSpec(8, 2_000.0, (), {b: 1.0 + 0.5 * b for b in range(1, 9)})
+    arrivals = poisson_arrivals(0.1, 600, np.random.default_rng(SEED))  # 100/s for about 6 s, scale 1
+    with TritonServer({"m": spec}, 1.0, model_control="explicit") as srv:
+        box: dict = {}
+        load = threading.Thread(target=lambda: box.update(run=run_load(srv, "m", arrivals)))
+        load.start()
+        time.sleep(2.0)
+        took = srv.retime("m", 12_000.0)
+        load.join()
+        import tritonclient.http as http
+
+        cfg = http.InferenceServerClient(srv.http_url).get_model_config("m")
+    run = box["run"]
+    assert run.errors == 0 and np.isfinite(run.latency_ms).all()  # no request lost to the reload
+    assert sum(b for b, _ in run.batches.values()) == arrivals.size
+    assert int(cfg["dynamic_batching"]["max_queue_delay_microseconds"]) == 12000  # JSON: a string of µs
+    assert 0.0 < took < 60.0
+    waits = {k: run.batch_times[k][0] - float(run.arrival_ms[run.batch_of == k].min()) for k, (b, _) in
+             run.batches.items() if b < 8}  # the first request's wait in each batch that was not full (ms)
+    early = [w for k, w in waits.items() if run.batch_times[k][0] < 1500.0]  # before the reload (at about 2 s)
+    late = [w for k, w in waits.items() if run.batch_times[k][0] > run.arrival_ms[-1] - 2000.0]  # the last 2 s
+    assert np.median(early) < 5.0 and np.median(late) > 9.0, (np.median(early), np.median(late))
+    with pytest.raises(InputError, match="explicit"):  # the default mode cannot load on request
+        TritonServer({"m": spec}, 1.0).retime("m", 1_000.0)

@@ -20,12 +20,11 @@ would run it: the coarsening only limits how good the candidates can be, never h
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, solver_checks_convergence
 from ..model.problem import BatchingProblem
 
 __all__ = ["Candidate", "one_server_tables", "instances_tables", "instances_model", "W2_GRID"]
@@ -99,8 +98,7 @@ def instances_model(problem: BatchingProblem) -> tuple[tuple[int, ...], int | No
                        f"configurations, over {CANDIDATE_WORK:.0e}")
                 continue
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", NotConvergedWarning)
+                with solver_checks_convergence():
                     sol = solve_instances(problem.replace(batch_sizes=sizes), phases=k, throw=False)
             except InputError as e:
                 why = str(e)
@@ -128,8 +126,7 @@ def instances_tables(problem: BatchingProblem, solve_lam: float, label_lam: bool
     i = 0
     while i < len(w2s):
         w2 = w2s[i]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotConvergedWarning)
+        with solver_checks_convergence():
             sol = solve_instances(q.replace(w2=w2), phases=phases, throw=False)
         i += 1
         if not sol.converged:

@@ -10,7 +10,7 @@ import click
 import numpy as np
 
 from ..analysis.report import describe_busy, describe_policy
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, NotConvergedWarning, solver_checks_convergence
 from ..specs.contention import parse_contention
 from ..model import multi_server
 from ..model.problem import BatchingProblem
@@ -60,8 +60,7 @@ def choose_instances(problem: BatchingProblem, phases: int | None, idle_power_w:
             rows.append({"instances": c, "why": str(e)})
             continue
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NotConvergedWarning)
+            with solver_checks_convergence():
                 sol = solve_instances(pc, phases=phases, idle_power_w=idle_power_w, throw=False,
                                       max_states=max_states)
         except InputError as e:  # past the model's limits: so are all larger counts

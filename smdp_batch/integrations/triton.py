@@ -133,18 +133,23 @@ def _free_port() -> int:
 class TritonServer:
     """``with TritonServer({"name": ModelSpec, …}, scale) as srv:`` — a running Triton on 127.0.0.1.
 
+    ``model_control="explicit"``: Triton's explicit model-control mode (every model loaded at the start), so that
+    :meth:`retime` can change a model's batching delay by reloading it.
+
     ``srv.grpc_url`` / ``srv.http_url``; ``srv.batches(name)`` reads the batches a model has run
     (b, executed size, start s, end s), ``srv.batch_log(name)`` the same with the instance that ran each.
     Start-up waits for readiness (``start_timeout_s``).
     """
 
     def __init__(self, models: dict, scale: float, start_timeout_s: float = 60.0, exit_timeout_s: int = 3,
-                 log_file: str | None = None):
+                 log_file: str | None = None, model_control: str = "none"):
         if not models:
             raise InputError("TritonServer needs at least one model")
         if not (scale > 0):
             raise InputError(f"time scale must be > 0, got {scale!r}")
-        self.models, self.scale = dict(models), float(scale)
+        if model_control not in ("none", "explicit"):
+            raise InputError(f"model_control must be 'none' or 'explicit', got {model_control!r}")
+        self.models, self.scale, self.model_control = dict(models), float(scale), model_control
         self.start_timeout_s, self.exit_timeout_s, self.log_file = start_timeout_s, int(exit_timeout_s), log_file
         self.dist = find_distribution()
         self.proc: subprocess.Popen | None = None
@@ -168,7 +173,30 @@ class TritonServer:
                 "--http-address=127.0.0.1", f"--http-port={self.http_port}", "--grpc-address=127.0.0.1",
                 f"--grpc-port={self.grpc_port}", "--allow-metrics=false", "--allow-gpu-metrics=false",
                 f"--exit-timeout-secs={self.exit_timeout_s}", "--strict-readiness=true", "--log-verbose=0",
-                f"--cache-directory={tmp / 'caches'}"]
+                f"--cache-directory={tmp / 'caches'}"] + \
+            (["--model-control-mode=explicit", "--load-model=*"] if self.model_control == "explicit" else [])
+
+    def retime(self, name: str, delay_us: float, preferred: tuple[int, ...] | None = None) -> float:
+        """Set model ``name``'s ``max_queue_delay_microseconds`` (model µs, × the time scale) and, when given, its
+        preferred batch sizes, through Triton's model-management API: a reload of the model with the changed
+        config (``model_control="explicit"`` only; Triton reads its batcher's settings when a model loads).
+        Returns the seconds the load call took."""
+        if self.model_control != "explicit":
+            raise InputError("retime needs TritonServer(..., model_control='explicit'): Triton reads the batcher's "
+                             "settings only when a model loads, and loads on request only in that mode")
+        http = require("tritonclient.http", "retiming a Triton model")
+        client = http.InferenceServerClient(self.http_url)
+        try:
+            cfg = client.get_model_config(name)
+            block = cfg.setdefault("dynamic_batching", {})
+            block["max_queue_delay_microseconds"] = int(round(float(delay_us) * self.scale))
+            if preferred is not None:
+                block["preferred_batch_size"] = sorted(int(b) for b in preferred)
+            t0 = time.perf_counter()
+            client.load_model(name, config=json.dumps(cfg))
+            return time.perf_counter() - t0
+        finally:
+            client.close()
 
     def _log(self, name: str) -> str:
         return str(Path(self.tmp) / f"{name}.batches.csv")  # type: ignore[arg-type]  # set by start()

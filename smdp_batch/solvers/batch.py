@@ -13,11 +13,10 @@
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, solver_checks_convergence
 from .evaluation import evaluate_policy, tail_stable
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
@@ -119,8 +118,7 @@ def solve_batch(
         from .jax_backend import pi_batch, rvi_batch
 
         if solver == "pi":
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NotConvergedWarning)
+            with solver_checks_convergence():
                 results = pi_batch(models, policy0=policy0, max_iter=max_iter or 1000)
             # problems JAX could not certify (a numerically singular policy): the numba path recovers
             results = [r if r.converged else solve_truncated(m, "pi", max_iter=max_iter) for m, r in zip(models, results)]

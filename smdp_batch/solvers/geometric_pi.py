@@ -9,12 +9,11 @@ ones tight (1e-12), and the loop ends only when a tight evaluation's improvement
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
 from .geometric import (LOOSE, RESIDUAL_TOL, ROUGH, TIGHT, GeometricModel, _System, _effective_up, _matvec, _q,
                         _q_pass, _residual, _rhs, _rows, _sweep, _v_at, _v_terms, geometric_model, metrics)
@@ -77,7 +76,7 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
         elif changed <= pol.size // 10 and rtol == ROUGH:
             rtol = LOOSE
         pol = new
-    warnings.warn(f"policy iteration stopped after {max_iter} iterations", NotConvergedWarning, stacklevel=2)
+    warn_not_converged(f"policy iteration stopped after {max_iter} iterations")
     return GeometricPI(pol, g, h, max_iter, krylov, time.perf_counter() - t0, False)
 
 

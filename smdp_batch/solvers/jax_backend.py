@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, warn_not_converged
 from ..extras import require
 from .kernels import window_filters
 from ..model.truncation import TruncatedSMDP
@@ -217,12 +216,9 @@ def pi_batch(
         pol, g, h, it, conv = (np.asarray(a) for a in jax.block_until_ready(out))
     secs = time.perf_counter() - t0
     if not conv.all():
-        warnings.warn(
+        warn_not_converged(
             f"JAX policy iteration did not certify {int((~conv).sum())} of {len(models)} problems (iteration cap or a "
-            "numerically singular policy): use backend='numba' for them",
-            NotConvergedWarning,
-            stacklevel=2,
-        )
+            "numerically singular policy): use backend='numba' for them")
     acts = models[0].actions
     return [
         SolveResult(
@@ -252,12 +248,9 @@ def rvi_batch(
     secs = time.perf_counter() - t0
     conv = hi - lo < eps
     if not conv.all():
-        warnings.warn(
+        warn_not_converged(
             f"JAX RVI stopped at max_iter={max_iter} for {int((~conv).sum())} of {len(models)} problems: NOT certified "
-            "ε-optimal (raise max_iter, or use solver='pi')",
-            NotConvergedWarning,
-            stacklevel=2,
-        )
+            "ε-optimal (raise max_iter, or use solver='pi')")
     acts = models[0].actions
     return [
         SolveResult(

@@ -29,7 +29,7 @@ from scipy import sparse
 from scipy.sparse.linalg import splu
 
 from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, warn_not_converged
 from ..model.map_truncation import MapSMDP
 from .threads import single_blas
 
@@ -270,8 +270,7 @@ def map_policy_iteration(model: MapSMDP, policy0: np.ndarray | None = None, max_
                         raise InputError("policy iteration reached a multichain policy: use a larger s_max") from None
                     changed = changed[: changed.shape[0] // 2]
     if not converged:
-        warnings.warn(f"MAP policy iteration did not repeat a policy within {max_iter} iterations: NOT certified",
-                      NotConvergedWarning, stacklevel=2)
+        warn_not_converged(f"MAP policy iteration did not repeat a policy within {max_iter} iterations: NOT certified")
         q = q_values(model, g, h, costs, filters)
     try:  # the stationary law from the factorization PI already holds (one triangular solve, not a new LU)
         mu = _law(model, *fac)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning, TableNotConvergedWarning
+from ..errors import InputError, TableNotConvergedWarning, solver_checks_convergence
 from ..limits import HEAVY_TAIL_COV2, predicted_queue, tail_factor
 from ..model.arrivals import MAP
 from ..model.map_truncation import MapBlocks, MapSMDP, map_blocks, truncate_map
@@ -210,8 +210,7 @@ class _Candidates:
         model = truncate_map(self.problem, self.arrivals, s, c_o, self.blocks)
         max_iter = _iterations_within(self.budget, model, self.max_iter, self.fix(s))
         res = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotConvergedWarning)
+        with solver_checks_convergence():
             for start in ((resize_policy(self.warm, s),) if self.warm is not None else ()) + (None,):
                 try:
                     res = map_policy_iteration(model, start, max_iter)

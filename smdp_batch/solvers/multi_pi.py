@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import splu
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, NotConvergedWarning, warn_not_converged
 from ..model.multi_server import MultiServerSMDP, PhaseType, check_max_states, check_multi_size, phase_type
 from ..model.problem import BatchingProblem
 from ..specs.rows import as_rows
@@ -521,7 +520,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         msg = f"the {problem.instances}-instance solve did not converge: {why}"
         if throw:
             raise NotConvergedWarning(msg)
-        warnings.warn(msg, NotConvergedWarning, stacklevel=2)
+        warn_not_converged(msg)
         before = None
     projected = _project(sysm, act)
     visits = sysm._visits

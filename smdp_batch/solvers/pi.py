@@ -18,11 +18,10 @@ expectations of :func:`.kernels.expected_next_table` and the same improvement ru
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
@@ -188,11 +187,7 @@ def policy_iteration(
             it += it2
     secs = time.perf_counter() - t0
     if not converged:
-        warnings.warn(
-            f"policy iteration did not repeat a policy within max_iter={max_iter}: result NOT certified",
-            NotConvergedWarning,
-            stacklevel=2,
-        )
+        warn_not_converged(f"policy iteration did not repeat a policy within max_iter={max_iter}: result NOT certified")
     return SolveResult(
         policy=model.actions[pol],
         gain=g,

@@ -11,12 +11,11 @@ in one numba kernel (:func:`rvi_loop`) whose expectations are the sliding dot pr
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
 from ..kernel_cache import njit  # numba's njit, its cache keyed by every kernel file
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
 from .kernels import expected_next
@@ -115,12 +114,9 @@ def relative_value_iteration(
     )
     secs = time.perf_counter() - t0
     if not ok:
-        warnings.warn(
+        warn_not_converged(
             f"RVI stopped at max_iter={max_iter} with span {hi - lo:.3g} ≥ eps={eps:g}: the policy is NOT "
-            "certified ε-optimal (raise max_iter, or use solver='pi')",
-            NotConvergedWarning,
-            stacklevel=2,
-        )
+            "certified ε-optimal (raise max_iter, or use solver='pi')")
     return SolveResult(
         policy=model.actions[pol],
         gain=0.5 * (lo + hi),

@@ -56,14 +56,13 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
-from ..errors import InputError, NotConvergedWarning
+from ..errors import InputError, solver_checks_convergence
 from ..limits import SEARCH_STATE_LIMIT, WORK_LIMIT
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, arrival_table, truncate
@@ -172,8 +171,7 @@ class Candidates:
         model = truncate(self.problem, s, c_o, self.arrivals, tail=self.tail_at(s) if self.tail else None)
         res = None
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NotConvergedWarning)  # checked below
+            with solver_checks_convergence():  # checked below
                 try:
                     res = policy_iteration(model, policy0=self.warm_start(s), max_iter=self.max_iter)
                 except InputError:  # a warm start from a degenerate candidate can be multichain

@@ -23,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import DegenerateTruncationWarning, InputError, NotConvergedWarning, TableNotConvergedWarning
+from ..errors import DegenerateTruncationWarning, InputError, TableNotConvergedWarning, solver_checks_convergence
 from ..limits import check_tail
 from ..runtime.schema import eq30
 from .evaluation import Evaluation, control_limit_of, evaluate_deployed, evaluate_policy, tail_stable
@@ -192,8 +192,7 @@ def solve_truncated(
         if solver == "rvi":
             return rvi_batch([model], eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)[0]
         p0 = None if policy0 is None else np.asarray(policy0)[None, :]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotConvergedWarning)
+        with solver_checks_convergence():
             res = pi_batch([model], policy0=p0, max_iter=max_iter or 1000)[0]
         if res.converged:
             return res
