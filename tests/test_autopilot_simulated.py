@@ -177,6 +177,23 @@ def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser(s
         assert np.mean(run.response_ms > SLO) <= 0.01
 
 
+def test_an_autopilot_planning_rays_batcher_follows_a_3x_step_with_ray_plans_and_holds_the_slo():
+    """family="ray" through the whole state machine on the simulated clock: the first plan and every swap are Ray's
+    rule (max batch Bmax, a timeout), solved by the real optimiser, re-timed at the new load; ≤ 1 % over the SLO."""
+    p = BatchingProblem.basic(rho=0.1, service="gamma:11")
+    clock = SimClock()
+    ap = Autopilot(p, SLO, None, clock=clock, solve_in="clock", energy_meter=None, family="ray", min_samples=100)
+    first = ap.plan
+    assert first.table.meta["family"] == "ray" and first.spec.startswith("ray:max=32,timeout_s=")
+    run = simulate(ap, p, [Phase(10.0, p.lam), Phase(20.0, 3 * p.lam)], seed=2, clock=clock)
+    swaps = [e for e in run.events if e["event"] == "swap"]
+    assert swaps and all(e["setting"].startswith("ray:max=32,timeout_s=") for e in swaps), swaps
+    assert ap.plan.table.meta["family"] == "ray" and ap.plan.lam > 2.0 * p.lam
+    assert ap.plan.timer_ms != first.timer_ms  # re-timed for the new load
+    late = run.arrival_ms > 15_000.0
+    assert np.mean(run.response_ms[late] > SLO) <= 0.01 and ap.metrics.rollbacks == 0
+
+
 def test_a_slowdown_in_the_middle_of_service_starts_a_solve_within_48_batches():
     """The whole path (estimator, materiality, schedule) on the simulated clock, on the heavy ONNX profile of the
     five-phase benchmark (7-24 ms batches, 50 requests/s): 30 s steady, then every batch 1.5× slower, batch times
