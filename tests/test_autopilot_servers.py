@@ -70,66 +70,60 @@ def _check_swap(m: dict, seen: tuple[float, float] | None = None):
         assert max(seen[0], seen[1] / 3.0) < m["lam_hat"], why
 
 
-@pytest.mark.slow
-@pytest.mark.servers
-def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
+def _ray_step(arr, name: str, make, live_knobs: bool = False, then=None) -> dict:
+    """Replay ``arr`` through an autopilot deployment on a local Ray Serve; what came back and what it reported.
+    ``then(h)``: more calls on the handle once the load has ended (its return is ``out["then"]``)."""
     pytest.importorskip("ray.serve")
     from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
     from smdp_batch.integrations.loadgen import replay
-    from smdp_batch.integrations.triton_autopilot import sleep_pilot
 
-    arr = _arrivals()
     with RayServe() as rs:
-        h = rs.deploy(autopilot_deployment("pilot", functools.partial(sleep_pilot, **PILOT)), "pilot")
+        h = rs.deploy(autopilot_deployment(name, make, live_knobs=live_knobs), name)
 
         async def main():
             return await replay(lambda i: h.remote(i, float(i)), arr, 1.0, max_seconds=120.0)
 
         sent, done, results, errors = asyncio.run(main())
-        m = _settled(lambda: h.metrics.remote().result(timeout_s=60))
-        batches = h.batches.remote().result(timeout_s=60)
-        entered = {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}
-    assert errors == 0 and all(r is not None for r in results)
+        out = {"results": results, "errors": errors, "m": _settled(lambda: h.metrics.remote().result(timeout_s=60)),
+               "batches": h.batches.remote().result(timeout_s=60),
+               "entered": {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}}
+        out["then"] = then(h) if then is not None else None
+    results, batches = out["results"], out["batches"]
+    assert out["errors"] == 0 and all(r is not None for r in results)
     assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
     assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]  # and its own output
     assert sum(b for b, _, _ in batches) == arr.size  # every request in exactly one batch
     assert max(b for b, _, _ in batches) > 1  # it batched
-    _check_swap(m, _replica_rates(entered, arr.size))
-    assert m["responses_from"] == "served"  # the replica's record (entry → answer) reached it
+    _check_swap(out["m"], _replica_rates(out["entered"], arr.size))
+    assert out["m"]["responses_from"] == "served"  # the replica's record (entry → answer) reached it
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.servers
+def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_once():
+    from smdp_batch.integrations.triton_autopilot import sleep_pilot
+
+    _ray_step(_arrivals(), "pilot", functools.partial(sleep_pilot, **PILOT))
 
 
 @pytest.mark.slow
 @pytest.mark.servers
 def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step():
-    """``live_knobs=True``: Ray's ``serve.batch`` forms the batches and the Autopilot (family "ray") retimes it."""
-    pytest.importorskip("ray.serve")
-    from smdp_batch.integrations.ray_serve import RayServe, autopilot_deployment
-    from smdp_batch.integrations.loadgen import replay
+    """``live_knobs=True``: Ray's ``serve.batch`` forms the batches and the Autopilot (family "ray") retimes it;
+    a client's own times, once told (``observe_client``), replace the replica's record."""
     from smdp_batch.integrations.triton_autopilot import sleep_pilot
 
-    arr = _arrivals(3)
-    with RayServe() as rs:
-        h = rs.deploy(autopilot_deployment("knobs", functools.partial(sleep_pilot, **PILOT, family="ray"),
-                                           live_knobs=True), "knobs")
-
-        async def main():
-            return await replay(lambda i: h.remote(i, float(i)), arr, 1.0, max_seconds=120.0)
-
-        sent, done, results, errors = asyncio.run(main())
-        m = _settled(lambda: h.metrics.remote().result(timeout_s=60))
-        batches = h.batches.remote().result(timeout_s=60)
-        entered = {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}
-        h.observe_client.remote([77.0] * 500).result(timeout_s=60)  # the client's own times replace the replica's
+    def told(h):
+        h.observe_client.remote([77.0] * 500).result(timeout_s=60)
         h.remote(0, 0.0).result(timeout_s=60)  # whose own time is no longer told
-        told = h.metrics.remote().result(timeout_s=60)
-    assert told["observed_p99_ms"] == pytest.approx(77.0)
-    assert errors == 0 and all(r is not None for r in results)
-    assert [r[0] for r in results] == list(range(arr.size))  # request i got request i's answer
-    assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]
-    assert sum(b for b, _, _ in batches) == arr.size and max(b for b, _, _ in batches) > 1  # Ray's batches
-    _check_swap(m, _replica_rates(entered, arr.size))
+        return h.metrics.remote().result(timeout_s=60)
+
+    out = _ray_step(_arrivals(3), "knobs", functools.partial(sleep_pilot, **PILOT, family="ray"), True, told)
+    m, batches = out["m"], out["batches"]
+    assert out["then"]["observed_p99_ms"] == pytest.approx(77.0)
     allowed = set(m["batch_sizes"])  # every batch of a size it plans with was told to it
-    assert m["responses_from"] == "served" and sum(m["batches"]) == sum(b in allowed for b, _, _ in batches)
+    assert sum(m["batches"]) == sum(b in allowed for b, _, _ in batches)
     assert m["knob_changes"] >= 1 and m["batch_wait_timeout_ms"] == pytest.approx(m["timer_ms"])  # applied live
 
 
