@@ -353,6 +353,20 @@ def sim_table(res: dict, outside_ms: float, solve_s: float) -> str:
     return "\n".join(lines)
 
 
+def picked(only: str, names: list[str]) -> set[str]:
+    """The settings ``--only`` names, comma-separated (a name may hold a comma itself: the longest match wins);
+    an unknown one ends the run with one line naming the valid ones."""
+    tokens, keep, i = [t.strip() for t in only.split(",")], set(), 0
+    while i < len(tokens):
+        j = next((j for j in range(len(tokens), i, -1) if ", ".join(tokens[i:j]) in names), None)
+        if j is None:
+            print(f"--only: unknown setting {tokens[i]!r}; valid: {'; '.join(names)}", file=sys.stderr)
+            sys.exit(2)
+        keep.add(", ".join(tokens[i:j]))
+        i = j
+    return keep
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase-seconds", type=float, default=10.0)
@@ -373,11 +387,11 @@ def main() -> int:
     a = ap.parse_args()
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
     if a.only:
-        keep = [x.strip() for x in a.only.split(",")]
+        keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)
         SETTINGS[:] = [x for x in SETTINGS if x in keep]
+        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
     else:
         SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
-        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
     if a.simulated:
         t0 = time.perf_counter()
         res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
