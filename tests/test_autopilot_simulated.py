@@ -247,3 +247,22 @@ class _Returns:
 
     def decide(self, n):
         return self.b
+
+
+def test_the_autopilot_benchmark_runs_its_simulated_trace_and_refuses_an_unknown_setting():
+    """``benchmarks/bench_autopilot.py --simulated`` end to end on a short trace (2 s phases), a setting whose name
+    holds a comma picked by ``--only``, and an unknown one refused with one line and exit code 2."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_autopilot.py"
+    run = subprocess.run([sys.executable, str(script), "--simulated", "--lam", "0.05", "--phase-seconds", "2",
+                          "--repeats", "1", "--only", "autopilot, open loop,tuned server"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "| 5 steady | autopilot, open loop |" in run.stdout and "| 1 steady | tuned server |" in run.stdout
+    assert "| 1 steady | static table |" not in run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--simulated", "--only", "autopilot,nonsense"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "--only: unknown setting 'nonsense'; valid: autopilot; autopilot, open loop; tuned server; λ-bank; static table"]
