@@ -238,3 +238,10 @@ def test_triton_retimes_its_batcher_by_a_reload_while_serving_and_loses_no_reque
     assert np.median(early) < 5.0 and np.median(late) > 9.0, (np.median(early), np.median(late))
     with pytest.raises(InputError, match="explicit"):  # the default mode cannot load on request
         TritonServer({"m": spec}, 1.0).retime("m", 1_000.0)
+    off = TritonServer({"m": spec}, 1.0, model_control="explicit")  # checked before any call reaches a server
+    for args, what in ((("m", -1.0), "delay_us"), (("m", float("nan")), "delay_us"), (("m", "5"), "delay_us"),
+                       (("x", 1.0), "no model 'x'"), (("m", 1.0, (0, 4)), "preferred"), (("m", 1.0, (16,)), "preferred")):
+        with pytest.raises(InputError, match=what):
+            off.retime(*args)
+    with pytest.raises(InputError, match="model_control"):
+        TritonServer({"m": spec}, 1.0, model_control="poll")

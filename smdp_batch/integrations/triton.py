@@ -29,6 +29,7 @@ killed after ``exit_timeout_s``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -184,12 +185,20 @@ class TritonServer:
         if self.model_control != "explicit":
             raise InputError("retime needs TritonServer(..., model_control='explicit'): Triton reads the batcher's "
                              "settings only when a model loads, and loads on request only in that mode")
+        us = float(delay_us) if isinstance(delay_us, (int, float)) and not isinstance(delay_us, bool) else math.nan
+        if not (math.isfinite(us) and 0.0 <= us * self.scale <= 3.6e9):
+            raise InputError(f"delay_us must be a number of µs in 0..3.6e9 (an hour), got {delay_us!r}")
+        if name not in self.models:
+            raise InputError(f"no model {name!r} on this server; it serves {', '.join(sorted(self.models))}")
+        mb = int(self.models[name].max_batch_size)
+        if preferred is not None and not all(isinstance(b, int) and 1 <= b <= mb for b in preferred):
+            raise InputError(f"preferred sizes must be whole numbers in 1..{mb} (the model's max batch), got {preferred!r}")
         http = require("tritonclient.http", "retiming a Triton model")
         client = http.InferenceServerClient(self.http_url)
         try:
             cfg = client.get_model_config(name)
             block = cfg.setdefault("dynamic_batching", {})
-            block["max_queue_delay_microseconds"] = int(round(float(delay_us) * self.scale))
+            block["max_queue_delay_microseconds"] = int(round(us * self.scale))
             if preferred is not None:
                 block["preferred_batch_size"] = sorted(int(b) for b in preferred)
             t0 = time.perf_counter()
