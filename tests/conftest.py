@@ -47,7 +47,7 @@ def _servers_take_turns(request, tmp_path_factory):
     file in the directory the workers share (pytest's base temp) holds the rule wherever they run (xdist's own
     ``--dist loadgroup`` no longer groups on pytest ≥ 9.2: pytest-xdist issue 1386).  Tests marked ``cpu_heavy``
     (a minute of one core's work) take the same turn, so they never starve a server test's replica and load
-    generator either.  Tests marked ``exclusive`` (a p99 judged live at real speed) run with nothing beside them:
+    generator either.  Tests marked ``exclusive`` (a server timed live at real speed: a p99, an outside delay) run with nothing beside them:
     every other test holds a shared lock that they take exclusively."""
     base = tmp_path_factory.getbasetemp().parent
     turn = any(request.node.get_closest_marker(m) is not None for m in TURN_MARKERS)

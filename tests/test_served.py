@@ -391,6 +391,8 @@ def batching_endpoint():
 
 
 @pytest.mark.servers
+@pytest.mark.exclusive  # times an in-process endpoint at real speed: two CI runs beside the other worker read a
+# median outside delay of 94 and 145 ms at one load (its event loop starved), passing alone and on rerun
 def test_calibrate_a_users_own_http_endpoint(batching_endpoint, tmp_path, capsys):
     """--server http: POSTs at each load to an endpoint that reports no batches; the outside delay is the residual
     of the replay, small for an in-process endpoint, and compare plans with it."""
@@ -406,8 +408,7 @@ def test_calibrate_a_users_own_http_endpoint(batching_endpoint, tmp_path, capsys
     sd = ServedDelay.load(str(tmp_path / "s.json"))
     assert sd.source["server"] == "http" and sd.served_latency_ms == {} and sd.return_ms == 0.0
     assert all(st["answered"] == 300 and st["errors"] == 0 for st in sd.stats)
-    # an in-process endpoint adds little: a few ms alone, more while the suite's other worker runs real servers on
-    # this 2-core host (its event loop stalls with it), never the SLO's order or a negative residual
+    # an in-process endpoint adds little: a few ms, never the SLO's order or a negative residual
     assert all(-5.0 < np.percentile(o, 50) < 40.0 for o in sd.outside_ms), [np.percentile(o, 50) for o in sd.outside_ms]
     assert main(["calibrate", "--bmax", "16", "--server", "http", "--setting", "control:4+timer:3", "--load-range",
                  "100:200", "--slo-p99-ms", "40", "-o", str(tmp_path / "t.json")]) == 2
