@@ -1,4 +1,6 @@
-"""Exception types. Every user-facing input problem raises :class:`InputError`."""
+"""Exception and warning types (every user-facing input problem raises :class:`InputError`), and how a solver
+warns that it did not converge: :func:`warn_not_converged`, silenced per thread where the caller checks
+(:func:`solver_checks_convergence`)."""
 
 from __future__ import annotations
 
