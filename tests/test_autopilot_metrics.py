@@ -111,6 +111,7 @@ def test_every_metric_is_scraped_with_the_autopilots_value_in_prometheus_units(p
     assert one("autopilot_planned_power_watts") == 20.0
     # 60 of the 100 responses over the SLO: the closed loop cut the timer by its largest step, e^-0.45
     assert one("autopilot_timer_scale") == m.timer_scale == pytest.approx(math.exp(-0.45))
+    assert one("autopilot_responses_end_to_end") == 0.0  # the batcher's view: no observe_served yet
     assert one("autopilot_timer_seconds") == pytest.approx(0.006 * math.exp(-0.45)) and ap.plan.timer_ms == 6.0
     assert one("autopilot_slo_p99_seconds") == pytest.approx(SLO / 1e3)
     assert one("autopilot_observed_response_seconds", quantile="0.5") == pytest.approx(0.0505)
