@@ -71,16 +71,27 @@ class Plan:
 PLAN_FAMILIES = ("smdp", "ray")
 
 
+def _padded(problem: Any) -> tuple[int, ...]:
+    """The allowed sizes a server's batch pads up to; () when every size 1..Bmax is allowed."""
+    sizes = tuple(int(b) for b in problem.batch_sizes)
+    return () if sizes == tuple(range(1, int(problem.bmax) + 1)) else sizes
+
+
+def _ray_rule(problem: Any, timeout_ms: float) -> Any:
+    """Ray Serve's batcher at max batch Bmax and this timeout, in 6 digits of s as the export writes it."""
+    from ..baselines.servers import ray_serve
+
+    return ray_serve(int(problem.bmax), float(f"{timeout_ms / 1000.0:.6g}"), _padded(problem))
+
+
 def server_rule(plan: Plan, problem: Any) -> Any:
     """The plan as the simulator's rule (a ServerRule): its table + timer, or Ray's rule at its timeout."""
-    from ..baselines.servers import ray_serve, table_timer
+    from ..baselines.servers import table_timer
 
     t = plan.table
     tau = plan.timer_ms if plan.timer_ms is not None else math.inf
     if t.meta.get("family") == "ray":
-        sizes = list(problem.batch_sizes)
-        pad = () if sizes == list(range(1, sizes[-1] + 1)) else tuple(sizes)
-        return ray_serve(int(problem.bmax), float(f"{tau / 1000.0:.6g}"), pad)
+        return _ray_rule(problem, tau)
     forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
     return table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
 
@@ -88,13 +99,11 @@ def server_rule(plan: Plan, problem: Any) -> Any:
 def ray_table(problem: Any, timeout_ms: float, lam: float, spec: str) -> PolicyTable:
     """Ray Serve's batcher as a table + timer: serve Bmax at once when Bmax wait, else everything waiting (≤ Bmax,
     padded up to the next allowed size where sizes are missing) once the timer fires; ``meta["family"]`` = "ray"."""
-    sizes = list(problem.batch_sizes)
     bmax = int(problem.bmax)
     n = np.arange(bmax + 1)
-    full = sizes == list(range(1, bmax + 1))
-    return PolicyTable(np.where(n >= bmax, bmax, 0).astype(np.int64), sizes,
+    return PolicyTable(np.where(n >= bmax, bmax, 0).astype(np.int64), list(problem.batch_sizes),
                        {"inputs": {"lam": float(lam)}, "max_wait_ms": float(timeout_ms), "setting": spec,
-                        "family": "ray", "short_batch": "serve" if full else "pad-up"})
+                        "family": "ray", "short_batch": "pad-up" if _padded(problem) else "serve"})
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
@@ -156,24 +165,21 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
     is a batch of one, which a load above 1/l(1) cannot be served with."""
     from ..analysis.simulate import simulate
     from ..baselines import parse_policy
-    from ..baselines.servers import ray_serve
 
     sizes = list(problem.batch_sizes)
     if family == "ray":
-        pad = () if sizes == list(range(1, sizes[-1] + 1)) else tuple(sizes)
         found = []
         for f in (0.0, 0.125, 0.25, 0.5, 1.0, 2.0):
-            t_s = float(f"{f * float(problem.latency_ms()[-1]) / 1000.0:.6g}")
+            rule = _ray_rule(problem, f * float(problem.latency_ms()[-1]))
             try:
-                found.append((simulate(problem, ray_serve(int(problem.bmax), t_s, pad), requests=requests, seed=seed),
-                              t_s))
+                found.append((simulate(problem, rule, requests=requests, seed=seed), rule))
             except InputError:  # unstable at this timeout
                 continue
         if not found:
             return None
-        best, t_s = min(found, key=lambda x: x[0].percentiles["p99_ms"])
-        spec = f"ray:max={int(problem.bmax)},timeout_s={t_s:g} (best effort)"
-        table, timer = ray_table(problem, t_s * 1000.0, problem.lam, spec), t_s * 1000.0
+        best, rule = min(found, key=lambda x: x[0].percentiles["p99_ms"])
+        spec, timer = f"{rule.spec} (best effort)", rule.delay
+        table = ray_table(problem, timer, problem.lam, spec)
     else:
         rule = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
         best, spec = simulate(problem, rule, requests=requests, seed=seed), "greedy (best effort)"
