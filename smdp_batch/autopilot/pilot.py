@@ -327,7 +327,7 @@ class Autopilot:
         """One response time (ms) from batcher entry to batch end, or a batch's list: the batcher's hook.  Left out
         once :meth:`observe_served` has been called (those times replace this view)."""
         if not self._served:
-            self._responses(response_times(ms, 10.0 * SLO_MAX_MS))
+            self._responses(ms)
 
     @_never_raises
     def observe_served(self, ms: Any) -> None:
@@ -335,10 +335,10 @@ class Autopilot:
         client did.  From the first call on they replace the batcher's view in the closed loop, the rollback
         watch, the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out."""
         self._served = True
-        self._responses(response_times(ms, 10.0 * SLO_MAX_MS))
+        self._responses(ms)
 
-    def _responses(self, vals: np.ndarray) -> None:
-        k = vals.size
+    def _responses(self, ms: Any) -> None:  # a value that is not a time in [0, 10 × the optimiser's limit]: left out
+        k = (vals := response_times(ms, 10.0 * SLO_MAX_MS)).size
         if k == 0:
             return
         with self._lock:
