@@ -378,3 +378,74 @@ def test_the_tail_boundary_refuses_a_table_that_does_not_end_in_bmax():
     with pytest.raises(InputError, match="ends in 2: evaluate it with boundary='loss'"):
         evaluate_instances_table(p, [0, 1, 2])
     assert evaluate_instances_table(p, [0, 1, 2], boundary="loss", n_max=60).throughput > 0
+
+
+def _splu_calls(monkeypatch) -> list[int]:
+    """Count the sparse LU factorisations policy iteration makes."""
+    from smdp_batch.solvers import multi_pi
+
+    calls: list[int] = []
+    real = multi_pi.splu
+
+    def counted(M, **kw):
+        calls.append(M.shape[0])
+        return real(M, **kw)
+
+    monkeypatch.setattr(multi_pi, "splu", counted)
+    return calls
+
+
+def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(monkeypatch):
+    """A policy close to the one last factorised is solved by GMRES preconditioned with its LU factors: the same
+    policy, table and metrics as factorising every policy afresh (to 1e-11), with fewer factorisations."""
+    from smdp_batch.solvers import multi_pi
+
+    p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    calls = _splu_calls(monkeypatch)
+    reused = solve_instances(p)
+    n_reused = len(calls)
+    monkeypatch.setattr(multi_pi, "REUSE_SHARE", -1.0)  # every policy factorised
+    calls.clear()
+    fresh = solve_instances(p)
+    assert n_reused < len(calls)
+    assert np.array_equal(reused.policy, fresh.policy) and np.array_equal(reused.table, fresh.table)
+    assert reused.n_max == fresh.n_max and reused.iterations == fresh.iterations
+    for ours, theirs in ((reused.optimal, fresh.optimal), (reused.table_eval, fresh.table_eval)):
+        for k, v in theirs.to_dict().items():
+            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+
+
+def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
+    """GMRES held to one iteration cannot reach the residual bound on a changed policy: the policy is factorised
+    and the answer is the fresh factorisation's."""
+    from smdp_batch.solvers import multi_pi
+
+    p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    monkeypatch.setattr(multi_pi, "REUSE_SHARE", -1.0)
+    fresh = solve_instances(p)
+    monkeypatch.setattr(multi_pi, "REUSE_SHARE", 1.0)
+    monkeypatch.setattr(multi_pi, "REUSE_ITERATIONS", 1)
+    calls = _splu_calls(monkeypatch)
+    tried: list[bool] = []
+    real = multi_pi._preconditioned
+    monkeypatch.setattr(multi_pi, "_preconditioned", lambda *a: tried.append(True) or real(*a))
+    got = solve_instances(p)
+    assert tried and len(calls) >= fresh.iterations  # every changed policy fell back to its own factorisation
+    assert np.array_equal(got.policy, fresh.policy)
+    assert got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
+
+
+def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    from smdp_batch.solvers.multi_pi import REUSE_RESIDUAL, _preconditioned
+
+    rng = np.random.default_rng(0)
+    A = sp.random(300, 300, density=0.02, random_state=1, format="csc") + sp.identity(300, format="csc") * 4.0
+    b = rng.normal(size=300)
+    lu = splu(A.tocsc())
+    x = _preconditioned(A.tocsr(), b, lu.solve)  # the exact factors: settles at once
+    assert x is not None and np.max(np.abs(A @ x - b)) <= REUSE_RESIDUAL * np.max(np.abs(b))
+    far = sp.diags(np.linspace(1.0, 1e8, 300)).tocsr()  # identity "preconditioner", condition 1e8: no settling
+    assert _preconditioned(far, b, lambda v: v) is None

@@ -330,18 +330,22 @@ def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve) -> np.ndarray | None:
     S = M.shape[0]
     P = LinearOperator((S, S), matvec=solve, dtype=np.float64)
     goal = REUSE_RESIDUAL * float(np.max(np.abs(b)))
-    x, r, left = np.zeros(S), b, REUSE_ITERATIONS
-    while left > 0:  # GMRES stops on its preconditioned residual: refine on the true one
-        its = [0]
-        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=left, maxiter=1,
-                      callback=lambda _: its.__setitem__(0, its[0] + 1), callback_type="pr_norm")
+    x, r, used = np.zeros(S), b, [0]
+
+    def count(_) -> None:
+        used[0] += 1
+
+    while used[0] < REUSE_ITERATIONS:  # GMRES stops on its preconditioned residual: refine on the true one
+        before = used[0]
+        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=REUSE_ITERATIONS - before,
+                      maxiter=1, callback=count, callback_type="pr_norm")
         if not np.all(np.isfinite(dx)):
             return None
         x = x + dx
         r = b - M @ x
         if float(np.max(np.abs(r))) <= goal:
             return x
-        left -= max(its[0], 1)
+        used[0] = max(used[0], before + 1)
     return None
 
 
