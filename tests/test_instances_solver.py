@@ -449,3 +449,20 @@ def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     assert x is not None and np.max(np.abs(A @ x - b)) <= REUSE_RESIDUAL * np.max(np.abs(b))
     far = sp.diags(np.linspace(1.0, 1e8, 300)).tocsr()  # identity "preconditioner", condition 1e8: no settling
     assert _preconditioned(far, b, lambda v: v) is None
+
+
+def test_a_solution_prices_a_table_as_a_fresh_evaluation_does():
+    """MultiSolution.price reuses the solve's factorisation: the same metrics as evaluate_instances_table on the
+    same truncation, for the one-instance table and a busy-aware one; a table not ending in Bmax is one line."""
+    p = _problem(2, rho=0.7, sizes="1,2,4,8,16")
+    sol = solve_instances(p)
+    one = solve(p.replace(instances=1, lam=p.lam / 2)).table
+    busy = np.vstack([sol.table, np.where(sol.table >= 2, sol.table, 0)])
+    busy[:, -1] = p.bmax
+    for table in (one, busy):
+        got = sol.price(table)
+        want = evaluate_instances_table(p, table, n_max=sol.n_max)
+        for k, v in want.to_dict().items():
+            assert getattr(got, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+    with pytest.raises(InputError, match="ends in 8"):
+        sol.price(np.minimum(sol.table, 8))

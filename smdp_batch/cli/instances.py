@@ -34,11 +34,14 @@ def auto_count(opts: dict) -> int:
 
 
 def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power_w: float, n: int,
-                 max_states: int | None = None) -> MultiEvaluation:
+                 max_states: int | None = None, sol: MultiSolution | None = None) -> MultiEvaluation:
     """Exact metrics of a table n ↦ b (or busy-aware, (k, n) ↦ b) on the problem's instances, truncated at ``n``:
-    with the tail boundary when the table ends in Bmax (the tail serves Bmax), else on a plain truncation 4×
-    longer (its own long-queue size)."""
+    with the tail boundary when the table ends in Bmax (the tail serves Bmax; on ``sol``'s own system where it is
+    that truncation, :meth:`MultiSolution.price`), else on a plain truncation 4× longer (its own long-queue
+    size)."""
     tail = bool(np.all(np.asarray(table)[..., -1] == problem.bmax))
+    if tail and sol is not None and sol.n_max == n and sol.system is not None:
+        return sol.price(table)
     return evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle_power_w,
                                     n_max=n if tail else 4 * n, boundary="tail" if tail else "loss",
                                     max_states=max_states)
@@ -98,7 +101,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
                               idle_power_w=idle_power_w, throw=False)
         # today's answer: the table solved for one instance at the whole load is not stable there, so the
         # one-instance table at its share of the load, run on all c behind the shared queue
-        shared = _price_table(problem, one.table, phases, idle_power_w, sol.n_max, max_states)
+        shared = _price_table(problem, one.table, phases, idle_power_w, sol.n_max, max_states, sol)
     for w in caught:
         click.echo(f"smdp-batch: warning: {w.message}", err=True)
     e1 = one.optimal

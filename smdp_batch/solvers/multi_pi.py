@@ -113,6 +113,23 @@ class MultiSolution:
     #: :func:`_busy_table`)
     busy_table: np.ndarray | None = field(repr=False, default=None)
     busy_eval: MultiEvaluation | None = None  # its exact metrics
+    #: the last truncation's system, whose factorisation :meth:`price` reuses
+    system: "_System | None" = field(repr=False, compare=False, default=None)
+
+    def price(self, table) -> MultiEvaluation:
+        """Exact metrics of a table n ↦ b (or busy-aware, (k, n) ↦ b) that ends in Bmax, on this solution's
+        instances, batch-time law, idle power and truncation with the tail boundary: what
+        :func:`evaluate_instances_table` gives with ``n_max=self.n_max`` (to round-off), the solve's last
+        factorisation preconditioning it where the table's policy is close to the one it factorised."""
+        sysm = self.system
+        if sysm is None or not sysm.tail:
+            raise InputError("this solution keeps no tail-boundary system to price tables on")
+        t = _table_rows(self.problem, table, "tail")
+        saved = sysm._visits
+        try:
+            return sysm.evaluate(table_policy(sysm, t))[2]
+        finally:
+            sysm._visits = saved
 
     def decide(self, n: int, busy: int | None = None) -> int:
         """The batch size at queue length n with an instance idle (0: wait): the busy-aware table's with ``busy``
@@ -589,7 +606,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
             upto = onset
     return MultiSolution(problem, ph.how, ph.phases, N, sysm.model.n_conf, sysm.model.n_states, total, converged, ev,
                          table, tev, time.perf_counter() - t0, act.reshape(-1, N + 1), sysm.model, delta, upto,
-                         h[: N + 1].copy(), busy, bev)
+                         h[: N + 1].copy(), busy, bev, sysm)
 
 
 def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | None = None,
@@ -602,6 +619,16 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
     max_states = check_max_states(max_states)
     if boundary not in ("tail", "loss"):
         raise InputError(f"boundary must be 'tail' or 'loss', got {boundary!r}")
+    t = _table_rows(problem, table, boundary)
+    ph = phase_type(problem, phases)
+    N = max(n_start(problem), t.shape[-1]) if n_max is None else int(n_max)
+    sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
+    return sysm.evaluate(table_policy(sysm, t))[2]
+
+
+def _table_rows(problem: BatchingProblem, table, boundary: str) -> np.ndarray:
+    """``table`` as an integer array, 1-D (n ↦ b) or 2-D ((busy count, n) ↦ b), checked: the tail boundary serves
+    Bmax above the truncation, so there the table must end in Bmax."""
     t, got = as_rows(table)
     if t.ndim not in (1, 2) or t.size == 0:
         raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got {got}")
@@ -609,8 +636,4 @@ def evaluate_instances_table(problem: BatchingProblem, table, *, phases: int | N
     if boundary == "tail" and not np.array_equal(ends, [problem.bmax]):
         raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
                          f"{int(ends[ends != problem.bmax][0])}: evaluate it with boundary='loss' and a long n_max")
-    ph = phase_type(problem, phases)
-    N = max(n_start(problem), t.shape[-1]) if n_max is None else int(n_max)
-    sysm = _System(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
-    return sysm.evaluate(table_policy(sysm, t))[2]
-
+    return t
