@@ -52,7 +52,7 @@ PI_ITER_LIMIT = 200
 COLAMD_FROM = 21_000
 #: A policy that differs from the last one factorised in at most this share of its states is solved by GMRES
 #: preconditioned with that factorisation (:meth:`_System._solve`).
-REUSE_SHARE = 0.02
+REUSE_SHARE = 0.05
 #: GMRES's iterations there (one restart cycle) before the policy is factorised afresh.
 REUSE_ITERATIONS = 60
 #: The largest residual (max norm, relative to the right-hand side's) a GMRES answer may keep.
@@ -311,6 +311,7 @@ class _System:
             y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"))
             if x is not None and y is not None:
                 return x, y
+        self._lu = self._lu_act = lu = None  # the old factors go before the new ones are made (memory)
         lu = splu(M, permc_spec=self.permc)
         self._lu, self._lu_act = lu, act.copy()
         return lu.solve(rhs), lu.solve(e0, trans="T")
