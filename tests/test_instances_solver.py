@@ -466,3 +466,9 @@ def test_a_solution_prices_a_table_as_a_fresh_evaluation_does():
             assert getattr(got, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
     with pytest.raises(InputError, match="ends in 8"):
         sol.price(np.minimum(sol.table, 8))
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(sol))  # without its LU factors, which do not pickle
+    assert copy.system is None and np.array_equal(copy.table, sol.table) and copy.optimal == sol.optimal
+    with pytest.raises(InputError, match="keeps no tail-boundary system"):
+        copy.price(sol.table)

@@ -116,6 +116,10 @@ class MultiSolution:
     #: the last truncation's system, whose factorisation :meth:`price` reuses
     system: "_System | None" = field(repr=False, compare=False, default=None)
 
+    def __getstate__(self) -> dict:
+        """Pickled without its system (LU factors do not pickle, and a copy need not carry their memory)."""
+        return {**self.__dict__, "system": None}
+
     def price(self, table) -> MultiEvaluation:
         """Exact metrics of a table n ↦ b (or busy-aware, (k, n) ↦ b) that ends in Bmax, on this solution's
         instances, batch-time law, idle power and truncation with the tail boundary: what
