@@ -401,6 +401,7 @@ def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(
     from smdp_batch.solvers import multi_pi
 
     p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)  # a small model, whose factors are reused all the same
     calls = _splu_calls(monkeypatch)
     reused = solve_instances(p)
     n_reused = len(calls)
@@ -424,6 +425,7 @@ def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
     monkeypatch.setattr(multi_pi, "REUSE_SHARE", -1.0)
     fresh = solve_instances(p)
     monkeypatch.setattr(multi_pi, "REUSE_SHARE", 1.0)
+    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)
     monkeypatch.setattr(multi_pi, "REUSE_ITERATIONS", 1)
     calls = _splu_calls(monkeypatch)
     tried: list[bool] = []
@@ -451,17 +453,24 @@ def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     assert _preconditioned(far, b, lambda v: v) is None
 
 
-def test_a_solution_prices_a_table_as_a_fresh_evaluation_does():
+def test_a_solution_prices_a_table_as_a_fresh_evaluation_does(monkeypatch):
     """MultiSolution.price reuses the solve's factorisation: the same metrics as evaluate_instances_table on the
     same truncation, for the one-instance table and a busy-aware one; a table not ending in Bmax is one line."""
+    from smdp_batch.solvers import multi_pi
+
+    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)
+    monkeypatch.setattr(multi_pi, "REUSE_SHARE", 0.2)
     p = _problem(2, rho=0.7, sizes="1,2,4,8,16")
     sol = solve_instances(p)
     one = solve(p.replace(instances=1, lam=p.lam / 2)).table
     busy = np.vstack([sol.table, np.where(sol.table >= 2, sol.table, 0)])
     busy[:, -1] = p.bmax
+    calls = _splu_calls(monkeypatch)
     for table in (one, busy):
         got = sol.price(table)
+        assert not calls  # priced on the solve's factors
         want = evaluate_instances_table(p, table, n_max=sol.n_max)
+        calls.clear()
         for k, v in want.to_dict().items():
             assert getattr(got, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
     with pytest.raises(InputError, match="ends in 8"):

@@ -51,8 +51,11 @@ PI_ITER_LIMIT = 200
 #: From this many states the LU factorisation orders columns by COLAMD (see :class:`_System`).
 COLAMD_FROM = 21_000
 #: A policy that differs from the last one factorised in at most this share of its states is solved by GMRES
-#: preconditioned with that factorisation (:meth:`_System._solve`).
-REUSE_SHARE = 0.05
+#: preconditioned with that factorisation (:meth:`_System._solve`), where the factors hold at least
+#: :data:`REUSE_MIN_NNZ` non-zeros: smaller ones are remade faster than GMRES settles (c = 8, sizes 16, 32: 0.9–1.5·10⁶
+#: non-zeros, 0.05 s a factorisation against 0.2 s of GMRES; c = 2, every size: 0.8–5·10⁷, 1–17 s).
+REUSE_SHARE = 0.03
+REUSE_MIN_NNZ = 4_000_000
 #: GMRES's iterations there (one restart cycle) before the policy is factorised afresh.
 REUSE_ITERATIONS = 60
 #: The largest residual (max norm, relative to the right-hand side's) a GMRES answer may keep.
@@ -300,16 +303,17 @@ class _System:
     def _solve(self, act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(x, y): the policy's system M x = rhs (x₀ = g, the rest h) and Mᵀ y = e₀ (y: the time share of each
         waiting state and the rate of each start).  Where ``act`` differs from the last policy factorised in at
-        most :data:`REUSE_SHARE` of the states, M is that policy's matrix plus a change of low rank, so GMRES
-        preconditioned by its LU factors converges in a few iterations (measured: 6–24 at 2–2 271 changed states
-        of 162 129); each answer is kept only if its residual is below :data:`REUSE_RESIDUAL` of its right-hand
-        side (max norm), else the policy is factorised afresh.  A factorisation costs 1–17 s at 10⁵ states, a
-        GMRES iteration two triangular solves (20–60 ms)."""
+        most :data:`REUSE_SHARE` of the states (and its factors are large), M is that policy's matrix plus a change
+        of low rank, so GMRES preconditioned by its LU factors converges in a few iterations (measured: 6–24 at
+        2–2 271 changed states of 162 129); each answer is kept only if its residual is below
+        :data:`REUSE_RESIDUAL` of its right-hand side (max norm), else the policy is factorised afresh.  A
+        factorisation costs 1–17 s at 10⁵ states, a GMRES iteration two triangular solves (20–60 ms)."""
         M, rhs = self.matrix(act)
         S = M.shape[0]
         e0 = np.zeros(S)
         e0[0] = 1.0
-        if self._lu is not None and np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
+        if self._lu is not None and self._lu.nnz >= REUSE_MIN_NNZ and \
+                np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
             lu = self._lu
             x = _preconditioned(M, rhs, lambda v: lu.solve(v))
             y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"))
