@@ -14,7 +14,7 @@ from smdp_batch.cli import main
 from smdp_batch.errors import InputError
 from smdp_batch.model.multi_server import MULTI_STATE_MAX
 from smdp_batch.model.problem import BatchingProblem
-from smdp_batch.solvers import multi_pi
+from smdp_batch.solvers import multi_system
 from smdp_batch.solvers.multi_pi import evaluate_instances_table, solve_instances
 
 SIX = dict(service="exp", batch_sizes="1,2,4,8,16,32", instances=2)
@@ -50,9 +50,9 @@ def test_a_raised_limit_still_binds_and_is_checked(small_limit):
 def test_both_column_orderings_give_the_same_answer(monkeypatch):
     """COLAMD from COLAMD_FROM states on, minimum degree below: only the time differs."""
     p = BatchingProblem.from_rho(0.7, **SIX)
-    monkeypatch.setattr(multi_pi, "COLAMD_FROM", 10**9)
+    monkeypatch.setattr(multi_system, "COLAMD_FROM", 10**9)
     mmd = solve_instances(p)
-    monkeypatch.setattr(multi_pi, "COLAMD_FROM", 0)
+    monkeypatch.setattr(multi_system, "COLAMD_FROM", 0)
     col = solve_instances(p)
     assert col.optimal.avg_cost == pytest.approx(mmd.optimal.avg_cost, rel=1e-11)
     assert np.array_equal(col.table, mmd.table) and col.iterations == mmd.iterations

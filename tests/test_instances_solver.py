@@ -1,6 +1,7 @@
-"""The c-server batching SMDP (model/multi_server.py, solvers/multi_pi.py) against independent computations:
-a dense CTMC of a fixed table written here from the model's definition, the linear program of the tiny
-truncated SMDP, today's one-server solve at c = 1, the simulator on c instances, and Erlang-k converging."""
+"""The c-server batching SMDP (model/multi_server.py, solvers/multi_system.py and multi_pi.py) against
+independent computations: a dense CTMC of a fixed table written here from the model's definition, the linear
+program of the tiny truncated SMDP, today's one-server solve at c = 1, the simulator on c instances, and Erlang-k
+converging; and the reused factorisations against fresh ones."""
 
 from __future__ import annotations
 
@@ -382,30 +383,30 @@ def test_the_tail_boundary_refuses_a_table_that_does_not_end_in_bmax():
 
 def _splu_calls(monkeypatch) -> list[int]:
     """Count the sparse LU factorisations policy iteration makes."""
-    from smdp_batch.solvers import multi_pi
+    from smdp_batch.solvers import multi_system
 
     calls: list[int] = []
-    real = multi_pi.splu
+    real = multi_system.splu
 
     def counted(M, **kw):
         calls.append(M.shape[0])
         return real(M, **kw)
 
-    monkeypatch.setattr(multi_pi, "splu", counted)
+    monkeypatch.setattr(multi_system, "splu", counted)
     return calls
 
 
 def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(monkeypatch):
     """A policy close to the one last factorised is solved by GMRES preconditioned with its LU factors: the same
     policy, table and metrics as factorising every policy afresh (to 1e-11), with fewer factorisations."""
-    from smdp_batch.solvers import multi_pi
+    from smdp_batch.solvers import multi_system
 
     p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
-    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)  # a small model, whose factors are reused all the same
+    monkeypatch.setattr(multi_system, "REUSE_MIN_NNZ", 0)  # a small model, whose factors are reused all the same
     calls = _splu_calls(monkeypatch)
     reused = solve_instances(p)
     n_reused = len(calls)
-    monkeypatch.setattr(multi_pi, "REUSE_SHARE", -1.0)  # every policy factorised
+    monkeypatch.setattr(multi_system, "REUSE_SHARE", -1.0)  # every policy factorised
     calls.clear()
     fresh = solve_instances(p)
     assert n_reused < len(calls)
@@ -419,18 +420,18 @@ def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(
 def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
     """GMRES held to one iteration cannot reach the residual bound on a changed policy: the policy is factorised
     and the answer is the fresh factorisation's."""
-    from smdp_batch.solvers import multi_pi
+    from smdp_batch.solvers import multi_system
 
     p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
-    monkeypatch.setattr(multi_pi, "REUSE_SHARE", -1.0)
+    monkeypatch.setattr(multi_system, "REUSE_SHARE", -1.0)
     fresh = solve_instances(p)
-    monkeypatch.setattr(multi_pi, "REUSE_SHARE", 1.0)
-    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)
-    monkeypatch.setattr(multi_pi, "REUSE_ITERATIONS", 1)
+    monkeypatch.setattr(multi_system, "REUSE_SHARE", 1.0)
+    monkeypatch.setattr(multi_system, "REUSE_MIN_NNZ", 0)
+    monkeypatch.setattr(multi_system, "REUSE_ITERATIONS", 1)
     calls = _splu_calls(monkeypatch)
     tried: list[bool] = []
-    real = multi_pi._preconditioned
-    monkeypatch.setattr(multi_pi, "_preconditioned", lambda *a: tried.append(True) or real(*a))
+    real = multi_system._preconditioned
+    monkeypatch.setattr(multi_system, "_preconditioned", lambda *a: tried.append(True) or real(*a))
     got = solve_instances(p)
     assert tried and len(calls) >= fresh.iterations  # every changed policy fell back to its own factorisation
     assert np.array_equal(got.policy, fresh.policy)
@@ -441,7 +442,7 @@ def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     import scipy.sparse as sp
     from scipy.sparse.linalg import splu
 
-    from smdp_batch.solvers.multi_pi import REUSE_RESIDUAL, _preconditioned
+    from smdp_batch.solvers.multi_system import REUSE_RESIDUAL, _preconditioned
 
     rng = np.random.default_rng(0)
     A = sp.random(300, 300, density=0.02, random_state=1, format="csc") + sp.identity(300, format="csc") * 4.0
@@ -456,10 +457,10 @@ def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
 def test_a_solution_prices_a_table_as_a_fresh_evaluation_does(monkeypatch):
     """MultiSolution.price reuses the solve's factorisation: the same metrics as evaluate_instances_table on the
     same truncation, for the one-instance table and a busy-aware one; a table not ending in Bmax is one line."""
-    from smdp_batch.solvers import multi_pi
+    from smdp_batch.solvers import multi_system
 
-    monkeypatch.setattr(multi_pi, "REUSE_MIN_NNZ", 0)
-    monkeypatch.setattr(multi_pi, "REUSE_SHARE", 0.2)
+    monkeypatch.setattr(multi_system, "REUSE_MIN_NNZ", 0)
+    monkeypatch.setattr(multi_system, "REUSE_SHARE", 0.2)
     p = _problem(2, rho=0.7, sizes="1,2,4,8,16")
     sol = solve_instances(p)
     one = solve(p.replace(instances=1, lam=p.lam / 2)).table

@@ -1,0 +1,322 @@
+"""One policy's linear system on the c-server SMDP (:mod:`smdp_batch.model.multi_server`) and its exact metrics.
+
+One policy's average cost g and bias h solve, with h(s₀) = 0 at s₀ = (n = 0, every instance idle),
+
+* a state where it waits:      q(s)·h(s) − Σ_{s'} r(s, s')·h(s') + g = cost rate(s)        (rates in 1/ms)
+* a state where it starts b:   h(s) − Σ_j α_b[j]·h(s after b starts in phase j) = w2·ζ(b)
+
+(the semi-Markov equation h = c − g·τ + P·h of paper 004 eq. 20, multiplied by q(s) where the sojourn is
+exponential, and with τ = 0 for the instantaneous start of a batch).  One sparse LU factorises it; the
+transposed solve with the unit vector at s₀ gives ∂g/∂(cost of s): the share of time in each waiting state and
+the rate of each start, hence W̄, P̄ and the mean batch (:meth:`MultiSystem.evaluate`).
+
+**The tail boundary** (default).  Above the truncation N every instance serves Bmax, so the queue is a random
+walk: up by arrivals, down by Bmax at each completion.  Its bias is quadratic in n up to terms that die out
+geometrically (as for one server, paper 004 eq. 20 with the tail boundary of
+:mod:`smdp_batch.model.truncation`), so an arrival at N steps to h(N) plus that quadratic's increment
+(:meth:`MultiSystem._tail_terms`), and the metrics add the tail's share in closed form (throughput = λ exactly).
+
+**Factorisations reused.**  A policy close to the last one factorised (policy iteration's late steps, the tables
+priced beside the optimum) is solved by GMRES preconditioned with those factors, each answer certified by its
+residual (:meth:`MultiSystem._solve`); a factorisation is the cost of a large model (1–17 s at 10⁵ states).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.linalg import LinearOperator, gmres, splu
+
+from ..errors import InputError
+from ..model.multi_server import MultiServerSMDP, PhaseType
+from ..model.problem import BatchingProblem
+from ..specs.rows import as_rows
+
+__all__ = ["MultiEvaluation", "MultiSystem", "table_policy", "table_rows"]
+
+#: From this many states the LU factorisation orders columns by COLAMD (see :class:`MultiSystem`).
+COLAMD_FROM = 21_000
+#: A policy that differs from the last one factorised in at most this share of its states is solved by GMRES
+#: preconditioned with that factorisation (:meth:`MultiSystem._solve`), where the factors hold at least
+#: :data:`REUSE_MIN_NNZ` non-zeros: smaller ones are remade faster than GMRES settles (c = 8, sizes 16, 32: 0.9–1.5·10⁶
+#: non-zeros, 0.05 s a factorisation against 0.2 s of GMRES; c = 2, every size: 0.8–5·10⁷, 1–17 s).
+REUSE_SHARE = 0.03
+REUSE_MIN_NNZ = 4_000_000
+#: GMRES's iterations there (one restart cycle) before the policy is factorised afresh.
+REUSE_ITERATIONS = 60
+#: The largest residual (max norm, relative to the right-hand side's) a GMRES answer may keep.
+REUSE_RESIDUAL = 1e-13
+
+
+@dataclass(frozen=True)
+class MultiEvaluation:
+    """Exact long-run metrics of one policy on c instances (truncated at N)."""
+
+    avg_cost: float  # w1·W̄ + w2·P̄ (per ms)
+    mean_latency_ms: float  # W̄
+    mean_power_w: float  # P̄, batches plus idle instances
+    idle_power_w: float  # the idle instances' share of P̄
+    mean_batch: float
+    throughput: float  # requests/ms served
+    busy_instances: float  # mean instances serving
+    boundary_mass: float  # share of time at n = N (with the plain truncation, the share of arrivals lost there)
+    model_cost: float  # the truncated model's average cost: avg_cost, plus the charge for arrivals lost at N with
+    # the plain truncation
+
+    def to_dict(self) -> dict:
+        return {k: float(getattr(self, k)) for k in MultiEvaluation.__dataclass_fields__}
+
+
+class MultiSystem:
+    """The model's fixed pieces over all states, and one policy's linear system."""
+
+    def __init__(self, model: MultiServerSMDP, tail: bool = True):
+        p, N = model.problem, model.N
+        self.model, self.N = model, N
+        S = model.n_states
+        self.n = np.tile(np.arange(N + 1), model.n_conf)
+        self.conf = np.repeat(np.arange(model.n_conf), N + 1)
+        self.idle = model.idle[self.conf]
+        self.lam = p.lam
+        self.sizes = np.asarray(p.batch_sizes, dtype=np.int64)
+        self.zeta = p.energy_mj()
+        self.cost_lump = p.w2 * self.zeta
+        self.hold = (self.n + model.in_service[self.conf]) / p.lam  # W̄ rate per ms, before w1
+        self.idle_w = model.idle_power_w * self.idle
+        self.run_w = model.energy_rate[self.conf]  # the contention's power beyond ζ(b) at each start (W)
+        cont = p.contention
+        self.s_c = float(cont.slow(p.instances, p.bmax)) if cont is not None else 1.0  # all busy with Bmax
+        self.e_c = float(cont.energy_factor(p.instances, p.bmax)) if cont is not None else 1.0
+        # an arrival lost at n = N costs the latency it would have had, over-estimated as twice the time to drain
+        # N + c·Bmax requests at the full rate: losing requests must never pay (it would at no cost)
+        c, bmax, self.l_bmax = p.instances, p.bmax, float(p.latency_ms()[-1]) * self.s_c  # l(Bmax) at c busy
+        self.loss_ms = 2.0 * (N + c * bmax) * self.l_bmax / (c * bmax)
+        self.tail = tail
+        # SuperLU's column ordering: minimum degree on A + Aᵀ keeps the fill least when each batch is one phase
+        # or parallel branches, but it takes 10–40× longer than COLAMD (similar fill) once Erlang phases chain
+        # (measured: c = 2, six sizes, Erlang-2, 26 299 states: 47 s against 1.1 s), and past about 21 000 states
+        # with one phase too (whole solves, exponential times: c = 3, six sizes, ρ 0.8, 36 372 states: 34.5 s
+        # against 7.9 s; c = 8, sizes 16, 32, from 23 085 states: 2.3–2.6 s against 1.1–1.5 s; c = 2, sizes 1..32,
+        # ρ 0.5, 162 129 states: 128 s against 53 s; up to 20 195 states it was as fast or faster: c = 4, sizes 8,
+        # 16, 32: 0.6–0.8 s against 1.4–2.1 s).  A time-based choice would make the digits depend on the machine.
+        self.permc = "COLAMD" if np.any(model.ph.moves) or S >= COLAMD_FROM else "MMD_AT_PLUS_A"
+        self._lu, self._lu_act = None, None  # the last policy factorised (see _solve)
+        self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
+        if not tail:
+            self.cost_rate = self.cost_rate + np.where(self.n == N, p.w1 * self.loss_ms, 0.0)
+        self.arr = self.n < N
+        self.q = self.lam * (self.arr | tail) + model.out_rate[self.conf]
+        self.top = np.nonzero(self.n == N)[0]
+        self._tail_terms(p, model.ph)
+        src, dst, rate = model.events
+        levels = np.arange(N + 1)[None, :]
+        rows = model.state(levels, src[:, None]).ravel()
+        cols = model.state(levels, dst[:, None]).ravel()
+        vals = np.repeat(rate, N + 1)
+        self.E = sp.csr_matrix((vals, (rows, cols)), shape=(S, S))
+        A = self.sizes.size
+        m = model.ph.phases
+        # next state of each start: start[conf, i, j] configuration at n − b_i (−1 where infeasible)
+        nxt = np.full((S, A, m), -1, dtype=np.int64)
+        for i, b in enumerate(self.sizes):
+            ok = (self.idle > 0) & (self.n >= b)
+            st = model.start[self.conf[ok], i, :]
+            nxt[ok, i, :] = np.where(st >= 0, model.state((self.n[ok] - b)[:, None], st), -1)
+        self.next = nxt
+        self.alpha = model.ph.alpha
+        self.feasible = np.concatenate([(~((self.n == N) & (self.idle > 0)) & (self.q > 0))[:, None],
+                                        (nxt >= 0).any(axis=2)], axis=1)
+
+    def _tail_terms(self, p: BatchingProblem, ph: PhaseType) -> None:
+        """The tail boundary: above N every instance serves Bmax, so the queue moves up by arrivals (rate λ) and
+        down by Bmax at each completion (c renewal processes of mean l(Bmax) and squared CV cv²).  Its bias is
+        h(n) = a·n² + b(g)·n + … (the terms dropped die out geometrically in n): with drift d = c·Bmax/l(Bmax) − λ
+        and variance rate σ² = λ + Bmax²·c·cv²/l(Bmax), a = κ₁/(2d) and b = (κ₀ + a·σ² − g)/d for a cost rate
+        κ₁·n + κ₀.  An arrival at n = N goes to h(N) + a(2N + 1) + b: ``delta_w``, ``delta_p``, ``delta_t`` are that
+        step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for time (κ₀ = 1), without g.
+        With contention every instance above N runs at level c: l(Bmax) and ζ(Bmax) become s_c·l(Bmax), e_c·ζ(Bmax)."""
+        c, B = p.instances, p.bmax
+        lB, zB = self.l_bmax, float(self.zeta[-1]) * self.e_c  # at c busy: s_c·l(Bmax), e_c·ζ(Bmax)
+        m1, m2 = ph.moments()
+        cv2 = float(m2[-1]) / float(m1[-1]) ** 2 - 1.0
+        self.d = c * B / lB - self.lam
+        sigma2 = self.lam + B * B * c * cv2 / lB
+        a_w = 1.0 / (2.0 * self.lam * self.d)
+        self.delta_w = a_w * (2 * self.N + 1) + (c * B / self.lam + a_w * sigma2) / self.d
+        self.delta_p = c * zB / lB / self.d
+        self.delta_t = 1.0 / self.d
+        self.tail_rates = (c, c * B / lB, c / lB)  # busy instances, requests and batches per ms above N
+        self.delta = p.w1 * self.delta_w + p.w2 * self.delta_p
+
+    def matrix(self, act: np.ndarray) -> tuple[sp.csc_matrix, np.ndarray]:
+        """The policy's system (column s₀ carries g) and its right-hand side."""
+        S = self.model.n_states
+        wait = act == 0
+        ws = np.nonzero(wait)[0]
+        parts = [(ws, ws, self.q[ws])]
+        a_ok = ws[self.arr[ws]]
+        parts.append((a_ok, a_ok + 1, np.full(a_ok.size, -self.lam)))
+        coo = self.E[ws].tocoo()
+        parts.append((ws[coo.row], coo.col, -coo.data))
+        ds = np.nonzero(~wait)[0]
+        parts.append((ds, ds, np.ones(ds.size)))
+        i = act[ds] - 1
+        for j in range(self.alpha.shape[1]):
+            pj = self.alpha[i, j]
+            use = pj > 0
+            parts.append((ds[use], self.next[ds, i, j][use], -pj[use]))
+        gcoef = np.ones(ws.size)
+        rhs = np.where(wait, self.cost_rate, 0.0)
+        if self.tail:  # an arrival at N steps to h(N) + Δ − g/d (the tail boundary)
+            top = ws[self.n[ws] == self.N]
+            parts.append((top, top, np.full(top.size, -self.lam)))
+            gcoef = np.where(self.n[ws] == self.N, 1.0 + self.lam / self.d, 1.0)
+            rhs[top] += self.lam * self.delta
+        r, c, v = (np.concatenate(x) for x in zip(*parts))
+        v = np.where(c == 0, 0.0, v)  # h(s₀) = 0: its column carries g instead
+        r = np.concatenate([r, ws])
+        c = np.concatenate([c, np.zeros(ws.size, dtype=np.int64)])
+        v = np.concatenate([v, gcoef])
+        M = sp.csc_matrix((v, (r, c)), shape=(S, S))
+        rhs[ds] = self.cost_lump[act[ds] - 1]
+        return M, rhs
+
+    def action_values(self, h: np.ndarray, g: float) -> np.ndarray:
+        """(S, A + 1): each state's value of waiting (column 0) and of starting each size, +∞ where infeasible."""
+        S = self.model.n_states
+        A = self.sizes.size
+        vals = np.full((S, A + 1), np.inf)
+        up = np.where(self.arr, np.roll(h, -1), 0.0) * self.lam
+        if self.tail:
+            up[self.top] = self.lam * (h[self.top] + self.delta - g / self.d)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = (self.cost_rate - g + up + self.E @ h) / self.q
+        vals[:, 0] = np.where(self.feasible[:, 0], w, np.inf)
+        for i in range(A):
+            tgt = self.next[:, i, :]
+            ok = self.feasible[:, i + 1]
+            ev = (self.alpha[i][None, :] * np.where(tgt >= 0, h[np.maximum(tgt, 0)], 0.0)).sum(axis=1)
+            vals[:, i + 1] = np.where(ok, self.cost_lump[i] + ev, np.inf)
+        return vals
+
+    def improve(self, act: np.ndarray, h: np.ndarray, g: float) -> np.ndarray:
+        """One Bellman step: every state's best action, keeping the current one unless another beats it."""
+        S = self.model.n_states
+        vals = self.action_values(h, g)
+        best = np.argmin(vals, axis=1)
+        cur = vals[np.arange(S), act]
+        keep = cur <= vals[np.arange(S), best] + 1e-12 * (1.0 + abs(g))
+        return np.where(keep, act, best)
+
+    def _solve(self, act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y): the policy's system M x = rhs (x₀ = g, the rest h) and Mᵀ y = e₀ (y: the time share of each
+        waiting state and the rate of each start).  Where ``act`` differs from the last policy factorised in at
+        most :data:`REUSE_SHARE` of the states (and its factors are large), M is that policy's matrix plus a change
+        of low rank, so GMRES preconditioned by its LU factors converges in a few iterations (measured: 6–24 at
+        2–2 271 changed states of 162 129); each answer is kept only if its residual is below
+        :data:`REUSE_RESIDUAL` of its right-hand side (max norm), else the policy is factorised afresh.  A
+        factorisation costs 1–17 s at 10⁵ states, a GMRES iteration two triangular solves (20–60 ms)."""
+        M, rhs = self.matrix(act)
+        S = M.shape[0]
+        e0 = np.zeros(S)
+        e0[0] = 1.0
+        if self._lu is not None and self._lu.nnz >= REUSE_MIN_NNZ and \
+                np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
+            lu = self._lu
+            x = _preconditioned(M, rhs, lambda v: lu.solve(v))
+            y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"))
+            if x is not None and y is not None:
+                return x, y
+        self._lu = self._lu_act = lu = None  # the old factors go before the new ones are made (memory)
+        lu = splu(M, permc_spec=self.permc)
+        self._lu, self._lu_act = lu, act.copy()
+        return lu.solve(rhs), lu.solve(e0, trans="T")
+
+    def evaluate(self, act: np.ndarray) -> tuple[float, np.ndarray, MultiEvaluation]:
+        x, y = self._solve(act)
+        g = float(x[0])
+        h = x.copy()
+        h[0] = 0.0
+        wait = act == 0
+        t = np.where(wait, y, 0.0)
+        starts = np.where(wait, 0.0, y)
+        i = np.maximum(act - 1, 0)
+        bound = float(t[self.n == self.N].sum())
+        at_top = self.lam * bound if self.tail else 0.0  # rate of steps into the tail, per ms
+        lam_in = self.lam * (1.0 - (0.0 if self.tail else bound))
+        W = (float(t @ self.hold) + at_top * self.delta_w) * self.lam / lam_in
+        idle_p = float(t @ self.idle_w)
+        P = float(starts @ self.zeta[i]) + idle_p + float(t @ self.run_w) + at_top * self.delta_p
+        tb, tr, tn = (x * at_top * self.delta_t for x in self.tail_rates)
+        rate = float(starts.sum()) + tn
+        thr = float(starts @ self.sizes[i]) + tr
+        busy = float(t @ (self.model.problem.instances - self.idle)) + tb
+        p = self.model.problem
+        ev = MultiEvaluation(p.w1 * W + p.w2 * P, W, P, idle_p, thr / rate if rate > 0 else 0.0, thr, busy, bound, g)
+        self._visits = np.where(wait, y * self.q, y)
+        return g, h, ev
+
+
+def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve) -> np.ndarray | None:
+    """M x = b by GMRES preconditioned with ``solve`` (another policy's LU factors) and refined on the true
+    residual, or None when :data:`REUSE_ITERATIONS` iterations in all leave it above :data:`REUSE_RESIDUAL` of
+    ‖b‖∞."""
+    S = M.shape[0]
+    P = LinearOperator((S, S), matvec=solve, dtype=np.float64)
+    goal = REUSE_RESIDUAL * float(np.max(np.abs(b)))
+    x, r, used = np.zeros(S), b, [0]
+
+    def count(_) -> None:
+        used[0] += 1
+
+    while used[0] < REUSE_ITERATIONS:  # GMRES stops on its preconditioned residual: refine on the true one
+        before = used[0]
+        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=REUSE_ITERATIONS - before,
+                      maxiter=1, callback=count, callback_type="pr_norm")
+        if not np.all(np.isfinite(dx)):
+            return None
+        x = x + dx
+        r = b - M @ x
+        if float(np.max(np.abs(r))) <= goal:
+            return x
+        used[0] = max(used[0], before + 1)
+    return None
+
+
+def table_policy(sysm: MultiSystem, table: np.ndarray) -> np.ndarray:
+    """The state policy of a table n ↦ b (b = 0 waits) run on c instances: start table[n] while an instance is
+    idle; at the truncation an idle instance serves the largest size.  A busy-aware table (2-D, row k for k
+    instances busy, k = 0..c−1) starts table[k, n]."""
+    sizes = list(sysm.sizes)
+    t = np.asarray(table, dtype=np.int64)
+    if t.ndim == 2:
+        c = sysm.model.problem.instances
+        if t.shape[0] != c:
+            raise InputError(f"a busy-aware table has one row per busy count 0..{c - 1}: {c} rows, got {t.shape[0]}")
+        b = t[np.minimum(c - sysm.idle, c - 1), np.minimum(sysm.n, t.shape[1] - 1)]
+    else:
+        b = t[np.minimum(sysm.n, t.size - 1)]
+    bad = [x for x in np.unique(b) if x != 0 and x not in sizes]
+    if bad:
+        raise InputError(f"the table starts a batch of {bad[0]}, not an allowed size {sizes[0]}..{sizes[-1]}")
+    if np.any((b > sysm.n)):
+        raise InputError("the table starts a batch larger than the queue at some n")
+    idx = np.searchsorted(sysm.sizes, b) + 1
+    act = np.where((b > 0) & (sysm.idle > 0), idx, 0)
+    forced = (sysm.n == sysm.N) & (sysm.idle > 0) & (act == 0)
+    return np.where(forced, sysm.sizes.size, act)
+
+
+def table_rows(problem: BatchingProblem, table, boundary: str) -> np.ndarray:
+    """``table`` as an integer array, 1-D (n ↦ b) or 2-D ((busy count, n) ↦ b), checked: the tail boundary serves
+    Bmax above the truncation, so there the table must end in Bmax."""
+    t, got = as_rows(table)
+    if t.ndim not in (1, 2) or t.size == 0:
+        raise InputError(f"a table is 1-D (n ↦ b) or 2-D (busy count, n) ↦ b, got {got}")
+    ends = np.unique(t[..., -1])
+    if boundary == "tail" and not np.array_equal(ends, [problem.bmax]):
+        raise InputError(f"the tail boundary serves Bmax = {problem.bmax} above the truncation, but this table ends in "
+                         f"{int(ends[ends != problem.bmax][0])}: evaluate it with boundary='loss' and a long n_max")
+    return t
