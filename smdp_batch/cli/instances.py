@@ -40,7 +40,7 @@ def _price_table(problem: BatchingProblem, table, phases: int | None, idle_power
     that truncation, :meth:`MultiSolution.price`), else on a plain truncation 4× longer (its own long-queue
     size)."""
     tail = bool(np.all(np.asarray(table)[..., -1] == problem.bmax))
-    if tail and sol is not None and sol.n_max == n and sol.system is not None:
+    if tail and sol is not None and sol.n_max == n and sol.system is not None and sol.system.tail:
         return sol.price(table)
     return evaluate_instances_table(problem, table, phases=phases, idle_power_w=idle_power_w,
                                     n_max=n if tail else 4 * n, boundary="tail" if tail else "loss",
