@@ -448,10 +448,10 @@ def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     A = sp.random(300, 300, density=0.02, random_state=1, format="csc") + sp.identity(300, format="csc") * 4.0
     b = rng.normal(size=300)
     lu = splu(A.tocsc())
-    x = _preconditioned(A.tocsr(), b, lu.solve)  # the exact factors: settles at once
+    x = _preconditioned(A.tocsr(), b, lu.solve, 60)  # the exact factors: settles at once
     assert x is not None and np.max(np.abs(A @ x - b)) <= REUSE_RESIDUAL * np.max(np.abs(b))
     far = sp.diags(np.linspace(1.0, 1e8, 300)).tocsr()  # identity "preconditioner", condition 1e8: no settling
-    assert _preconditioned(far, b, lambda v: v) is None
+    assert _preconditioned(far, b, lambda v: v, 60) is None
 
 
 def test_a_solution_prices_a_table_as_a_fresh_evaluation_does(monkeypatch):

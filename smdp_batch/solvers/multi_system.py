@@ -44,8 +44,13 @@ COLAMD_FROM = 21_000
 #: non-zeros, 0.05 s a factorisation against 0.2 s of GMRES; c = 2, every size: 0.8–5·10⁷, 1–17 s).
 REUSE_SHARE = 0.03
 REUSE_MIN_NNZ = 4_000_000
-#: GMRES's iterations there (one restart cycle) before the policy is factorised afresh.
-REUSE_ITERATIONS = 60
+#: GMRES's iterations there before the policy is factorised afresh: half the factors' non-zeros per row (a
+#: factorisation costs more, against two triangular solves an iteration, the more each row fills: 1–3 s against
+#: 20 ms at 7–17·10⁶ non-zeros over 72 369 rows, 36 s against 0.14 s at 7.6·10⁷ over 242 913), at least
+#: :data:`REUSE_FLOOR` and at most this; restarted every :data:`REUSE_RESTART` (its basis: that many vectors).
+REUSE_ITERATIONS = 200
+REUSE_FLOOR = 20
+REUSE_RESTART = 60
 #: The largest residual (max norm, relative to the right-hand side's) a GMRES answer may keep.
 REUSE_RESIDUAL = 1e-13
 
@@ -225,8 +230,9 @@ class MultiSystem:
         if self._lu is not None and self._lu.nnz >= REUSE_MIN_NNZ and \
                 np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
             lu = self._lu
-            x = _preconditioned(M, rhs, lambda v: lu.solve(v))
-            y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"))
+            budget = min(REUSE_ITERATIONS, max(REUSE_FLOOR, int(lu.nnz / S / 2)))
+            x = _preconditioned(M, rhs, lambda v: lu.solve(v), budget)
+            y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"), budget)
             if x is not None and y is not None:
                 return x, y
         self._lu = self._lu_act = lu = None  # the old factors go before the new ones are made (memory)
@@ -259,10 +265,9 @@ class MultiSystem:
         return g, h, ev
 
 
-def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve) -> np.ndarray | None:
+def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve, budget: int) -> np.ndarray | None:
     """M x = b by GMRES preconditioned with ``solve`` (another policy's LU factors) and refined on the true
-    residual, or None when :data:`REUSE_ITERATIONS` iterations in all leave it above :data:`REUSE_RESIDUAL` of
-    ‖b‖∞."""
+    residual, or None when ``budget`` iterations in all leave it above :data:`REUSE_RESIDUAL` of ‖b‖∞."""
     S = M.shape[0]
     P = LinearOperator((S, S), matvec=solve, dtype=np.float64)
     goal = REUSE_RESIDUAL * float(np.max(np.abs(b)))
@@ -271,9 +276,9 @@ def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve) -> np.ndarray | None:
     def count(_) -> None:
         used[0] += 1
 
-    while used[0] < REUSE_ITERATIONS:  # GMRES stops on its preconditioned residual: refine on the true one
+    while used[0] < budget:  # GMRES stops on its preconditioned residual: refine on the true one
         before = used[0]
-        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=REUSE_ITERATIONS - before,
+        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=min(REUSE_RESTART, budget - before),
                       maxiter=1, callback=count, callback_type="pr_norm")
         if not np.all(np.isfinite(dx)):
             return None
