@@ -77,7 +77,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..baselines.servers import ServerRule, ray_serve, table_timer, tf_serving, torchserve, triton, triton_table
+from ..baselines.servers import (ServerRule, ray_serve, server_padding, table_timer, tf_serving, torchserve, triton,
+                                 triton_table)
 from ..errors import InputError
 from ..model.problem import BatchingProblem
 from .loads import load_grid
@@ -353,8 +354,8 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     us = lambda d: float(round(d * 1000.0))
     # the servers form any batch ≤ their maximum: with other allowed sizes (TensorRT profiles 1,2,4,…) the
     # model pads each batch up to the next allowed size, and its time and energy are paid
-    full = list(sizes) == list(range(1, B + 1))
-    pad = () if full else tuple(sizes)
+    pad = server_padding(sizes)
+    full = not pad
     jobs: dict[str, Callable[[], Setting | None]] = {}  # the searches, longest first (they run on threads)
     if "triton-preferred" in searched:
         def preferred() -> Setting | None:
@@ -462,7 +463,7 @@ def _out_of_reach(problem: BatchingProblem, chk: _Checker, solve_lam: float) -> 
     from ..solvers import solve
 
     sizes, B = problem.batch_sizes, problem.bmax
-    full = list(sizes) == list(range(1, B + 1))
+    full = not server_padding(sizes)
     rules = []
     c = B
     while c >= problem.bmin:  # serve what is waiting at once, in batches of at most c (Triton with no delay)

@@ -71,17 +71,11 @@ class Plan:
 PLAN_FAMILIES = ("smdp", "ray")
 
 
-def _padded(problem: Any) -> tuple[int, ...]:
-    """The allowed sizes a server's batch pads up to; () when every size 1..Bmax is allowed."""
-    sizes = tuple(int(b) for b in problem.batch_sizes)
-    return () if sizes == tuple(range(1, int(problem.bmax) + 1)) else sizes
-
-
 def _ray_rule(problem: Any, timeout_ms: float) -> Any:
     """Ray Serve's batcher at max batch Bmax and this timeout, in 6 digits of s as the export writes it."""
-    from ..baselines.servers import ray_serve
+    from ..baselines.servers import ray_serve, server_padding
 
-    return ray_serve(int(problem.bmax), float(f"{timeout_ms / 1000.0:.6g}"), _padded(problem))
+    return ray_serve(int(problem.bmax), float(f"{timeout_ms / 1000.0:.6g}"), server_padding(problem.batch_sizes))
 
 
 def server_rule(plan: Plan, problem: Any) -> Any:
@@ -99,11 +93,13 @@ def server_rule(plan: Plan, problem: Any) -> Any:
 def ray_table(problem: Any, timeout_ms: float, lam: float, spec: str) -> PolicyTable:
     """Ray Serve's batcher as a table + timer: serve Bmax at once when Bmax wait, else everything waiting (≤ Bmax,
     padded up to the next allowed size where sizes are missing) once the timer fires; ``meta["family"]`` = "ray"."""
+    from ..baselines.servers import server_padding
+
     bmax = int(problem.bmax)
     n = np.arange(bmax + 1)
     return PolicyTable(np.where(n >= bmax, bmax, 0).astype(np.int64), list(problem.batch_sizes),
                        {"inputs": {"lam": float(lam)}, "max_wait_ms": float(timeout_ms), "setting": spec,
-                        "family": "ray", "short_batch": "pad-up" if _padded(problem) else "serve"})
+                        "family": "ray", "short_batch": "pad-up" if server_padding(problem.batch_sizes) else "serve"})
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,

@@ -59,7 +59,7 @@ from ..limits import BMAX_LIMIT, STATE_LIMIT
 from ..runtime.table import PolicyTable
 from ..specs.rows import as_rows
 
-__all__ = ["ServerRule", "table_rule", "busy_table_rule", "is_busy_table", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "parse_rule", "RULE_FORMS"]
+__all__ = ["ServerRule", "table_rule", "busy_table_rule", "is_busy_table", "table_timer", "triton_table", "split_timer", "triton", "tf_serving", "ray_serve", "torchserve", "server_padding", "parse_rule", "RULE_FORMS"]
 
 RULE_FORMS = (
     "static:B, greedy, control:Q, FILE.h5 (each optionally +timer:MS), triton:max=B[,delay_us=D][,preferred=P1/P2][,pad=S1/S2/…], "
@@ -237,6 +237,13 @@ def _pad(name: str, b: int, pad) -> tuple[int, ...]:
     if al and al[-1] != b:
         raise InputError(f"{name}: the largest pad size must equal the max batch size {b}, got {list(al)}")
     return al
+
+
+def server_padding(batch_sizes) -> tuple[int, ...]:
+    """The sizes a server's batch is padded up to when the model allows only ``batch_sizes`` (TensorRT profiles
+    1,2,4,…): () when every size 1..max is allowed, as the servers form any batch up to their maximum."""
+    sizes = tuple(int(b) for b in batch_sizes)
+    return () if sizes == tuple(range(1, sizes[-1] + 1)) else sizes
 
 
 def _pad_spec(al) -> str:
