@@ -87,12 +87,7 @@ class MultiSolution:
         sysm = self.system
         if sysm is None or not sysm.tail:
             raise InputError("this solution keeps no tail-boundary system to price tables on")
-        t = table_rows(self.problem, table, "tail")
-        saved = sysm._visits
-        try:
-            return sysm.evaluate(table_policy(sysm, t))[2]
-        finally:
-            sysm._visits = saved
+        return sysm.metrics(table_policy(sysm, table_rows(self.problem, table, "tail")))
 
     def decide(self, n: int, busy: int | None = None) -> int:
         """The batch size at queue length n with an instance idle (0: wait): the busy-aware table's with ``busy``
@@ -157,7 +152,7 @@ def _most_started(sysm: MultiSystem, act: np.ndarray, visits: np.ndarray, group:
 def _project(sysm: MultiSystem, act: np.ndarray) -> np.ndarray:
     """At each n, the size the optimal policy starts most often (visits weighted) among states with an idle
     instance; levels it (almost) never visits take the all-idle state's action."""
-    sizes, seen = _most_started(sysm, act, sysm._visits, sysm.n, sysm.N + 1)
+    sizes, seen = _most_started(sysm, act, sysm.visits, sysm.n, sysm.N + 1)
     return np.where(seen, sizes, _idle_table(sysm, act))
 
 
@@ -172,7 +167,7 @@ def _table_choice(sysm: MultiSystem, act_t: np.ndarray, h: np.ndarray, g: float)
     states at n with an idle instance, v the visit rates under the current table (a table sees n only)."""
     N, A = sysm.N, sysm.sizes.size
     vals = sysm.action_values(h, g)
-    v = np.maximum(sysm._visits, 0.0)
+    v = np.maximum(sysm.visits, 0.0)
     ok = sysm.idle > 0
     w = np.zeros((N + 1, A + 1))
     bad = np.zeros((N + 1, A + 1), dtype=bool)
@@ -211,12 +206,12 @@ def _refine_table(sysm: MultiSystem, table: np.ndarray, act: np.ndarray,
     h, evaluation)."""
     close = optimum + TABLE_CLOSE * abs(optimum)
     g, h, ev = sysm.evaluate(table_policy(sysm, table))
-    best = (table, g, h, ev, sysm._visits)
+    best = (table, g, h, ev, sysm.visits)
     idle = _idle_table(sysm, act)
     if ev.model_cost > close and not np.array_equal(idle, table):
         g, h, ev = sysm.evaluate(table_policy(sysm, idle))
         if ev.model_cost < best[3].model_cost:
-            best = (idle, g, h, ev, sysm._visits)
+            best = (idle, g, h, ev, sysm.visits)
     for _ in range(TABLE_ROUNDS if best[3].model_cost > close else 0):
         new = _table_choice(sysm, best[0], best[2], best[1])
         if np.array_equal(new, best[0]):
@@ -224,8 +219,8 @@ def _refine_table(sysm: MultiSystem, table: np.ndarray, act: np.ndarray,
         g, h, ev = sysm.evaluate(table_policy(sysm, new))
         if not ev.model_cost < best[3].model_cost * (1 - 1e-12):
             break
-        best = (new, g, h, ev, sysm._visits)
-    sysm._visits = best[4]
+        best = (new, g, h, ev, sysm.visits)
+    sysm.visits = best[4]
     return best[0], best[1], best[2], best[3]
 
 
@@ -248,9 +243,7 @@ def _busy_table(sysm: MultiSystem, act: np.ndarray, visits: np.ndarray, table: n
     busy[:, N] = np.asarray(table)[N]  # the truncation's column: the tail boundary serves Bmax above it
     if np.all(busy == busy[0]):
         return None, None
-    saved = sysm._visits
-    ev = sysm.evaluate(table_policy(sysm, busy))[2]
-    sysm._visits = saved
+    ev = sysm.metrics(table_policy(sysm, busy))
     if not ev.model_cost < table_cost - BUSY_GAIN * abs(table_cost):
         return None, None
     return busy, ev
@@ -316,7 +309,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         warn_not_converged(msg)
         before = None
     projected = _project(sysm, act)
-    visits = sysm._visits
+    visits = sysm.visits
     table, _, h, tev = _refine_table(sysm, projected, act, ev.model_cost)
     busy, bev = _busy_table(sysm, act, visits, table, tev.model_cost)
     if before is not None and last is not None and not np.array_equal(table, projected):

@@ -108,6 +108,8 @@ class MultiSystem:
         # 16, 32: 0.6–0.8 s against 1.4–2.1 s).  A time-based choice would make the digits depend on the machine.
         self.permc = "COLAMD" if np.any(model.ph.moves) or S >= COLAMD_FROM else "MMD_AT_PLUS_A"
         self._lu, self._lu_act = None, None  # the last policy factorised (see _solve)
+        #: the last policy evaluated: the time share of each waiting state × its event rate, and each start's rate
+        self.visits = np.zeros(S)
         self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
         if not tail:
             self.cost_rate = self.cost_rate + np.where(self.n == N, p.w1 * self.loss_ms, 0.0)
@@ -235,7 +237,7 @@ class MultiSystem:
             y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"), budget)
             if x is not None and y is not None:
                 return x, y
-        self._lu = self._lu_act = lu = None  # the old factors go before the new ones are made (memory)
+        self._lu = self._lu_act = lu = None  # the old factors (also held here, by lu) go before new ones are made
         lu = splu(M, permc_spec=self.permc)
         self._lu, self._lu_act = lu, act.copy()
         return lu.solve(rhs), lu.solve(e0, trans="T")
@@ -261,8 +263,17 @@ class MultiSystem:
         busy = float(t @ (self.model.problem.instances - self.idle)) + tb
         p = self.model.problem
         ev = MultiEvaluation(p.w1 * W + p.w2 * P, W, P, idle_p, thr / rate if rate > 0 else 0.0, thr, busy, bound, g)
-        self._visits = np.where(wait, y * self.q, y)
+        self.visits = np.where(wait, y * self.q, y)
         return g, h, ev
+
+    def metrics(self, act: np.ndarray) -> MultiEvaluation:
+        """The policy's exact metrics (:meth:`evaluate`'s), leaving :attr:`visits` those of the policy evaluated
+        before: a table priced beside the optimum does not replace the optimum's visit rates."""
+        saved = self.visits
+        try:
+            return self.evaluate(act)[2]
+        finally:
+            self.visits = saved
 
 
 def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve, budget: int) -> np.ndarray | None:
