@@ -231,3 +231,27 @@ def test_mmpp_long_run_rate_and_queue_histogram():
     p = BatchingProblem.basic(rho=0.5)
     res = simulate(p, parse_rule("greedy", p), requests=50_000, seed=1)
     assert res.queue_at_start.sum() == sum(res.batch_size_counts.values())
+
+
+@pytest.mark.parametrize("rule", ["triton:max=16,delay_us={us}", "ray:max=16,timeout_s={s}",
+                                  "torchserve:batch=16,delay_ms={ms}", "static:16+timer:{ms}"])
+def test_timer_batches_counts_the_batches_a_delay_closed(rule):
+    """``timer_batches``: the batches of the stream a delay closed.  None closed at a delay d: any longer delay
+    serves the stream in the same batches (the SLO search's delay search stops there); a short delay closes
+    some.  Loops that do not count say None."""
+    p = BatchingProblem.basic(rho=0.5)
+    spell = lambda ms: parse_rule(rule.format(us=int(ms * 1000), s=ms / 1000, ms=ms), p)
+    short = simulate(p, spell(2), requests=20_000, seed=3)
+    assert short.timer_batches is not None and short.timer_batches > 0
+    long_ = simulate(p, spell(400), requests=20_000, seed=3, keep_responses=True)
+    assert long_.timer_batches == 0
+    longer = simulate(p, spell(4000), requests=20_000, seed=3, keep_responses=True)
+    assert longer.timer_batches == 0
+    assert np.array_equal(long_.response_ms, longer.response_ms)
+    assert long_.mean_power_w == longer.mean_power_w and long_.as_dict()["timer_batches"] == 0
+
+
+def test_timer_batches_is_none_where_the_loop_does_not_count():
+    p = BatchingProblem.basic(rho=0.5).replace(instances=2)
+    res = simulate(p, parse_rule("ray:max=16,timeout_s=0.002", p), requests=20_000, seed=3)
+    assert res.timer_batches is None and "timer_batches" not in res.as_dict()

@@ -178,6 +178,11 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
     ``cont``: the instances contend (:mod:`smdp_batch.specs.contention`): a batch's end is not known when it
     starts, so the running batches live in ``run``/``rem``/``extra`` and :func:`_advance` ends them (the caller
     finishes the last with ``_advance(∞)``).
+
+    ``state[7]`` counts the batches the rule's timer closed (its delay ran out, or a delay of 0 served what waited
+    below a full batch) among those holding requests of the stream (before ``bounds[-1]``; a continuation's last
+    batch always waits out its timer): where a run counts none, any longer delay serves the stream's requests in
+    the same batches.
     """
     n_req = arr.size
     rows = table.size // (top + 1)  # a busy-aware table (modes 4, 5): a row per busy count
@@ -229,14 +234,20 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                     size = p
                     start = tau
                     break
-                if delay <= 0.0 or (pref.size == 0 and n >= maxb):
+                if pref.size == 0 and n >= maxb:
                     size = cap
                     start = tau
+                    break
+                if delay <= 0.0:
+                    size = cap
+                    start = tau
+                    state[7] += head < bounds[-1]
                     break
                 deadline = arr[head] + delay
                 if deadline <= tau:
                     size = cap
                     start = tau
+                    state[7] += head < bounds[-1]
                     break
                 if nxt < n_req and arr[nxt] < deadline:
                     tau = arr[nxt]
@@ -246,6 +257,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                 tau = deadline
                 size = cap
                 start = tau
+                state[7] += head < bounds[-1]
                 break
         elif mode == 2:  # Ray Serve: batches close by time or size whatever the executor does, then run FIFO
             m = 1
@@ -253,6 +265,8 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
             while head + m < n_req and m < maxb and arr[head + m] <= deadline:
                 m += 1
             close = deadline if m < maxb else arr[head + m - 1]
+            if m < maxb:
+                state[7] += head < bounds[-1]
             size = m
             start = max(close, tau)
             tau = start
@@ -301,6 +315,7 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                         p = q
                 size = p if p > 0 and p <= n else n
                 start = tau
+                state[7] += head < bounds[-1]
                 break
         else:  # 3: TorchServe: when the worker is free, take the first request, then wait up to the delay for B
             if n == 0:
@@ -321,6 +336,8 @@ def _kernel(arr, mode, table, top, maxb, pref, delay, pad, lat_of, en_of, det, p
                     if n == maxb:
                         start = arr[nxt - 1]
                         break
+                if n < maxb:
+                    state[7] += head < bounds[-1]
                 size = min(n, maxb)
             tau = start
         if size == 0:

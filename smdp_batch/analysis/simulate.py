@@ -66,6 +66,10 @@ class SimulationResult:
     response_ms: np.ndarray | None = field(repr=False, default=None)
     within: dict = field(default_factory=dict)  # bound (ms) → share of requests served within it
     within_ci: dict = field(default_factory=dict)
+    #: batches holding requests of the stream that the rule's timer or delay closed (not a full or preferred batch,
+    #: nor a table's own decision); None where the rule's loop does not count them (λ-bank and phase tables, Ray's
+    #: replicas on several instances).  0 means any longer delay would serve the stream in the same batches.
+    timer_batches: int | None = None
     # the groups are always given (by simulate): their None defaults only follow the fields above
     group_latency: np.ndarray = field(repr=False, default=None)  # type: ignore[arg-type]  # W̄ of each batch-means group (ms)
     group_power: np.ndarray = field(repr=False, default=None)  # type: ignore[arg-type]  # P̄ of each group (W)
@@ -90,6 +94,8 @@ class SimulationResult:
             "queue_at_batch_start": [int(x) for x in self.queue_at_start],
             "simulate_seconds": self.seconds, "seed": self.seed,
         }
+        if self.timer_batches is not None:
+            d["timer_batches"] = self.timer_batches
         if self.within:
             d["within"] = [{"bound_ms": b, "share": v, "share_ci": self.within_ci[b]} for b, v in self.within.items()]
         return d
@@ -251,7 +257,8 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
     genergy = np.zeros(bounds.size - 1)
     sizes_hist = np.zeros(smax_exec + 1, dtype=np.int64)
     qhist = np.zeros(4 * smax_exec + 2, dtype=np.int64)
-    state = np.zeros(7)  # head, next, latest start, group, phase pointer; contention: clock, busy instance-ms
+    # head, next, latest start, group, phase pointer; contention: clock, busy instance-ms; batches the timer closed
+    state = np.zeros(8)
     free = np.zeros(instances)  # when each instance is free (ms)
     cont = problem.contention is not None and instances > 1
     levels, executed = np.arange(instances + 1)[:, None], np.arange(smax_exec + 1)[None, :]
@@ -271,6 +278,7 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
                                     slow, efac, acc)
         state[0] = n_req
         state[6] = acc[0]
+        state[7] = np.nan  # not counted by the replicas' loops
         cont = False  # every batch has ended
         if progress is not None:
             progress(n_req)
@@ -278,11 +286,13 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
         _replicas_kernel(arr, rule.maxb, rule.delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                          sizes_hist, qhist, _router_picks(rng, n_req, instances), instances)
         state[0] = n_req
+        state[7] = np.nan
         if progress is not None:
             progress(n_req)
     while state[0] < n_req:
         before = int(state[0])
         if ctx is not None:
+            state[7] = np.nan  # the context loop has no timer count
             got = _context_kernel(arr, *ctx, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                                   sizes_hist, qhist, state, min(before + chunk, n_req))
         else:
@@ -470,6 +480,7 @@ def simulate(
         queue_at_start=qhist[: int(np.nonzero(qhist)[0][-1]) + 1] if qhist.any() else qhist[:1],
         seconds=time.perf_counter() - t0, seed=seed, response_ms=kept, within=within, within_ci=within_ci,
         group_latency=mean_g, group_power=power_g + idle,
+        timer_batches=int(state[7]) if math.isfinite(state[7]) else None,
     )
 
 
