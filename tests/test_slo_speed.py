@@ -171,3 +171,76 @@ def test_the_search_answers_the_same_on_one_thread_or_several(problem, bound):
     three = optimise(problem, {"p99": bound}, lams, requests=20_000, workers=3)
     assert _answer_figures(one) == _answer_figures(three)
     assert one.recommended is not None
+
+
+def _blas_counts() -> list[int]:
+    from threadpoolctl import ThreadpoolController
+
+    return [lib.num_threads for lib in ThreadpoolController().select(user_api="blas").lib_controllers]
+
+
+def test_one_blas_thread_holds_until_the_last_of_overlapping_solves_leaves(monkeypatch):
+    """The limit is process-wide and solves overlap on threads: one solve leaving must not give BLAS its
+    threads back under another still running; the last to leave restores the counts."""
+    from smdp_batch.solvers import threads
+
+    class Lib:  # a BLAS library's controller, as threadpoolctl gives it
+        def __init__(self, n: int) -> None:
+            self.num_threads = n
+
+        def set_num_threads(self, n: int) -> None:
+            self.num_threads = n
+
+    libs = [Lib(2), Lib(4), Lib(1)]
+    monkeypatch.setattr(threads, "_libraries", libs)
+    first, second = threads.single_blas(), threads.single_blas()
+    first.__enter__()
+    assert [lib.num_threads for lib in libs] == [1, 1, 1]
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first solve ends while the second runs
+    assert [lib.num_threads for lib in libs] == [1, 1, 1]
+    second.__exit__(None, None, None)
+    assert [lib.num_threads for lib in libs] == [2, 4, 1]
+    with threads.single_blas():  # and again, from the counts restored
+        assert [lib.num_threads for lib in libs] == [1, 1, 1]
+    assert [lib.num_threads for lib in libs] == [2, 4, 1]
+
+
+def test_the_search_runs_with_one_blas_thread(monkeypatch):
+    """OpenBLAS's threads, woken by small calls outside the solves, spin on the cores the search's own threads
+    use: the whole search holds BLAS at one thread, and gives the counts back."""
+    from threadpoolctl import threadpool_limits
+
+    seen = []
+    real = slo._Checker.run
+
+    def spy(self, *args, **kwargs):
+        seen.append(_blas_counts())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(slo._Checker, "run", spy)
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_counts()
+        optimise(BatchingProblem.basic(rho=0.5), {"p99": 20.0}, requests=20_000, families=("triton",),
+                 defaults=False)
+        assert seen and all(c == [1] * len(before) for c in seen)
+        assert _blas_counts() == before
+
+
+def test_the_delay_search_stops_where_the_timer_closes_no_batch(monkeypatch):
+    """A delay whose timer closed no batch of the stream serves it as any longer one does: the doubling stops
+    there, with the answer (setting and figures) the doubling to the cap gives, in fewer runs."""
+    import dataclasses
+
+    p = BatchingProblem.basic(rho=0.5)
+    families = ("triton", "tfserving", "ray", "torchserve", "smdp")
+    fast = optimise(p, {"p99": 1000.0}, requests=20_000, families=families, defaults=False, workers=1)
+    real = slo._Checker._load
+    monkeypatch.setattr(slo._Checker, "_load", lambda self, *a: dataclasses.replace(real(self, *a), timer_batches=None))
+    full = optimise(p, {"p99": 1000.0}, requests=20_000, families=families, defaults=False, workers=1)
+    assert fast.evaluations < full.evaluations
+    for f in families:
+        x, y = fast.best[f], full.best[f]
+        assert x is not None and y is not None and x.spec == y.spec
+        assert [ld.metrics for ld in x.loads] == [ld.metrics for ld in y.loads]
+        assert x.power_w == y.power_w

@@ -140,6 +140,9 @@ class LoadResult:
     power_ci: float
     mean_batch: float
     meets: bool
+    #: batches the setting's timer closed in the runs made at this load (its screen's too); None where not
+    #: counted.  0: any longer delay runs the same batches, so it decides the same here (the delay search stops)
+    timer_batches: int | None = field(default=None, compare=False)
 
     def tightest(self, slo: SLO) -> tuple[str, float]:
         """(metric, bound) of the SLO's metric with the least relative margin here."""
