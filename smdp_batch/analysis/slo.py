@@ -60,8 +60,9 @@ instead of a user's server.
 
 **Threads.**  The rule families' searches are independent, and so are the defaults' runs and the fresh check's
 loads: they run on threads (:data:`MAX_WORKERS` at most, one per CPU this process may use), the simulator's
-event loops releasing the GIL; and each capped table front is solved on a thread of its own while the tables
-before it are simulated.  Every search sees the same streams and the same draws whatever runs beside it,
+event loops releasing the GIL; each capped table front is solved on a thread of its own while the tables
+before it are simulated, the first capped front (always searched) is searched beside the full one, and the full
+front's sweep runs its rounds of solves on threads (the solver's kernels release the GIL too).  Every search sees the same streams and the same draws whatever runs beside it,
 so the answer is the same to the digit with one thread or several (``tests/test_slo_speed.py``).  BLAS runs on
 one thread for the whole search: its threads are the search's parallelism, and OpenBLAS's own threads, woken by
 each small call outside a solve, spun on the cores the simulations needed (lognormal:1 at one load on 2 cores:
