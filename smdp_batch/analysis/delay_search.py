@@ -27,9 +27,8 @@ def largest_delay(check, cap: float, guess: float | None = None, inf_first: bool
     batches: bracket the largest feasible d by doubling from ``guess`` (default ``scale``/16), bisect to 1 %.
     ``check(d)`` → Setting.  ``scale`` (default ``cap``; 4 × the tightest bound) sets where the search starts
     and the least delay it tells from 0 (``scale``/4096): a loose second bound (a mean of 10⁶ ms beside a p99
-    of 50 ms) widens ``cap`` but must not move the search away from the delays the tight bound allows.
-  The doubling stops at a delay whose timer closed
-    no batch (module doc)."""
+    of 50 ms) widens ``cap`` but must not move the search away from the delays the tight bound allows.  The
+    doubling stops at a delay whose timer closed no batch (module doc)."""
     span = cap if scale is None else min(scale, cap)
     best = None
     if inf_first:  # a pure table: the timer is only a guard

@@ -62,11 +62,12 @@ instead of a user's server.
 loads: they run on threads (:data:`MAX_WORKERS` at most, one per CPU this process may use), the simulator's
 event loops releasing the GIL; each capped table front is solved on a thread of its own while the tables
 before it are simulated, the first capped front (always searched) is searched beside the full one, and the full
-front's sweep runs its rounds of solves on threads (the solver's kernels release the GIL too).  Every search sees the same streams and the same draws whatever runs beside it,
-so the answer is the same to the digit with one thread or several (``tests/test_slo_speed.py``).  BLAS runs on
-one thread for the whole search: its threads are the search's parallelism, and OpenBLAS's own threads, woken by
-each small call outside a solve, spun on the cores the simulations needed (lognormal:1 at one load on 2 cores:
-17.2 s of CPU for 9.2 s, against 12.3 s for 7.2 s).
+front's sweep runs its rounds of solves on threads (the solver's kernels release the GIL too).  Every search
+sees the same streams and the same draws whatever runs beside it, so the answer is the same to the digit with
+one thread or several (``tests/test_slo_speed.py``).  BLAS runs on one thread for the whole search: its threads
+are the search's parallelism, and OpenBLAS's own threads, woken by each small call outside a solve, spun on the
+cores the simulations needed (lognormal:1 at one load on 2 cores: 17.2 s of CPU for 9.2 s, against 12.3 s for
+7.2 s).
 """
 
 from __future__ import annotations
@@ -485,9 +486,10 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
         return tuple(b for b in sizes if b <= c) if c >= max(problem.bmin, 2) and _carries(problem, c, max(chk.lams)) \
             else None
 
-    # each capped front is solved on a thread of its own while the tables before it are simulated, and the first
-    # capped front (always searched) is searched on another beside the full one: a front and a search are each a
-    # function of their arguments, so solving a front early, or in vain when the loop stops, changes no answer
+    # each capped front is solved on a thread of its own while the tables before it are simulated, and on more than
+    # one worker the first capped front (always searched) is searched on another beside the full one: a front and a
+    # search are each a function of their arguments, so solving a front early, or in vain when the loop stops,
+    # changes no answer
     ahead = ThreadPoolExecutor(1, thread_name_prefix="slo-front")
     beside = ThreadPoolExecutor(1, thread_name_prefix="slo-capped")
     fronts: dict[int, Future] = {}
@@ -502,12 +504,14 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
         if sub_next:
             front(c // 2, sub_next)
 
+    workers = int(chk.workers or default_workers())
     try:
         c = problem.bmax // 2
         sub = capped(c)
         first = None
         if sub:
             front(c, sub)
+        if sub and workers > 1:
 
             def search_first(c: int = c, sub: tuple[int, ...] = sub) -> Setting | None:
                 tables = front(c, sub).result()
@@ -515,7 +519,7 @@ def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam:
                 return _smdp_tables(chk, cap, tables, sub)
 
             first = beside.submit(search_first)
-        cands = one_server_tables(problem, solve_lam, sizes, multi, workers=int(chk.workers or default_workers()))
+        cands = one_server_tables(problem, solve_lam, sizes, multi, workers=workers)
         if problem.instances > 1:
             cands += instances_tables(problem, solve_lam, multi)[0]
         best = _smdp_tables(chk, cap, cands, sizes)
