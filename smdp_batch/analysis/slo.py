@@ -80,6 +80,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -232,7 +233,10 @@ def not_simulated(problem: BatchingProblem) -> set[str]:
     return {"torchserve"} if problem.instances > 1 else set()
 
 
-def _one_blas_thread(search):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_blas_thread(search: _F) -> _F:
     """``search`` with BLAS on one thread while it runs (module doc, *Threads*)."""
     @functools.wraps(search)
     def run(*args, **kwargs):
@@ -240,7 +244,7 @@ def _one_blas_thread(search):
 
         with single_blas():
             return search(*args, **kwargs)
-    return run
+    return cast(_F, run)
 
 
 @_one_blas_thread
