@@ -196,7 +196,9 @@ def test_one_blas_thread_holds_until_the_last_of_overlapping_solves_leaves(monke
     first, second = threads.single_blas(), threads.single_blas()
     first.__enter__()
     assert [lib.num_threads for lib in libs] == [1, 1, 1]
+    libs[0].num_threads = 2  # as when the count set on another thread did not hold on this one
     second.__enter__()
+    assert [lib.num_threads for lib in libs] == [1, 1, 1]  # set again
     first.__exit__(None, None, None)  # the first solve ends while the second runs
     assert [lib.num_threads for lib in libs] == [1, 1, 1]
     second.__exit__(None, None, None)

@@ -33,24 +33,24 @@ __all__ = ["single_blas"]
 _libraries: list | None = None  # threadpoolctl's controllers of the BLAS libraries loaded (found once)
 _lock = threading.Lock()
 _depth = 0  # the contexts open now, on any thread
-_restore: list = []  # (library, its thread count) set back when the last context leaves
+_restore: dict[int, tuple] = {}  # id(library) → (library, the thread count it had before the first context)
 
 
 class _OneThread:
     """BLAS at one thread while any such ``with`` block is open; each library's count is restored when the last
-    one closes (module doc)."""
+    one closes (module doc).  Every entry sets one thread where a library reads more (a count set on another
+    thread may not have held), and keeps the count it had before the first."""
 
     __slots__ = ()
 
     def __enter__(self) -> "_OneThread":
         global _depth
         with _lock:
-            if _depth == 0:
-                for lib in _libraries or ():
-                    n = lib.num_threads
-                    if n != 1:
-                        lib.set_num_threads(1)
-                        _restore.append((lib, n))
+            for lib in _libraries or ():
+                n = lib.num_threads
+                if n != 1:
+                    lib.set_num_threads(1)
+                    _restore.setdefault(id(lib), (lib, n))
             _depth += 1
         return self
 
@@ -59,7 +59,7 @@ class _OneThread:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                for lib, n in _restore:
+                for lib, n in _restore.values():
                     lib.set_num_threads(n)
                 _restore.clear()
 
