@@ -8,10 +8,10 @@ side by side in one process).  :func:`single_blas` limits BLAS to one thread for
 solve; the limit is process-wide while it holds and is restored afterwards.
 
 The limit is process-wide, and solves run on several threads at once (the SLO search solves a capped front
-while it searches another family's settings), so the contexts are counted: the first to enter sets one
-thread and the last to leave restores the counts.  Saving and restoring per context let one solve's exit give
-BLAS its threads back under another solve still running (before, each context saved and restored the counts
-on its own).
+while it searches another family's settings), so the contexts are counted: each entry sets one thread
+where a library reads more, the count from before the first is kept, and the last to leave restores it.
+Saving and restoring per context let one solve's exit give BLAS its threads back under another solve still
+running (before, each context saved and restored the counts on its own).
 
 Set it from the thread that starts the work: with the OpenBLAS builds NumPy and SciPy ship (0.3.30–0.3.31,
 pthreads), a count set on a worker thread did not hold the BLAS calls there to one core (measured: 400 × 400
