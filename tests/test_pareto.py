@@ -201,3 +201,21 @@ def test_dominance_resolves_the_gap_under_a_baseline():
     assert coarse.power_at(e.mean_latency_ms) > e.mean_power_w * (1 + 1e-9)  # the chord is above it
     assert dominated_by_front(coarse, e.mean_latency_ms, e.mean_power_w)  # …until the gap is solved
     assert coarse.power_at(e.mean_latency_ms) <= e.mean_power_w * (1 + 1e-9)
+
+
+def test_no_near_solve_next_to_a_table_whose_overflow_check_failed(monkeypatch):
+    """With lognormal σ = 1 batch times every table fails eq. 19's overflow test up to OVERFLOW_SMAX, and a near
+    solve started next to one failed too (0.2 s each): the sweep gives those points the converged rule at once.
+    Where the overflow test passes (exponential times), near solves are still tried."""
+    from smdp_batch.analysis import pareto
+    from smdp_batch.solvers import search
+
+    calls = []
+    real = search.search_near
+    monkeypatch.setattr(search, "search_near", lambda *a, **k: calls.append(1) or real(*a, **k))
+    heavy = BatchingProblem.basic(rho=0.5, service="lognormal:1")
+    front = pareto.sweep_w2(heavy)
+    assert len(front.points) >= 3 and calls == []
+    light = BatchingProblem.basic(rho=0.5, service="exp").replace(batch_sizes=tuple(range(1, 9)))
+    pareto.sweep_w2(light)
+    assert calls
