@@ -278,7 +278,6 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
                                     slow, efac, acc)
         state[0] = n_req
         state[6] = acc[0]
-        state[7] = np.nan  # not counted by the replicas' loops
         cont = False  # every batch has ended
         if progress is not None:
             progress(n_req)
@@ -286,13 +285,11 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
         _replicas_kernel(arr, rule.maxb, rule.delay, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                          sizes_hist, qhist, _router_picks(rng, n_req, instances), instances)
         state[0] = n_req
-        state[7] = np.nan
         if progress is not None:
             progress(n_req)
     while state[0] < n_req:
         before = int(state[0])
         if ctx is not None:
-            state[7] = np.nan  # the context loop has no timer count
             got = _context_kernel(arr, *ctx, pad, lat_of, en_of, det, pool_of, unit, ptr, resp, bounds, genergy,
                                   sizes_hist, qhist, state, min(before + chunk, n_req))
         else:
@@ -305,6 +302,8 @@ def _run(problem, rule, arr, rng, bounds, progress=None, n_base: int | None = No
             break
     if cont:  # the batches still running end
         _advance(np.inf, run, rem, extra, slow, efac, lat_of, en_of, arr, resp, bounds, genergy, state)
+    if ctx is not None or (rule.mode == "ray" and instances > 1):
+        state[7] = np.nan  # only _kernel counts the batches a timer closed (not the context or replicas' loops)
     return resp, genergy, sizes_hist, qhist, state
 
 

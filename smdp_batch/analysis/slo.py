@@ -548,7 +548,7 @@ def _smdp_tables(chk: _Checker, cap: float, cands, sizes) -> Setting | None:
 
     The candidates are searched in waves of :data:`WAVE` on threads; each timer search starts from the τ the
     waves before found (the last candidate's with a timer), so the answer does not depend on the threads."""
-    forms = ("largest",) if list(sizes) == list(range(1, sizes[-1] + 1)) else ("largest", "pad")
+    forms = ("largest", "pad") if server_padding(sizes) else ("largest",)  # padded profiles also get the pad form
     guess: dict[str, float | None] = dict.fromkeys(forms)
 
     def search(cand, start: dict) -> list[Setting]:
