@@ -454,21 +454,35 @@ def _reach(chk: _Checker) -> dict | None:
     return None if worst is None else worst[1]
 
 
+def served_floor_ms(problem: BatchingProblem, metric: str, lam: float, served) -> float:
+    """The least ``metric`` ("mean" or "p<q>") any setting reaches at λ (req/ms) on the calibrated server, ms: a
+    request served at once, alone, in a batch of the smallest size (l(b_min) of ``problem``, which carries l(b) as
+    served) plus the outside delay measured at the load (its metric over the calibration sample)."""
+    o = served.outside_at(lam)
+    return float(problem.latency_ms()[0]) + (float(np.mean(o)) if metric == "mean"
+                                              else float(np.percentile(o, float(metric[1:]))))
+
+
 def _check_served_reachable(problem: BatchingProblem, slo: SLO, lams: list[float], served) -> None:
-    """Refuse, before any search, a bound below what the server alone adds to the fastest response: a request
-    served at once, alone, in a batch of the smallest size (l(b_min) as served) plus the outside delay measured at
-    the load (its metric over the calibration sample)."""
-    l1 = float(problem.latency_ms()[0])
+    """Refuse, before any search, a bound below what the server alone adds to the fastest response
+    (:func:`served_floor_ms`), naming the loads of the range where it can be met."""
+    ok = [lam for lam in lams if all(slo.limit(m) > served_floor_ms(problem, m, lam, served) for m, _ in slo.bounds)]
     for m, _ in slo.bounds:
         for lam in lams:
-            o = served.outside_at(lam)
-            floor = l1 + (float(np.mean(o)) if m == "mean" else float(np.percentile(o, float(m[1:]))))
+            floor = served_floor_ms(problem, m, lam, served)
             if slo.limit(m) <= floor:
                 name = "W̄" if m == "mean" else m
+                where = (f"; at {_loads_text(ok)} of the range it can" if ok else "")
                 raise InputError(
                     f"no setting can meet {m} ≤ {slo.limit(m):g} ms at {lam * 1e3:.5g} req/s on this server: a request "
-                    f"served at once, alone, takes l({problem.bmin}) = {l1:.4g} ms as served plus the outside delay "
-                    f"the calibration measured there, {name} {floor:.4g} ms in all; use a bound above that")
+                    f"served at once, alone, takes l({problem.bmin}) = {float(problem.latency_ms()[0]):.4g} ms as "
+                    f"served plus the outside delay the calibration measured there, {name} {floor:.4g} ms in all; use "
+                    f"a bound above that{where}")
+
+
+def _loads_text(lams: list[float]) -> str:
+    per_s = [f"{x * 1e3:.5g}" for x in lams]
+    return f"{per_s[0]} req/s" if len(per_s) == 1 else f"{', '.join(per_s[:-1])} and {per_s[-1]} req/s"
 
 
 def _smdp_family(problem: BatchingProblem, chk: _Checker, cap: float, solve_lam: float) -> Setting | None:
