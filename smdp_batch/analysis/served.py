@@ -17,22 +17,32 @@ the runs at several loads into a :class:`~smdp_batch.model.served.ServedDelay`:
    (to the end of its batch's compute) and the return leg after it.  The return leg, less the position term,
    is measured request by request; so is the leg to the batcher where the server says when each request
    reached it (Ray Serve's replica does).  Where it does not (Triton's Python backend), the batcher's part is
-   taken from the send, and the leg's mean is the mean by which that part exceeds the simulator's for the
-   same send times, rule, l(b) as served and a + c·b (≥ 0).  Without batch times (an endpoint that reports none) the outside
-   delay is the residual measured − simulated request by request, which the replay's batch mismatch widens:
-   the plan then errs on the safe side.
+   taken from the send.  Either way the mean by which that part exceeds the simulator's for the same times,
+   rule, l(b) as served and a + c·b (≥ 0) is added: the leg to the batcher and the dispatch on Triton, the
+   batcher's own hops on Ray Serve (its replica's queue and event loop: a mean of 0.4–0.7 ms on 2 cores, with
+   a p99 of 6 ms).  Without batch times (an endpoint that reports none) the outside delay is the residual
+   measured − simulated request by request, which the replay's batch mismatch widens: the plan then errs on
+   the safe side.
 4. **The return per position**, r: least squares of the return leg on the request's measured position in its
    batch (0 = answered first), where positions were reported.
 5. **The tail the parts miss.**  The plan of each calibration run itself (its send times, its rule, the
    outside delay drawn independently) is compared with the run's measured p99; where the plan falls short
    (the parts are not independent: a congested host slows the batcher and the way back together), that
-   load's outside sample moves up by the shortfall (``tail_gap_ms``), so that the plan holds at the
-   calibrated loads by construction.
-6. **What the path carried**, per load: every request answered, no errors, no growing queue (response
+   load's outside sample moves up by the shortfall (``tail_gap_ms``; with several runs at a load, their
+   samples pooled and their mean shortfall), so that the plan holds at the calibrated loads.
+6. **How far a new run may land** (``new_run_halfwidth_ms``): with several runs at a load (repetitions, or
+   runs of several settings, each replayed with its own), each run's measured p99 less its plan with the
+   load's pooled sample; the spread of these about their load's mean, pooled over the loads, gives a t
+   prediction interval for one new run.  With one run per load, that run's own p99 interval (a moving-block
+   bootstrap over its sends, :func:`p99_halfwidth`).  Every served percentile's interval adds it.
+7. **What the path carried**, per load: every request answered, no errors, no growing queue (response
    times of the last third ≤ 2× the first third + 1 ms).  ``carried_per_s`` is the top of the run of
-   calibrated loads, from the lowest, that carried.  A load where the measured batcher part's p99 is above
-   1.15× the simulated one + 1 ms did not carry either: the host did not keep up with the rule.  The client's lag behind its send schedule is reported
-   (p99): a client that does not keep up sends a thinner stream than asked.
+   calibrated loads, from the lowest, that carried.  A load where the measured batcher part's mean is above
+   1.15× the simulated one (plus, where the leg to the batcher is inside it, the median excess) + 1 ms did not
+   carry either: the host did not keep up with the rule.  A tail of that excess alone (a late timer, a stalled
+   event loop) is not a refusal: the tail gap plans for it.  With several runs at a load, every one must have
+   carried it.  The client's lag behind its send schedule is reported (p99): a client that does not keep up
+   sends a thinner stream than asked.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import numpy as np
 from ..errors import InputError
 from ..model.served import ServedDelay, as_served, batch_positions
 
-__all__ = ["CalibrationRun", "fit_served"]
+__all__ = ["CalibrationRun", "fit_served", "p99_halfwidth"]
 
 
 @dataclass
@@ -56,7 +66,9 @@ class CalibrationRun:
     ``batch_of[i]`` (−1: unknown), ``position[i]`` (its place in the batch, −1: unknown), ``batches`` (id →
     (requests, executed size)) and ``batch_times`` (id → (compute start, compute end)).  ``lag_ms``: how late
     each request was sent against its schedule.  ``entered_ms``: when each request reached the batcher, where
-    the server reports it (Ray Serve's replica does; Triton's Python backend does not).
+    the server reports it (Ray Serve's replica does; Triton's Python backend does not).  ``rule``: the setting
+    the run was served with, where runs of several settings are fitted together (a calibration, then the run of
+    the setting planned from it).
     """
 
     lam_per_s: float
@@ -70,13 +82,19 @@ class CalibrationRun:
     errors: int = 0
     wall_s: float = 0.0
     entered_ms: np.ndarray | None = None  # when each request reached the server's batcher, where it says
+    rule: object = None  # the setting this run was served with (None: the one given to fit_served)
 
 
-def _per_batch(runs, delay_ms: float, maxb: int) -> tuple[float, float, int]:
+def _delay_ms(rule) -> float:
+    return float(rule.delay) if math.isfinite(getattr(rule, "delay", math.inf)) else 0.0
+
+
+def _per_batch(runs, rules) -> tuple[float, float, int]:
     xs, ys = [], []
-    for run in runs:
+    for run, rule in zip(runs, rules):
         if run.batch_of is None or not run.batch_times:
             continue
+        delay_ms, maxb = _delay_ms(rule), int(rule.maxb)
         first: dict[int, float] = {}
         reached = run.sent_ms if run.entered_ms is None else run.entered_ms
         for i, k in enumerate(run.batch_of):
@@ -111,21 +129,41 @@ def _growing(lat: np.ndarray) -> bool:
     return float(ok[-t:].mean()) > 2.0 * float(ok[:t].mean()) + 1.0
 
 
+def p99_halfwidth(lat_in_send_order: np.ndarray, seed: int = 0, resamples: int = 200) -> float:
+    """95 % half-width (ms) of a run's measured p99 from its own requests: a moving-block bootstrap over the send
+    order (blocks of √n requests, ``resamples`` seeded resamples), so that a stall of the host, which delays a run of
+    consecutive requests together, is resampled whole.  It says how far another run of the same length could
+    land from this one on the same host state; it cannot see a host that is slower for a whole run."""
+    x = np.asarray(lat_in_send_order, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = x.size
+    if n < 20:
+        return math.nan
+    k = max(int(math.sqrt(n)), 1)
+    starts = np.random.default_rng(seed).integers(0, n - k + 1, (resamples, -(-n // k)))
+    idx = (starts[:, :, None] + np.arange(k)[None, None, :]).reshape(resamples, -1)[:, :n]
+    return 1.96 * float(np.std(np.percentile(x[idx], 99, axis=1), ddof=1))
+
+
 def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | None = None, warmup: float = 0.05,
                seed: int = 0, idle_power_w: float | None = None, source: dict | None = None) -> ServedDelay:
     """The served-delay model of ``runs`` (module doc), for plans with ``problem``'s l(b) and ζ(b).
 
-    ``rule``: the server rule (or table) the runs were served with.  ``slo_ms``: a load whose outside p99
-    alone reaches it is not carried.  ``warmup``: the share of each run's first (and last) requests left out.
+    ``rule``: the server rule (or table) the runs were served with, where a run does not name its own.  Several
+    runs at one load (repetitions, or runs of several settings) are pooled there: their outside samples, their
+    shortfalls (the mean moves the sample up) and, from the shortfalls' spread between runs, how far the p99 of
+    a new run may land from its plan on this host.  ``slo_ms``: a load whose outside p99 alone reaches it is not
+    carried.  ``warmup``: the share of each run's first (and last) requests left out.
     """
     from ..baselines.servers import ServerRule, table_rule
 
     if not runs:
         raise InputError("calibration: no runs to fit")
     runs = sorted(runs, key=lambda r: r.lam_per_s)
-    rule = rule if isinstance(rule, ServerRule) else table_rule(rule, problem.batch_sizes)
-    delay = float(rule.delay) if math.isfinite(getattr(rule, "delay", math.inf)) else 0.0
-    a, c, pairs = _per_batch(runs, delay, int(rule.maxb))
+    as_rule = lambda x: x if isinstance(x, ServerRule) else table_rule(x, problem.batch_sizes)  # noqa: E731
+    rule = as_rule(rule)
+    rules = [rule if run.rule is None else as_rule(run.rule) for run in runs]
+    a, c, pairs = _per_batch(runs, rules)
     per_batch = lambda s: a + c * s  # noqa: E731
     served_lat: dict[int, list[float]] = {}
     for run in runs:
@@ -133,60 +171,125 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
             served_lat.setdefault(int(run.batches[k][1]), []).append(s1 - s0)
     lat_means = {b: float(np.mean(v)) for b, v in sorted(served_lat.items()) if len(v) >= 5}
     served_problem = as_served(problem, lat_means)
-    # per load: the return legs, their positions, the batcher part measured and simulated (with l(b) as served)
-    parts = [_split(served_problem, rule, run, per_batch, warmup, seed) for run in runs]
+    # per run: the return legs, their positions, the batcher part measured and simulated (with l(b) as served)
+    parts = [_split(served_problem, ru, run, per_batch, warmup, seed) for run, ru in zip(runs, rules)]
     ret_all = np.concatenate([x[0] for x in parts])  # the return legs (position regression on these alone)
     pos_all = np.concatenate([x[1] for x in parts])
     known = pos_all >= 0
     r = 0.0
     if known.sum() >= 30 and np.ptp(pos_all[known]) > 0:
         r = max(float(np.polyfit(pos_all[known], ret_all[known], 1)[0]), 0.0)
-    outside, stats, carried, still = [], [], None, True
-    for run, (ret, pos, meas, sim, inbound, sim_pos, lat_used) in zip(runs, parts):
-        # reaching the batcher: measured request by request where the server says when, else its mean (≥ 0)
-        shift = max(float(meas.mean() - sim.mean()), 0.0) if inbound is None else float(np.mean(inbound))
-        o = ret - r * np.where(pos >= 0, pos, 0.0) + (shift if inbound is None else inbound)
-        if inbound is not None:
-            shift = 0.0  # the batcher parts are from the batcher's own arrival times
-        # the plan of this very run (same stream, same rule, an independent outside draw) against what it measured:
-        # where the parts are not independent (a congested host slows the batcher and the way back together) the
-        # convolution's p99 falls short, and the whole sample moves up by the shortfall
-        rng = np.random.default_rng(np.random.SeedSequence([seed, int(run.lam_per_s * 1000)]))
-        planned = (sim + r * sim_pos)[None, :] + o[rng.integers(0, o.size, (20, o.size))]
-        gap = max(float(np.percentile(lat_used, 99)) - float(np.percentile(planned, 99)), 0.0)
-        o = o + gap
+    each = [_one_run(run, part, r, slo_ms, seed) for run, part in zip(runs, parts)]
+    groups: dict[float, list[int]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(round(run.lam_per_s, 6), []).append(i)
+    outside, dev = [], []
+    for g in groups.values():
+        es = [each[i] for i in g]
+        o = np.concatenate([e["outside"] for e in es]) + max(float(np.mean([e["shortfall"] for e in es])), 0.0)
         outside.append(o)
-        answered = int(np.isfinite(run.latency_ms).sum())
-        lat = run.latency_ms[np.isfinite(run.latency_ms)]
-        lag99 = float(np.percentile(run.lag_ms, 99)) if run.lag_ms is not None and run.lag_ms.size else math.nan
-        m99, s99 = float(np.percentile(meas, 99)), float(np.percentile(sim, 99)) + shift
-        why = None
-        if answered < run.latency_ms.size or run.errors:
-            why = f"{run.latency_ms.size - answered} of {run.latency_ms.size} requests were not answered"
-        elif _growing(run.latency_ms[np.argsort(run.sent_ms)]):
-            why = f"its queue grew: response times rose to a p99 of {np.percentile(lat, 99):.4g} ms"
-        elif m99 > 1.15 * s99 + 1.0:
-            why = (f"the server's batcher took p99 {m99:.4g} ms where its rule on the model takes {s99:.4g} ms "
-                   f"(end-to-end p99 {np.percentile(lat, 99):.4g} ms): the host does not keep up"
-                   + (f"; the client's sends lagged p99 {lag99:.3g} ms" if lag99 > 5.0 else ""))
-        elif slo_ms is not None and np.percentile(o, 99) >= slo_ms:
+        # each run against its plan with the load's pooled sample: how far apart runs land on this host (a stall
+        # in one run, other jobs), beyond what one run's own requests show
+        d = [each[i]["p99_ms_window"] - _plan_p99(parts[i], r, o, seed, runs[i].lam_per_s) for i in g]
+        dev += [x - float(np.mean(d)) for x in d]
+    dof = len(runs) - len(groups)
+    between = math.sqrt(float(np.sum(np.square(dev))) / dof) if dof else math.nan
+    stats, carried, still = [], None, True
+    for g, o in zip(groups.values(), outside):
+        rs, es = [runs[i] for i in g], [each[i] for i in g]
+        gap = max(float(np.mean([e["shortfall"] for e in es])), 0.0)
+        why = next((e["why"] for e in es if e["why"]), None)
+        if why and len(es) > 1:
+            why = f"{why} (in {sum(bool(e['why']) for e in es)} of its {len(es)} runs)"
+        elif why is None and slo_ms is not None and np.percentile(o, 99) >= slo_ms:
             why = f"the server's own path alone took p99 {np.percentile(o, 99):.4g} ms ≥ the SLO {slo_ms:g} ms"
         still = still and why is None
         if still:
-            carried = run.lam_per_s
-        stats.append({"load_per_s": run.lam_per_s, "requests": int(run.latency_ms.size), "answered": answered,
-                      "errors": int(run.errors), "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
-                      "batcher_p99_ms": m99, "batcher_model_p99_ms": s99, "to_batcher_ms": shift,
-                      "tail_gap_ms": gap,
-                      "model_p99_ms": float(np.percentile([e - s for s, e in run.batch_times.values()], 99))
-                      if run.batch_times else math.nan,
-                      "outside_p50_ms": float(np.percentile(o, 50)), "outside_p99_ms": float(np.percentile(o, 99)),
-                      "client_lag_p99_ms": lag99, "client_kept_up": not lag99 > 5.0, "carried": why is None,
-                      "why": why or "", "wall_s": float(run.wall_s)})
+            carried = rs[0].lam_per_s
+        # a new run's p99 against its plan: the spread between runs (a prediction interval, t with the pooled
+        # degrees of freedom) where runs were repeated, else one run's own (its requests' moving-block bootstrap)
+        own = max(e["p99_halfwidth_ms"] for e in es)
+        spread = (_T975.get(dof, 1.96) * between * math.sqrt(1.0 + 1.0 / len(es)) if dof else own)
+        stats.append(_load_stats(rs, es, parts, g, gap, o, why, spread))
     src = dict(source or {})
     src.update({"per_batch_pairs": pairs, "setting": rule.spec})
-    return ServedDelay(a, c, r, tuple(x.lam_per_s for x in runs), tuple(outside),
-                       0.0 if carried is None else float(carried), lat_means, idle_power_w, tuple(stats), src)
+    if dof:
+        src["runs_per_load"] = max(len(g) for g in groups.values())
+    return ServedDelay(a, c, r, tuple(runs[g[0]].lam_per_s for g in groups.values()), tuple(outside), 0.0 if carried is None else float(carried), lat_means, idle_power_w,
+                       tuple(stats), src)
+
+
+#: Student's t, 97.5 % quantile, by degrees of freedom (more: 1.96 is within 5 %)
+_T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         12: 2.179, 15: 2.131, 20: 2.086}
+
+
+def _one_run(run: CalibrationRun, part, r: float, slo_ms: float | None, seed: int) -> dict:
+    """One run's outside sample (before the load's shortfall), its shortfall (its measured p99 − its own plan's,
+    unclipped), its p99's own half-width, and why it did not carry (or "")."""
+    ret, pos, meas, sim, inbound, sim_pos, lat_used = part
+    # what the batcher part takes beyond the rule on the model, on average (≥ 0): without the server's arrival
+    # times, reaching the batcher and the dispatch; with them (the leg to it measured request by request) the
+    # batcher's own hops, e.g. Ray's replica queue and event loop
+    shift = max(float(meas.mean() - sim.mean()), 0.0)
+    o = ret - r * np.where(pos >= 0, pos, 0.0) + shift + (0.0 if inbound is None else inbound)
+    # the plan of this very run (same stream, same rule, an independent outside draw) against what it measured:
+    # where the parts are not independent (a congested host slows the batcher and the way back together) the
+    # convolution's p99 falls short, and the load's sample moves up by the shortfall
+    window99 = float(np.percentile(lat_used, 99))
+    shortfall = window99 - _plan_p99(part, r, o, seed, run.lam_per_s)
+    answered = int(np.isfinite(run.latency_ms).sum())
+    lat = run.latency_ms[np.isfinite(run.latency_ms)]
+    lag99 = float(np.percentile(run.lag_ms, 99)) if run.lag_ms is not None and run.lag_ms.size else math.nan
+    m99, s99 = float(np.percentile(meas, 99)), float(np.percentile(sim, 99)) + shift
+    # the host keeps up with the rule when the batcher part is the rule's on average (less the leg to the
+    # batcher where it is inside: its constant part, the median excess); a rare late timer or stalled event
+    # loop (p99 of the excess 6 ms against a mean of 0.4 on Ray Serve, 2 cores) is planned for by the tail gap
+    leg = max(float(np.median(meas - sim)), 0.0) if inbound is None else 0.0
+    slow = float(meas.mean()) > 1.15 * (float(sim.mean()) + leg) + 1.0
+    why = ""
+    if answered < run.latency_ms.size or run.errors:
+        why = f"{run.latency_ms.size - answered} of {run.latency_ms.size} requests were not answered"
+    elif _growing(run.latency_ms[np.argsort(run.sent_ms)]):
+        why = f"its queue grew: response times rose to a p99 of {np.percentile(lat, 99):.4g} ms"
+    elif slow:
+        why = (f"the server's batcher took {meas.mean():.4g} ms on average (p99 {m99:.4g} ms) where its rule on "
+               f"the model takes {sim.mean() + shift:.4g} ms (p99 {s99:.4g} ms) "
+               f"(end-to-end p99 {np.percentile(lat, 99):.4g} ms): the host does not keep up"
+               + (f"; the client's sends lagged p99 {lag99:.3g} ms" if lag99 > 5.0 else ""))
+    return {"outside": o, "shortfall": shortfall, "p99_ms_window": window99, "shift": shift, "why": why, "lag99": lag99, "answered": answered,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
+            "p99_halfwidth_ms": p99_halfwidth(run.latency_ms[np.argsort(run.sent_ms, kind="stable")], seed)}
+
+
+def _plan_p99(part, r: float, o: np.ndarray, seed: int, lam_per_s: float) -> float:
+    """The p99 a run's plan gives: its simulated batcher parts, k·r for its simulated positions, and 20
+    independent draws of the outside sample ``o`` for each request (seeded by the load)."""
+    sim, sim_pos = part[3], part[5]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(lam_per_s * 1000)]))
+    return float(np.percentile((sim + r * sim_pos)[None, :] + o[rng.integers(0, o.size, (20, sim.size))], 99))
+
+
+def _load_stats(rs, es, parts, g, gap, o, why, spread) -> dict:
+    """One calibrated load's figures (docs/json.md, ``stats[]``), its runs pooled."""
+    meas = np.concatenate([parts[i][2] for i in g])
+    sim = np.concatenate([parts[i][3] for i in g])
+    lat = np.concatenate([run.latency_ms[np.isfinite(run.latency_ms)] for run in rs])
+    shift = float(np.mean([e["shift"] for e in es]))
+    model = [e - s for run in rs for s, e in run.batch_times.values()]
+    lag99 = max(e["lag99"] for e in es)
+    return {"load_per_s": rs[0].lam_per_s, "runs": len(rs), "requests": int(sum(run.latency_ms.size for run in rs)),
+            "answered": int(sum(e["answered"] for e in es)), "errors": int(sum(run.errors for run in rs)),
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
+            "p99_runs_ms": [e["p99_ms"] for e in es],
+            "p99_halfwidth_ms": max(e["p99_halfwidth_ms"] for e in es),
+            "batcher_p99_ms": float(np.percentile(meas, 99)),
+            "batcher_model_p99_ms": float(np.percentile(sim, 99)) + shift, "to_batcher_ms": shift,
+            "tail_gap_ms": gap, "new_run_halfwidth_ms": spread,
+            "model_p99_ms": float(np.percentile(model, 99)) if model else math.nan,
+            "outside_p50_ms": float(np.percentile(o, 50)), "outside_p99_ms": float(np.percentile(o, 99)),
+            "client_lag_p99_ms": lag99, "client_kept_up": not lag99 > 5.0, "carried": why is None,
+            "why": why or "", "wall_s": float(sum(run.wall_s for run in rs))}
 
 
 def _split(problem, rule, run: CalibrationRun, per_batch, warmup: float, seed: int):

@@ -40,15 +40,18 @@ __all__ = ["calibrate_cmd"]
         help="An ONNX model (input [N, D] float32) each batch runs on the CPU instead of the stand-in, which sleeps "
              "l(b) as a GPU would run it without taking the CPU.")
 @option("--requests", type=Number(integer=True, min=200, max=200_000), default="2000", show_default=True,
-        help="Poisson requests sent per load.")
+        help="Poisson requests sent per load and run.")
+@option("--repeats", type=Number(integer=True, min=1, max=10), default="1", show_default=True,
+        help="Runs per load, the loads taken in turn: with 2 or more the plan's interval holds how far a run's p99 "
+             "moves between runs on this host, not only within one run.")
 @option("--max-seconds", type=Number(min=1, max=3600), default="120", show_default=True,
         help="No request is sent later than this after a load's start.")
 @option("--seed", type=Number(integer=True, min=0, max=2**32 - 1), default="0", show_default=True,
         help="Seed of the arrival streams.")
 @option("-o", "--output", type=OutputPath(".json"), required=True, help="The served-delay file (JSON) to write.")
 @json_option
-def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx, requests, seed, max_seconds, output,
-                  as_json, **opts):
+def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx, requests, repeats, seed, max_seconds,
+                  output, as_json, **opts):
     """Run SETTING on the real SERVER at real speed (time scale 1) at three loads, and write what the server
     adds beyond the model: its time per batch (a + c·b), the return of each position in a batch, the outside
     delay at each load, the loads its own path carries and, where an energy counter is present, the idle power.
@@ -80,20 +83,27 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
                              f"({problem.max_lam * problem.instances * 1e3:.4g} req/s)")
     say = (lambda m: click.echo(f"smdp-batch: {m}", err=True)) if sys.stderr.isatty() else None
     sd = calibrate(problem, rule, loads, server=server, onnx_path=onnx or "", requests=requests, seed=seed,
-                   slo_ms=slo_p99_ms, max_seconds=max_seconds, url=url or "", body=body, progress=say)
+                   slo_ms=slo_p99_ms, max_seconds=max_seconds, url=url or "", body=body, progress=say,
+                   repeats=int(repeats))
     d = sd.as_dict()
     write_text_atomically(output, json.dumps(d, indent=1))
     src = sd.source
-    lines = [f"smdp-batch — {server} with {rule.spec} at real speed ({src['model']}; {requests} Poisson requests per "
-             f"load, seed {seed}, {src['seconds']:.0f} s)",
-             f"  {'load [req/s]':>12s}  {'p99 [ms]':>9s}  {'batcher p99 measured / model [ms]':>34s}  "
+    runs = f"{requests} Poisson requests per load" + (f" and run, {repeats} runs per load" if repeats > 1 else "")
+    lines = [f"smdp-batch — {server} with {rule.spec} at real speed ({src['model']}; {runs}, seed {seed}, "
+             f"{src['seconds']:.0f} s)",
+             f"  {'load [req/s]':>12s}  {'p99 ± 95 % [ms]':>15s}  {'batcher p99 measured / model [ms]':>34s}  "
              f"{'outside p50 / p99 [ms]':>22s}  {'client lag p99 [ms]':>19s}  carried"]
     for st in sd.stats:
         batcher = (f"{st['batcher_p99_ms']:16.4g} / {st['batcher_model_p99_ms']:<15.4g}"
                    if math.isfinite(st["model_p99_ms"]) else f"{'— (no batches reported)':>32s}")
-        lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:9.4g}  {batcher}  {st['outside_p50_ms']:9.3g} / "
+        hw = st.get("new_run_halfwidth_ms", st.get("p99_halfwidth_ms", math.nan))
+        lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:7.4g} ± {hw:<5.2g}  {batcher}  {st['outside_p50_ms']:9.3g} / "
                      f"{st['outside_p99_ms']:<10.3g}  {st['client_lag_p99_ms']:19.3g}  "
                      + ("yes" if st["carried"] else "NO: " + st["why"]))
+    lines.append("  ± 95 %      how far another run's p99 may land: the spread between this calibration's runs at the "
+                 "load" if repeats > 1 else
+                 "  ± 95 %      how far another run's p99 may land, from this run's own requests (--repeats 2 measures "
+                 "it between runs)")
     lines.append(f"  model       {sd.summary()}")
     if sd.served_latency_ms:
         lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in list(sd.served_latency_ms.items())[:8])

@@ -27,7 +27,7 @@ from ..errors import InputError
 from ..extras import require
 from ..model.served import ServedDelay
 
-__all__ = ["calibrate", "SERVERS", "server_setting"]
+__all__ = ["calibrate", "calibration_runs", "SERVERS", "server_setting"]
 
 SERVERS = ("triton", "ray", "http")
 
@@ -101,13 +101,28 @@ def _http_runs(url: str, body: bytes, streams, max_seconds: float, say) -> list[
     return runs
 
 
-def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: str = "", requests: int = 2000,
-              seed: int = 0, slo_ms: float | None = None, max_seconds: float = 120.0, num_cpus: int = 2,
-              url: str = "", body: bytes = b"{}", progress: Callable[[str], None] | None = None) -> ServedDelay:
-    """Run ``rule`` on the real ``server`` at each load (req/s) at real speed and fit what it adds (module doc).
+def calibrate(problem, rule, loads_per_s, *, slo_ms: float | None = None, seed: int = 0, earlier=(),
+              **run_options) -> ServedDelay:
+    """Run ``rule`` on the real ``server`` at each load (req/s) at real speed and fit what it adds (module doc):
+    :func:`calibration_runs` (``run_options``: its keywords), then :func:`~smdp_batch.analysis.served.fit_served`
+    with ``slo_ms`` (a load whose outside delay alone reaches it is not carried).  ``earlier``: runs of earlier
+    calibrations on the same server and loads (of other settings, each run naming its own), pooled with these."""
+    runs, source, idle = calibration_runs(problem, rule, loads_per_s, seed=seed, **run_options)
+    return fit_served(problem, rule, [*earlier, *runs], slo_ms=slo_ms, seed=seed, idle_power_w=idle, source=source)
+
+
+def calibration_runs(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: str = "", requests: int = 2000,
+                     seed: int = 0, max_seconds: float = 120.0, num_cpus: int = 2, repeats: int = 1, url: str = "",
+                     body: bytes = b"{}", progress: Callable[[str], None] | None = None
+                     ) -> tuple[list[CalibrationRun], dict, float | None]:
+    """Run ``rule`` on the real ``server`` at each load (req/s) at real speed: (the runs, each naming ``rule``;
+    where and how they were measured; the idle power read, W, or None).
 
     ``problem``: l(b) (what the stand-in sleeps, and what plans use) and ζ(b).  ``onnx_path``: run this ONNX
-    model on the CPU instead of the stand-in (its input [N, D] float32).  ``requests``: per load (≥ 200).
+    model on the CPU instead of the stand-in (its input [N, D] float32).  ``requests``: per load and run (≥ 200).
+    ``repeats``: runs per load, the loads taken in turn (low → high, then again) on fresh streams: the fit pools
+    them and measures how far a run's p99 lands from its plan on this host between runs (one run shows only
+    its own requests' spread).
     ``server="http"``: your own deployed endpoint at ``url`` (Triton's or Ray Serve's HTTP front end, or any
     other), POSTed ``body`` (JSON) at each load; ``rule`` is how it batches.  It reports no batches, so the fit
     takes the outside delay as the residual measured − simulated, request by request (wider than the other
@@ -129,8 +144,11 @@ def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: 
     lat = dict(zip(problem.batch_sizes, (float(x) for x in problem.latency_ms())))
     pad = rule.pad_map(maxb)
     pad_to = {b: int(pad[b]) for b in range(1, maxb + 1) if int(pad[b]) != b}
-    streams = [(x, poisson_arrivals(x / 1000.0, int(requests), np.random.default_rng(seed + i)))
-               for i, x in enumerate(loads)]
+    if not 1 <= int(repeats) <= 10:
+        raise InputError(f"calibration repeats (runs per load) must be 1..10, got {repeats!r}")
+    # run k of load i on stream seed + i + 1000·k: the first run's streams are those of a calibration without repeats
+    streams = [(x, poisson_arrivals(x / 1000.0, int(requests), np.random.default_rng(seed + i + 1000 * k)))
+               for k in range(int(repeats)) for i, x in enumerate(loads)]
     idle = _idle_power()
     runs: list[CalibrationRun] = []
     t0 = time.time()
@@ -160,7 +178,9 @@ def calibrate(problem, rule, loads_per_s, *, server: str = "triton", onnx_path: 
                 runs.append(_to_run(x, ray_run_load(h, arr, 1.0, max_seconds=max_seconds), server))
     model = url if server == "http" else onnx_path or "stand-in sleeping l(b)"
     source = {"server": server, "model": model, "setting": rule.spec,
-              "time_scale": 1.0, "requests_per_load": int(requests), "seed": int(seed),
+              "time_scale": 1.0, "requests_per_load": int(requests), "runs_per_load": int(repeats), "seed": int(seed),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "seconds": round(time.time() - t0, 2),
               "idle_power": "read from the energy counter" if idle is not None else "no energy counter here"}
-    return fit_served(problem, rule, runs, slo_ms=slo_ms, seed=seed, idle_power_w=idle, source=source)
+    for run in runs:
+        run.rule = rule
+    return runs, source, idle

@@ -167,23 +167,28 @@ class ServedDelay:
         resp += sample[rng.integers(0, sample.size, n)]
 
     def halfwidth(self, lam_per_ms: float, q: float | None) -> float:
-        """95 % half-width (ms) of the outside delay's q-th percentile (None: its mean) at λ (req/ms), from the
-        calibration sample's own size: 200 seeded bootstrap resamples for a percentile, the t-free normal
-        interval of the mean.  A served metric's interval adds it (in quadrature): the sample is finite, and
-        a plan on its bound would otherwise rest on its luck."""
+        """95 % half-width (ms) a served metric's interval adds (in quadrature) at λ (req/ms): the outside
+        delay's q-th percentile (None: its mean) from the calibration sample's own size (200 seeded bootstrap
+        resamples for a percentile, the t-free normal interval of the mean) and, for a percentile, how far the
+        p99 of a new run may land from its plan on this host (``new_run_halfwidth_ms`` of the load: the spread
+        of the runs' shortfalls where runs were repeated, else one run's own p99 interval; the load's sample
+        was moved up by a shortfall measured on runs as finite as that).  A plan on its bound would otherwise
+        rest on the luck of one calibration."""
         i = self.index_at(lam_per_ms)
         key = (i, q)
         cache = self.__dict__.setdefault("_halfwidths", {})
         if key not in cache:
             o = self.outside_ms[i]
             if o.size < 2:
-                cache[key] = 0.0
+                h = 0.0
             elif q is None:
-                cache[key] = 1.96 * float(np.std(o, ddof=1)) / math.sqrt(o.size)
+                h = 1.96 * float(np.std(o, ddof=1)) / math.sqrt(o.size)
             else:
                 rng = np.random.default_rng(12345 + i)
                 boot = np.percentile(o[rng.integers(0, o.size, (200, o.size))], q, axis=1)
-                cache[key] = 1.96 * float(np.std(boot, ddof=1))
+                h = 1.96 * float(np.std(boot, ddof=1))
+            run = self.stats[i].get("new_run_halfwidth_ms") if q is not None and i < len(self.stats) else None
+            cache[key] = math.hypot(h, float(run)) if isinstance(run, (int, float)) and math.isfinite(run) else h
         return cache[key]
 
     def beyond(self, lam_per_ms: float) -> str | None:
@@ -212,8 +217,15 @@ class ServedDelay:
                          for x, o in zip(self.loads_per_s, self.outside_ms))
         grow = "; grows with load" if self.grows_with_load() else ""
         carried = "" if self.carried_per_s is None else f"; carries up to {self.carried_per_s:.4g} req/s"
+        got = [st.get("new_run_halfwidth_ms") for st in self.stats]
+        hw = [float(h) for h in got if isinstance(h, (int, float)) and math.isfinite(h)]
+        spread = ""
+        if hw and len(hw) == len(got):
+            lo, hi = f"{min(hw):.2g}", f"{max(hw):.2g}"
+            spread = (f"; a run's p99 lands within ± {lo if lo == hi else f'{lo}–{hi}'} ms of its plan (95 %, "
+                      + ("between runs" if self.source.get("runs_per_load", 1) > 1 else "within one run") + ")")
         return (f"per batch {self.a_ms:.3g} + {self.c_ms:.3g}·b ms, {self.return_ms:.3g} ms per position, "
-                f"outside delay {outs}{grow}{carried}")
+                f"outside delay {outs}{grow}{carried}{spread}")
 
     # ------------------------------------------------------------------ files
     def as_dict(self) -> dict:
