@@ -255,7 +255,21 @@ def test_runs_repeated_at_a_load_are_pooled_and_their_spread_between_runs_widens
         # a new run may land as far as the two runs were apart, not only as far as one run's requests say
         assert st["new_run_halfwidth_ms"] > 3 * one.stats[0]["new_run_halfwidth_ms"]
     res = simulate(p.replace(lam=0.1), rule, requests=20_000, seed=1, served=sd)
-    assert res.percentile_ci["p99_ms"] >= sd.stats[0]["new_run_halfwidth_ms"]
+    assert res.percentile_ci["p99_ms"] >= sd.stats[0]["new_run_share"] * res.percentiles["p99_ms"]  # of itself
+
+
+def test_one_run_a_stall_caught_does_not_set_the_spread_between_runs_at_every_load():
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=8000", p)
+    back = lambda rng, n: 1.0 + rng.exponential(0.8, n)  # noqa: E731
+    runs = [_synthetic_run(p, rule, x, 10 * k + i, outside=back) for i, x in enumerate((100.0, 150.0, 200.0))
+            for k in (1, 2)]
+    runs[-1].latency_ms[1500:1560] += 15.0
+    sd = fit_served(p, rule, runs)
+    hw = [st["new_run_halfwidth_ms"] for st in sd.stats]
+    # a standard deviation pooled over the loads would carry the stall to all three (t, 3 degrees of freedom: 15 ms)
+    assert max(hw) < 2.0, hw
+    assert sd.stats[2]["p99_runs_ms"][1] > sd.stats[2]["p99_runs_ms"][0] + 5.0
 
 
 def test_runs_of_two_settings_are_each_replayed_with_their_own():

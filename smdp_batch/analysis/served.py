@@ -30,11 +30,14 @@ the runs at several loads into a :class:`~smdp_batch.model.served.ServedDelay`:
    (the parts are not independent: a congested host slows the batcher and the way back together), that
    load's outside sample moves up by the shortfall (``tail_gap_ms``; with several runs at a load, their
    samples pooled and their mean shortfall), so that the plan holds at the calibrated loads.
-6. **How far a new run may land** (``new_run_halfwidth_ms``): with several runs at a load (repetitions, or
-   runs of several settings, each replayed with its own), each run's measured p99 less its plan with the
-   load's pooled sample; the spread of these about their load's mean, pooled over the loads, gives a t
-   prediction interval for one new run.  With one run per load, that run's own p99 interval (a moving-block
-   bootstrap over its sends, :func:`p99_halfwidth`).  Every served percentile's interval adds it.
+6. **How far a new run may land** (``new_run_share``): with several runs at a load (repetitions, or runs of
+   several settings, each replayed with its own), log(each run's measured p99 ÷ its plan with the load's
+   pooled sample); their deviations about their load's mean, pooled over the loads, give σ between runs
+   (1.4826 × the median absolute deviation, so that one run a stall of the host caught does not set it), and
+   exp(1.96·σ·√(1 + 1/R)) − 1 the 95 % half-width for one new run, as a share of its p99 (a host slower for a
+   while stretches responses in proportion, so the share carries to settings of other p99), never less than
+   the calmest run's own p99 interval (a moving-block bootstrap over its sends, :func:`p99_halfwidth`), which
+   alone is used with one run per load.  Every served percentile's interval adds that share of itself.
 7. **What the path carried**, per load: every request answered, no errors, no growing queue (response
    times of the last third ≤ 2× the first third + 1 ms).  ``carried_per_s`` is the top of the run of
    calibrated loads, from the lowest, that carried.  A load where the measured batcher part's mean is above
@@ -151,7 +154,7 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
 
     ``rule``: the server rule (or table) the runs were served with, where a run does not name its own.  Several
     runs at one load (repetitions, or runs of several settings) are pooled there: their outside samples, their
-    shortfalls (the mean moves the sample up) and, from the shortfalls' spread between runs, how far the p99 of
+    shortfalls (the mean moves the sample up) and, from the runs' spread about their plans, how far the p99 of
     a new run may land from its plan on this host.  ``slo_ms``: a load whose outside p99 alone reaches it is not
     carried.  ``warmup``: the share of each run's first (and last) requests left out.
     """
@@ -188,12 +191,15 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
         es = [each[i] for i in g]
         o = np.concatenate([e["outside"] for e in es]) + max(float(np.mean([e["shortfall"] for e in es])), 0.0)
         outside.append(o)
-        # each run against its plan with the load's pooled sample: how far apart runs land on this host (a stall
-        # in one run, other jobs), beyond what one run's own requests show
-        d = [each[i]["p99_ms_window"] - _plan_p99(parts[i], r, o, seed, runs[i].lam_per_s) for i in g]
-        dev += [x - float(np.mean(d)) for x in d]
-    dof = len(runs) - len(groups)
-    between = math.sqrt(float(np.sum(np.square(dev))) / dof) if dof else math.nan
+        # each run against its plan with the load's pooled sample, as a log ratio: how far apart runs land on this
+        # host (a stall in one run, other jobs), beyond what one run's own requests show.  A host that is slower
+        # for a while stretches a response in proportion, so the spread carries to settings of other p99
+        d = [math.log(each[i]["p99_ms_window"] / _plan_p99(parts[i], r, o, seed, runs[i].lam_per_s)) for i in g]
+        if len(g) > 1:  # about the load's mean, whose deviations have variance σ²·(R − 1)/R
+            dev += [(x - float(np.mean(d))) / math.sqrt((len(g) - 1) / len(g)) for x in d]
+    # σ between runs (of the log p99), robust to one run that a stall of the host caught (its load is then one of
+    # several): 1.4826 × the median absolute deviation, pooled over the loads
+    between = 1.4826 * float(np.median(np.abs(dev))) if dev else math.nan
     stats, carried, still = [], None, True
     for g, o in zip(groups.values(), outside):
         rs, es = [runs[i] for i in g], [each[i] for i in g]
@@ -206,22 +212,17 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
         still = still and why is None
         if still:
             carried = rs[0].lam_per_s
-        # a new run's p99 against its plan: the spread between runs (a prediction interval, t with the pooled
-        # degrees of freedom) where runs were repeated, else one run's own (its requests' moving-block bootstrap)
-        own = max(e["p99_halfwidth_ms"] for e in es)
-        spread = (_T975.get(dof, 1.96) * between * math.sqrt(1.0 + 1.0 / len(es)) if dof else own)
+        # a new run's p99 against its plan (95 %, a share of it): the spread between runs where runs were repeated,
+        # never less than the calmest run's own interval (its requests' moving-block bootstrap), alone without
+        own = min(e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es)
+        spread = max(math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es))), own) if dev else own
         stats.append(_load_stats(rs, es, parts, g, gap, o, why, spread))
     src = dict(source or {})
     src.update({"per_batch_pairs": pairs, "setting": rule.spec})
-    if dof:
+    if dev:
         src["runs_per_load"] = max(len(g) for g in groups.values())
     return ServedDelay(a, c, r, tuple(runs[g[0]].lam_per_s for g in groups.values()), tuple(outside), 0.0 if carried is None else float(carried), lat_means, idle_power_w,
                        tuple(stats), src)
-
-
-#: Student's t, 97.5 % quantile, by degrees of freedom (more: 1.96 is within 5 %)
-_T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086}
 
 
 def _one_run(run: CalibrationRun, part, r: float, slo_ms: float | None, seed: int) -> dict:
@@ -278,14 +279,14 @@ def _load_stats(rs, es, parts, g, gap, o, why, spread) -> dict:
     shift = float(np.mean([e["shift"] for e in es]))
     model = [e - s for run in rs for s, e in run.batch_times.values()]
     lag99 = max(e["lag99"] for e in es)
+    p99 = float(np.percentile(lat, 99)) if lat.size else math.nan
     return {"load_per_s": rs[0].lam_per_s, "runs": len(rs), "requests": int(sum(run.latency_ms.size for run in rs)),
             "answered": int(sum(e["answered"] for e in es)), "errors": int(sum(run.errors for run in rs)),
-            "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
-            "p99_runs_ms": [e["p99_ms"] for e in es],
+            "p99_ms": p99, "p99_runs_ms": [e["p99_ms"] for e in es],
             "p99_halfwidth_ms": max(e["p99_halfwidth_ms"] for e in es),
             "batcher_p99_ms": float(np.percentile(meas, 99)),
             "batcher_model_p99_ms": float(np.percentile(sim, 99)) + shift, "to_batcher_ms": shift,
-            "tail_gap_ms": gap, "new_run_halfwidth_ms": spread,
+            "tail_gap_ms": gap, "new_run_share": spread, "new_run_halfwidth_ms": spread * p99,
             "model_p99_ms": float(np.percentile(model, 99)) if model else math.nan,
             "outside_p50_ms": float(np.percentile(o, 50)), "outside_p99_ms": float(np.percentile(o, 99)),
             "client_lag_p99_ms": lag99, "client_kept_up": not lag99 > 5.0, "carried": why is None,

@@ -460,7 +460,8 @@ def simulate(
     pct = dict(zip(names, _percentiles_inplace(r, percentiles)))
     pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(names)}
     if served is not None:  # the calibration sample is finite too
-        pct_ci = {k: math.hypot(v, served.halfwidth(lam_run, q)) for (k, v), q in zip(pct_ci.items(), percentiles)}
+        pct_ci = {k: math.hypot(v, served.halfwidth(lam_run, q, pct[k]))
+                  for (k, v), q in zip(pct_ci.items(), percentiles)}
     counts = {int(s): int(c) for s, c in enumerate(sizes_hist) if c}
     n_batches = int(sizes_hist.sum())
     idle = 0.0

@@ -490,7 +490,10 @@ def _show_served(path: str, as_json: bool) -> None:
              f"with {src.get('setting', '?')}, {src.get('date', '?')}",
              f"  model       {sd.summary()}"]
     for st in sd.stats:
-        lines.append(f"  load        {st.get('load_per_s', float('nan')):.5g} req/s: p99 {st.get('p99_ms', float('nan')):.4g} ms, "
+        share = st.get("new_run_share")
+        runs = (f" ({st.get('runs', 1)} run{'s' if st.get('runs', 1) != 1 else ''}"
+                + (f", a new run's ± {100 * share:.2g} %" if isinstance(share, (int, float)) else "") + ")")
+        lines.append(f"  load        {st.get('load_per_s', float('nan')):.5g} req/s: p99 {st.get('p99_ms', float('nan')):.4g} ms{runs}, "
                      f"outside p50 {st.get('outside_p50_ms', float('nan')):.3g} / p99 {st.get('outside_p99_ms', float('nan')):.3g} ms, "
                      + ("carried" if st.get("carried") else f"not carried: {st.get('why', '')}"))
     if sd.served_latency_ms:

@@ -166,15 +166,21 @@ class ServedDelay:
         rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
         resp += sample[rng.integers(0, sample.size, n)]
 
-    def halfwidth(self, lam_per_ms: float, q: float | None) -> float:
+    def halfwidth(self, lam_per_ms: float, q: float | None, value: float | None = None) -> float:
         """95 % half-width (ms) a served metric's interval adds (in quadrature) at λ (req/ms): the outside
         delay's q-th percentile (None: its mean) from the calibration sample's own size (200 seeded bootstrap
-        resamples for a percentile, the t-free normal interval of the mean) and, for a percentile, how far the
-        p99 of a new run may land from its plan on this host (``new_run_halfwidth_ms`` of the load: the spread
-        of the runs' shortfalls where runs were repeated, else one run's own p99 interval; the load's sample
-        was moved up by a shortfall measured on runs as finite as that).  A plan on its bound would otherwise
-        rest on the luck of one calibration."""
+        resamples for a percentile, the t-free normal interval of the mean) and, for a percentile of ``value``
+        ms, how far a new run may land from its plan on this host: ``new_run_share`` of the load × ``value``
+        (the runs' spread about their plans where runs were repeated, else one run's own p99 interval).  A plan
+        on its bound would otherwise rest on the luck of one calibration."""
         i = self.index_at(lam_per_ms)
+        share = self.stats[i].get("new_run_share") if q is not None and i < len(self.stats) else None
+        run = 0.0
+        if value is not None and isinstance(share, (int, float)) and math.isfinite(share):
+            run = float(share) * float(value)
+        return math.hypot(self._sample_halfwidth(i, q), run)
+
+    def _sample_halfwidth(self, i: int, q: float | None) -> float:
         key = (i, q)
         cache = self.__dict__.setdefault("_halfwidths", {})
         if key not in cache:
@@ -187,8 +193,7 @@ class ServedDelay:
                 rng = np.random.default_rng(12345 + i)
                 boot = np.percentile(o[rng.integers(0, o.size, (200, o.size))], q, axis=1)
                 h = 1.96 * float(np.std(boot, ddof=1))
-            run = self.stats[i].get("new_run_halfwidth_ms") if q is not None and i < len(self.stats) else None
-            cache[key] = math.hypot(h, float(run)) if isinstance(run, (int, float)) and math.isfinite(run) else h
+            cache[key] = h
         return cache[key]
 
     def beyond(self, lam_per_ms: float) -> str | None:
@@ -217,12 +222,12 @@ class ServedDelay:
                          for x, o in zip(self.loads_per_s, self.outside_ms))
         grow = "; grows with load" if self.grows_with_load() else ""
         carried = "" if self.carried_per_s is None else f"; carries up to {self.carried_per_s:.4g} req/s"
-        got = [st.get("new_run_halfwidth_ms") for st in self.stats]
-        hw = [float(h) for h in got if isinstance(h, (int, float)) and math.isfinite(h)]
+        got = [st.get("new_run_share") for st in self.stats]
+        hw = [100.0 * float(h) for h in got if isinstance(h, (int, float)) and math.isfinite(h)]
         spread = ""
         if hw and len(hw) == len(got):
             lo, hi = f"{min(hw):.2g}", f"{max(hw):.2g}"
-            spread = (f"; a run's p99 lands within ± {lo if lo == hi else f'{lo}–{hi}'} ms of its plan (95 %, "
+            spread = (f"; a run's p99 lands within ± {lo if lo == hi else f'{lo}–{hi}'} % of its plan (95 %, "
                       + ("between runs" if self.source.get("runs_per_load", 1) > 1 else "within one run") + ")")
         return (f"per batch {self.a_ms:.3g} + {self.c_ms:.3g}·b ms, {self.return_ms:.3g} ms per position, "
                 f"outside delay {outs}{grow}{carried}{spread}")
