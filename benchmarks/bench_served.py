@@ -1,6 +1,6 @@
 """Served truth at real speed: export at a p99 SLO → calibrate on the real server → export again → run it.
 
-    python benchmarks/bench_served.py                    # Triton and Ray Serve × stand-in and ONNX (≈ 8 min, 2 cores)
+    python benchmarks/bench_served.py                    # Triton and Ray Serve × stand-in and ONNX (≈ 15 min, 2 cores)
     python benchmarks/bench_served.py --servers triton --models standin --requests 3000
 
 Each server runs on 127.0.0.1 at **time scale 1**, with two models:
@@ -13,15 +13,19 @@ Each server runs on 127.0.0.1 at **time scale 1**, with two models:
 The SLO and the 3× load range of each case are in ``CASES``.
 
 For each pair: (1) the SLO search exports the server's setting for the range with the model alone (what
-``export --slo-p99-ms`` gives without a calibration); (2) ``calibrate`` runs that setting at the low, middle
-and high load (the uncalibrated plan's measured p99 is reported beside its plan); (3) the search runs again
-with the served-delay model (``--served``), refusing loads the server's own path did not carry; (4) the new
-setting runs at the same loads on fresh streams — a calibration of that setting, with which (``--rounds 2``,
-the default) the search runs once more, as a user re-running ``calibrate`` on the new setting would; the
-table reports the last setting planned, its plan, and its run.  Printed per load: the client's, the server's and the
-model's time (p99 end-to-end; the batcher's part; the model's l(b) p99 as it ran), the plan, whether the
-client kept up with its send schedule, and whether the measured p99 meets the SLO.  Exit code 1 if a
-calibrated plan's measured p99 breaks the SLO at a load it accepted.
+``export --slo-p99-ms`` gives without a calibration); (2) ``calibrate --repeats 2`` runs that setting at the low,
+middle and high load, twice each with the loads in turn (the uncalibrated plan's measured p99 is reported beside
+its plan; the spread between the two runs widens every calibrated plan's interval); (3) the search runs again
+with the served-delay model (``--served``), over the loads the server's own path carried and where what it adds
+alone leaves room under the SLO; (4) the new setting runs at the same loads on fresh streams, held out from the
+plan it is judged against (a load whose run the client did not keep up with, its sends lagging p99 > 5 ms
+behind their Poisson schedule, is run again, at most twice, and said so); its runs join the calibration, with which (``--rounds 2``, the default) the search
+runs once more, as a user calibrating the new setting too would; the table reports the last setting planned,
+its plan, and its run.  Printed per load: the client's, the server's and the model's time (p99 end-to-end; the
+batcher's part; the model's l(b) p99 as it ran), the plan, whether the plan is within 10 % of the measured p99
+(else whether the run's own 95 % interval, a moving-block bootstrap over its sends, holds the plan), whether the
+client kept up with its send schedule, and whether the measured p99 meets the SLO.  Exit code 1 if a calibrated
+plan's measured p99 breaks the SLO at a load it accepted.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ import time
 
 import numpy as np
 
-from smdp_batch.analysis.slo import load_grid, optimise
+from smdp_batch.analysis.slo import load_grid, optimise, served_floor_ms
 from smdp_batch.errors import InputError
-from smdp_batch.integrations.calibrate import calibrate
+from smdp_batch.analysis.served import fit_served
+from smdp_batch.integrations.calibrate import calibration_runs
 from smdp_batch.model.problem import BatchingProblem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,10 +82,15 @@ def main() -> int:
     ap.add_argument("--models", default="standin,onnx")
     ap.add_argument("--requests", type=int, default=2000, help="requests per load and run (≥ 2000 for the proof)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per load of the first calibration (the spread between them widens the plan's interval)")
     ap.add_argument("--rounds", type=int, default=2,
-                    help="calibrate → plan → run rounds: each plans with the previous setting's runs (stops early "
-                         "when the setting repeats)")
+                    help="calibrate → plan → run rounds: each plans with every run so far (stops early when the "
+                         "setting repeats)")
+    ap.add_argument("--save-runs", default="", metavar="FILE.pkl",
+                    help="keep every calibration and check run (pickled: server, model, setting, runs) for analysis")
     args = ap.parse_args()
+    kept_runs: list = []
     onnx = _onnx_file() if "onnx" in args.models else ""
     rows, bad, notes = [], 0, []
     for model in args.models.split(","):
@@ -93,16 +103,17 @@ def main() -> int:
             t0 = time.time()
             fam = FAMILY[server]
             s0 = plan(problem, m["slo"], lams, fam)
-            cal = calibrate(problem, s0.rule, loads, server=server, onnx_path=onnx if model == "onnx" else "",
-                            requests=args.requests, seed=args.seed, slo_ms=m["slo"])
+            run = functools.partial(calibration_runs, problem, loads_per_s=loads, server=server,
+                                    onnx_path=onnx if model == "onnx" else "", requests=args.requests)
+            fit = functools.partial(fit_served, problem, slo_ms=slo, seed=args.seed)
+            pool, src, _ = run(s0.rule, seed=args.seed, repeats=args.repeats)
+            first = cal = fit(s0.rule, pool, source=src)
+            kept_runs.append((server, model, s0.rule.spec, list(pool)))
             planned0 = {round(x.lam * 1e3, 6): x.metrics["p99"] for x in s0.loads}
-            first, run = cal, functools.partial(calibrate, problem, loads_per_s=loads, server=server,
-                                                onnx_path=onnx if model == "onnx" else "", requests=args.requests,
-                                                slo_ms=slo)
             s1 = check = None
-            for it in range(args.rounds):  # plan with the latest calibration; its check run calibrates the next
+            for it in range(args.rounds):  # plan with every run so far; the new setting's run is held out from it
                 print(f"# {server} × {model}, round {it + 1}: served model: {cal.summary()}", flush=True)
-                kept = [x for x in lams if cal.beyond(x) is None]
+                kept = [x for x in lams if _refused(problem, cal, slo, x) is None]
                 try:
                     nxt = plan(problem, m["slo"], kept, fam, cal) if kept else None
                 except InputError as e:
@@ -111,12 +122,26 @@ def main() -> int:
                 if nxt is None or (s1 is not None and nxt.rule.spec == s1.rule.spec):
                     break  # refused, or the same setting again: its check run stands
                 s1, used = nxt, cal
-                check = run(s1.rule, seed=args.seed + 100 * (it + 1))
-                cal = check
+                new, src, _ = run(s1.rule, seed=args.seed + 100 * (it + 1))
+                check = fit(s1.rule, new, source=src)  # this run's own figures
+                for retry in range(2):  # a run the client did not keep up with sent no Poisson stream: run it again
+                    late = [k for k, st in enumerate(check.stats) if not st["client_kept_up"]]
+                    for k in late:
+                        x = check.stats[k]["load_per_s"]
+                        notes.append(f"{server} × {model} at {x:.0f} req/s: run again, the client's sends lagged p99 "
+                                     f"{check.stats[k]['client_lag_p99_ms']:.3g} ms behind their schedule")
+                        again, _, _ = run(s1.rule, loads_per_s=[x], seed=args.seed + 100 * (it + 1) + 10 * (retry + 1))
+                        new[k] = again[0]
+                    if not late:
+                        break
+                    check = fit(s1.rule, new, source=src)
+                pool += new
+                kept_runs.append((server, model, s1.rule.spec, new))
+                cal = fit(s1.rule, pool, source=src)  # the next plan's: every run so far, pooled by load
             if s1 is None:  # refused: the calibration runs themselves are the runs at those loads
                 for st0 in first.stats:
                     x = st0["load_per_s"]
-                    why = first.beyond(x / 1e3) or "no setting meets the SLO with the server's own time"
+                    why = _refused(problem, first, slo, x / 1e3) or "no setting meets the SLO with the server's own time"
                     notes.append(f"{server} × {model} at {x:.0f} req/s: {why}")
                     rows.append((server, model, slo, x, s0.rule, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
                                  None, np.nan, st0, "refused¹", first.summary()))
@@ -131,24 +156,52 @@ def main() -> int:
                 verdict = ("yes" if meets else "NO") if ok else (
                     f"refused¹ (this setting: {'≤' if meets else '>'} SLO)")
                 if not ok:
-                    notes.append(f"{server} × {model} at {x:.0f} req/s: {used.beyond(x / 1e3)}")
+                    notes.append(f"{server} × {model} at {x:.0f} req/s: {_refused(problem, used, slo, x / 1e3)}")
                 rows.append((server, model, slo, x, s0.rule, planned0.get(round(x, 6), np.nan), st0["p99_ms"],
                              s1.rule, planned1.get(round(x, 6), np.nan) if ok else np.nan, st1, verdict,
                              used.summary()))
             print(f"# {server} × {model}: {time.time() - t0:.0f} s", flush=True)
+    if args.save_runs:
+        import pickle
+
+        with open(args.save_runs, "wb") as f:
+            pickle.dump(kept_runs, f)
     print()
     print("| server | model | SLO p99 [ms] | load [req/s] | uncalibrated setting | its plan p99 | its measured p99 | "
-          "calibrated setting | plan p99 | measured p99: client | server | model | measured ÷ plan | client lag p99 | "
-          "meets |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "calibrated setting | plan p99 | measured p99: client ± 95 % | server | model | measured ÷ plan | "
+          "plan within 10 % | client lag p99 | meets |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for server, model, slo, x, r0, p0, m0, r1, p1, st, verdict, _ in rows:
         f = lambda v, d=2: "—" if not np.isfinite(v) else f"{v:.{d}f}"  # noqa: E731
+        hw = st.get("p99_halfwidth_ms", np.nan)
         print(f"| {server} | {model} | {slo:g} | {x:.0f} | {_knobs(r0)} | {f(p0)} | {f(m0)} | {_knobs(r1)} | "
-              f"{f(p1)} | {f(st['p99_ms'])} | {f(st['batcher_p99_ms'])} | {f(st['model_p99_ms'])} | "
-              f"{f(st['p99_ms'] / p1, 3)} | {st['client_lag_p99_ms']:.2g} | {verdict} |")
+              f"{f(p1)} | {f(st['p99_ms'])} ± {f(hw, 1)} | {f(st['batcher_p99_ms'])} | {f(st['model_p99_ms'])} | "
+              f"{f(st['p99_ms'] / p1, 3)} | {_within(p1, st['p99_ms'], hw)} | {st['client_lag_p99_ms']:.2g} | "
+              f"{verdict} |")
     for i, n in enumerate(notes):
         print(f"{'' if i else chr(10)}¹ {n}")
     return 1 if bad else 0
+
+
+def _refused(problem, cal, slo: float, lam: float) -> str | None:
+    """Why a calibrated plan refuses λ (req/ms) before any search, or None: the server's own path did not carry
+    it, or what it alone adds to the fastest response (l(b_min) as served + the outside delay there) reaches the
+    SLO."""
+    why = cal.beyond(lam)
+    if why is None and (floor := served_floor_ms(cal.apply(problem), "p99", lam, cal)) >= slo:
+        why = (f"a request served at once and alone takes p99 {floor:.4g} ms with the server's own time, ≥ the SLO "
+               f"{slo:g} ms")
+    return why
+
+
+def _within(plan: float, measured: float, halfwidth: float) -> str:
+    """Whether the plan is within 10 % of the measured p99; else whether it is inside that p99's own 95 % interval
+    (the run's moving-block bootstrap): a miss the run's own spread explains is named as such."""
+    if not (np.isfinite(plan) and np.isfinite(measured)):
+        return "—"
+    if abs(measured - plan) <= 0.1 * measured:
+        return "yes"
+    return "no, inside the run's interval" if abs(measured - plan) <= halfwidth else "no"
 
 
 def _knobs(rule) -> str:

@@ -182,7 +182,7 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     r = 0.0
     if known.sum() >= 30 and np.ptp(pos_all[known]) > 0:
         r = max(float(np.polyfit(pos_all[known], ret_all[known], 1)[0]), 0.0)
-    each = [_one_run(run, part, r, slo_ms, seed) for run, part in zip(runs, parts)]
+    each = [_one_run(run, part, r, seed) for run, part in zip(runs, parts)]
     groups: dict[float, list[int]] = {}
     for i, run in enumerate(runs):
         groups.setdefault(round(run.lam_per_s, 6), []).append(i)
@@ -214,8 +214,10 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
             carried = rs[0].lam_per_s
         # a new run's p99 against its plan (95 %, a share of it): the spread between runs where runs were repeated,
         # never less than the calmest run's own interval (its requests' moving-block bootstrap), alone without
-        own = min(e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es)
-        spread = max(math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es))), own) if dev else own
+        own = min((e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es if math.isfinite(e["p99_halfwidth_ms"])),
+                  default=math.nan)
+        spread = math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es))) if dev else math.nan
+        spread = float(np.nanmax([spread, own])) if math.isfinite(spread) or math.isfinite(own) else math.nan
         stats.append(_load_stats(rs, es, parts, g, gap, o, why, spread))
     src = dict(source or {})
     src.update({"per_batch_pairs": pairs, "setting": rule.spec})
@@ -225,7 +227,7 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
                        tuple(stats), src)
 
 
-def _one_run(run: CalibrationRun, part, r: float, slo_ms: float | None, seed: int) -> dict:
+def _one_run(run: CalibrationRun, part, r: float, seed: int) -> dict:
     """One run's outside sample (before the load's shortfall), its shortfall (its measured p99 − its own plan's,
     unclipped), its p99's own half-width, and why it did not carry (or "")."""
     ret, pos, meas, sim, inbound, sim_pos, lat_used = part
