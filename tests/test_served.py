@@ -115,6 +115,8 @@ def test_a_round_trip_through_its_file(tmp_path):
     (lambda d: d.update(outside_ms=[[1.0], ["x"]]), "served-delay file"),
     (lambda d: d.update(outside_ms=[[1.0], [1e9]]), "finite ms"),
     (lambda d: d.update(a_ms=0.0, c_ms=-1.0), r"a \+ c·b must be ≥ 0"),
+    (lambda d: d.update(stats=[{"new_run_share": 50.0}, {}]), r"new run's share at 100 req/s .* got 50.0"),
+    (lambda d: d.update(stats=[{}, {"new_run_share": "wide"}]), r"new run's share at 300 req/s .* got 'wide'"),
 ])
 def test_a_bad_file_is_one_line_naming_it(tmp_path, change, words):
     d = _sd(outside=[[1.0], [2.0]], loads=(100.0, 300.0)).as_dict()

@@ -130,6 +130,12 @@ class ServedDelay:
         if any(self.a_ms + self.c_ms * b < 0 for b in (1, 1024)):
             raise InputError(f"served delay: a + c·b must be ≥ 0 ms for every b, got a = {self.a_ms:g}, "
                              f"c = {self.c_ms:g}")
+        for lam, st in zip(loads, self.stats):
+            share = st.get("new_run_share") if isinstance(st, dict) else None
+            if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                      or not (math.isnan(share) or 0 <= share <= 10)):
+                raise InputError(f"served delay: the new run's share at {lam:g} req/s must be a number in [0, 10] "
+                                 f"(a share of the plan), got {share!r}")
 
     # ------------------------------------------------------------------ use
     def per_batch_ms(self, b) -> np.ndarray:
