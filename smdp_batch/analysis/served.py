@@ -186,10 +186,11 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     groups: dict[float, list[int]] = {}
     for i, run in enumerate(runs):
         groups.setdefault(round(run.lam_per_s, 6), []).append(i)
-    outside, dev = [], []
+    outside, gaps, dev = [], [], []
     for g in groups.values():
         es = [each[i] for i in g]
-        o = np.concatenate([e["outside"] for e in es]) + max(float(np.mean([e["shortfall"] for e in es])), 0.0)
+        gaps.append(max(float(np.mean([e["shortfall"] for e in es])), 0.0))
+        o = np.concatenate([e["outside"] for e in es]) + gaps[-1]
         outside.append(o)
         # each run against its plan with the load's pooled sample, as a log ratio: how far apart runs land on this
         # host (a stall in one run, other jobs), beyond what one run's own requests show.  A host that is slower
@@ -201,9 +202,8 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     # several): 1.4826 × the median absolute deviation, pooled over the loads
     between = 1.4826 * float(np.median(np.abs(dev))) if dev else math.nan
     stats, carried, still = [], None, True
-    for g, o in zip(groups.values(), outside):
+    for g, o, gap in zip(groups.values(), outside, gaps):
         rs, es = [runs[i] for i in g], [each[i] for i in g]
-        gap = max(float(np.mean([e["shortfall"] for e in es])), 0.0)
         why = next((e["why"] for e in es if e["why"]), None)
         if why and len(es) > 1:
             why = f"{why} (in {sum(bool(e['why']) for e in es)} of its {len(es)} runs)"
@@ -214,10 +214,11 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
             carried = rs[0].lam_per_s
         # a new run's p99 against its plan (95 %, a share of it): the spread between runs where runs were repeated,
         # never less than the calmest run's own interval (its requests' moving-block bootstrap), alone without
-        own = min((e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es if math.isfinite(e["p99_halfwidth_ms"])),
-                  default=math.nan)
-        spread = math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es))) if dev else math.nan
-        spread = float(np.nanmax([spread, own])) if math.isfinite(spread) or math.isfinite(own) else math.nan
+        spread = min((e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es if math.isfinite(e["p99_halfwidth_ms"])),
+                     default=math.nan)
+        if dev:
+            apart = math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es)))
+            spread = apart if math.isnan(spread) else max(apart, spread)
         stats.append(_load_stats(rs, es, parts, g, gap, o, why, spread))
     src = dict(source or {})
     src.update({"per_batch_pairs": pairs, "setting": rule.spec})
@@ -243,6 +244,7 @@ def _one_run(run: CalibrationRun, part, r: float, seed: int) -> dict:
     shortfall = window99 - _plan_p99(part, r, o, seed, run.lam_per_s)
     answered = int(np.isfinite(run.latency_ms).sum())
     lat = run.latency_ms[np.isfinite(run.latency_ms)]
+    in_order = run.latency_ms[np.argsort(run.sent_ms, kind="stable")]  # in send order
     lag99 = float(np.percentile(run.lag_ms, 99)) if run.lag_ms is not None and run.lag_ms.size else math.nan
     m99, s99 = float(np.percentile(meas, 99)), float(np.percentile(sim, 99)) + shift
     # the host keeps up with the rule when the batcher part is the rule's on average (less the leg to the
@@ -253,7 +255,7 @@ def _one_run(run: CalibrationRun, part, r: float, seed: int) -> dict:
     why = ""
     if answered < run.latency_ms.size or run.errors:
         why = f"{run.latency_ms.size - answered} of {run.latency_ms.size} requests were not answered"
-    elif _growing(run.latency_ms[np.argsort(run.sent_ms)]):
+    elif _growing(in_order):
         why = f"its queue grew: response times rose to a p99 of {np.percentile(lat, 99):.4g} ms"
     elif slow:
         why = (f"the server's batcher took {meas.mean():.4g} ms on average (p99 {m99:.4g} ms) where its rule on "
@@ -262,7 +264,7 @@ def _one_run(run: CalibrationRun, part, r: float, seed: int) -> dict:
                + (f"; the client's sends lagged p99 {lag99:.3g} ms" if lag99 > 5.0 else ""))
     return {"outside": o, "shortfall": shortfall, "p99_ms_window": window99, "shift": shift, "why": why, "lag99": lag99, "answered": answered,
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else math.nan,
-            "p99_halfwidth_ms": p99_halfwidth(run.latency_ms[np.argsort(run.sent_ms, kind="stable")], seed)}
+            "p99_halfwidth_ms": p99_halfwidth(in_order, seed)}
 
 
 def _plan_p99(part, r: float, o: np.ndarray, seed: int, lam_per_s: float) -> float:

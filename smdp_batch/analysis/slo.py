@@ -466,10 +466,11 @@ def served_floor_ms(problem: BatchingProblem, metric: str, lam: float, served) -
 def _check_served_reachable(problem: BatchingProblem, slo: SLO, lams: list[float], served) -> None:
     """Refuse, before any search, a bound below what the server alone adds to the fastest response
     (:func:`served_floor_ms`), naming the loads of the range where it can be met."""
-    ok = [lam for lam in lams if all(slo.limit(m) > served_floor_ms(problem, m, lam, served) for m, _ in slo.bounds)]
+    floors = {(m, lam): served_floor_ms(problem, m, lam, served) for m, _ in slo.bounds for lam in lams}
+    ok = [lam for lam in lams if all(slo.limit(m) > floors[m, lam] for m, _ in slo.bounds)]
     for m, _ in slo.bounds:
         for lam in lams:
-            floor = served_floor_ms(problem, m, lam, served)
+            floor = floors[m, lam]
             if slo.limit(m) <= floor:
                 name = "W̄" if m == "mean" else m
                 where = (f"; at {_loads_text(ok)} of the range it can" if ok else "")
