@@ -136,6 +136,16 @@ def test_dask_localcluster_gives_the_local_result():
     assert [b.as_dict() for b in pts] == [b.as_dict() for b in baseline_points(problems[0], requests=5000, delays=3)[0]]
 
 
+def test_a_sweep_on_threads_gives_the_local_result():
+    from smdp_batch.analysis.parallel import thread_mapper
+
+    p = BatchingProblem.basic(rho=0.5)
+    kw = dict(w2_min=0.1, w2_max=3.0, points=5, rtol=0.1, extend=1)
+    with thread_mapper(2) as mapper:
+        threaded = sweep_w2(p, mapper=mapper, **kw)
+    assert [x.as_dict() for x in threaded.points] == [x.as_dict() for x in sweep_w2(p, **kw).points]
+
+
 def test_dask_bad_address_is_one_clear_error():
     pytest.importorskip("dask.distributed")
     from smdp_batch.analysis.parallel import dask_mapper

@@ -1,6 +1,8 @@
 """Where a sweep's independent jobs run: in this process, or on a Dask cluster.
 
-A *mapper* is ``mapper(fn, *iterables) -> list``, with the semantics of ``list(map(fn, *iterables))``.
+A *mapper* is ``mapper(fn, *iterables) -> list``, with the semantics of ``list(map(fn, *iterables))``:
+:func:`local_map` runs the jobs here in order, :func:`thread_mapper` on threads of this process (for jobs whose
+kernels release the GIL, as the solvers' do), :func:`dask_mapper` on a Dask cluster.
 Sweeps (:mod:`smdp_batch.pareto`) hand it one round of independent solves or simulations at a time;
 their results do not depend on the mapper, because every job is deterministic (solves are exact and
 simulations carry their own seed) and the rounds are the same whatever runs them.
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterator
 from ..errors import InputError
 from ..extras import require
 
-__all__ = ["Mapper", "local_map", "dask_mapper"]
+__all__ = ["Mapper", "local_map", "thread_mapper", "dask_mapper"]
 
 Mapper = Callable[..., list]
 
@@ -28,6 +30,16 @@ Mapper = Callable[..., list]
 def local_map(fn, *iterables) -> list:
     """Run the jobs here, in order."""
     return list(map(fn, *iterables))
+
+
+@contextlib.contextmanager
+def thread_mapper(workers: int) -> Iterator[Mapper]:
+    """A mapper on ``workers`` threads of this process for the duration of a ``with`` block; the results come in
+    the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(int(workers), thread_name_prefix="sweep") as pool:
+        yield lambda fn, *iterables: list(pool.map(fn, *iterables))
 
 
 @contextlib.contextmanager

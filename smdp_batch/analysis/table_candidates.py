@@ -54,15 +54,14 @@ def one_server_tables(problem: BatchingProblem, solve_lam: float, sizes, label_l
     """The distinct tables of the one-server w2 front at ``solve_lam`` (per instance: λ/c on c instances), with
     the problem's ``sizes`` (a subset when the largest batch is capped).  ``workers`` > 1: each round of the
     sweep's solves runs on that many threads (the solver's kernels release the GIL; the front is the same)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    from .parallel import thread_mapper
     from .pareto import sweep_w2
 
     c = problem.instances
     one = problem.replace(instances=1, lam=solve_lam / c, batch_sizes=tuple(sizes))
     if workers > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="front-solve") as pool:
-            front = sweep_w2(one, mapper=lambda fn, *jobs: list(pool.map(fn, *jobs)))
+        with thread_mapper(workers) as mapper:
+            front = sweep_w2(one, mapper=mapper)
     else:
         front = sweep_w2(one)
     capped = sizes[-1] < problem.bmax
