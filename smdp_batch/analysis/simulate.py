@@ -40,6 +40,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["SimulationResult", "simulate", "response_times", "poisson_arrivals", "mmpp_arrivals", "read_trace", "MODES"]
 
+from .quantiles import group_percentiles
 from .sim_draws import unit_draws
 from .sim_kernels import MODES, _advance, _context_kernel, _kernel
 from .sim_replicas import _replicas_contention_kernel, _replicas_kernel
@@ -456,8 +457,8 @@ def simulate(
     within_ci = {b: ci(np.array([np.count_nonzero(r[sl] <= b) / (sl.stop - sl.start) for sl in slices]))
                  for b in bounds_ms}
     names = [f"p{int(q) if float(q).is_integer() else q}_ms" for q in percentiles]
-    pct_g = np.array([_percentiles_inplace(r[sl], percentiles) for sl in slices])  # partitions r in place
-    pct = dict(zip(names, _percentiles_inplace(r, percentiles)))
+    pct_g, pct_all = group_percentiles(r, rel, percentiles)
+    pct = dict(zip(names, pct_all.tolist()))
     pct_ci = {k: ci(pct_g[:, i]) for i, k in enumerate(names)}
     if served is not None:  # the calibration sample is finite too
         pct_ci = {k: math.hypot(v, served.halfwidth(lam_run, q, pct[k]))
@@ -567,17 +568,3 @@ def _check_stable(rule, r: np.ndarray, a: np.ndarray) -> None:
         f"unstable: under {rule.spec} the queue grows at {max(growth, 0.0):.4g} req/ms (response times rise from "
         f"{first:.4g} ms to {last:.4g} ms over the run); no steady-state figures exist — use a lower load or another rule"
     )
-
-
-def _percentiles_inplace(x: np.ndarray, qs) -> list[float]:
-    """Percentiles (linear interpolation, as numpy's default) by one in-place partition of x."""
-    n = x.size
-    pos = [q / 100.0 * (n - 1) for q in qs]
-    kth = sorted({int(math.floor(p)) for p in pos} | {min(int(math.floor(p)) + 1, n - 1) for p in pos})
-    x.partition(kth)
-    out = []
-    for p in pos:
-        lo = int(math.floor(p))
-        hi = min(lo + 1, n - 1)
-        out.append(float(x[lo] + (p - lo) * (x[hi] - x[lo])))
-    return out
