@@ -46,8 +46,20 @@ def describe_busy(busy, batch_sizes) -> list[str]:
     return [f"{a}{'' if a == b else f'–{b}'} busy: {describe_policy(r, batch_sizes)}" for a, b, r in groups]
 
 
-def describe_policy(policy, batch_sizes) -> str:
-    """One line: "wait below 5, then serve min(n, 32)" for control-limit policies, else ranges."""
+#: Ranges a policy's one-line description spells out: the first ones and the last ones, the rest counted.
+SHOWN_RANGES = (16, 4)
+
+
+def describe_policy(policy, batch_sizes, shown: tuple[int, int] | None = SHOWN_RANGES) -> str:
+    """One line: "wait below 5, then serve min(n, 32)" for control-limit policies, else ranges.
+
+    A table of more ranges than ``shown`` = (first, last) spells out those and counts the rest in between
+    ("… 1 012 more ranges …"): at Bmax 1 024 the optimal batch changes a thousand times, a line no one
+    reads.  ``shown=None`` spells out every range.
+
+    >>> describe_policy([0, 1, 2, 2, 3, 3, 3], (1, 2, 3), shown=(1, 1))
+    'n=0: wait; … 2 more ranges …; n≥4: serve 3'
+    """
     q = control_limit_of(policy, batch_sizes)
     sizes = list(batch_sizes)
     if q is not None and sizes == list(range(1, sizes[-1] + 1)):
@@ -56,4 +68,8 @@ def describe_policy(policy, batch_sizes) -> str:
     for lo, hi, r in policy_ranges(policy):
         span = f"n={lo}" if hi == lo else (f"n≥{lo}" if hi is None else f"n={lo}–{hi}")
         parts.append(f"{span}: {r}")
+    if shown is not None and len(parts) > sum(shown) + 1:
+        first, last = shown
+        hidden = len(parts) - first - last
+        parts = parts[:first] + [f"… {hidden:,} more range{'s' if hidden > 1 else ''} …".replace(",", " ")] + parts[-last:]
     return "; ".join(parts)
