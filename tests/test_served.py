@@ -622,3 +622,19 @@ def test_an_answer_without_a_setting_says_whether_the_servers_time_is_in_it(serv
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "no table+timer setting meets" in out and "not in plan the server's own time" in out
+
+
+def test_the_fit_counts_the_deployments_its_runs_came_from_and_says_so():
+    p = BatchingProblem(lam=0.3, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=8000", p)
+    back = lambda rng, n: 1.0 + rng.exponential(0.8, n)  # noqa: E731
+    runs = [_synthetic_run(p, rule, 100.0, 30 + k, outside=back) for k in range(3)]
+    for k, r in enumerate(runs):
+        r.deployment = f"triton@t#{min(k, 1)}"  # runs 1 and 2 on the second deployment
+    sd = fit_served(p, rule, runs, source={"deployments": 1})
+    assert sd.source["deployments"] == 2 and sd.source["runs_per_load"] == 3
+    assert "between runs on 2 deployments" in sd.summary()
+    for r in runs:
+        r.deployment = ""  # runs that do not say where they ran: the calibration's own count stands
+    assert fit_served(p, rule, runs, source={"deployments": 1}).source["deployments"] == 1
+    assert "between runs)" in fit_served(p, rule, runs).summary()

@@ -71,7 +71,8 @@ class CalibrationRun:
     each request was sent against its schedule.  ``entered_ms``: when each request reached the batcher, where
     the server reports it (Ray Serve's replica does; Triton's Python backend does not).  ``rule``: the setting
     the run was served with, where runs of several settings are fitted together (a calibration, then the run of
-    the setting planned from it).
+    the setting planned from it).  ``deployment``: which deployment of the server ran it (a fresh one per repeat of
+    a calibration: :func:`~smdp_batch.integrations.calibrate.calibration_runs`); the fit counts them.
     """
 
     lam_per_s: float
@@ -86,6 +87,7 @@ class CalibrationRun:
     wall_s: float = 0.0
     entered_ms: np.ndarray | None = None  # when each request reached the server's batcher, where it says
     rule: object = None  # the setting this run was served with (None: the one given to fit_served)
+    deployment: str = ""  # which deployment of the server ran it (runs of one deployment share its path's state)
 
 
 def _delay_ms(rule) -> float:
@@ -224,6 +226,9 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     src.update({"per_batch_pairs": pairs, "setting": rule.spec})
     if dev:
         src["runs_per_load"] = max(len(g) for g in groups.values())
+    tags = {r.deployment for r in runs if r.deployment}
+    if tags:
+        src["deployments"] = len(tags)
     return ServedDelay(a, c, r, tuple(runs[g[0]].lam_per_s for g in groups.values()), tuple(outside), 0.0 if carried is None else float(carried), lat_means, idle_power_w,
                        tuple(stats), src)
 

@@ -234,7 +234,7 @@ class ServedDelay:
         if hw and len(hw) == len(got):
             lo, hi = f"{min(hw):.2g}", f"{max(hw):.2g}"
             spread = (f"; a run's p99 lands within ± {lo if lo == hi else f'{lo}–{hi}'} % of its plan (95 %, "
-                      + ("between runs" if self.source.get("runs_per_load", 1) > 1 else "within one run") + ")")
+                      + _between(self.source) + ")")
         return (f"per batch {self.a_ms:.3g} + {self.c_ms:.3g}·b ms, {self.return_ms:.3g} ms per position, "
                 f"outside delay {outs}{grow}{carried}{spread}")
 
@@ -300,3 +300,11 @@ class ServedDelay:
                 raise
             raise InputError(f"served-delay file {path} is not readable JSON: {e}") from None
         return cls.from_dict(d, f"served-delay file {path}")
+
+
+def _between(source: dict) -> str:
+    """What a served model's room for the next run was measured over: runs, and the deployments they ran on."""
+    if source.get("runs_per_load", 1) <= 1:
+        return "within one run"
+    d = source.get("deployments")
+    return f"between runs on {d} deployments" if isinstance(d, int) and d > 1 else "between runs"
