@@ -42,8 +42,9 @@ __all__ = ["calibrate_cmd"]
 @option("--requests", type=Number(integer=True, min=200, max=200_000), default="2000", show_default=True,
         help="Poisson requests sent per load and run.")
 @option("--repeats", type=Number(integer=True, min=1, max=10), default="1", show_default=True,
-        help="Runs per load, the loads taken in turn: with 2 or more the plan's interval holds how far a run's p99 "
-             "moves between runs on this host, not only within one run.")
+        help="Runs per load, the loads taken in turn, each round on a fresh deployment of the server: with 2 or more "
+             "the plan's interval holds how far a run's p99 moves between runs and deployments on this host, not "
+             "only within one run.")
 @option("--max-seconds", type=Number(min=1, max=3600), default="120", show_default=True,
         help="No request is sent later than this after a load's start.")
 @option("--seed", type=Number(integer=True, min=0, max=2**32 - 1), default="0", show_default=True,
@@ -101,6 +102,8 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
                      f"{st['outside_p99_ms']:<10.3g}  {st['client_lag_p99_ms']:19.3g}  "
                      + ("yes" if st["carried"] else "NO: " + st["why"]))
     lines.append("  ± 95 %      how far another run's p99 may land: the spread between this calibration's runs at the "
+                 f"load, on {repeats} deployments" if repeats > 1 and server != "http" else
+                 "  ± 95 %      how far another run's p99 may land: the spread between this calibration's runs at the "
                  "load" if repeats > 1 else
                  "  ± 95 %      how far another run's p99 may land, from this run's own requests (--repeats 2 measures "
                  "it between runs)")
