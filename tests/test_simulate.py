@@ -255,3 +255,36 @@ def test_timer_batches_is_none_where_the_loop_does_not_count():
     p = BatchingProblem.basic(rho=0.5).replace(instances=2)
     res = simulate(p, parse_rule("ray:max=16,timeout_s=0.002", p), requests=20_000, seed=3)
     assert res.timer_batches is None and "timer_batches" not in res.as_dict()
+
+
+def test_group_percentiles_are_the_sorted_order_statistics_interpolated_on_ties_small_groups_and_every_level():
+    from smdp_batch.analysis.quantiles import group_percentiles
+
+    def by_sorting(x, qs):  # the module's definition, from a full sort
+        y = np.sort(x)
+        out = []
+        for q in qs:
+            p = q / 100.0 * (y.size - 1)
+            lo = int(np.floor(p))
+            hi = min(lo + 1, y.size - 1)
+            out.append(y[lo] + (p - lo) * (y[hi] - y[lo]))
+        return np.array(out)
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(1, 4000))
+        x = rng.lognormal(0.0, 1.0, n) if trial % 2 else np.round(rng.random(n) * 4)  # many ties
+        groups = int(rng.integers(1, min(n, 25) + 1))
+        edges = np.linspace(0, n, groups + 1).astype(np.int64)
+        if np.any(np.diff(edges) < 1):
+            continue
+        qs = (99.0,) if trial % 3 else (0.0, 50.0, 90.0, 95.0, 99.0, 99.9, 100.0)
+        before = x.copy()
+        by, whole = group_percentiles(x, edges, qs)
+        assert np.array_equal(x, before)  # the responses are left as they were
+        assert np.array_equal(whole, by_sorting(x, qs))
+        assert np.allclose(whole, np.percentile(x, qs), rtol=1e-14, atol=0.0)  # numpy's, up to its own rounding
+        for g in range(groups):
+            assert np.array_equal(by[g], by_sorting(x[edges[g]:edges[g + 1]], qs))
+    with pytest.raises(ValueError, match="edges"):
+        group_percentiles(np.arange(10.0), [0, 5, 5, 10], (99,))

@@ -2,7 +2,8 @@
 
 A simulated run reports each percentile of its response times and, for its interval, the same percentile in
 each of its batch-means groups (:func:`~.simulate.simulate`).  Both use numpy's default ("linear") definition:
-with the values sorted ascending, x₍ₚ₎ = x[⌊p⌋] + (p − ⌊p⌋)·(x[⌊p⌋ + 1] − x[⌊p⌋]) at p = q/100·(n − 1).
+with the values sorted ascending, x₍ₚ₎ = x[⌊p⌋] + (p − ⌊p⌋)·(x[⌊p⌋ + 1] − x[⌊p⌋]) at p = q/100·(n − 1), written
+as here (``np.percentile`` rounds the interpolation its own way: the two agree to 1e-14 relative).
 
 Only the two order statistics either side of p are needed.  For a high percentile (the p99 an SLO bounds) they
 are the two least of the n − ⌊p⌋ largest values, which a min-heap of that many entries keeps in one pass: nearly
@@ -108,5 +109,11 @@ def group_percentiles(r: np.ndarray, edges: np.ndarray, qs) -> tuple[np.ndarray,
     >>> by.tolist(), whole.tolist() == np.percentile(r, [50, 99]).tolist()
     ([[2.0, 3.96], [7.0, 8.96]], True)
     """
-    return _grouped(np.ascontiguousarray(r, dtype=np.float64), np.ascontiguousarray(edges, dtype=np.int64),
-                    np.asarray(qs, dtype=np.float64))
+    r = np.ascontiguousarray(r, dtype=np.float64)
+    edges = np.ascontiguousarray(edges, dtype=np.int64)
+    q = np.asarray(qs, dtype=np.float64)
+    if edges.ndim != 1 or edges.size < 2 or edges[0] < 0 or edges[-1] > r.size or np.any(np.diff(edges) < 1):
+        raise ValueError(f"group edges must rise strictly within 0..{r.size}, got {edges.tolist()}")
+    if q.ndim != 1 or not np.all((q >= 0) & (q <= 100)):
+        raise ValueError(f"percentiles must lie in 0..100, got {q.tolist()}")
+    return _grouped(r, edges, q)
