@@ -262,7 +262,9 @@ def _choose_instances(problem, family: str, slo, load_range, requests, seed,
 def calibrate_line(problem, target: str, rule, slo, lams) -> str | None:
     """The ``smdp-batch calibrate`` command that runs ``rule`` on the real ``target`` at real speed over the
     loads checked (one instance; Triton and Ray Serve only), as printed: measure what the server adds, then
-    export again with ``--served``; after that, the same line checks the calibrated setting live."""
+    export again with ``--served``; after that, the same line checks the calibrated setting live.  Two repeats,
+    each on a fresh deployment: one run cannot show how far the next one lands (a Ray Serve deployment measured
+    40 % slower at p99 than the one before it, with the same setting)."""
     import shlex
 
     if target not in ("triton", "ray") or problem.instances != 1:
@@ -271,7 +273,7 @@ def calibrate_line(problem, target: str, rule, slo, lams) -> str | None:
     lo, hi = lams[0] * 1e3, lams[-1] * 1e3
     rng = f"{lo:.6g}:{hi:.6g}" if hi > lo * 1.0001 else f"{lo:.6g}:{lo * 1.0001:.6g}"
     return (f"smdp-batch calibrate {scenario_args(problem, load=False)} --server {target} --setting "
-            f"{shlex.quote(rule.spec)} --load-range {rng} --slo-p99-ms {bound:g} -o served.json")
+            f"{shlex.quote(rule.spec)} --load-range {rng} --slo-p99-ms {bound:g} --repeats 2 -o served.json")
 
 
 def _export_at_slo(path, problem, target, slo, load_range, rho_range, requests, seed, output, as_json,
