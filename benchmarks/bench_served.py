@@ -14,8 +14,9 @@ The SLO and the 3× load range of each case are in ``CASES``.
 
 For each pair: (1) the SLO search exports the server's setting for the range with the model alone (what
 ``export --slo-p99-ms`` gives without a calibration); (2) ``calibrate --repeats 2`` runs that setting at the low,
-middle and high load, twice each with the loads in turn (the uncalibrated plan's measured p99 is reported beside
-its plan; the spread between the two runs widens every calibrated plan's interval); (3) the search runs again
+middle and high load, twice each with the loads in turn, each time on a fresh deployment of the server (the
+uncalibrated plan's measured p99 is reported beside its plan; the spread between the two runs widens every
+calibrated plan's interval); (3) the search runs again
 with the served-delay model (``--served``), over the loads the server's own path carried and where what it adds
 alone leaves room under the SLO; (4) the new setting runs at the same loads on fresh streams, held out from the
 plan it is judged against; its runs join the calibration, with which (``--rounds 2``, the default) the search
