@@ -320,6 +320,30 @@ def test_the_default_solver_keeps_a_live_plan_that_still_holds_and_replaces_one_
     assert new.incumbent_p99_ms > SLO and math.isnan(alone.incumbent_p99_ms)
 
 
+def test_the_default_solver_plans_served_p99s_with_a_calibration_and_keeps_its_own_service_estimate():
+    """With ``served`` (what ``smdp-batch calibrate`` measured) every plan's p99 is the served one: 6 ms outside each
+    response here, so the plan's table + timer alone must leave 6 ms of the SLO; the calibration's l(b) as served (a
+    bogus 500 ms for a batch of 1 here) is not used, the problem's l(b) being the Autopilot's own l̂(b)."""
+    from smdp_batch.analysis.simulate import simulate
+    from smdp_batch.autopilot.plan import server_rule, slo_plan
+    from smdp_batch.model.served import ServedDelay
+
+    p = BatchingProblem.basic(rho=0.3)
+    outside = ServedDelay(0.0, 0.0, 0.0, (0.1 * p.lam * 1e3, 2 * p.lam * 1e3), (np.full(50, 6.0), np.full(50, 6.0)),
+                          carried_per_s=2 * p.lam * 1e3, served_latency_ms={1: 500.0})
+    plain = slo_plan(p, SLO, [p.lam], requests=5_000)
+    served = slo_plan(p, SLO, [p.lam], requests=5_000, served=outside)
+    assert plain is not None and served is not None and plain.meets and served.meets
+    assert served.p99_ms <= SLO
+    alone = simulate(p, server_rule(served, p), requests=20_000, seed=0).percentiles["p99_ms"]  # another stream
+    assert served.p99_ms == pytest.approx(alone + 6.0, abs=1.0)  # the outside delay is in the plan
+    assert alone <= SLO - 6.0 + 1.0 < plain.p99_ms  # and its table + timer alone left it the room
+    ap = Autopilot(p, SLO, served=outside, solve_in="thread")
+    assert ap.served is outside and ap.plan.p99_ms <= SLO and ap.plan.meets
+    with pytest.raises(TypeError, match="ServedDelay"):
+        Autopilot(p, SLO, served="served.json", solve_in="thread")
+
+
 def test_rollback_needs_the_new_plan_to_do_worse_than_the_one_it_replaced():
     ap, p = make(FakeSolver(), window=200, grace=0)
     _at(ap, p.lam, 300, 12)

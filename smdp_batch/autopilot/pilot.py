@@ -77,6 +77,7 @@ from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .control import BreachTest, TimerControl
+from .hooks import never_raises as _never_raises
 from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
 from .report import AutopilotMetrics
 from .responses import Responses, response_times
@@ -96,21 +97,6 @@ _ENERGY_CHECK_EVERY = 64  # metered batches between two checks of ζ̂ against t
 _EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
 
 
-def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
-    """An Autopilot hook that never raises: whatever its body raises is counted (``rejected_inputs``) and logged."""
-
-    @functools.wraps(hook)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            hook(self, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - a hook never stops serving
-            with self._lock:
-                self._hook_errors += 1
-            self._count(None, "hook-error", logging.WARNING, hook=hook.__name__, error=repr(exc)[:200])
-
-    return wrapper
-
-
 class Autopilot:
     """A self-re-solving policy for :class:`~smdp_batch.runtime.DynamicBatcher` (module docstring).
 
@@ -128,7 +114,9 @@ class Autopilot:
     the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`; True:
     the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
     + timer) or "ray" (Ray Serve's batcher, its timeout set live: :func:`~smdp_batch.autopilot.plan.slo_plan`).
-    """
+    ``served``: what the server adds, measured (``ServedDelay.load`` of ``smdp-batch calibrate``'s file): the default
+    solver plans served p99s with it, so feed end-to-end times (``observe_served``) and leave ``overhead_ms`` for what
+    even those leave out."""
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
     _proc: Any  # the solve process (solve_in="process")
@@ -141,7 +129,8 @@ class Autopilot:
                  min_samples: int = 200, window: int = 500, grace: int = 100, tolerance: float = 0.1,
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
                  clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2,
-                 solve_seconds: float = 1.0, control: bool | TimerControl = True, family: str = "smdp"):
+                 solve_seconds: float = 1.0, control: bool | TimerControl = True, family: str = "smdp",
+                 served: Any = None):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -161,10 +150,13 @@ class Autopilot:
             raise ValueError("need window ≥ 100, grace ≥ 0, watch ≥ 1, max_threads ≥ 1 and min_samples ≥ 2")
         if family not in PLAN_FAMILIES:
             raise ValueError(f"family must be one of {', '.join(PLAN_FAMILIES)}, got {family!r}")
+        if served is not None and not callable(getattr(served, "add_to", None)):
+            raise TypeError(f"served must be a ServedDelay (smdp-batch calibrate's file: ServedDelay.load(path)), "
+                            f"got {served!r}")
         if solve_in not in (None, "process", "thread", "clock"):
             raise ValueError(f"solve_in must be 'process', 'thread', 'clock' or None, got {solve_in!r}")
         self.problem, self.slo_ms = problem, slo
-        self.solver, self.family = solver or slo_plan, family
+        self.solver, self.family, self.served = solver or slo_plan, family, served
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
         self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
@@ -225,7 +217,9 @@ class Autopilot:
             return self._solver(None)(*args)
 
     def _solver(self, incumbent: Plan | None) -> Callable[..., Any]:  # the default solver knows the live plan and family
-        return functools.partial(slo_plan, incumbent=incumbent, family=self.family) if self.solver is slo_plan else self.solver
+        if self.solver is not slo_plan:
+            return self.solver
+        return functools.partial(slo_plan, incumbent=incumbent, family=self.family, served=self.served)
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""

@@ -103,7 +103,8 @@ def ray_table(problem: Any, timeout_ms: float, lam: float, spec: str) -> PolicyT
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
-             incumbent: Plan | None = None, margin: float = 0.02, family: str = "smdp") -> Plan | None:
+             incumbent: Plan | None = None, margin: float = 0.02, family: str = "smdp", served: Any = None
+             ) -> Plan | None:
     """The SLO optimiser's least-power setting meeting p99 ≤ ``slo_ms`` at every load in ``lams`` (1/ms; planned
     metrics at ``lams[0]``): of ``family`` "smdp" (a table + timer), or "ray" (Ray Serve's batcher at max batch
     Bmax, its ``batch_wait_timeout_s`` the plan's timer: :func:`ray_table`).
@@ -115,18 +116,25 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
     ``incumbent``: the live plan, simulated on the same arrivals; it is returned (with its metrics at
     ``lams``) when it meets the SLO there and the new table would save less than ``margin`` of its power: a
     swap that saves nothing only costs a rollback watch.  Otherwise its simulated p99 at ``lams[0]`` goes with
-    the new plan (``incumbent_p99_ms``): the rollback watch compares the new plan's responses with it."""
+    the new plan (``incumbent_p99_ms``): the rollback watch compares the new plan's responses with it.
+
+    ``served``: a :class:`~smdp_batch.model.served.ServedDelay` (``smdp-batch calibrate``'s file): every setting's
+    p99 is then the served one, what the server adds beyond the batch drawn into each response, as ``compare
+    --served`` plans; its l(b) as served is left out, since ``problem`` carries the Autopilot's own l̂(b)."""
     from ..analysis.slo import optimise
     from ..limits import SLO_MAX_MS
 
     if family not in PLAN_FAMILIES:
         raise InputError(f"family must be one of {', '.join(PLAN_FAMILIES)}, got {family!r}")
+    if served is not None:
+        served = replace(served, served_latency_ms={})
     current = None if incumbent is None else server_rule(incumbent, problem)
     try:
         ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams),
-                       families=(family,), requests=requests, seed=seed, defaults=False, current=current)
-    except InputError:  # the target is below what any rule can reach (l(1) alone): nothing meets it
-        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family)
+                       families=(family,), requests=requests, seed=seed, defaults=False, current=current,
+                       served=served)
+    except InputError:  # the target is below what any rule can reach (l(1) alone, or with the server's own time)
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family, served)
     s = ans.best.get(family)
     cur = ans.current
     if incumbent is not None and cur is not None and cur.meets and \
@@ -135,7 +143,7 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
         return replace(incumbent, lam=float(lams[0]), mean_ms=at.metrics["mean"], p99_ms=at.metrics["p99"],
                        power_w=at.power_w, meets=True)
     if s is None or not s.meets or (family == "smdp" and s.policy is None):
-        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family)
+        return _best_effort(problem.replace(lam=float(lams[0])), current, requests, seed, family, served)
     at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
     old = min(cur.loads, key=lambda x: abs(x.lam - lams[0])).metrics["p99"] if cur is not None and cur.loads else math.nan
     timer: float | None
@@ -153,9 +161,10 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
                 incumbent_p99_ms=float(old))
 
 
-def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: str = "smdp") -> Plan | None:
+def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: str = "smdp",
+                 served: Any = None) -> Plan | None:
     """The setting that waits least at ``problem.lam``, as a plan that does not meet its target, if its simulated
-    p99 is below the live rule's (``current``, None: none) on the same arrivals; else None.  For "smdp" the greedy
+    p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals; else None.  For "smdp" the greedy
     table (serve the largest allowed size ≤ n at once, no timer); for "ray" the timeout of least simulated p99 among
     l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free model, so at timeout 0 every request
     is a batch of one, which a load above 1/l(1) cannot be served with."""
@@ -168,7 +177,7 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
         for f in (0.0, 0.125, 0.25, 0.5, 1.0, 2.0):
             rule = _ray_rule(problem, f * float(problem.latency_ms()[-1]))
             try:
-                found.append((simulate(problem, rule, requests=requests, seed=seed), rule))
+                found.append((simulate(problem, rule, requests=requests, seed=seed, served=served), rule))
             except InputError:  # unstable at this timeout
                 continue
         if not found:
@@ -178,11 +187,11 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
         table = ray_table(problem, timer, problem.lam, spec)
     else:
         rule = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
-        best, spec = simulate(problem, rule, requests=requests, seed=seed), "greedy (best effort)"
+        best, spec = simulate(problem, rule, requests=requests, seed=seed, served=served), "greedy (best effort)"
         table, timer = PolicyTable(rule, sizes, {"inputs": {"lam": problem.lam}, "max_wait_ms": None, "setting": spec,
                                                  "short_batch": "serve"}), None
-    if current is not None and not best.percentiles["p99_ms"] < simulate(problem, current, requests=requests,
-                                                                        seed=seed).percentiles["p99_ms"]:
+    if current is not None and not best.percentiles["p99_ms"] < simulate(problem, current, requests=requests, seed=seed,
+                                                                        served=served).percentiles["p99_ms"]:
         return None
     return Plan(table, problem.lam, timer, best.mean_latency_ms, best.percentiles["p99_ms"], best.mean_power_w,
                 False, spec)

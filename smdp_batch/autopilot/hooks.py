@@ -1,0 +1,28 @@
+"""The Autopilot's hooks never raise: a batcher calls them on its serving path, where an exception would fail requests.
+
+:func:`never_raises` wraps a hook: whatever its body raises is counted (the metrics' ``rejected_inputs``, from the
+Autopilot's ``_hook_errors``) and logged as one JSON line, and serving goes on with the live plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+__all__ = ["never_raises"]
+
+
+def never_raises(hook: Callable[..., None]) -> Callable[..., None]:
+    """An Autopilot hook that never raises: whatever its body raises is counted (``rejected_inputs``) and logged."""
+
+    @functools.wraps(hook)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a hook never stops serving
+            with self._lock:
+                self._hook_errors += 1
+            self._count(None, "hook-error", logging.WARNING, hook=hook.__name__, error=repr(exc)[:200])
+
+    return wrapper
