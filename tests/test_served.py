@@ -428,8 +428,8 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
 @pytest.mark.exclusive  # judged live at real speed: nothing beside it
 def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     """Export at a p99 SLO → calibrate → export with the served-delay model → run at both ends on fresh streams:
-    the measured p99 meets the SLO and is within 10 % of the plan (one retry on a fresh stream: the 2-core host is
-    shared with the suite's other worker), the plan keeping 3 % of the bound for the measurement's own noise."""
+    the measured p99 meets the SLO and is within 10 % of the plan (up to two retries on fresh streams: the 2-core host
+    is shared with the suite's other worker), the plan keeping 3 % of the bound for the measurement's own noise."""
     pytest.importorskip("pytriton")
     from smdp_batch.analysis.slo import load_grid
     from smdp_batch.integrations.calibrate import calibrate
@@ -446,12 +446,15 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
                                         served=served).best["triton-preferred"]
     refusals: list[str] = []
     planned = measured = []
-    for attempt in range(2):
+    attempts = 3
+    for attempt in range(attempts):
         sd = calibrate(p, plan().rule, loads, requests=1000, seed=attempt, slo_ms=slo)
         try:
             s = plan(sd)
         except InputError as e:  # the host did not keep up with a load (the suite's other worker): said, with figures
             refusals.append(str(e))
+            continue
+        if s is None:  # a stall in this calibration left no setting room under the bound (once in CI): calibrate again
             continue
         check = calibrate(p, s.rule, loads, requests=1000, seed=100 + attempt, slo_ms=slo)
         planned = [x.metrics["p99"] for x in s.loads if round(x.lam * 1e3, 6) in {round(v, 6) for v in loads}]
@@ -460,7 +463,7 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
             break
     # a refusal must rest on what was measured at that load; a plan must hold
     assert all("does not carry" in r and "calibrated at" in r for r in refusals), refusals
-    assert measured or len(refusals) == 2
+    assert measured or len(refusals) == attempts  # a plan was checked live, or every attempt was refused with figures
     assert all(m <= slo for m in measured), (s.rule.spec, planned, measured)
     assert all(abs(m - q) <= 0.1 * q for m, q in zip(measured, planned)), (planned, measured)
 
