@@ -164,10 +164,10 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
 def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: str = "smdp",
                  served: Any = None) -> Plan | None:
     """The setting that waits least at ``problem.lam``, as a plan that does not meet its target, if its simulated
-    p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals; else None.  For "smdp" the greedy
-    table (serve the largest allowed size ≤ n at once, no timer); for "ray" the timeout of least simulated p99 among
-    l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free model, so at timeout 0 every request
-    is a batch of one, which a load above 1/l(1) cannot be served with."""
+    p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals; else None.
+    For "smdp" the greedy table (serve the largest allowed size ≤ n at once, no timer); for "ray" the timeout of
+    least simulated p99 among l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free model, so at
+    timeout 0 every request is a batch of one, which a load above 1/l(1) cannot be served with."""
     from ..analysis.simulate import simulate
     from ..baselines import parse_policy
 
