@@ -148,6 +148,7 @@ def test_bmax_1024_at_rho_09_solves_and_independent_computations_agree():
     assert np.all(np.diff(sol.policy[: R + 1]) >= 0)  # monotone, as the optimal table of this model is
     sim = simulate(p, sol.policy[: R + 2], requests=10_000_000, seed=11)  # batches of ~10³: long memory
     ev = sol.deployed
+    assert 0.0 <= ev.overflow_probability < 1e-20  # a probability (its round-off once came out −2.5e-32)
     assert abs(sim.mean_latency_ms - ev.mean_latency_ms) <= 3 * sim.mean_latency_ci
     assert abs(sim.mean_power_w - ev.mean_power_w) <= 3 * sim.mean_power_ci
 

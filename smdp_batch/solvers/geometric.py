@@ -516,4 +516,4 @@ def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, d
     lam = p.lam
     return {"mean_latency_ms": gains["hold"], "mean_power_w": gains["energy"], "throughput": lam,
             "mean_batch_size": lam / gains["batches"], "delta": gains.get("excursion", math.nan),
-            "overflow_probability": gains["leave"] / gains["epochs"]}
+            "overflow_probability": max(gains["leave"], 0.0) / gains["epochs"]}  # ≥ 0: round-off below 1e-30
