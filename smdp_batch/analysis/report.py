@@ -50,12 +50,12 @@ def describe_busy(busy, batch_sizes) -> list[str]:
 SHOWN_RANGES = (16, 4)
 
 
-def describe_policy(policy, batch_sizes, shown: tuple[int, int] | None = SHOWN_RANGES) -> str:
+def describe_policy(policy, batch_sizes, shown: tuple[int, int] | None = SHOWN_RANGES, more: str = "") -> str:
     """One line: "wait below 5, then serve min(n, 32)" for control-limit policies, else ranges.
 
     A table of more ranges than ``shown`` = (first, last) spells out those and counts the rest in between
-    ("… 1 012 more ranges …"): at Bmax 1 024 the optimal batch changes a thousand times, a line no one
-    reads.  ``shown=None`` spells out every range.
+    ("… 1 012 more ranges …"), followed by ``more`` (where every range can be read): at Bmax 1 024 the optimal
+    batch changes a thousand times, a line no one reads.  ``shown=None`` spells out every range.
 
     >>> describe_policy([0, 1, 2, 2, 3, 3, 3], (1, 2, 3), shown=(1, 1))
     'n=0: wait; … 2 more ranges …; n≥4: serve 3'
@@ -72,4 +72,5 @@ def describe_policy(policy, batch_sizes, shown: tuple[int, int] | None = SHOWN_R
         first, last = shown
         hidden = len(parts) - first - last
         parts = parts[:first] + [f"… {hidden:,} more range{'s' if hidden > 1 else ''} …".replace(",", " ")] + parts[-last:]
+        return "; ".join(parts) + more
     return "; ".join(parts)

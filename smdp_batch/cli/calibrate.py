@@ -101,12 +101,11 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
         lines.append(f"  {st['load_per_s']:12.4g}  {st['p99_ms']:7.4g} ± {hw:<5.2g}  {batcher}  {st['outside_p50_ms']:9.3g} / "
                      f"{st['outside_p99_ms']:<10.3g}  {st['client_lag_p99_ms']:19.3g}  "
                      + ("yes" if st["carried"] else "NO: " + st["why"]))
-    lines.append("  ± 95 %      how far another run's p99 may land: the spread between this calibration's runs at the "
-                 f"load, on {repeats} deployments" if repeats > 1 and server != "http" else
-                 "  ± 95 %      how far another run's p99 may land: the spread between this calibration's runs at the "
-                 "load" if repeats > 1 else
-                 "  ± 95 %      how far another run's p99 may land, from this run's own requests (--repeats 2 measures "
-                 "it between runs)")
+    deployments = src.get("deployments", 1)
+    lines.append("  ± 95 %      how far another run's p99 may land" + (
+        ": the spread between this calibration's runs at the load"
+        + (f", on {deployments} deployments" if deployments > 1 else "") if repeats > 1 else
+        ", from this run's own requests (--repeats 2 measures it between runs)"))
     lines.append(f"  model       {sd.summary()}")
     if sd.served_latency_ms:
         lines.append("  l(b) served " + ", ".join(f"{b}: {v:.3g}" for b, v in list(sd.served_latency_ms.items())[:8])

@@ -133,7 +133,7 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
             f"Δ = {sol.evaluation.delta:.3g} (δ = {sol.tol_delta:g})",
             f"  table       {converged_text(sol.converged_upto, sol.policy, sol.rule, limiting_actions(sol.problem), sol.verified_against)}",
             f"  solver      {r.solver}: {r.iterations} iterations, {conv}, {d['solve_seconds'] * 1e3:.1f} ms",
-            f"  policy      {_every_range(describe_policy(sol.policy, problem.batch_sizes), output)}",
+            f"  policy      {describe_policy(sol.policy, problem.batch_sizes, more=_every_range(output))}",
             cost_line(d["avg_cost"], "truncated model, eq. 21"),
             metrics_line(d),
         ]
@@ -142,11 +142,9 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
     emit(d, as_json, text)
 
 
-def _every_range(text: str, output) -> str:
-    """The policy line, with where every range is when some were counted, not spelled out."""
-    if " more range" not in text:
-        return text
-    return text + (f" (every range: {output}, or --json)" if output else " (every range: --json, or -o FILE.h5)")
+def _every_range(output) -> str:
+    """Where every range of the policy is, said when its line counts some rather than spells them out."""
+    return f" (every range: {output}, or --json)" if output else " (every range: --json, or -o FILE.h5)"
 
 
 def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,

@@ -187,8 +187,7 @@ def calibration_runs(problem, rule, loads_per_s, *, server: str = "triton", onnx
                     runs.append(_to_run(x, ray_run_load(h, arr, 1.0, max_seconds=max_seconds), server))
     model = url if server == "http" else onnx_path or "stand-in sleeping l(b)"
     source = {"server": server, "model": model, "setting": rule.spec,
-              "time_scale": 1.0, "requests_per_load": int(requests), "runs_per_load": int(repeats),
-              "deployments": 1 if server == "http" else int(repeats), "seed": int(seed),
+              "time_scale": 1.0, "requests_per_load": int(requests), "runs_per_load": int(repeats), "seed": int(seed),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "seconds": round(time.time() - t0, 2),
               "idle_power": "read from the energy counter" if idle is not None else "no energy counter here"}
     per = len(loads) if server != "http" else len(runs)  # an HTTP endpoint is one deployment, yours
