@@ -373,29 +373,35 @@ def test_the_solve_child_runs_in_the_idle_class_on_linux():
 
 
 # ------------------------------------------------------------------ planning a server's own batcher
-def test_a_ray_plan_is_rays_batcher_at_the_timeout_the_slo_search_finds_checked_by_simulating_rays_rule():
-    """family="ray": the least-power Ray Serve timeout meeting the target, its metrics those of Ray's rule
-    simulated independently at that timeout; the incumbent is judged as Ray's rule too; a target below l(1)
-    gets the best effort of least p99 (timeout 0 would make batches of one: unstable at this load); the Autopilot takes the family and refuses an unknown one."""
+@pytest.mark.parametrize("family", ["ray", "triton"])
+def test_a_server_plan_is_the_servers_batcher_at_the_delay_the_slo_search_finds_checked_by_simulating_its_rule(family):
+    """family="ray" / "triton": the least-power delay of the server's own batcher (max batch Bmax) meeting the target,
+    its metrics those of the server's rule simulated independently at that delay; the incumbent is judged as that
+    rule too; a target below l(1) gets the best effort of least p99 (for Ray, timeout 0 would make batches of one:
+    unstable at this load); the Autopilot takes the family and refuses an unknown one."""
     from smdp_batch.analysis.simulate import simulate
     from smdp_batch.autopilot.plan import server_rule, slo_plan
-    from smdp_batch.baselines.servers import ray_serve
+    from smdp_batch.baselines.servers import ray_serve, triton
 
+    rule = (lambda d_ms: ray_serve(32, d_ms / 1e3)) if family == "ray" else (lambda d_ms: triton(32, round(d_ms * 1e3)))
+    head = "ray:max=32,timeout_s=" if family == "ray" else "triton:max=32,delay_us="
     p = BatchingProblem.basic(rho=0.3)
-    a = slo_plan(p, 40.0, [p.lam], family="ray")
-    assert a.meets and a.p99_ms <= 40.0 and a.spec.startswith("ray:max=32,timeout_s=")
-    assert a.table.meta["family"] == "ray" and a.table.decide(31) == 0 and a.table.decide(32) == 32
-    sim = simulate(p, ray_serve(32, a.timer_ms / 1e3), requests=20_000, seed=0)
+    a = slo_plan(p, 40.0, [p.lam], family=family)
+    assert a.meets and a.p99_ms <= 40.0 and a.spec.startswith(head)
+    assert a.table.meta["family"] == family and a.table.decide(31) == 0 and a.table.decide(32) == 32
+    sim = simulate(p, rule(a.timer_ms), requests=20_000, seed=0)
     assert sim.percentiles["p99_ms"] == pytest.approx(a.p99_ms, rel=0.02)  # the same rule, its own simulation
-    assert server_rule(a, p).spec == ray_serve(32, a.timer_ms / 1e3).spec
-    longer = slo_plan(p, 40.0, [p.lam], family="ray", incumbent=a)  # the same search: the incumbent kept
+    assert server_rule(a, p).spec == rule(a.timer_ms).spec == a.spec
+    longer = slo_plan(p, 40.0, [p.lam], family=family, incumbent=a)  # the same search: the incumbent kept
     assert longer.timer_ms == a.timer_ms and longer.spec == a.spec
-    kept = slo_plan(p.replace(lam=3 * p.lam), 40.0, [3 * p.lam], family="ray", incumbent=a)  # still meets, saves < 2 %
+    kept = slo_plan(p.replace(lam=3 * p.lam), 40.0, [3 * p.lam], family=family, incumbent=a)  # still meets, saves < 2 %
     assert kept.table is a.table and kept.lam == 3 * p.lam and kept.p99_ms < a.p99_ms
-    tighter = slo_plan(p, 0.8 * a.p99_ms, [p.lam], family="ray", incumbent=a)  # the incumbent misses: replaced
+    tighter = slo_plan(p, 0.8 * a.p99_ms, [p.lam], family=family, incumbent=a)  # the incumbent misses: replaced
     assert tighter.timer_ms < a.timer_ms and tighter.incumbent_p99_ms == pytest.approx(a.p99_ms, rel=0.02)
-    low = slo_plan(p, 0.5 * float(p.latency_ms()[0]), [p.lam], family="ray")  # below l(1): nothing meets it
-    assert low is not None and not low.meets and low.timer_ms > 0.0 and low.table.meta["family"] == "ray"
+    low = slo_plan(p, 0.5 * float(p.latency_ms()[0]), [p.lam], family=family)  # below l(1): nothing meets it
+    assert low is not None and not low.meets and low.table.meta["family"] == family
     assert low.p99_ms < a.p99_ms and "best effort" in low.spec
+    if family == "ray":
+        assert low.timer_ms > 0.0
     with pytest.raises(ValueError, match="family"):
-        Autopilot(p, SLO, PolicyTable(control(16), p.batch_sizes), family="triton", solve_in="thread", energy_meter=None)
+        Autopilot(p, SLO, PolicyTable(control(16), p.batch_sizes), family="tgi", solve_in="thread", energy_meter=None)

@@ -129,13 +129,13 @@ def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step(
 
 def test_live_knobs_refuse_an_autopilot_that_does_not_plan_rays_batcher():
     pytest.importorskip("ray.serve")
-    from smdp_batch.autopilot.plan import ray_table
+    from smdp_batch.autopilot.plan import server_table
     from smdp_batch.errors import InputError
     from smdp_batch.integrations.ray_serve import autopilot_deployment
     from smdp_batch.model.problem import BatchingProblem
 
     p = BatchingProblem.basic(rho=0.3)
-    t = ray_table(p, 12.5, p.lam, "ray:max=32,timeout_s=0.0125")
+    t = server_table(p, "ray", 12.5, p.lam, "ray:max=32,timeout_s=0.0125")
     assert t.decide(31) == 0 and t.decide(32) == 32 and t.decide(40) == 32 and t.meta["max_wait_ms"] == 12.5
     app = autopilot_deployment("x", lambda: (None, None), live_knobs=True)
     cls = app._bound_deployment.func_or_class  # the replica's class, built here without Ray running

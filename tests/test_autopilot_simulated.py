@@ -177,18 +177,21 @@ def test_stationary_traffic_starts_no_service_re_solve_with_the_real_optimiser(s
         assert np.mean(run.response_ms > SLO) <= 0.01
 
 
-def test_an_autopilot_planning_rays_batcher_follows_a_3x_step_with_ray_plans_and_holds_the_slo():
-    """family="ray" through the whole state machine on the simulated clock: the first plan and every swap are Ray's
-    rule (max batch Bmax, a timeout), solved by the real optimiser, re-timed at the new load; ≤ 1 % over the SLO."""
+@pytest.mark.parametrize("family", ["ray", "triton"])
+def test_an_autopilot_planning_a_servers_batcher_follows_a_3x_step_with_its_plans_and_holds_the_slo(family):
+    """family="ray" / "triton" through the whole state machine on the simulated clock: the first plan and every swap
+    are the server's rule (max batch Bmax, a delay), solved by the real optimiser, re-timed at the new load; ≤ 1 %
+    over the SLO."""
+    head = "ray:max=32,timeout_s=" if family == "ray" else "triton:max=32,delay_us="
     p = BatchingProblem.basic(rho=0.1, service="gamma:11")
     clock = SimClock()
-    ap = Autopilot(p, SLO, None, clock=clock, solve_in="clock", energy_meter=None, family="ray", min_samples=100)
+    ap = Autopilot(p, SLO, None, clock=clock, solve_in="clock", energy_meter=None, family=family, min_samples=100)
     first = ap.plan
-    assert first.table.meta["family"] == "ray" and first.spec.startswith("ray:max=32,timeout_s=")
+    assert first.table.meta["family"] == family and first.spec.startswith(head)
     run = simulate(ap, p, [Phase(10.0, p.lam), Phase(20.0, 3 * p.lam)], seed=2, clock=clock)
     swaps = [e for e in run.events if e["event"] == "swap"]
-    assert swaps and all(e["setting"].startswith("ray:max=32,timeout_s=") for e in swaps), swaps
-    assert ap.plan.table.meta["family"] == "ray" and ap.plan.lam > 2.0 * p.lam
+    assert swaps and all(e["setting"].startswith(head) for e in swaps), swaps
+    assert ap.plan.table.meta["family"] == family and ap.plan.lam > 2.0 * p.lam
     assert ap.plan.timer_ms != first.timer_ms  # re-timed for the new load
     late = run.arrival_ms > 15_000.0
     assert np.mean(run.response_ms[late] > SLO) <= 0.01 and ap.metrics.rollbacks == 0

@@ -113,7 +113,8 @@ class Autopilot:
     a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).  ``control``: the closed loop on
     the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`; True:
     the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
-    + timer) or "ray" (Ray Serve's batcher, its timeout set live: :func:`~smdp_batch.autopilot.plan.slo_plan`).
+    + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen live
+    among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
     ``served``: what the server adds, measured (``ServedDelay.load`` of ``smdp-batch calibrate``'s file): the default
     solver plans served p99s with it, so feed end-to-end times (``observe_served``) and leave ``overhead_ms`` for what
     even those leave out."""

@@ -19,7 +19,7 @@ from ..limits import RATE_MAX, RATE_MIN
 from ..runtime.table import PolicyTable
 from .estimators import _num as num  # a real number as a float, NaN for anything else
 
-__all__ = ["PLAN_FAMILIES", "Plan", "ray_table", "server_rule", "slo_plan"]
+__all__ = ["PLAN_FAMILIES", "Plan", "server_rule", "server_table", "slo_plan"]
 
 
 @dataclass(frozen=True)
@@ -67,47 +67,57 @@ class Plan:
 
 
 #: The families a plan may come from: the SMDP table + timer the batcher runs, or the rule of a server's own batcher
-#: whose knobs are set live (Ray Serve's ``serve.batch``: ``batch_wait_timeout_s``, max batch = Bmax).
-PLAN_FAMILIES = ("smdp", "ray")
+#: whose delay is set live: Ray Serve's ``serve.batch`` (``batch_wait_timeout_s``, max batch = Bmax) or Triton's
+#: dynamic batcher (``max_queue_delay_microseconds``, max batch = Bmax, no preferred sizes), each run at the delay of
+#: the plan (Triton takes a delay only from a model load: :mod:`smdp_batch.integrations.triton_bank` routes each
+#: request to one of several loaded models, each at its own delay).
+PLAN_FAMILIES = ("smdp", "ray", "triton")
+_SERVER_FAMILIES = ("ray", "triton")
 
 
-def _ray_rule(problem: Any, timeout_ms: float) -> Any:
-    """Ray Serve's batcher at max batch Bmax and this timeout, in 6 digits of s as the export writes it."""
-    from ..baselines.servers import ray_serve, server_padding
+def _rule(problem: Any, family: str, delay_ms: float) -> Any:
+    """The server's batcher at max batch Bmax and this delay, rounded as the export writes it (Ray: 6 digits of s;
+    Triton: whole µs)."""
+    from ..baselines.servers import ray_serve, server_padding, triton
 
-    return ray_serve(int(problem.bmax), float(f"{timeout_ms / 1000.0:.6g}"), server_padding(problem.batch_sizes))
+    pad = server_padding(problem.batch_sizes)
+    if family == "triton":
+        return triton(int(problem.bmax), float(round(delay_ms * 1000.0)), (), pad)
+    return ray_serve(int(problem.bmax), float(f"{delay_ms / 1000.0:.6g}"), pad)
 
 
 def server_rule(plan: Plan, problem: Any) -> Any:
-    """The plan as the simulator's rule (a ServerRule): its table + timer, or Ray's rule at its timeout."""
+    """The plan as the simulator's rule (a ServerRule): its table + timer, or the server's batcher at its delay."""
     from ..baselines.servers import table_timer
 
     t = plan.table
     tau = plan.timer_ms if plan.timer_ms is not None else math.inf
-    if t.meta.get("family") == "ray":
-        return _ray_rule(problem, tau)
+    if t.meta.get("family") in _SERVER_FAMILIES:
+        return _rule(problem, t.meta["family"], tau)
     forced = "pad" if t.meta.get("short_batch") == "pad-up" else "largest"
     return table_timer(np.asarray(t.policy), list(t.batch_sizes), tau, spec="live", forced=forced)
 
 
-def ray_table(problem: Any, timeout_ms: float, lam: float, spec: str) -> PolicyTable:
-    """Ray Serve's batcher as a table + timer: serve Bmax at once when Bmax wait, else everything waiting (≤ Bmax,
-    padded up to the next allowed size where sizes are missing) once the timer fires; ``meta["family"]`` = "ray"."""
+def server_table(problem: Any, family: str, delay_ms: float, lam: float, spec: str) -> PolicyTable:
+    """A server's batcher (``family`` "ray" or "triton", max batch Bmax) as a table + timer: serve Bmax at once when
+    Bmax wait, else everything waiting (≤ Bmax, padded up to the next allowed size where sizes are missing) once the
+    timer ``delay_ms`` fires; ``meta["family"]`` names the server, whose own batcher runs it where it is deployed."""
     from ..baselines.servers import server_padding
 
     bmax = int(problem.bmax)
     n = np.arange(bmax + 1)
     return PolicyTable(np.where(n >= bmax, bmax, 0).astype(np.int64), list(problem.batch_sizes),
-                       {"inputs": {"lam": float(lam)}, "max_wait_ms": float(timeout_ms), "setting": spec,
-                        "family": "ray", "short_batch": "pad-up" if server_padding(problem.batch_sizes) else "serve"})
+                       {"inputs": {"lam": float(lam)}, "max_wait_ms": float(delay_ms), "setting": spec,
+                        "family": family, "short_batch": "pad-up" if server_padding(problem.batch_sizes) else "serve"})
 
 
 def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 20_000, seed: int = 0,
              incumbent: Plan | None = None, margin: float = 0.02, family: str = "smdp", served: Any = None
              ) -> Plan | None:
     """The SLO optimiser's least-power setting meeting p99 ≤ ``slo_ms`` at every load in ``lams`` (1/ms; planned
-    metrics at ``lams[0]``): of ``family`` "smdp" (a table + timer), or "ray" (Ray Serve's batcher at max batch
-    Bmax, its ``batch_wait_timeout_s`` the plan's timer: :func:`ray_table`).
+    metrics at ``lams[0]``): of ``family`` "smdp" (a table + timer), "ray" (Ray Serve's batcher at max batch Bmax, its
+    ``batch_wait_timeout_s`` the plan's timer) or "triton" (Triton's batcher at max batch Bmax, its
+    ``max_queue_delay_microseconds`` the plan's timer): :func:`server_table`.
 
     When no setting meets it: the best effort at ``lams[0]``, a plan with ``meets=False`` — the setting that waits
     least (:func:`_best_effort`), when its simulated p99 there is below the incumbent's on the same arrivals — else
@@ -147,9 +157,9 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
     at = min(s.loads, key=lambda x: abs(x.lam - lams[0]))
     old = min(cur.loads, key=lambda x: abs(x.lam - lams[0])).metrics["p99"] if cur is not None and cur.loads else math.nan
     timer: float | None
-    if family == "ray":
-        timer = float(s.knobs["timeout_s"]) * 1000.0
-        table = ray_table(problem, timer, lams[0], s.spec)
+    if family in _SERVER_FAMILIES:
+        timer = float(s.knobs["timeout_s"]) * 1000.0 if family == "ray" else float(s.knobs["delay_us"]) / 1000.0
+        table = server_table(problem, family, timer, lams[0], s.spec)
     else:
         tau = s.knobs.get("tau_ms")
         timer = float(tau) if tau is not None and math.isfinite(tau) else None
@@ -165,17 +175,19 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
                  served: Any = None) -> Plan | None:
     """The setting that waits least at ``problem.lam``, as a plan that does not meet its target, if its simulated
     p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals; else None.
-    For "smdp" the greedy table (serve the largest allowed size ≤ n at once, no timer); for "ray" the timeout of
-    least simulated p99 among l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free model, so at
-    timeout 0 every request is a batch of one, which a load above 1/l(1) cannot be served with."""
+    For "smdp" the greedy table (serve the largest allowed size ≤ n at once, no timer); for a server's batcher the
+    delay of least simulated p99 among l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free
+    model, so at timeout 0 every request is a batch of one, which a load above 1/l(1) cannot be served with (Triton's
+    batcher at delay 0 serves everything waiting, which is usually its least p99, but not always where batches of a
+    few cost nearly what a full one does)."""
     from ..analysis.simulate import simulate
     from ..baselines import parse_policy
 
     sizes = list(problem.batch_sizes)
-    if family == "ray":
+    if family in _SERVER_FAMILIES:
         found = []
         for f in (0.0, 0.125, 0.25, 0.5, 1.0, 2.0):
-            rule = _ray_rule(problem, f * float(problem.latency_ms()[-1]))
+            rule = _rule(problem, family, f * float(problem.latency_ms()[-1]))
             try:
                 found.append((simulate(problem, rule, requests=requests, seed=seed, served=served), rule))
             except InputError:  # unstable at this timeout
@@ -184,7 +196,7 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
             return None
         best, rule = min(found, key=lambda x: x[0].percentiles["p99_ms"])
         spec, timer = f"{rule.spec} (best effort)", rule.delay
-        table = ray_table(problem, timer, problem.lam, spec)
+        table = server_table(problem, family, timer, problem.lam, spec)
     else:
         rule = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
         best, spec = simulate(problem, rule, requests=requests, seed=seed, served=served), "greedy (best effort)"

@@ -23,7 +23,7 @@ Why not ``pytriton.Triton.bind``: under numpy 2 its proxy sends empty outputs (s
   ``srv.batches(name)`` its batch log.
 * :func:`run_load` — replay arrival times (model ms × scale) over one gRPC stream; every request id answered.
 * :func:`sleep_pilot` — a factory for tests: the model is a sleep of l(b) = base + per_item·b ms that echoes
-  each request's first input value.
+  each request's first input value; :func:`sleep_model` — the same model without a policy, for Triton's batcher.
 * ``TritonPythonModel`` — what Triton's Python backend loads (the repository's ``model.py`` imports it).
 """
 
@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from ..extras import require
 from .ray_serve import _EventLog
 from .triton import TritonServer
 
-__all__ = ["AutopilotModelSpec", "AutopilotTriton", "run_load", "sleep_pilot", "TritonPythonModel"]
+__all__ = ["AutopilotModelSpec", "AutopilotTriton", "run_load", "sleep_model", "sleep_pilot", "TritonPythonModel"]
 
 _MODEL_PY = "from smdp_batch.integrations.triton_autopilot import TritonPythonModel  # noqa: F401\n"
 
@@ -132,10 +133,29 @@ class AutopilotTriton(TritonServer):
             return []
         return [(int(b), int(b), float(t0), float(t1)) for b, t0, t1 in (ln.split(",") for ln in lines)]
 
+    def batches_since(self, name: str, offset: int) -> tuple[list[tuple[int, float, float]], int]:
+        """The (b, start, end) batches logged after byte ``offset`` of the model's log (whole lines only), and the
+        offset to read on from: a poll that costs what is new, not the whole log."""
+        try:
+            with open(self._files(name)["batch_log"], "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return [], offset
+        end = data.rfind(b"\n") + 1
+        rows = []
+        for ln in data[:end].split():
+            b, t0, t1 = ln.split(b",")
+            rows.append((int(b), float(t0), float(t1)))
+        return rows, offset + end
 
-def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, make_input=None,
-             max_seconds: float = 120.0, outputs: list | None = None, served: list | None = None):
+
+def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float = 1.0, make_input=None,
+             max_seconds: float = 120.0, outputs: list | None = None, served: list | None = None, router: Any = None):
     """Send request i at arrivals_ms[i]·scale ms over one gRPC stream; (sent_s, done_s, sizes, errors).
+
+    ``router``: a :class:`~smdp_batch.integrations.triton_bank.BankRouter` (``name`` None): each request goes to
+    the member it names at the send, and its send → answer time is told to it at the answer.
 
     ``make_input(i)`` gives request i's input (a float32 vector, default a zero of dim 1); ``sizes[i]`` is the
     batch size that served it (0: not answered).  A response for an id not sent, or a second one, is an error.
@@ -143,6 +163,8 @@ def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, m
     request's (entered, answered) in the model (``time.time()`` s; NaN where not answered or with Triton's
     own batcher, whose queue the model does not see).
     """
+    if (name is None) == (router is None):
+        raise InputError("run_load sends to one model (name) or through a bank's router (router=), not both or neither")
     grpcclient = require("tritonclient.grpc.aio", "streaming to Triton")
     from .loadgen import replay
 
@@ -176,17 +198,22 @@ def run_load(server: TritonServer, name: str, arrivals_ms, scale: float = 1.0, m
             stream = client.stream_infer(requests())
             task = asyncio.ensure_future(reader(stream))
 
-            spec = getattr(server, "models", {}).get(name)
-            batched = getattr(spec, "triton_batching", None) is not None  # Triton's batcher: a leading batch dim
+            models = getattr(server, "models", {})
 
             async def send(i: int):
+                t0 = time.perf_counter()
+                model = name if router is None else router.sent()
                 x = np.zeros(1, np.float32) if make_input is None else np.asarray(make_input(i), np.float32)
+                batched = getattr(models.get(model), "triton_batching", None) is not None  # a leading batch dim
                 x = x.reshape(1, -1) if batched else x.reshape(-1)
                 inp = grpcclient.InferInput("x", list(x.shape), "FP32")
                 inp.set_data_from_numpy(x)
                 fut = pending[str(i)] = asyncio.get_running_loop().create_future()
-                await queue.put({"model_name": name, "inputs": [inp], "request_id": str(i)})
-                return await asyncio.wait_for(fut, 60.0)
+                await queue.put({"model_name": model, "inputs": [inp], "request_id": str(i)})
+                out = await asyncio.wait_for(fut, 60.0)
+                if router is not None:
+                    router.answered((time.perf_counter() - t0) * 1e3)
+                return out
 
             out = await replay(send, arrivals_ms, scale, max_seconds)
             await queue.put(None)
@@ -220,6 +247,16 @@ def sleep_pilot(base_ms: float, per_item_ms: float, lam: float, slo_p99_ms: floa
         return [np.asarray(x, np.float32).reshape(-1)[:1] for x in items]
 
     return infer, Autopilot(p, slo_p99_ms, **autopilot_kw)
+
+
+def sleep_model(base_ms: float, per_item_ms: float):
+    """``(infer, None)``: a plain model for Triton's own batcher (a bank member, a baseline); a batch of b sleeps
+    base + per_item·b ms and echoes each request's first input value."""
+    def infer(items: list) -> list:
+        time.sleep((base_ms + per_item_ms * len(items)) / 1e3)
+        return [np.asarray(x, np.float32).reshape(-1)[:1] for x in items]
+
+    return infer, None
 
 
 def _as_array(tensor) -> np.ndarray:
