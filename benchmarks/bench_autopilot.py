@@ -19,11 +19,16 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 * ``autopilot`` — an Autopilot (SLO optimiser, family smdp) started at λ0, ``min_samples`` 100,
   ``overhead_ms`` as above, its solves in a lower-priority child process;
 * ``autopilot on Ray's batcher`` (Ray only) — the same, planning Ray's own ``serve.batch`` (``family="ray"``) and
-  setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); Triton's batcher takes
-  its delay only from a model reload, so it has no such setting; ``autopilot on Ray's batcher open loop``, only
+  setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); ``autopilot on Ray's batcher open loop``, only
   when ``--only`` names it: the same without its closed loop (``control=False``); ``autopilot on Ray's batcher
   told the client``, only when named: the same, told the client's response times every 0.25 s
   (``observe_client``), with no ``overhead_ms`` and the excess learned (``learn=True``);
+* ``autopilot on Triton's batcher`` (Triton only) — an Autopilot in the client planning Triton's own batcher
+  (``family="triton"``), retimed live through a bank (:mod:`smdp_batch.integrations.triton_bank`): the model loaded
+  at 0 ms and ``--bank`` lo:hi:count delays (default 8:48:16, a ratio of 1.14), each request sent to the member
+  at the largest delay at or below the timer in force; it is told the client's own response times, so it plans
+  with no ``overhead_ms`` and learns the excess (``learn=True``), and its closed loop holds the share over the SLO
+  near half the 1 % a p99 allows (``TimerControl(target_share=0.005)``: a phase's transients stay within it);
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
   (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
   max_queue_delay_microseconds, both with max batch 32;
@@ -41,7 +46,8 @@ per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile 
 simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
 problem: deterministic) × 1.5 in phase 4, each response ``--sim-outside-ms`` more (the server's and the client's
 own time), each Autopilot solve ``--sim-solve-seconds`` of simulated time; beside the four settings, the
-Autopilot without its closed loop (``control=False``).  The tuned server rule is Triton's
+Autopilot without its closed loop (``control=False``), and the Autopilot on Triton's batcher (its plans Triton's
+rule run as a table + timer, told the end-to-end times as the bank's client is).  The tuned server rule is Triton's
 batcher there: serve 32 at once, else everything waiting once the oldest has waited the tuned delay, padded up to
 the next profiled size (``short_batch="pad-up"``).  No server,
 no CPU contention: what the ranking of the settings owes to the model and the traffic alone.
@@ -70,14 +76,18 @@ SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
 MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or light (1×: 0.7-2 ms)
-SETTINGS = ["autopilot", "autopilot on Ray's batcher", "tuned server", "λ-bank", "static table",
+SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's batcher", "tuned server", "λ-bank",
+            "static table",
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
-KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray", "tuned server": "none", "λ-bank": "bank",
+BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16}  # --bank: the delay grid of Triton's bank (0 and a geometric run)
+KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
+        "autopilot on Triton's batcher": "autopilot-triton", "tuned server": "none", "λ-bank": "bank",
         "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
         "autopilot on Ray's batcher told the client": "autopilot-ray-client"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
-SIM_SETTINGS = ["autopilot", "autopilot, open loop", "tuned server", "λ-bank", "static table"]  # --simulated
+SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batcher", "tuned server", "λ-bank",
+                "static table"]  # --simulated
 
 
 def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +213,7 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
     x = np.zeros(256, np.float32)
     out = {"_tuned": knobs["spec"]}
     with RayServe(num_cpus=2) as rs:
-        for i, name in enumerate(SETTINGS):
+        for i, name in enumerate(s for s in SETTINGS if KIND[s] != "autopilot-triton"):  # the bank: Triton only
             slow = os.path.join(tmp, f"ray{i}.slow")
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
@@ -232,41 +242,70 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
 
 
 def run_triton(arr, phase, seconds, tmp) -> dict:
+    import dataclasses
+
+    from smdp_batch.autopilot import Autopilot
+    from smdp_batch.autopilot.control import TimerControl
+    from smdp_batch.integrations.ray_serve import _EventLog
     from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load
+    from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank_models
 
     knobs = tuned("triton")
     out = {"_tuned": knobs["spec"]}
-    specs = {}
-    names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")]  # Triton's batcher: no live retiming
+    specs, banks = {}, {}
+    names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")]  # Ray's live knobs: Ray only
+    delays = bank_delays_us(BANK["lo_ms"], BANK["hi_ms"], BANK["count"])
     for i, name in enumerate(names):
-        kw = {"kind": KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO, "slow_file": os.path.join(tmp, f"tr{i}.slow"),
-              "min_samples": 100, "overhead_ms": OVERHEAD["ms"], "repeat": MODEL["repeat"]}
+        bank = KIND[name] == "autopilot-triton"  # the members are the plain model; the Autopilot is in this process
+        kw = {"kind": "none" if bank else KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO,
+              "slow_file": os.path.join(tmp, f"tr{i}.slow"), "min_samples": 100, "overhead_ms": OVERHEAD["ms"],
+              "repeat": MODEL["repeat"]}
         tb = (32, float(knobs["delay_us"])) if name == "tuned server" else None
-        specs[f"s{i}"] = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10,
-                                            sys_path=(ROOT,), triton_batching=tb)
+        spec = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10, sys_path=(ROOT,),
+                                  triton_batching=tb)
+        if bank:
+            banks[f"s{i}"] = bank_models(spec, 32, delays, prefix=f"s{i}")
+            specs.update(banks[f"s{i}"])
+        else:
+            specs[f"s{i}"] = spec
     with AutopilotTriton(specs) as srv:
         for i, name in enumerate(names):
-            slow = specs[f"s{i}"].kwargs["slow_file"]
-
+            key = f"s{i}"
+            slow = os.path.join(tmp, f"tr{i}.slow")
             views: list = []
+            pilot = router = events = None
+            if key in banks:
+                events = _EventLog()
+                pilot = Autopilot(problem(LAM0["per_ms"], MODEL["repeat"]), SLO, min_samples=100, overhead_ms=0.0,
+                                  family="triton", learn=True, energy_meter=None,
+                                  control=TimerControl(target_share=0.005))
+                router = BankRouter(pilot, dict(zip(banks[key], delays)), srv)
 
-            async def load(i=i, views=views):
-                return await asyncio.to_thread(run_load, srv, f"s{i}", arr, 1.0,
-                                               lambda j: np.zeros(256, np.float32), 10 * seconds, served=views)
+            async def load(key=key, views=views, router=router):
+                return await asyncio.to_thread(run_load, srv, None if router else key, arr, 1.0,
+                                               lambda j: np.zeros(256, np.float32), 10 * seconds, served=views,
+                                               router=router)
 
             sent, done, sizes, errors = asyncio.run(with_slowdown(load(), slow, seconds))
             m = None
-            for _ in range(100):
-                m = srv.metrics(f"s{i}")
-                if m is None or m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
-                    break
-                time.sleep(0.2)
-            batches = [(b, t0, t1) for b, _, t0, t1 in srv.batches(f"s{i}")]
+            if pilot is not None:
+                pilot.join(30.0)
+                router.poll(force=True)
+                m = {**dataclasses.asdict(pilot.metrics), **router.stats(), "events": events.lines()}
+                pilot.close()
+                batches = sorted((b, t0, t1) for n in banks[key] for b, _, t0, t1 in srv.batches(n))
+            else:
+                for _ in range(100):
+                    m = srv.metrics(key)
+                    if m is None or m["solves"] == m["swaps"] + m["kept"] + m["failed_solves"] + m["infeasible"]:
+                        break
+                    time.sleep(0.2)
+                batches = [(b, t0, t1) for b, _, t0, t1 in srv.batches(key)]
             served = np.array(views, dtype=np.float64).reshape(-1, 2)
+            keep = ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "kept", "lam_hat", "latency_hat_ms",
+                    "excess_ms", "target_p99_ms", "observed_p99_ms", "timer_ms", "timer_scale", "switches", "sent_to")
             out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
-                         "metrics": m and {k: m[k] for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "lam_hat",
-                                                             "latency_hat_ms", "excess_ms", "target_p99_ms",
-                                                             "observed_p99_ms")},
+                         "metrics": m and {k: m[k] for k in keep if k in m},
                          "events": (m or {}).get("events", [])}
             print(f"triton {name}: done ({errors} errors)", flush=True)
     return out
@@ -289,6 +328,10 @@ def table(server: str, res: dict) -> str:
         extra = f", swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}" if m else ""
         if m and m.get("knob_changes") is not None:
             extra += f", timeout set {m['knob_changes']} times (last {m['batch_wait_timeout_ms']:.1f} ms)"
+        if m and m.get("switches") is not None:
+            used = ", ".join(f"{n.rpartition('_')[2]} µs: {c}" for n, c in sorted(
+                m["sent_to"].items(), key=lambda x: int(x[0].rpartition('_')[2])))
+            extra += f", {m['switches']} member switches (requests per delay: {used})"
         lines.append(f"\n* {name}: errors {res[name]['errors']}{extra}")
     return "\n".join(lines)
 
@@ -296,6 +339,7 @@ def table(server: str, res: dict) -> str:
 def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: float) -> dict:
     """The settings in the simulator (module doc): per setting, the rows of each seed and the Autopilot's events."""
     from smdp_batch.autopilot import Autopilot, slo_plan
+    from smdp_batch.autopilot.control import TimerControl
     from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
     from smdp_batch.runtime import PolicyTable
     from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
@@ -315,10 +359,13 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
         rows, events = [], []
         for seed in seeds:
             clock = SimClock()
-            pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=OVERHEAD["ms"], solve_in="clock", clock=clock,
-                              solve_seconds=solve_s, energy_meter=None, control=name != "autopilot, open loop")
+            on_triton = name == "autopilot on Triton's batcher"  # told the end-to-end times, as the bank's client
+            pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=0.0 if on_triton else OVERHEAD["ms"],
+                              solve_in="clock", clock=clock, solve_seconds=solve_s, energy_meter=None,
+                              control=TimerControl(target_share=0.005) if on_triton else name != "autopilot, open loop",
+                              family="triton" if on_triton else "smdp", learn=on_triton)
             policy = {"tuned server": triton, "λ-bank": bank, "static table": pilot.table}.get(name, pilot)
-            run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms,
+            run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms, served=on_triton,
                            short_batch="pad-up" if name == "tuned server" else "auto")  # a plan's own form
             rows.append(run.summary(SLO))
             events.append([e["event"] for e in run.events] if name.startswith("autopilot") else [])
@@ -379,6 +426,8 @@ def main() -> int:
     ap.add_argument("--model", choices=("heavy", "light"), default="heavy",
                     help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms)")
     ap.add_argument("--only", help="comma-separated settings to run (default: all)")
+    ap.add_argument("--bank", default="8:48:16", help="Triton's bank: lo:hi:count, 0 ms and count − 1 delays "
+                    "spaced geometrically from lo to hi ms")
     ap.add_argument("--simulated", action="store_true", help="run the trace in the simulator, no server (module doc)")
     ap.add_argument("--repeats", type=int, default=3, help="--simulated: seeds (from --seed)")
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
@@ -386,6 +435,12 @@ def main() -> int:
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
+    try:
+        lo, hi, count = a.bank.split(":")
+        BANK.update(lo_ms=float(lo), hi_ms=float(hi), count=int(count))
+    except ValueError:
+        print(f"--bank: expected lo:hi:count (ms, ms, members), got {a.bank!r}", file=sys.stderr)
+        return 2
     if a.only:
         keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)
         SETTINGS[:] = [x for x in SETTINGS if x in keep]
