@@ -28,7 +28,8 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
   at 0 ms and ``--bank`` lo:hi:count delays (default 8:48:16, a ratio of 1.14), each request sent to the member
   at the largest delay at or below the timer in force; it is told the client's own response times, so it plans
   with no ``overhead_ms`` and learns the excess (``learn=True``), and its closed loop holds the share over the SLO
-  near half the 1 % a p99 allows (``TimerControl(target_share=0.005)``: a phase's transients stay within it);
+  near half the 1 % a p99 allows (``TimerControl(target_share=0.005)``: a phase's transients stay within it;
+  ``--bank-loop full``: at 1 %, ``off``: no loop);
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
   (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
   max_queue_delay_microseconds, both with max batch 32;
@@ -37,7 +38,8 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 
 Per phase (a request belongs to the phase it arrived in; a batch to the phase it started in): the client's
 p99 (ms) with a distribution-free 95 % interval (order statistics; a phase of 500 requests pins its p99
-only loosely), the share of requests over the SLO, the server's p99 (entered → answered in the model: for
+only loosely), the share of requests over the SLO (and, for an Autopilot, of those sent once it had acted on the
+phase's change: after its first swap or kept plan in phases 2-5), the server's p99 (entered → answered in the model: for
 Triton's own batcher the model does not see the queue, so NaN), the mean batch size, and the modelled energy
 per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile size a batch of b pads up to,
 × 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long).
@@ -80,7 +82,17 @@ SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's ba
             "static table",
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
-BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16}  # --bank: the delay grid of Triton's bank (0 and a geometric run)
+BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16, "loop": "half"}  # --bank: the delay grid of Triton's bank (0 and a
+# geometric run); --bank-loop: its closed loop (BANK_LOOP)
+
+
+def _loop(share: float | None):
+    from smdp_batch.autopilot.control import TimerControl
+
+    return lambda: False if share is None else TimerControl(target_share=share)
+
+
+BANK_LOOP = {"half": _loop(0.005), "full": _loop(0.01), "off": _loop(None)}  # aiming at 0.5 % or 1 % over, or none
 KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
         "autopilot on Triton's batcher": "autopilot-triton", "tuned server": "none", "λ-bank": "bank",
         "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
@@ -134,9 +146,12 @@ def p99_ci(x: np.ndarray) -> tuple[float, float]:
     return float(x[max(lo - 1, 0)]), float(x[hi - 1]) if hi <= n else math.inf
 
 
-def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarray) -> list[dict]:
+def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarray, events=()) -> list[dict]:
     """Per phase: the client's p99 (ms) and share over the SLO, the server's p99 (``served``: each request's
-    entered/answered times in the model, s), mean batch size, energy per request (mJ)."""
+    entered/answered times in the model, s), mean batch size, energy per request (mJ).  With an Autopilot's
+    ``events`` (each with ``wall_s``), also the share over the SLO once it has acted on the phase's change: of the
+    requests sent after its first event in phases 2-5 (a swap or a kept plan: the detector fired and the solve
+    ended), the whole of phase 1; NaN where a phase saw no event."""
     zeta = dict(zip(SIZES, problem(LAM0["per_ms"], MODEL["repeat"]).energy_mj()))
     lat = (done - sent) * 1e3
     in_server = (served[:, 1] - served[:, 0]) * 1e3
@@ -151,7 +166,11 @@ def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarra
         e = sum(zeta[pad_up(b)] for b in bs) * (1.5 if k == 3 else 1.0)
         y = in_server[sel]
         y = y[np.isfinite(y)]
+        fired = [e["wall_s"] for e in events if "wall_s" in e and t_lo <= e["wall_s"] < t_hi]
+        after = sel & (sent >= (min(fired) if fired and k > 0 else (t_lo if k == 0 else np.inf)))
+        y_after = np.nan_to_num(lat[after], nan=np.inf)
         rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(ok.sum()),
+                     "over_slo_once_fired": float(np.mean(y_after > SLO)) if after.any() and events else math.nan,
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
                      "server_p99_ms": float(np.percentile(y, 99)) if y.size else math.nan,
@@ -230,12 +249,13 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
             served = np.full((arr.size, 2), np.nan)
             for j, t_in, t_out in h.served_times.remote().result(timeout_s=60):
                 served[j] = t_in, t_out
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
+            events = h.autopilot_events.remote().result(timeout_s=60) if m else []
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, events), "errors": errors,
                          "metrics": m and {k: m.get(k) for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible",
                                                                  "lam_hat", "latency_hat_ms", "excess_ms", "target_p99_ms",
                                                                  "observed_p99_ms", "timer_scale", "knob_changes",
                                                                  "batch_wait_timeout_ms")},
-                         "events": h.autopilot_events.remote().result(timeout_s=60) if m else []}
+                         "events": events}
             rs.delete(f"s{i}")
             print(f"ray {name}: done ({errors} errors)", flush=True)
     return out
@@ -245,7 +265,6 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     import dataclasses
 
     from smdp_batch.autopilot import Autopilot
-    from smdp_batch.autopilot.control import TimerControl
     from smdp_batch.integrations.ray_serve import _EventLog
     from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load
     from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank_models
@@ -278,7 +297,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
                 events = _EventLog()
                 pilot = Autopilot(problem(LAM0["per_ms"], MODEL["repeat"]), SLO, min_samples=100, overhead_ms=0.0,
                                   family="triton", learn=True, energy_meter=None,
-                                  control=TimerControl(target_share=0.005))
+                                  control=BANK_LOOP[BANK["loop"]]())
                 router = BankRouter(pilot, dict(zip(banks[key], delays)), srv)
 
             async def load(key=key, views=views, router=router):
@@ -304,8 +323,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
             served = np.array(views, dtype=np.float64).reshape(-1, 2)
             keep = ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "kept", "lam_hat", "latency_hat_ms",
                     "excess_ms", "target_p99_ms", "observed_p99_ms", "timer_ms", "timer_scale", "switches", "sent_to")
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served), "errors": errors,
-                         "metrics": m and {k: m[k] for k in keep if k in m},
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, (m or {}).get("events", ())),
+                         "errors": errors, "metrics": m and {k: m[k] for k in keep if k in m},
                          "events": (m or {}).get("events", [])}
             print(f"triton {name}: done ({errors} errors)", flush=True)
     return out
@@ -313,15 +332,18 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
 
 def table(server: str, res: dict) -> str:
     lines = [f"\n{server} (tuned server setting: {res['_tuned']}; p99 SLO {SLO:g} ms)\n",
-             "| phase | setting | p99 ms (client) [95 % interval] | > SLO | p99 ms (server) | mean batch | mJ/request |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| phase | setting | p99 ms (client) [95 % interval] | > SLO | > SLO once fired | p99 ms (server) | "
+             "mean batch | mJ/request |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     names = [x for x in SETTINGS if x in res]
     for k, ph in enumerate(PHASES):
         for name in names:
             r = res[name]["rows"][k]
             lo, hi = r["p99_ci_ms"]
+            fired = r.get("over_slo_once_fired", math.nan)
+            fired_s = "—" if math.isnan(fired) else f"{100 * fired:.1f} %"
             lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} [{lo:.0f}, {hi:.0f}] | {100 * r['over_slo']:.1f} % | "
-                         f"{r['server_p99_ms']:.1f} | "
+                         f"{fired_s} | {r['server_p99_ms']:.1f} | "
                          f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} |")
     for name in names:
         m = res[name]["metrics"]
@@ -428,6 +450,8 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated settings to run (default: all)")
     ap.add_argument("--bank", default="8:48:16", help="Triton's bank: lo:hi:count, 0 ms and count − 1 delays "
                     "spaced geometrically from lo to hi ms")
+    ap.add_argument("--bank-loop", choices=sorted(BANK_LOOP), default="half", help="the bank Autopilot's closed loop: "
+                    "aiming at half the 1 %% a p99 allows (default), at 1 %%, or off")
     ap.add_argument("--simulated", action="store_true", help="run the trace in the simulator, no server (module doc)")
     ap.add_argument("--repeats", type=int, default=3, help="--simulated: seeds (from --seed)")
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
@@ -437,7 +461,7 @@ def main() -> int:
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
     try:
         lo, hi, count = a.bank.split(":")
-        BANK.update(lo_ms=float(lo), hi_ms=float(hi), count=int(count))
+        BANK.update(lo_ms=float(lo), hi_ms=float(hi), count=int(count), loop=a.bank_loop)
     except ValueError:
         print(f"--bank: expected lo:hi:count (ms, ms, members), got {a.bank!r}", file=sys.stderr)
         return 2

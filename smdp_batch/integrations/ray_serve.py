@@ -163,7 +163,8 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
 
 
 class _EventLog:
-    """The latest ``keep`` Autopilot event lines of the ``smdp_batch`` logger (JSON dicts), from now on."""
+    """The latest ``keep`` Autopilot event lines of the ``smdp_batch`` logger (JSON dicts, each with ``wall_s``: when
+    it was logged, ``time.time()`` s), from now on."""
 
     def __init__(self, keep: int = 1000):
         import collections
@@ -178,7 +179,7 @@ class _EventLog:
                 msg = record.getMessage()
                 if msg.startswith("autopilot "):
                     try:
-                        events.append(json.loads(msg[len("autopilot "):]))
+                        events.append({**json.loads(msg[len("autopilot "):]), "wall_s": record.created})
                     except ValueError:
                         pass
 
