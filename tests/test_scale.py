@@ -90,8 +90,17 @@ def test_compiled_pi_equals_the_pivoting_loop_everywhere():
 
 def test_solve_batch_numba_equals_individual_solves_and_shares_arrival_tables():
     probs = [BatchingProblem.basic(r, w) for r in (0.2, 0.5, 0.9) for w in (0.0, 1.0, 4.0)]
+    probs.append(probs[-1].replace(w1=2.5))
+    probs.append(probs[-1].replace(energy="affine:10,5"))  # another ζ(b): a model of its own
     models = truncate_many(probs, 70)
-    assert models[0].P is not models[1].P and np.array_equal(models[0].P, models[1].P)
+    assert models[0].P is models[1].P and models[0].P is not models[3].P  # one model's arrays per law (λ here)
+    assert models[-1].energy is not models[-2].energy
+    for p, m in zip(probs, models):  # each the model truncate builds for it alone, to the bit
+        ref = truncate(p, 70)
+        assert m.problem is p
+        for f in ("P", "SF", "klo", "khi", "y", "energy", "hold_fixed", "cost_fixed", "cost_slope", "actions"):
+            assert np.array_equal(getattr(m, f), getattr(ref, f)), f
+        assert np.array_equal(m.costs(), ref.costs())
     sols = solve_batch(probs, 70)
     for p, s in zip(probs, sols):
         ref = solve(p, s_max=70) if not s.degenerate else None

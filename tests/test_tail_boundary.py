@@ -184,3 +184,18 @@ def test_random_problems_both_boundaries_give_the_same_converged_table(k, proble
     assert [tail.decide(n) for n in range(4 * R + 5)] == [over.decide(n) for n in range(4 * R + 5)]
     assert tail.deployed.avg_cost == pytest.approx(over.deployed.avg_cost, rel=1e-8)
     assert tail.evaluation.avg_cost == pytest.approx(over.deployed.avg_cost, abs=tail.evaluation.delta + 1e-9 * tail.evaluation.avg_cost)
+
+
+@pytest.mark.parametrize("tail", [None, 8])
+def test_a_policys_costs_holding_and_energy_per_state_are_the_full_arrays_entries(tail):
+    """costs_of / hold_of / energies_of (what evaluate_policy reads, without the S × A arrays) pick exactly the
+    entries of costs() / hold() / energies(), on eq. 19's boundary (c_o on S_o) and on the tail boundary."""
+    p = _p(0.7, w2=2.0, batch_sizes=range(1, 9))
+    m = truncate(p, 40, 100.0, tail=tail)
+    rng = np.random.default_rng(0)
+    feas = m.feasible()
+    idx = np.array([rng.choice(np.flatnonzero(f)) for f in feas])
+    rows = np.arange(m.n_states)
+    assert np.array_equal(m.costs_of(idx), m.costs()[rows, idx])
+    assert np.array_equal(m.hold_of(idx), m.hold()[rows, idx])
+    assert np.array_equal(m.energies_of(idx), m.energies()[rows, idx])

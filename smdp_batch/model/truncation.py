@@ -256,6 +256,27 @@ class TruncatedSMDP:
             y = y + self.extra[0][np.arange(self.n_states), pol_idx]
         return y
 
+    def costs_of(self, pol_idx: np.ndarray) -> np.ndarray:
+        """ĉ of each state under the action indices ``pol_idx``, (S,): ``costs()[s, pol_idx[s]]`` without the S × A
+        array (the indices must be feasible: :meth:`action_index`)."""
+        if self.extra is not None:
+            return self.costs()[np.arange(self.n_states), pol_idx]
+        c = self.state_level() * self.cost_slope[pol_idx]
+        c += self.cost_fixed[pol_idx]
+        c[-1] += self.abstract_cost * self.y[pol_idx[-1]]
+        return c
+
+    def hold_of(self, pol_idx: np.ndarray) -> np.ndarray:
+        """:meth:`hold` of each state under the action indices ``pol_idx``, (S,)."""
+        if self.extra is not None:
+            return self.hold()[np.arange(self.n_states), pol_idx]
+        return self.y[pol_idx] * self.state_level() / self.problem.lam + self.hold_fixed[pol_idx]
+
+    def energies_of(self, pol_idx: np.ndarray) -> np.ndarray:
+        """:meth:`energies` of each state under the action indices ``pol_idx``, (S,)."""
+        e = self.energy[pol_idx]
+        return e + self.extra[1][np.arange(self.n_states), pol_idx] if self.extra is not None else e
+
     def hold(self) -> np.ndarray:
         """Holding part of ĉ with w1 = 1, w2 = 0 (ms²·/ms: W̄·y summed by Little's law), (S, A)."""
         h = self.y[None, :] * self.state_level()[:, None] / self.problem.lam + self.hold_fixed[None, :]

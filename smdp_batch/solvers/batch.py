@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,12 +34,21 @@ def _law_key(p: BatchingProblem) -> tuple:
 
 
 def truncate_many(problems: list[BatchingProblem], s_max: int, abstract_cost: float = 100.0) -> list[TruncatedSMDP]:
-    """Truncated models of ``problems`` at one s_max, sharing arrival tables between equal laws."""
+    """Truncated models of ``problems`` at one s_max.  Problems with equal laws (λ, service, l(b), ζ(b), sizes) share
+    one model's arrays: only the costs, which depend on w1 and w2 (eq. 19), are built for each."""
     tables: dict[tuple, ArrivalTable] = {}
+    models: dict[tuple, TruncatedSMDP] = {}
     out = []
     for p in problems:
         key = _law_key(p)
-        m = truncate(p, s_max, abstract_cost, tables.get(key))  # validates s_max and c_o
+        full = key + (p.energy_mj().tobytes(),)
+        m = models.get(full)
+        if m is not None:  # the same arrays; w1 and w2 enter the costs only
+            p.single()
+            out.append(replace(m, problem=p, cost_fixed=p.w2 * m.energy + p.w1 * m.hold_fixed,
+                               cost_slope=p.w1 * m.y / p.lam))
+            continue
+        m = models[full] = truncate(p, s_max, abstract_cost, tables.get(key))  # validates s_max and c_o
         if key not in tables:  # the model's P/SF may stop early (compact): its columns past them are 0 up to s_max;
             # its supports are the table's, clipped to s_max, which every model of this batch clips them to
             tables[key] = ArrivalTable(m.P[1:], m.SF[1:], m.klo[1:], m.khi[1:],

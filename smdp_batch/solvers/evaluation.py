@@ -74,7 +74,7 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     rows = np.arange(S)
     y = model.sojourn_of(idx)
     a = model.actions[idx].astype(np.float64)
-    c = model.costs()[rows, idx]
+    c = model.costs_of(idx)
     time_per_epoch = float(mu @ y)
     serving = float(mu[a > 0].sum())
     served = float(mu @ a)
@@ -89,8 +89,8 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     return Evaluation(
         avg_cost=float(mu @ c) / time_per_epoch,
         delta=delta,
-        mean_latency_ms=float(mu @ model.hold()[rows, idx]) / time_per_epoch,
-        mean_power_w=float(mu @ model.energies()[rows, idx]) / time_per_epoch,
+        mean_latency_ms=float(mu @ model.hold_of(idx)) / time_per_epoch,
+        mean_power_w=float(mu @ model.energies_of(idx)) / time_per_epoch,
         throughput=served / time_per_epoch,
         mean_batch_size=served / serving if serving > 0 else 0.0,
         overflow_probability=float(mu[-1]),
