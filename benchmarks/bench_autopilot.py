@@ -459,11 +459,19 @@ def main() -> int:
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
+    from smdp_batch.errors import InputError
+    from smdp_batch.integrations.triton_bank import bank_delays_us
+
     try:
         lo, hi, count = a.bank.split(":")
         BANK.update(lo_ms=float(lo), hi_ms=float(hi), count=int(count), loop=a.bank_loop)
     except ValueError:
         print(f"--bank: expected lo:hi:count (ms, ms, members), got {a.bank!r}", file=sys.stderr)
+        return 2
+    try:
+        bank_delays_us(BANK["lo_ms"], BANK["hi_ms"], BANK["count"])
+    except InputError as e:
+        print(f"--bank: {e}", file=sys.stderr)
         return 2
     if a.only:
         keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)

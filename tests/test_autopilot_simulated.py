@@ -260,12 +260,18 @@ def test_the_autopilot_benchmark_runs_its_simulated_trace_and_refuses_an_unknown
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_autopilot.py"
     run = subprocess.run([sys.executable, str(script), "--simulated", "--lam", "0.05", "--phase-seconds", "2",
-                          "--repeats", "1", "--only", "autopilot, open loop,tuned server"],
+                          "--repeats", "1", "--only", "autopilot, open loop,autopilot on Triton's batcher,tuned server"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| 5 steady | autopilot, open loop |" in run.stdout and "| 1 steady | tuned server |" in run.stdout
+    assert "| 5 steady | autopilot on Triton's batcher |" in run.stdout
     assert "| 1 steady | static table |" not in run.stdout
     bad = subprocess.run([sys.executable, str(script), "--simulated", "--only", "autopilot,nonsense"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "--only: unknown setting 'nonsense'; valid: autopilot; autopilot, open loop; tuned server; λ-bank; static table"]
+        "--only: unknown setting 'nonsense'; valid: autopilot; autopilot, open loop; autopilot on Triton's batcher; "
+        "tuned server; λ-bank; static table"]
+    grid = subprocess.run([sys.executable, str(script), "--simulated", "--bank", "8:48"],
+                          capture_output=True, text=True, timeout=120)
+    assert grid.returncode == 2 and grid.stderr.strip().splitlines() == [
+        "--bank: expected lo:hi:count (ms, ms, members), got '8:48'"]

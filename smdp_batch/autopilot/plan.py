@@ -178,8 +178,7 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
     For "smdp" the greedy table (serve the largest allowed size ≤ n at once, no timer); for a server's batcher the
     delay of least simulated p99 among l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free
     model, so at timeout 0 every request is a batch of one, which a load above 1/l(1) cannot be served with (Triton's
-    batcher at delay 0 serves everything waiting, which is usually its least p99, but not always where batches of a
-    few cost nearly what a full one does)."""
+    batcher at delay 0 serves everything waiting as soon as the model is free; the same grid is searched for it)."""
     from ..analysis.simulate import simulate
     from ..baselines import parse_policy
 

@@ -155,7 +155,8 @@ def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float =
     """Send request i at arrivals_ms[i]·scale ms over one gRPC stream; (sent_s, done_s, sizes, errors).
 
     ``router``: a :class:`~smdp_batch.integrations.triton_bank.BankRouter` (``name`` None): each request goes to
-    the member it names at the send, and its send → answer time is told to it at the answer.
+    the member it names at the send, and its send → answer time is told to it at the answer (a request that fails
+    is counted in ``errors``, not told: the Autopilot judges answered requests).
 
     ``make_input(i)`` gives request i's input (a float32 vector, default a zero of dim 1); ``sizes[i]`` is the
     batch size that served it (0: not answered).  A response for an id not sent, or a second one, is an error.
