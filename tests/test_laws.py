@@ -99,3 +99,35 @@ def test_bad_service_specs(bad):
 def test_spec_round_trip():
     for law in LAWS:
         assert parse_service(law.spec()) == law
+
+
+@pytest.mark.parametrize("spec", ["det", "exp", "gamma:0.5", "gamma:2.7", "erlang:4", "hyperexp"])
+@pytest.mark.parametrize("kmax", [0, 70, 600, 4096])
+def test_a_laws_rows_in_one_broadcast_are_its_rows_one_by_one_to_the_bit(spec, kmax):
+    """arrival_rows (what the arrival tables use up to k = 4096) gives exactly arrival(m) per row, over means from
+    1e-3 to 3 000 arrivals per batch; beyond 4096 it declines and the tables go row by row; and a whole table built
+    from it is the table built row by row."""
+    from smdp_batch.model.problem import BatchingProblem
+    from smdp_batch.model.truncation import _build_arrival_table
+
+    law = parse_service(spec)
+    ms = [1e-3, 0.37, 1.0, 5.5, 31.0, 250.0, 3000.0]
+    P, F = law.arrival_rows(ms, kmax)
+    for i, m in enumerate(ms):
+        p, f = law.arrival(m, kmax)
+        assert np.array_equal(P[i], p) and np.array_equal(F[i], np.clip(f, 0.0, 1.0))
+    assert law.arrival_rows(ms, 4097) is None
+    prob = BatchingProblem.from_rho(0.8, batch_sizes=range(1, 33), service=spec)
+    whole = _build_arrival_table(prob, kmax)
+
+    class RowByRow(type(law)):  # the same law without its broadcast form
+        def arrival_rows(self, ms, kmax):
+            return None
+
+    one = RowByRow.__new__(RowByRow)
+    one.__dict__.update(law.__dict__)
+    for name in getattr(law, "__dataclass_fields__", {}):
+        object.__setattr__(one, name, getattr(law, name))
+    by_row = _build_arrival_table(prob.replace(service=one), kmax)
+    assert np.array_equal(whole.pmf, by_row.pmf) and np.array_equal(whole.sf, by_row.sf)
+    assert whole.span == by_row.span

@@ -99,6 +99,11 @@ class ServiceLaw(ABC):
         inv = invert_pgf(lambda z: self.lst(m * (1.0 - z), 1.0, b), kmax)
         return inv.pmf, inv.sf
 
+    def arrival_rows(self, ms, kmax: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(p_k, P(K > k)) of :meth:`arrival` for every m of ``ms`` at once, as two (len(ms), kmax + 1) arrays, or None
+        where the law has no broadcast form (then :meth:`arrival` is called row by row)."""
+        return None
+
     def arrival_pmf(self, m: float, kmax: int, b: int | None = None) -> np.ndarray:
         """p_k for k = 0..kmax (eq. 4), float64."""
         return self.arrival(m, kmax, b)[0]
@@ -117,6 +122,11 @@ class ServiceLaw(ABC):
         return hash(self.spec())
 
 
+#: Up to this k the closed-form laws compute every column of a row (:meth:`_LogPmfLaw.arrival`), and so their rows
+#: can be computed in one broadcast (:meth:`_LogPmfLaw.arrival_rows`).
+_ROWS_KMAX = 4096
+
+
 class _LogPmfLaw(ServiceLaw):
     """Closed-form laws whose p_k is computed in log space."""
 
@@ -128,12 +138,31 @@ class _LogPmfLaw(ServiceLaw):
     def _sf(self, m: float, k: np.ndarray) -> np.ndarray:
         ...
 
+    def _log_pmf_rows(self, ms: list[float], k: np.ndarray) -> np.ndarray:
+        """log p_k for each m of ``ms`` (rows) and k (columns); subclasses broadcast it, each element the same
+        operations as :meth:`log_arrival_pmf` (the terms in m alone with ``math``, per row)."""
+        return np.vstack([self.log_arrival_pmf(m, k) for m in ms])
+
+    def _sf_rows(self, ms: list[float], k: np.ndarray) -> np.ndarray:
+        """P(K > k) per row of ``ms``, as :meth:`_log_pmf_rows` is to :meth:`log_arrival_pmf`."""
+        return np.vstack([self._sf(m, k) for m in ms])
+
+    def arrival_rows(self, ms, kmax):
+        """:meth:`arrival` of every m in one broadcast where kmax ≤ 4096 (where :meth:`arrival` computes every k):
+        the same numbers to the bit, at the cost of one row instead of one per row."""
+        kmax = int(kmax)
+        if kmax > _ROWS_KMAX:
+            return None
+        ms = [_check_m(m) for m in ms]
+        k = np.arange(kmax + 1, dtype=np.float64)
+        return np.exp(self._log_pmf_rows(ms, k)), np.clip(self._sf_rows(ms, k), 0.0, 1.0)
+
     def arrival(self, m, kmax, b=None):
         """p_k and P(K > k) elementwise, computed only up to where P(K > k) < 1e-300 (zeros beyond, as
         float64 would round them): a table for s_max = 10⁶ costs its support, not 10⁶ terms per row."""
         m = _check_m(m)
         kmax = int(kmax)
-        k_hi = min(kmax, 4096)
+        k_hi = min(kmax, _ROWS_KMAX)
         while True:
             k = np.arange(k_hi + 1, dtype=np.float64)
             p, sf = np.exp(self.log_arrival_pmf(m, k)), np.clip(self._sf(m, k), 0.0, 1.0)
@@ -176,6 +205,13 @@ class Deterministic(_LogPmfLaw):
     def _sf(self, m, k):
         return special.pdtrc(k, m)
 
+    def _log_pmf_rows(self, ms, k):
+        m = np.array(ms)[:, None]
+        return special.xlogy(k, m) - m - special.gammaln(k + 1.0)
+
+    def _sf_rows(self, ms, k):
+        return special.pdtrc(k, np.array(ms)[:, None])
+
 
 class Exponential(_LogPmfLaw):
     """G_b exponential with mean l: g̃(s) = 1/(1 + l s); p_k geometric, p_k = (1−q) q^k, q = m/(1+m)."""
@@ -206,6 +242,16 @@ class Exponential(_LogPmfLaw):
 
     def _sf(self, m, k):
         return np.exp((k + 1.0) * (math.log(m) - math.log1p(m)))
+
+    @staticmethod
+    def _q_rows(ms) -> np.ndarray:  # log q = log m − log(1 + m) per row, in math as the scalar form takes it
+        return np.array([math.log(m) - math.log1p(m) for m in ms])[:, None]
+
+    def _log_pmf_rows(self, ms, k):
+        return np.array([-math.log1p(m) for m in ms])[:, None] + k * self._q_rows(ms)
+
+    def _sf_rows(self, ms, k):
+        return np.exp((k + 1.0) * self._q_rows(ms))
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -257,6 +303,16 @@ class Gamma(_LogPmfLaw):
 
     def _sf(self, m, k):
         return special.betainc(k + 1.0, self.shape, m / (self.shape + m))
+
+    def _log_pmf_rows(self, ms, j):
+        r = float(self.shape)
+        head = special.gammaln(j + r) - special.gammaln(r) - special.gammaln(j + 1.0)
+        c = np.array([r * (math.log(r) - math.log(r + m)) for m in ms])[:, None]
+        d = np.array([math.log(m) - math.log(r + m) for m in ms])[:, None]
+        return head + c + j * d
+
+    def _sf_rows(self, ms, k):
+        return special.betainc(k + 1.0, self.shape, np.array([m / (self.shape + m) for m in ms])[:, None])
 
 
 @dataclass(frozen=True, eq=False, repr=False)

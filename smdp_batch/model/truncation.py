@@ -143,12 +143,25 @@ def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     check_memory(arrival_table_bytes(len(problem.batch_sizes), kmax),
                  f"the arrival table for {len(problem.batch_sizes)} batch sizes and k ≤ {kmax}",
                  "use fewer batch sizes or a smaller s_max")
+    sizes = [(int(b), problem.lam * float(l)) for b, l in zip(problem.batch_sizes, problem.latency_ms()) if b <= kmax]
+    # (b > kmax: infeasible in every truncation this table serves, s_max ≤ kmax: left empty)
+    n = len(problem.batch_sizes)
+    whole = law.arrival_rows([m for _, m in sizes], kmax) if sizes else None
+    if whole is not None:  # every row at once (the closed-form laws up to k = 4096), trailing zero columns dropped
+        P, F = np.asarray(whole[0], dtype=np.float64), np.asarray(whole[1], dtype=np.float64)
+        if not (np.all(np.isfinite(P)) and np.all(P >= 0) and np.all(np.isfinite(F))):
+            raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
+        F = np.clip(F, 0.0, 1.0)
+        used = np.flatnonzero((P != 0).any(axis=0) | (F != 0).any(axis=0))
+        width = max(int(used[-1]) + 1 if used.size else 0, 1)
+        pmf, sf = np.zeros((n, width)), np.zeros((n, width))
+        pmf[: len(sizes)], sf[: len(sizes)] = P[:, :width], F[:, :width]
+        sf[len(sizes):] = 1.0  # the empty rows (b > kmax)
+        return ArrivalTable(pmf, sf, span=None if width == kmax + 1 else int(kmax))
     rows: list[tuple[np.ndarray, np.ndarray]] = []
     width = 1
-    for b, l in zip(problem.batch_sizes, problem.latency_ms()):
-        if b > kmax:  # infeasible in every truncation this table serves (s_max ≤ kmax): left empty
-            break
-        p, f = law.arrival(problem.lam * float(l), kmax, int(b))
+    for b, m in sizes:
+        p, f = law.arrival(m, kmax, b)
         p, f = np.asarray(p, dtype=np.float64), np.asarray(f, dtype=np.float64)
         if not (np.all(np.isfinite(p)) and np.all(p >= 0) and np.all(np.isfinite(f))):
             raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
@@ -158,7 +171,6 @@ def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
         w = max(int(nz[-1]) + 1 if nz.size else 0, int(nzf[-1]) + 1 if nzf.size else 0)
         width = max(width, w)
         rows.append((p[:w].copy(), f[:w].copy()))  # copies: the law's full-length arrays are freed
-    n = len(problem.batch_sizes)
     pmf = np.zeros((n, width))
     sf = np.zeros((n, width))
     for i, (p, f) in enumerate(rows):
