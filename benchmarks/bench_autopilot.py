@@ -11,7 +11,9 @@ linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every
 duration after running, switched on and off from outside the server by a file); 5 steady λ0 again.  p99 SLO
 50 ms.  The model (``--model``): ``heavy`` (default) runs the MLP four times per batch, 7-24 ms a batch
 (``benchmarks/data/onnx_mlp_x4_cpu.csv``), so that the slowdown moves the tail; ``light`` runs it once,
-0.7-2 ms (``onnx_mlp_cpu.csv``), where a 1.5× slowdown changes nothing a 50 ms SLO cares about.
+0.7-2 ms (``onnx_mlp_cpu.csv``), where a 1.5× slowdown changes nothing a 50 ms SLO cares about; ``standin`` is
+the GPU-like stand-in, a batch that sleeps l(b) = 2 + 0.5·b ms (sleeping does not compete for the CPU, as a GPU
+would not; ζ(b) = 60 W × l(b)).
 
 Four settings per server, each on the same arrival times, each planning p99 ≤ SLO − ``--overhead-ms``
 (default 15 ms: the client's and the transport's share, measured here as client p99 − server p99):
@@ -33,6 +35,9 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 * ``tuned server`` — the server's own batcher with the setting the SLO optimiser tunes for phase 1
   (``smdp-batch export --slo-p99-ms``): Ray's ``serve.batch`` batch_wait_timeout_s, Triton's
   max_queue_delay_microseconds, both with max batch 32;
+* ``tuned server over the loads`` (Triton only) — Triton's batcher with the one delay the SLO optimiser tunes for
+  every load of the trace at once (0.2, 1 and 3 × λ0, as ``export --load-range`` does): the static setting
+  tuned for the whole trace's traffic;
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
 * ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
 
@@ -72,16 +77,18 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")  # Ray's workers import examples.*
-from examples.autopilot_common import HEAVY, SIZES, make, problem  # noqa: E402
+from examples.autopilot_common import HEAVY, SIZES, STANDIN, make, problem  # noqa: E402
 
 SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
-MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms) or light (1×: 0.7-2 ms)
-SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's batcher", "tuned server", "λ-bank",
+MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms), light (1×: 0.7-2 ms) or standin (a sleep)
+SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's batcher", "tuned server",
+            "tuned server over the loads", "λ-bank",
             "static table",
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
+RAY_SETTINGS = [s for s in SETTINGS if s not in ("autopilot on Triton's batcher", "tuned server over the loads")]
 BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16, "loop": "half"}  # --bank: the delay grid of Triton's bank (0 and a
 # geometric run); --bank-loop: its closed loop (BANK_LOOP)
 
@@ -94,7 +101,8 @@ def _loop(share: float | None):
 
 BANK_LOOP = {"half": _loop(0.005), "full": _loop(0.01), "off": _loop(None)}  # aiming at 0.5 % or 1 % over, or none
 KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
-        "autopilot on Triton's batcher": "autopilot-triton", "tuned server": "none", "λ-bank": "bank",
+        "autopilot on Triton's batcher": "autopilot-triton", "tuned server": "none", "tuned server over the loads": "none",
+        "λ-bank": "bank",
         "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
         "autopilot on Ray's batcher told the client": "autopilot-ray-client"}
 PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
@@ -120,11 +128,16 @@ def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(out), np.concatenate(ph)
 
 
-def tuned(family: str) -> dict:
+TRACE_LOADS = (0.2, 1.0, 3.0)  # × λ0: the loads of the trace, for the server rule tuned over all of them
+
+
+def tuned(family: str, loads=(1.0,)) -> dict:
+    """The server's batcher tuned by the SLO optimiser for p99 ≤ SLO − overhead at λ0 × each of ``loads``."""
     from smdp_batch.analysis.slo import optimise
 
-    ans = optimise(problem(LAM0["per_ms"], MODEL["repeat"]), {"p99": SLO - OVERHEAD["ms"]}, [LAM0["per_ms"]], families=(family,), requests=100_000, seed=0,
-                   defaults=False)
+    lams = [LAM0["per_ms"] * f for f in loads]
+    ans = optimise(problem(max(lams), MODEL["repeat"]), {"p99": SLO - OVERHEAD["ms"]}, lams, families=(family,),
+                   requests=100_000, seed=0, defaults=False)
     s = ans.best[family]
     return {"spec": s.spec, **s.knobs}
 
@@ -232,7 +245,7 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
     x = np.zeros(256, np.float32)
     out = {"_tuned": knobs["spec"]}
     with RayServe(num_cpus=2) as rs:
-        for i, name in enumerate(s for s in SETTINGS if KIND[s] != "autopilot-triton"):  # the bank: Triton only
+        for i, name in enumerate(s for s in SETTINGS if s in RAY_SETTINGS):
             slow = os.path.join(tmp, f"ray{i}.slow")
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
@@ -270,7 +283,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank_models
 
     knobs = tuned("triton")
-    out = {"_tuned": knobs["spec"]}
+    wide = tuned("triton", TRACE_LOADS) if "tuned server over the loads" in SETTINGS else knobs
+    out = {"_tuned": knobs["spec"], "_tuned_wide": wide["spec"]}
     specs, banks = {}, {}
     names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")]  # Ray's live knobs: Ray only
     delays = bank_delays_us(BANK["lo_ms"], BANK["hi_ms"], BANK["count"])
@@ -279,7 +293,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
         kw = {"kind": "none" if bank else KIND[name], "lam": LAM0["per_ms"], "slo_p99_ms": SLO,
               "slow_file": os.path.join(tmp, f"tr{i}.slow"), "min_samples": 100, "overhead_ms": OVERHEAD["ms"],
               "repeat": MODEL["repeat"]}
-        tb = (32, float(knobs["delay_us"])) if name == "tuned server" else None
+        tb = {"tuned server": (32, float(knobs["delay_us"])),
+              "tuned server over the loads": (32, float(wide["delay_us"]))}.get(name)
         spec = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10, sys_path=(ROOT,),
                                   triton_batching=tb)
         if bank:
@@ -331,7 +346,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
 
 
 def table(server: str, res: dict) -> str:
-    lines = [f"\n{server} (tuned server setting: {res['_tuned']}; p99 SLO {SLO:g} ms)\n",
+    wide = f"; over the loads: {res['_tuned_wide']}" if "_tuned_wide" in res else ""
+    lines = [f"\n{server} (tuned server setting: {res['_tuned']}{wide}; p99 SLO {SLO:g} ms)\n",
              "| phase | setting | p99 ms (client) [95 % interval] | > SLO | > SLO once fired | p99 ms (server) | "
              "mean batch | mJ/request |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -445,8 +461,9 @@ def main() -> int:
     ap.add_argument("--overhead-ms", type=float, default=OVERHEAD["ms"],
                     help="the SLO's share left to the transport: every setting plans p99 ≤ SLO − this (ms)")
     ap.add_argument("--lam", type=float, default=LAM0["per_ms"], help="λ0, requests/ms (default 0.1: 100/s)")
-    ap.add_argument("--model", choices=("heavy", "light"), default="heavy",
-                    help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms)")
+    ap.add_argument("--model", choices=("heavy", "light", "standin"), default="heavy",
+                    help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms); standin: "
+                    "the GPU-like stand-in, a batch that sleeps 2 + 0.5·b ms")
     ap.add_argument("--only", help="comma-separated settings to run (default: all)")
     ap.add_argument("--bank", default="8:48:16", help="Triton's bank: lo:hi:count, 0 ms and count − 1 delays "
                     "spaced geometrically from lo to hi ms")
@@ -458,7 +475,8 @@ def main() -> int:
                     "the batcher (ms)")
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
-    OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, HEAVY if a.model == "heavy" else 1
+    OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
+        a.model, 1)
     from smdp_batch.errors import InputError
     from smdp_batch.integrations.triton_bank import bank_delays_us
 

@@ -6,7 +6,9 @@
   here), sizes 1, 2, 4, 8, 16, 32, at the arrival rate ``lam`` (requests/ms); with ``repeat=HEAVY`` the
   heavy variant, :func:`infer_heavy` (the MLP four times per batch, ``onnx_mlp_x4_cpu.csv``, measured with
   ``smdp-batch measure examples.autopilot_common:infer_heavy --make-batch examples.onnx_mlp:make_batch
-  --warmup 5 --repeats 40 --power-w 60``), which the Autopilot benchmark uses.
+  --warmup 5 --repeats 40 --power-w 60``), which the Autopilot benchmark uses; with ``repeat=STANDIN`` the GPU-like
+  stand-in, a batch that sleeps l(b) = 2 + 0.5·b ms (sleeping does not compete for the CPU, as a GPU would not),
+  ζ(b) = 60 W × l(b).
 * :func:`make_infer` — the model's infer function (a list of vectors → a list of logit rows).  While the file
   ``slow_file`` exists every batch sleeps ``slow - 1`` times its own duration after running: a service
   slowdown injected from outside the server process.
@@ -32,14 +34,26 @@ from examples import onnx_mlp  # noqa: E402
 
 PROFILE = os.path.join(ROOT, "benchmarks", "data", "onnx_mlp_cpu.csv")
 HEAVY = 4  # the heavy variant runs the MLP this many times per batch (the benchmark's: batches of 4-22 ms)
+STANDIN = 0  # ``repeat`` for the GPU-like stand-in: no MLP, the batch sleeps l(b) = 2 + 0.5·b ms
 PROFILES = {1: PROFILE, HEAVY: os.path.join(ROOT, "benchmarks", "data", "onnx_mlp_x4_cpu.csv")}
 SIZES = (1, 2, 4, 8, 16, 32)
+STANDIN_W = 60.0  # the stand-in's power while a batch runs (W): ζ(b) = 60 W × l(b), as the CPU profiles'
+
+
+def standin_ms(b: int) -> float:
+    """The GPU-like stand-in's batch time l(b) = 2 + 0.5·b ms (a sleep: it does not compete for the CPU)."""
+    return 2.0 + 0.5 * b
 
 
 def problem(lam: float, repeat: int = 1):
-    """The ONNX MLP as a batching problem at rate ``lam`` (1/ms); ``repeat`` = HEAVY: the heavy variant."""
+    """The ONNX MLP as a batching problem at rate ``lam`` (1/ms); ``repeat`` = HEAVY: the heavy variant; STANDIN:
+    the GPU-like stand-in (l(b) = 2 + 0.5·b ms, ζ(b) = 60 W × l(b), deterministic)."""
     from smdp_batch.model.problem import BatchingProblem
 
+    if repeat == STANDIN:
+        lat = tuple(standin_ms(b) for b in SIZES)
+        table = lambda vals: "table:" + ",".join(f"{b}={v:g}" for b, v in zip(SIZES, vals))  # noqa: E731
+        return BatchingProblem(float(lam), batch_sizes=SIZES, latency=table(lat), energy=table(STANDIN_W * x for x in lat))
     path = PROFILES[repeat]
     return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{path}", energy=f"csv:{path}")
 
@@ -51,10 +65,17 @@ def infer_heavy(items: list) -> list:
     return onnx_mlp.infer(items)
 
 
+def infer_standin(items: list) -> list:
+    """The GPU-like stand-in: sleep l(b) and answer ten zeros per request (the MLP's output shape)."""
+    time.sleep(standin_ms(len(items)) / 1e3)
+    return [[0.0] * 10 for _ in items]
+
+
 def make_infer(slow_file: str | None = None, slow: float = 1.5, repeat: int = 1):
-    onnx_mlp.session()  # build the session now, not in the first batch
+    if repeat != STANDIN:
+        onnx_mlp.session()  # build the session now, not in the first batch
     state = {"checked": 0.0, "on": False}
-    run = infer_heavy if repeat == HEAVY else onnx_mlp.infer
+    run = {HEAVY: infer_heavy, STANDIN: infer_standin}.get(repeat, onnx_mlp.infer)
 
     def infer(items: list) -> list:
         t0 = time.perf_counter()
