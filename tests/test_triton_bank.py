@@ -4,7 +4,7 @@ Without a server: the delay grid, the members' configs, the router's choice of m
 force and what it tells the Autopilot.  With the real Triton (slow): a bank of four members of a sleep model,
 l(b) = 8 + 1.5·b ms, an Autopilot planning Triton's batcher in the client, a rate step; every request answered
 once, each batch told to the Autopilot, and the step re-timed onto another member (Triton's delay planned for
-p99 ≤ 40 ms: 25.8 ms at 30/s, 22.8 ms at 90/s, on a grid 0, 3, 6, 12, 24 ms).
+p99 ≤ 60 ms: 44.3 ms at 30/s, 39.1 ms at 90/s, on a grid 0, 5.25, 10.5, 21, 42 ms).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_a_bank_on_the_real_triton_follows_a_rate_step_and_answers_every_request
     from smdp_batch.model.curves import Table
     from smdp_batch.model.problem import BatchingProblem
 
-    lam, slo = 0.03, 40.0  # Triton's delay planned: 25.8 ms at 30/s, 22.8 ms at 90/s
+    lam, slo = 0.03, 60.0  # Triton's delay planned: 44.3 ms at 30/s, 39.1 ms at 90/s
     p = BatchingProblem.basic(rho=0.3)
     sizes = tuple(p.batch_sizes)
     p = p.replace(lam=lam, latency=Table(sizes, tuple(8.0 + 1.5 * b for b in sizes)))
@@ -118,10 +118,10 @@ def test_a_bank_on_the_real_triton_follows_a_rate_step_and_answers_every_request
     arr = np.concatenate([a, a[-1] + b - b[0] + 1.0 / (3 * lam)])
     spec = AutopilotModelSpec("smdp_batch.integrations.triton_autopilot:sleep_model", {"base_ms": 8.0,
                                                                                         "per_item_ms": 1.5})
-    delays = bank_delays_us(3.0, 24.0, 5)  # 0, 3, 6, 12, 24 ms: the step moves off 24
+    delays = bank_delays_us(5.25, 42.0, 5)  # 0, 5.25, 10.5, 21, 42 ms: the step moves off 42
     members = bank_models(spec, 32, delays)
-    pilot = Autopilot(p, slo, min_samples=100, budget_s=60.0, min_interval_s=1.0, energy_meter=None, learn=True,
-                      family="triton")
+    pilot = Autopilot(p, slo, min_samples=100, budget_s=60.0, min_interval_s=1.0, energy_meter=None,
+                      family="triton")  # no learned excess: on a loaded host it can lower the target out of reach
     try:
         with AutopilotTriton(members) as srv:
             router = BankRouter(pilot, {n: d for n, d in zip(members, delays)}, srv)
