@@ -52,7 +52,9 @@ def problem(lam: float, repeat: int = 1):
 
     if repeat == STANDIN:
         lat = tuple(standin_ms(b) for b in SIZES)
-        table = lambda vals: "table:" + ",".join(f"{b}={v:g}" for b, v in zip(SIZES, vals))  # noqa: E731
+        def table(vals) -> str:  # a curve given per size: table:1=V1,2=V2,…
+            return "table:" + ",".join(f"{b}={v:g}" for b, v in zip(SIZES, vals))
+
         return BatchingProblem(float(lam), batch_sizes=SIZES, latency=table(lat), energy=table(STANDIN_W * x for x in lat))
     path = PROFILES[repeat]
     return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{path}", energy=f"csv:{path}")

@@ -127,11 +127,7 @@ class AutopilotTriton(TritonServer):
 
     def batches(self, name: str) -> list[tuple[int, int, float, float]]:
         """(b, b, start, end) of every batch (``time.time()`` s), as :meth:`TritonServer.batches`."""
-        try:
-            lines = Path(self._files(name)["batch_log"]).read_text().split()
-        except FileNotFoundError:
-            return []
-        return [(int(b), int(b), float(t0), float(t1)) for b, t0, t1 in (ln.split(",") for ln in lines)]
+        return [(b, b, t0, t1) for b, t0, t1 in self.batches_since(name, 0)[0]]
 
     def batches_since(self, name: str, offset: int) -> tuple[list[tuple[int, float, float]], int]:
         """The (b, start, end) batches logged after byte ``offset`` of the model's log (whole lines only), and the

@@ -136,6 +136,15 @@ def arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     return table
 
 
+def _checked(law, p, f) -> tuple[np.ndarray, np.ndarray]:
+    """A law's p_k and P(K > k) (a row, or rows) as float64, refused in one line where not finite or p_k < 0; P(K > k)
+    clipped to [0, 1]."""
+    p, f = np.asarray(p, dtype=np.float64), np.asarray(f, dtype=np.float64)
+    if not (np.all(np.isfinite(p)) and np.all(p >= 0) and np.all(np.isfinite(f))):
+        raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
+    return p, np.clip(f, 0.0, 1.0)
+
+
 def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     """The table for k = 0..kmax, stored compactly: each row is computed on the whole range and its trailing
     exact zeros are dropped (:class:`ArrivalTable`), so memory is O(A·support), not O(A·kmax)."""
@@ -148,10 +157,7 @@ def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     n = len(problem.batch_sizes)
     whole = law.arrival_rows([m for _, m in sizes], kmax) if sizes else None
     if whole is not None:  # every row at once (the closed-form laws up to k = 4096), trailing zero columns dropped
-        P, F = np.asarray(whole[0], dtype=np.float64), np.asarray(whole[1], dtype=np.float64)
-        if not (np.all(np.isfinite(P)) and np.all(P >= 0) and np.all(np.isfinite(F))):
-            raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
-        F = np.clip(F, 0.0, 1.0)
+        P, F = _checked(law, *whole)
         used = np.flatnonzero((P != 0).any(axis=0) | (F != 0).any(axis=0))
         width = max(int(used[-1]) + 1 if used.size else 0, 1)
         pmf, sf = np.zeros((n, width)), np.zeros((n, width))
@@ -161,11 +167,7 @@ def _build_arrival_table(problem: BatchingProblem, kmax: int) -> ArrivalTable:
     rows: list[tuple[np.ndarray, np.ndarray]] = []
     width = 1
     for b, m in sizes:
-        p, f = law.arrival(m, kmax, b)
-        p, f = np.asarray(p, dtype=np.float64), np.asarray(f, dtype=np.float64)
-        if not (np.all(np.isfinite(p)) and np.all(p >= 0) and np.all(np.isfinite(f))):
-            raise InputError(f"service law {law.spec()} produced invalid arrival probabilities")
-        f = np.clip(f, 0.0, 1.0)
+        p, f = _checked(law, *law.arrival(m, kmax, b))
         nz = np.flatnonzero(p)
         nzf = np.flatnonzero(f)
         w = max(int(nz[-1]) + 1 if nz.size else 0, int(nzf[-1]) + 1 if nzf.size else 0)
