@@ -37,11 +37,14 @@ _LINES: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "termina
 
 
 def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
-    from .files import JOURNAL_ENV, Terminated
+    from .files import JOURNAL_ENV, Terminated, quiet_interrupts
+
+    received: list[int] = []
 
     def first_signal(signum, frame):  # the first one unwinds; a repeat must not interrupt the cleanup
         for s in _LINES:
             signal.signal(s, signal.SIG_IGN)
+        received.append(int(signum))
         raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
     def unraisable(info, default=sys.unraisablehook):  # an interrupt swallowed by a callback is not news
@@ -49,6 +52,7 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
             default(info)
 
     sys.unraisablehook = unraisable
+    sys.excepthook = quiet_interrupts(sys.excepthook)
     for s in _LINES:
         signal.signal(s, first_signal)
     os.environ[JOURNAL_ENV] = f"{os.getpid()}:{journal_fd}"
@@ -61,10 +65,11 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
         code = _say(signal.SIGINT)
     except Terminated:
         code = _say(signal.SIGTERM)
-    except Exception as e:  # a broken installation (the command line cannot even be imported): one line
-        text = " ".join(str(e).split())[:500]
-        sys.stderr.write(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)\n")
-        code = 70
+    except Exception as e:
+        if received:  # the signal, turned into an error of its own by an extension's import (numba's
+            code = _say(received[0])  # _devicearray: ImportError, no chain): still the signal's outcome
+        else:  # a broken installation (the command line cannot even be imported): one line
+            code = _internal(e)
     for s in _LINES:  # the command is done (its outputs in place, or none): a signal now changes nothing
         signal.signal(s, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):
@@ -105,6 +110,13 @@ def _mark_done(journal_fd: int, code) -> None:
         os.write(journal_fd, f"={int(code) if isinstance(code, int) else 0}\0".encode())
     except OSError:
         pass
+
+
+def _internal(e: BaseException) -> int:
+    """One line for a command line that cannot even be imported (a broken installation); exit 70."""
+    text = " ".join(str(e).split())[:500]
+    sys.stderr.write(f"smdp-batch: error: internal error: {type(e).__name__}: {text} (please report)\n")
+    return 70
 
 
 def _say(signum: int) -> int:

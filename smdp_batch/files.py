@@ -41,7 +41,7 @@ from .errors import InputError
 
 __all__ = ["Target", "check_output", "check_output_dir", "same_file", "check_collisions", "validate_outputs",
            "OutputPlan", "current_plan",
-           "atomic_outputs", "atomic_output", "Terminated", "journal", "JOURNAL_ENV"]
+           "atomic_outputs", "atomic_output", "Terminated", "quiet_interrupts", "journal", "JOURNAL_ENV"]
 
 #: set by the console entry (:mod:`smdp_batch.console`) in the process that runs a command: ``"PID:FD"``
 JOURNAL_ENV = "SMDP_BATCH_JOURNAL"
@@ -49,6 +49,19 @@ JOURNAL_ENV = "SMDP_BATCH_JOURNAL"
 
 class Terminated(BaseException):
     """Raised by the CLI's SIGTERM handler so that every ``finally`` and context manager cleans up."""
+
+
+def quiet_interrupts(hook):
+    """``sys.excepthook`` that stays silent for an interrupt: a C extension whose import our signal handler
+    interrupted prints the exception through ``PyErr_Print`` (numba's ``_devicearray``) before raising an
+    error of its own, which would put a traceback above the command's one line.  Anything else goes to
+    ``hook``."""
+
+    def excepthook(kind, value, tb):
+        if not isinstance(value, (KeyboardInterrupt, Terminated)):
+            hook(kind, value, tb)
+
+    return excepthook
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),

@@ -22,7 +22,7 @@ import click
 
 from .. import __version__
 from ..errors import InputError
-from ..files import Terminated, atomic_outputs
+from ..files import Terminated, atomic_outputs, quiet_interrupts
 from .calibrate import calibrate_cmd
 from .export import export_cmd
 from .fit import fit_arrivals_cmd
@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(cli.get_help(click.Context(cli, info_name="smdp-batch")))
         return 0
     previous = _install_handlers()
+    hook = sys.excepthook
+    if previous is not None:
+        sys.excepthook = quiet_interrupts(hook)
     plan = None
     try:
         import numpy as np
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = 0  # the signal waited for the final renames: the command had finished, its outputs are complete
     finally:
         if previous is not None:
+            sys.excepthook = hook
             for s, handler in previous.items():
                 signal.signal(s, handler)
     for line in dict.fromkeys(NOTICES_INFO):
