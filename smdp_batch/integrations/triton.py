@@ -125,10 +125,22 @@ def model_config(name: str, spec: ModelSpec, scale: float, batch_log: str) -> st
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1: the sockets are held together while the OS picks them (one at a
+    time, a closed socket's port can be handed out again at once, so HTTP and gRPC got the same one)."""
+    held = [socket.socket() for _ in range(n)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+#: What tritonserver's log says when a port it was given was taken in the meantime (another process bound it
+#: between our choice and the server's start): the start is tried again on fresh ports.
+_PORT_TAKEN = ("cannot listen", "already in use", "Address in use", "failed to start HTTP", "failed to start GRPC")
 
 
 class TritonServer:
@@ -169,10 +181,8 @@ class TritonServer:
             (repo / name / "1").mkdir(parents=True)
             shutil.copy(_STUB, repo / name / "1" / "model.py")
             (repo / name / "config.pbtxt").write_text(model_config(name, spec, self.scale, self._log(name)))
-        self.http_port, self.grpc_port = _free_port(), _free_port()
         return [str(self.dist.server), f"--model-repository={repo}", f"--backend-directory={tmp / 'backends'}",
-                "--http-address=127.0.0.1", f"--http-port={self.http_port}", "--grpc-address=127.0.0.1",
-                f"--grpc-port={self.grpc_port}", "--allow-metrics=false", "--allow-gpu-metrics=false",
+                "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--allow-metrics=false", "--allow-gpu-metrics=false",
                 f"--exit-timeout-secs={self.exit_timeout_s}", "--strict-readiness=true", "--log-verbose=0",
                 f"--cache-directory={tmp / 'caches'}"] + \
             (["--model-control-mode=explicit", "--load-model=*"] if self.model_control == "explicit" else [])
@@ -220,21 +230,35 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         self.tmp = tempfile.mkdtemp(prefix="smdp-triton-")
-        argv = self._layout()
+        layout = self._layout()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = loader_path(self.dist, env)
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # the stub's interpreter prefix
-        out = open(self.log_file or os.path.join(self.tmp, "tritonserver.log"), "w")
-        self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        out.close()
         deadline = time.monotonic() + self.start_timeout_s
+        for attempt in range(3):
+            self.http_port, self.grpc_port = _free_ports(2)
+            argv = layout + [f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}"]
+            out = open(self.log_file or os.path.join(self.tmp, "tritonserver.log"), "w")
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            out.close()
+            if self._wait_ready(deadline, last=attempt == 2):
+                return self
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _wait_ready(self, deadline: float, last: bool) -> bool:
+        """Wait for the server's readiness: True when ready; False when it exited because a port was taken (and
+        ``last`` is False: the caller tries fresh ports); RuntimeError otherwise."""
+        assert self.proc is not None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode} during start-up:\n{self.log_tail()}")
+                tail = self.log_tail()
+                if not last and any(m in tail for m in _PORT_TAKEN):
+                    return False
+                raise RuntimeError(f"tritonserver exited with code {self.proc.returncode} during start-up:\n{tail}")
             try:
                 with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
                     if r.status == 200:
-                        return self
+                        return True
             except OSError:
                 time.sleep(0.1)
         self.stop()
