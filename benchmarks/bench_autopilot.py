@@ -5,6 +5,9 @@
     python benchmarks/bench_autopilot.py --servers ray --lam 0.03                          # ≈ 5 min
     python benchmarks/bench_autopilot.py --model light --lam 0.1 --servers triton           # the 0.7-2 ms model
     python benchmarks/bench_autopilot.py --simulated --lam 0.05 --phase-seconds 20 --repeats 3  # ≈ 1 min, no server
+    python benchmarks/bench_autopilot.py --servers triton --model standin --phase-seconds 20 --seed 0 \
+        --only "autopilot on Triton's batcher" --static-delays 22,25,28,31 --json s0.json   # ≈ 9 min
+    python benchmarks/bench_autopilot.py --combine s0.json s1.json s2.json   # the best static in hindsight
 
 The trace (open-loop Poisson at λ0 requests/ms, ``--lam``, default 0.1): 1 steady λ0; 2 a 3× step up; 3 a
 linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every batch sleeps half its own
@@ -38,6 +41,10 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 * ``tuned server over the loads`` (Triton only) — Triton's batcher with the one delay the SLO optimiser tunes for
   every load of the trace at once (0.2, 1 and 3 × λ0, as ``export --load-range`` does): the static setting
   tuned for the whole trace's traffic;
+* ``Triton at X ms`` (Triton only, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and each fixed delay
+  of the grid: the static settings to find the best one in hindsight, the least energy over the trace among those
+  within 1 % over the SLO in every phase (printed after the tables; over several runs' ``--json`` files with
+  ``--combine``);
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
 * ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
 
@@ -89,6 +96,7 @@ SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's ba
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
 RAY_SETTINGS = [s for s in SETTINGS if s not in ("autopilot on Triton's batcher", "tuned server over the loads")]
+STATIC = "Triton at "  # --static-delays: settings "Triton at X ms", Triton's batcher at a fixed delay (hindsight's grid)
 BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16, "loop": "half"}  # --bank: the delay grid of Triton's bank (0 and a
 # geometric run); --bank-loop: its closed loop (BANK_LOOP)
 
@@ -294,7 +302,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
               "slow_file": os.path.join(tmp, f"tr{i}.slow"), "min_samples": 100, "overhead_ms": OVERHEAD["ms"],
               "repeat": MODEL["repeat"]}
         tb = {"tuned server": (32, float(knobs["delay_us"])),
-              "tuned server over the loads": (32, float(wide["delay_us"]))}.get(name)
+              "tuned server over the loads": (32, float(wide["delay_us"]))}.get(name) or static_batching(name)
         spec = AutopilotModelSpec("examples.autopilot_common:make", kw, dim=256, out_dim=10, sys_path=(ROOT,),
                                   triton_batching=tb)
         if bank:
@@ -343,6 +351,44 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
                          "events": (m or {}).get("events", [])}
             print(f"triton {name}: done ({errors} errors)", flush=True)
     return out
+
+
+def static_batching(name: str) -> tuple[int, float] | None:
+    """(max batch, delay µs) of a ``--static-delays`` setting ("Triton at X ms"), else None."""
+    return (32, float(name[len(STATIC):-3]) * 1e3) if name.startswith(STATIC) else None
+
+
+def whole_trace(rows: list[dict]) -> tuple[float, float]:
+    """(mJ/request over the trace, the largest share over the SLO in any phase) of one run's rows."""
+    n = sum(r["requests"] for r in rows)
+    return sum(r["mj_per_request"] * r["requests"] for r in rows) / n, max(r["over_slo"] for r in rows)
+
+
+def hindsight(runs: list[dict], autopilot: str = "autopilot on Triton's batcher") -> str:
+    """The best static setting in hindsight over ``runs`` (each run's Triton results, the same settings): the
+    least energy over the trace among the settings within 1 % over the SLO in every phase of every run, and the
+    Autopilot's energy against it, run by run."""
+    names = [k for k in runs[0] if not k.startswith("_") and all(k in r for r in runs)]
+    lines = [f"\nbest static setting in hindsight over {len(runs)} runs (within 1 % over the SLO in every phase of "
+             "every run)\n", "| setting | mJ/request per run | worst phase > SLO | meets |", "|---|---|---:|---|"]
+    ok = {}
+    for name in names:
+        per = [whole_trace(r[name]["rows"]) for r in runs]
+        worst = max(w for _, w in per)
+        ok[name] = worst <= 0.01
+        lines.append(f"| {name} | {', '.join(f'{e:.2f}' for e, _ in per)} | {100 * worst:.1f} % | "
+                     f"{'yes' if ok[name] else 'no'} |")
+    static = [n for n in names if n != autopilot and not n.startswith("autopilot") and ok[n]]
+    if not static or autopilot not in names:
+        return "\n".join(lines + ["", "no static setting met the SLO in every phase of every run"
+                                   if not static else f"no {autopilot!r} in these runs"])
+    mean = {n: float(np.mean([whole_trace(r[n]["rows"])[0] for r in runs])) for n in static + [autopilot]}
+    best = min(static, key=mean.get)
+    ratio = [whole_trace(r[autopilot]["rows"])[0] / whole_trace(r[best]["rows"])[0] for r in runs]
+    lines.append(f"\nbest static: {best} ({mean[best]:.2f} mJ/request, mean of runs); {autopilot}: "
+                 f"{mean[autopilot]:.2f} mJ/request, {', '.join(f'{x:.3f}' for x in ratio)} × the best static "
+                 "run by run")
+    return "\n".join(lines)
 
 
 def table(server: str, res: dict) -> str:
@@ -469,12 +515,37 @@ def main() -> int:
                     "spaced geometrically from lo to hi ms")
     ap.add_argument("--bank-loop", choices=sorted(BANK_LOOP), default="half", help="the bank Autopilot's closed loop: "
                     "aiming at half the 1 %% a p99 allows (default), at 1 %%, or off")
+    ap.add_argument("--static-delays", help="Triton: also run its batcher at each of these fixed delays (ms, "
+                    "comma-separated), the grid for the best static setting in hindsight (--combine)")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="print the best static setting in hindsight over "
+                    "these runs' --json files (Triton), and the Autopilot's energy against it; no run")
     ap.add_argument("--simulated", action="store_true", help="run the trace in the simulator, no server (module doc)")
     ap.add_argument("--repeats", type=int, default=3, help="--simulated: seeds (from --seed)")
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
                     "the batcher (ms)")
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
+    if a.combine:
+        try:
+            runs = [json.load(open(f))["triton"] for f in a.combine]
+        except (OSError, ValueError, KeyError) as e:
+            print(f"--combine: {e} (expected this benchmark's --json files with Triton results)", file=sys.stderr)
+            return 2
+        print(hindsight(runs))
+        return 0
+    if a.static_delays:
+        try:
+            grid = sorted({float(x) for x in a.static_delays.split(",")})
+            if not all(0 <= x <= 1000 for x in grid):
+                raise ValueError
+        except ValueError:
+            print(f"--static-delays: expected delays in 0..1000 ms, comma-separated, got {a.static_delays!r}",
+                  file=sys.stderr)
+            return 2
+        for x in grid:
+            name = f"{STATIC}{x:g} ms"
+            SETTINGS.append(name)
+            KIND[name] = "none"
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
         a.model, 1)
     from smdp_batch.errors import InputError
@@ -493,7 +564,7 @@ def main() -> int:
         return 2
     if a.only:
         keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)
-        SETTINGS[:] = [x for x in SETTINGS if x in keep]
+        SETTINGS[:] = [x for x in SETTINGS if x in keep or x.startswith(STATIC)]
         SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
     else:
         SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
@@ -515,6 +586,8 @@ def main() -> int:
             results[server] = (run_ray if server == "ray" else run_triton)(arr, phase, a.phase_seconds, tmp)
     for server, res in results.items():
         print(table(server, res))
+    if "triton" in results and any(x.startswith(STATIC) for x in SETTINGS):
+        print(hindsight([results["triton"]]))
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if a.json:
         with open(a.json, "w") as f:
