@@ -8,6 +8,8 @@
     python benchmarks/bench_autopilot.py --servers triton --model standin --phase-seconds 20 --seed 0 \
         --only "autopilot on Triton's batcher" --static-delays 22,25,28,31 --json s0.json   # ≈ 9 min
     python benchmarks/bench_autopilot.py --combine s0.json s1.json s2.json   # the best static in hindsight
+    python benchmarks/bench_autopilot.py --servers triton --model standin --stationary --phase-seconds 12 \
+        --only "autopilot on Triton's batcher"   # 60 s of stationary traffic: does it re-solve for the service?
 
 The trace (open-loop Poisson at λ0 requests/ms, ``--lam``, default 0.1): 1 steady λ0; 2 a 3× step up; 3 a
 linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every batch sleeps half its own
@@ -113,7 +115,9 @@ KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
         "λ-bank": "bank",
         "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
         "autopilot on Ray's batcher told the client": "autopilot-ray-client"}
-PHASES = ("1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady")
+PHASES = ["1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady"]
+RATES = [(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]  # × λ0 at each phase's start and end
+SLOW = {"phase": 3}  # the phase whose batches run 1.5× as long (None: --stationary)
 SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batcher", "tuned server", "λ-bank",
                 "static table"]  # --simulated
 
@@ -122,7 +126,7 @@ def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times (ms) and phase index per request; the ramp by inverting its cumulative rate."""
     T = seconds * 1000.0
     out, ph = [], []
-    for k, (a, b) in enumerate([(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]):
+    for k, (a, b) in enumerate(RATES):
         la, lb = a * LAM0["per_ms"], b * LAM0["per_ms"]
         n = rng.poisson(0.5 * (la + lb) * T)
         u = np.sort(rng.uniform(0.0, 0.5 * (la + lb) * T, n))  # cumulative intensity Λ(t) = la t + (lb-la) t²/2T
@@ -184,7 +188,7 @@ def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarra
         ok = np.isfinite(x)
         t_lo, t_hi = t_first + k * seconds, t_first + (k + 1) * seconds
         bs = [b for b, t0, _ in batches if t_lo <= t0 < t_hi]
-        e = sum(zeta[pad_up(b)] for b in bs) * (1.5 if k == 3 else 1.0)
+        e = sum(zeta[pad_up(b)] for b in bs) * (1.5 if k == SLOW["phase"] else 1.0)
         y = in_server[sel]
         y = y[np.isfinite(y)]
         fired = [e["wall_s"] for e in events if "wall_s" in e and t_lo <= e["wall_s"] < t_hi]
@@ -202,9 +206,12 @@ def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarra
 
 
 async def with_slowdown(load, slow_file: str, seconds: float):
-    """Run ``load`` (a coroutine) while the slowdown file exists during phase 4."""
+    """Run ``load`` (a coroutine) while the slowdown file exists during the slow phase (4; none: --stationary)."""
+    if SLOW["phase"] is None:
+        return await load
+
     async def control():
-        await asyncio.sleep(3 * seconds)
+        await asyncio.sleep(SLOW["phase"] * seconds)
         open(slow_file, "w").close()
         await asyncio.sleep(seconds)
         os.remove(slow_file)
@@ -430,12 +437,15 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
 
     lam, target = LAM0["per_ms"], SLO - OVERHEAD["ms"]
     p = problem(lam, MODEL["repeat"])
-    phases = [Phase(seconds, lam, name=PHASES[0]), Phase(seconds, 3 * lam, name=PHASES[1]),
-              Phase(seconds, 3 * lam, 0.2 * lam, name=PHASES[2]), Phase(seconds, lam, slowdown=1.5, name=PHASES[3]),
-              Phase(seconds, lam, name=PHASES[4])]
+    phases = [Phase(seconds, a * lam, None if a == b else b * lam, slowdown=1.5 if k == SLOW["phase"] else 1.0, name=PHASES[k])
+              for k, (a, b) in enumerate(RATES)]
     knobs = tuned("triton")
-    triton = PolicyTable(np.where(np.arange(33) >= 32, 32, 0), p.batch_sizes,  # 32 at once, else wait for the delay
-                         {"inputs": {"lam": lam}, "max_wait_ms": float(knobs["delay_us"]) / 1e3})
+
+    def triton_at(ms: float) -> PolicyTable:  # Triton's batcher: 32 at once, else wait for the delay
+        return PolicyTable(np.where(np.arange(33) >= 32, 32, 0), p.batch_sizes, {"inputs": {"lam": lam},
+                                                                                 "max_wait_ms": ms})
+
+    triton = triton_at(float(knobs["delay_us"]) / 1e3)
     plans = [slo_plan(p.replace(lam=lam * f), target, [lam * f]) for f in (0.2, 0.35, 0.6, 1.0, 1.7, 3.0)]
     bank = AdaptivePolicy(PolicyBank([pl.table for pl in plans if pl is not None]))
     out: dict = {"_tuned": knobs["spec"]}
@@ -448,9 +458,11 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
                               solve_in="clock", clock=clock, solve_seconds=solve_s, energy_meter=None,
                               control=TimerControl(target_share=0.005) if on_triton else name != "autopilot, open loop",
                               family="triton" if on_triton else "smdp", learn=on_triton)
-            policy = {"tuned server": triton, "λ-bank": bank, "static table": pilot.table}.get(name, pilot)
+            fixed = static_batching(name)
+            policy = triton_at(fixed[1] / 1e3) if fixed else {"tuned server": triton, "λ-bank": bank,
+                                                               "static table": pilot.table}.get(name, pilot)
             run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms, served=on_triton,
-                           short_batch="pad-up" if name == "tuned server" else "auto")  # a plan's own form
+                           short_batch="pad-up" if name == "tuned server" or fixed else "auto")  # a plan's own form
             rows.append(run.summary(SLO))
             events.append([e["event"] for e in run.events] if name.startswith("autopilot") else [])
         out[name] = {"rows": rows, "events": events}
@@ -519,12 +531,18 @@ def main() -> int:
                     "comma-separated), the grid for the best static setting in hindsight (--combine)")
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="print the best static setting in hindsight over "
                     "these runs' --json files (Triton), and the Autopilot's energy against it; no run")
+    ap.add_argument("--stationary", action="store_true", help="five steady phases at λ0, no slowdown: stationary "
+                    "traffic, where an Autopilot should not re-solve for the service (its events list the reasons)")
     ap.add_argument("--simulated", action="store_true", help="run the trace in the simulator, no server (module doc)")
     ap.add_argument("--repeats", type=int, default=3, help="--simulated: seeds (from --seed)")
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
                     "the batcher (ms)")
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
     a = ap.parse_args()
+    if a.stationary:
+        PHASES[:] = [f"{k + 1} steady" for k in range(5)]
+        RATES[:] = [(1, 1)] * 5
+        SLOW["phase"] = None
     if a.combine:
         try:
             runs = [json.load(open(f))["triton"] for f in a.combine]
@@ -545,6 +563,7 @@ def main() -> int:
         for x in grid:
             name = f"{STATIC}{x:g} ms"
             SETTINGS.append(name)
+            SIM_SETTINGS.append(name)
             KIND[name] = "none"
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
         a.model, 1)
@@ -565,13 +584,15 @@ def main() -> int:
     if a.only:
         keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)
         SETTINGS[:] = [x for x in SETTINGS if x in keep or x.startswith(STATIC)]
-        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep]
+        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep or x.startswith(STATIC)]
     else:
         SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
     if a.simulated:
         t0 = time.perf_counter()
         res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
         print(sim_table(res, a.sim_outside_ms, a.sim_solve_seconds))
+        if any(x.startswith(STATIC) for x in SIM_SETTINGS):
+            print(hindsight([{k: {"rows": res[k]["rows"][i]} for k in SIM_SETTINGS} for i in range(a.repeats)]))
         print(f"\n{time.perf_counter() - t0:.0f} s in all")
         if a.json:
             with open(a.json, "w") as f:

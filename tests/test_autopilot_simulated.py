@@ -275,3 +275,48 @@ def test_the_autopilot_benchmark_runs_its_simulated_trace_and_refuses_an_unknown
                           capture_output=True, text=True, timeout=120)
     assert grid.returncode == 2 and grid.stderr.strip().splitlines() == [
         "--bank: expected lo:hi:count (ms, ms, members), got '8:48'"]
+
+
+def test_bench_autopilot_finds_the_best_static_setting_in_hindsight(tmp_path):
+    """``--static-delays`` adds Triton's batcher at fixed delays (simulated here) and prints the best static setting
+    in hindsight: the least energy among those within 1 % over the SLO in every phase; ``--combine`` does it over
+    saved runs; ``--stationary`` runs five steady phases; bad grids and files get one line and exit code 2."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_autopilot.py"
+    out = tmp_path / "sim.json"
+    run = subprocess.run([sys.executable, str(script), "--simulated", "--lam", "0.05", "--phase-seconds", "2",
+                          "--repeats", "1", "--only", "autopilot on Triton's batcher", "--static-delays", "5,30",
+                          "--stationary", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "| 1 steady | Triton at 5 ms |" in run.stdout and "| 4 steady | Triton at 30 ms |" in run.stdout
+    assert "slow" not in run.stdout and "best static setting in hindsight over 1 runs" in run.stdout
+    res = json.loads(out.read_text())
+    rows = {k: v["rows"][0] for k, v in res.items() if not k.startswith("_")}
+    energy = {k: sum(r["mj_per_request"] * r["requests"] for r in v) / sum(r["requests"] for r in v)
+              for k, v in rows.items()}
+    assert energy["Triton at 30 ms"] < energy["Triton at 5 ms"]  # the longer delay batches more
+    # --combine over two saved runs with a made-up Triton result: the one within 1 % everywhere wins
+    def saved(path, over):
+        row = {"requests": 100, "over_slo": 0.0, "mj_per_request": 10.0}
+        runs = {"autopilot on Triton's batcher": {"rows": [dict(row, mj_per_request=11.0)] * 5},
+                "Triton at 10 ms": {"rows": [dict(row, mj_per_request=12.0)] * 5},
+                "Triton at 20 ms": {"rows": [dict(row, over_slo=over)] * 5}}
+        path.write_text(json.dumps({"triton": runs}))
+        return str(path)
+
+    both = subprocess.run([sys.executable, str(script), "--combine", saved(tmp_path / "a.json", 0.005),
+                           saved(tmp_path / "b.json", 0.02)], capture_output=True, text=True, timeout=120)
+    assert both.returncode == 0, both.stderr
+    assert "best static: Triton at 10 ms (12.00 mJ/request" in both.stdout
+    assert "0.917, 0.917 × the best static" in both.stdout
+    for args, line in ((["--static-delays", "5,x"], "--static-delays: expected delays in 0..1000 ms, comma-separated, "
+                        "got '5,x'"),
+                       (["--combine", str(tmp_path / "missing.json")], None)):
+        bad = subprocess.run([sys.executable, str(script), "--simulated", *args], capture_output=True, text=True,
+                             timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        if line:
+            assert bad.stderr.strip() == line
