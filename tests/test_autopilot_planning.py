@@ -405,3 +405,39 @@ def test_a_server_plan_is_the_servers_batcher_at_the_delay_the_slo_search_finds_
         assert low.timer_ms > 0.0
     with pytest.raises(ValueError, match="family"):
         Autopilot(p, SLO, PolicyTable(control(16), p.batch_sizes), family="tgi", solve_in="thread", energy_meter=None)
+
+
+def test_a_tighter_plan_rolled_back_gives_back_its_excess_and_rests_the_learning():
+    """A plan that a learned excess made tighter and that then did worse is rolled back, and instead of a margin
+    (which would tighten the next plans further) the excess returns to the plan put back and is not learned for
+    30 s: its smaller batches raised what no plan models (seen on real Triton with a CPU-bound model on a host a
+    second job kept busy: four excess swaps and three rollbacks in 15 s, down to batches of one)."""
+    clock = Clock()
+    solver = FakeSolver()  # plans p99 = half the target
+    ap, p = make(solver, clock=clock, window=200, grace=0, watch=1, learn=True)
+    rng = np.random.default_rng(21)
+    t = feed(ap, p.lam, 400, rng)
+    ap.observe_response(np.full(200, 34.0))  # the start plan planned 30 ms: excess 4 → 2 learned, a move < 2 ms
+    ap.observe_response(np.full(200, 38.0))  # excess 8 → 5: re-solve
+    t = feed(ap, p.lam, 5, rng, t)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    first = ap.plan
+    assert first.target_ms == pytest.approx(SLO - 5.0)
+    ap.observe_response(np.full(200, first.p99_ms))  # it holds its watch: the last good plan
+    assert not ap._watching
+    ap.observe_response(np.full(200, first.p99_ms + 20.0))  # excess 20 → 12.5: a tighter plan
+    t = feed(ap, p.lam, 5, rng, t)
+    assert ap.join(10) and ap.metrics.swaps == 2 and ap.plan.target_ms < first.target_ms
+    ap.observe_response(np.full(200, 45.0))  # and it does worse: rolled back
+    m = ap.metrics
+    assert m.rollbacks == 1 and ap.plan is first
+    assert m.excess_ms == pytest.approx(SLO - first.target_ms) and ap._margin == 0.0  # back, and no margin
+    calls = len(solver.calls)
+    for _ in range(5):  # 30 s of rest: the excess is not learned, nothing re-solves
+        clock.t += 5.0
+        ap.observe_response(np.full(200, 45.0))
+        t = feed(ap, p.lam, 5, rng, t)
+    assert ap.join(10) and len(solver.calls) == calls and ap.metrics.excess_ms == pytest.approx(SLO - first.target_ms)
+    clock.t += 6.0  # after it, learning resumes
+    ap.observe_response(np.full(200, 45.0))
+    assert ap.metrics.excess_ms > SLO - first.target_ms

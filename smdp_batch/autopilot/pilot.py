@@ -48,7 +48,8 @@ backs off the same way, 2^(kept in a row), so that stationary noise does not re-
 change of rate ends both.  A plan rolled back is not swapped in again while solves plan it within 25 % of the load it
 failed at (``blocked``, counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in
 one run); and the plans after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead),
-halved by each swap that holds.  The solve clock (``clock``, s) is made monotone: a step back counts as no time
+halved by each swap that holds — unless it planned tighter than the plan put back (a learned excess): its smaller
+batches raised what no plan models (a host short of CPU), so the excess returns to that plan's, unlearned for 30 s.  The solve clock (``clock``, s) is made monotone: a step back counts as no time
 passing; a step forward may time out a solve.  With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that clock:
 the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
@@ -91,10 +92,10 @@ _RETRY_MAX_S = 300.0
 _BLOCK_BAND, _BLOCK_MAX, _MARGIN_MAX = 0.25, 8, 0.25  # module doc: blocked band and count, margin cap (× SLO)
 _RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's λ
 _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
-_LEARN_EVERY = 100  # responses between two updates of the excess
-_LEARN_MIN = 200  # responses in the ring before the first
+_LEARN_EVERY, _LEARN_MIN = 100, 200  # responses between two updates of the excess; in the ring before the first
 _ENERGY_CHECK_EVERY = 64  # metered batches between two checks of ζ̂ against the curve of the last solve
 _EXCESS_MAX = 0.5  # the learned excess takes at most half the SLO (less the overhead budget)
+_EXCESS_REST_S = 30.0  # after a tighter plan is rolled back, the excess is not learned for this long (module doc)
 
 
 class Autopilot:
@@ -183,7 +184,7 @@ class Autopilot:
         self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
-        self._unlearned = 0  # responses since the excess was last learned
+        self._unlearned, self._rest_until = 0, -math.inf  # responses since the excess was learned; its rest (clock s)
         self._index = {b: i for i, b in enumerate(self.sizes)}
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
@@ -363,11 +364,15 @@ class Autopilot:
                 old = live.incumbent_p99_ms + max(float(np.nan_to_num(self._good_p99 - self._good.p99_ms)), 0.0)
             worse = not p99 <= old * (1.0 + self.tolerance)  # than the plan it replaced
             if p99 > limit and worse and self._previous is not None:
-                self._live, self._good, self._previous = self._previous, self._previous, None
-                self._seen, self._windows, self._watching = 0, 0, False
+                back = self._live = self._good = self._previous  # the plan put back
+                self._previous, self._seen, self._windows, self._watching = None, 0, 0, False
                 lo, hi = live.lam / (1.0 + _BLOCK_BAND), live.lam * (1.0 + _BLOCK_BAND)
                 self._blocked = [b for b in self._blocked if not _same(b[0], live)][-(_BLOCK_MAX - 1):] + [(live, lo, hi)]
-                self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
+                if live.target_ms < back.target_ms:  # planned tighter, did worse: what no plan models grew as batches shrank
+                    self._excess = min(self._excess, self.slo_ms - self.overhead_ms - back.target_ms)
+                    self._rest_until = self._now() + _EXCESS_REST_S
+                else:
+                    self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
                 self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99, blocked=[lo, hi])
             else:
                 self._watch_ok += 1
@@ -382,7 +387,7 @@ class Autopilot:
         e = self._resp.excess(min(self.window, _LEARN_MIN))
         if e is None:
             return False
-        if lam is None or abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL:
+        if lam is None or abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL or self._now() < self._rest_until:
             return True
         x = self._excess + 0.5 * (e - self._excess)
         self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
