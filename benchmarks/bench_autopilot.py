@@ -43,10 +43,10 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 * ``tuned server over the loads`` (Triton only) — Triton's batcher with the one delay the SLO optimiser tunes for
   every load of the trace at once (0.2, 1 and 3 × λ0, as ``export --load-range`` does): the static setting
   tuned for the whole trace's traffic;
-* ``Triton at X ms`` (Triton only, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and each fixed delay
-  of the grid: the static settings to find the best one in hindsight, the least energy over the trace among those
-  within 1 % over the SLO in every phase (printed after the tables; over several runs' ``--json`` files with
-  ``--combine``);
+* ``Triton at X ms`` (Triton and ``--simulated``, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and
+  each fixed delay of the grid: the static settings to find the best one in hindsight, the least energy over the
+  trace among those within 1 % over the SLO in every phase (printed after the tables; over several runs' ``--json``
+  files with ``--combine``);
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
 * ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
 
@@ -437,8 +437,8 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
 
     lam, target = LAM0["per_ms"], SLO - OVERHEAD["ms"]
     p = problem(lam, MODEL["repeat"])
-    phases = [Phase(seconds, a * lam, None if a == b else b * lam, slowdown=1.5 if k == SLOW["phase"] else 1.0, name=PHASES[k])
-              for k, (a, b) in enumerate(RATES)]
+    phases = [Phase(seconds, a * lam, None if a == b else b * lam, slowdown=1.5 if k == SLOW["phase"] else 1.0,
+                    name=PHASES[k]) for k, (a, b) in enumerate(RATES)]
     knobs = tuned("triton")
 
     def triton_at(ms: float) -> PolicyTable:  # Triton's batcher: 32 at once, else wait for the delay
@@ -545,7 +545,10 @@ def main() -> int:
         SLOW["phase"] = None
     if a.combine:
         try:
-            runs = [json.load(open(f))["triton"] for f in a.combine]
+            runs = []
+            for f in a.combine:
+                with open(f) as fh:
+                    runs.append(json.load(fh)["triton"])
         except (OSError, ValueError, KeyError) as e:
             print(f"--combine: {e} (expected this benchmark's --json files with Triton results)", file=sys.stderr)
             return 2
