@@ -98,7 +98,7 @@ SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's ba
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
 RAY_SETTINGS = [s for s in SETTINGS if s not in ("autopilot on Triton's batcher", "tuned server over the loads")]
-STATIC = "Triton at "  # --static-delays: settings "Triton at X ms", Triton's batcher at a fixed delay (hindsight's grid)
+FIXED: dict[str, float] = {}  # --static-delays: setting "Triton at X ms" → X, Triton's batcher at that fixed delay
 BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16, "loop": "half"}  # --bank: the delay grid of Triton's bank (0 and a
 # geometric run); --bank-loop: its closed loop (BANK_LOOP)
 
@@ -362,7 +362,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
 
 def static_batching(name: str) -> tuple[int, float] | None:
     """(max batch, delay µs) of a ``--static-delays`` setting ("Triton at X ms"), else None."""
-    return (32, float(name[len(STATIC):-3]) * 1e3) if name.startswith(STATIC) else None
+    return (32, FIXED[name] * 1e3) if name in FIXED else None
 
 
 def whole_trace(rows: list[dict]) -> tuple[float, float]:
@@ -376,22 +376,22 @@ def hindsight(runs: list[dict], autopilot: str = "autopilot on Triton's batcher"
     least energy over the trace among the settings within 1 % over the SLO in every phase of every run, and the
     Autopilot's energy against it, run by run."""
     names = [k for k in runs[0] if not k.startswith("_") and all(k in r for r in runs)]
+    per = {n: [whole_trace(r[n]["rows"]) for r in runs] for n in names}  # (mJ/request, worst share) per run
     lines = [f"\nbest static setting in hindsight over {len(runs)} runs (within 1 % over the SLO in every phase of "
              "every run)\n", "| setting | mJ/request per run | worst phase > SLO | meets |", "|---|---|---:|---|"]
     ok = {}
     for name in names:
-        per = [whole_trace(r[name]["rows"]) for r in runs]
-        worst = max(w for _, w in per)
+        worst = max(w for _, w in per[name])
         ok[name] = worst <= 0.01
-        lines.append(f"| {name} | {', '.join(f'{e:.2f}' for e, _ in per)} | {100 * worst:.1f} % | "
+        lines.append(f"| {name} | {', '.join(f'{e:.2f}' for e, _ in per[name])} | {100 * worst:.1f} % | "
                      f"{'yes' if ok[name] else 'no'} |")
     static = [n for n in names if n != autopilot and not n.startswith("autopilot") and ok[n]]
     if not static or autopilot not in names:
         return "\n".join(lines + ["", "no static setting met the SLO in every phase of every run"
                                    if not static else f"no {autopilot!r} in these runs"])
-    mean = {n: float(np.mean([whole_trace(r[n]["rows"])[0] for r in runs])) for n in static + [autopilot]}
+    mean = {n: float(np.mean([e for e, _ in per[n]])) for n in static + [autopilot]}
     best = min(static, key=mean.get)
-    ratio = [whole_trace(r[autopilot]["rows"])[0] / whole_trace(r[best]["rows"])[0] for r in runs]
+    ratio = [a / b for (a, _), (b, _) in zip(per[autopilot], per[best])]
     lines.append(f"\nbest static: {best} ({mean[best]:.2f} mJ/request, mean of runs); {autopilot}: "
                  f"{mean[autopilot]:.2f} mJ/request, {', '.join(f'{x:.3f}' for x in ratio)} × the best static "
                  "run by run")
@@ -564,7 +564,8 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         for x in grid:
-            name = f"{STATIC}{x:g} ms"
+            name = f"Triton at {x:g} ms"
+            FIXED[name] = x
             SETTINGS.append(name)
             SIM_SETTINGS.append(name)
             KIND[name] = "none"
@@ -586,15 +587,15 @@ def main() -> int:
         return 2
     if a.only:
         keep = picked(a.only, SIM_SETTINGS if a.simulated else SETTINGS)
-        SETTINGS[:] = [x for x in SETTINGS if x in keep or x.startswith(STATIC)]
-        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep or x.startswith(STATIC)]
+        SETTINGS[:] = [x for x in SETTINGS if x in keep or x in FIXED]
+        SIM_SETTINGS[:] = [x for x in SIM_SETTINGS if x in keep or x in FIXED]
     else:
         SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
     if a.simulated:
         t0 = time.perf_counter()
         res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
         print(sim_table(res, a.sim_outside_ms, a.sim_solve_seconds))
-        if any(x.startswith(STATIC) for x in SIM_SETTINGS):
+        if FIXED:
             print(hindsight([{k: {"rows": res[k]["rows"][i]} for k in SIM_SETTINGS} for i in range(a.repeats)]))
         print(f"\n{time.perf_counter() - t0:.0f} s in all")
         if a.json:
@@ -610,7 +611,7 @@ def main() -> int:
             results[server] = (run_ray if server == "ray" else run_triton)(arr, phase, a.phase_seconds, tmp)
     for server, res in results.items():
         print(table(server, res))
-    if "triton" in results and any(x.startswith(STATIC) for x in SETTINGS):
+    if "triton" in results and FIXED:
         print(hindsight([results["triton"]]))
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if a.json:
