@@ -331,6 +331,39 @@ def test_after_a_rollback_the_next_plans_keep_a_margin_halved_by_each_swap_that_
     assert not ap._watching and ap.metrics.target_p99_ms == pytest.approx(SLO - 0.125 * SLO)
 
 
+def test_a_rollback_to_a_plan_made_for_another_load_re_solves_at_once_with_the_margin():
+    """The plan put back was made for the load before a 3× step.  Once the load ends (or a replica stops being
+    polled) no arrival would ask for a solve again, and the server would keep a plan for a third of its traffic: the
+    rollback itself asks for one at λ̂, with the margin of the overshoot (seen on Ray Serve in CI: a swap at 90/s
+    rolled back to the 30/s plan on a starved host, near the end of the load)."""
+    solver = FakeSolver()
+    ap, p = make(solver, window=200, grace=50, rate_tol=0.25)
+    _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    failed, calls = ap.plan, len(solver.calls)
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)  # breaks the SLO: rolled back to the plan for λ
+    assert ap.metrics.rollbacks == 1 and ap.plan.lam == p.lam
+    ap.poll()  # the next hook, with no arrival
+    assert ap.join(10) and len(solver.calls) == calls + 1
+    _, target, lams = solver.calls[-1]
+    assert target == pytest.approx(0.75 * SLO) and lams[0] == pytest.approx(failed.lam, rel=0.05)  # λ̂ again, with the margin
+    assert ap.metrics.swaps == 2 and ap.plan.lam == pytest.approx(failed.lam, rel=0.05) and ap.plan.spec != failed.spec
+
+
+def test_a_rollback_at_the_load_the_plan_put_back_was_made_for_asks_for_no_solve():
+    ap, p = make(FakeSolver(), window=200, grace=50, rate_tol=0.25)
+    ap.observe_response(np.full(250, 20.0))  # the grace, then the start plan's window
+    rng = np.random.default_rng(5)
+    feed(ap, p.lam, 300, rng)
+    ap._trigger("service")  # a service drift at the same load: a swap
+    ap.poll()
+    assert ap.join(10) and ap.metrics.swaps == 1 and ap.plan.lam == pytest.approx(ap.rate.rate)
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)
+    assert ap.metrics.rollbacks == 1 and ap._dirty is None
+
+
 def test_a_swap_that_holds_the_slo_becomes_the_last_good_table():
     ap, p = make(FakeSolver(), window=200, grace=50, watch=2)
     _step(ap, p)

@@ -51,10 +51,12 @@ def _replica_rates(entered: dict, n: int) -> tuple[float, float]:
     return 149.0 / (t[149] - t[0]), (n - 151.0) / (t[-1] - t[150])
 
 
-def _check_swap(m: dict, seen: tuple[float, float] | None = None):
+def _check_swap(m: dict, seen: tuple[float, float] | None = None, events: list | None = None):
     """The Autopilot re-solved and swapped to a table planned for the new load.  ``seen``: the server's own
     view of the rates before and after the step (where the server reports it); the estimate is judged
-    against it, and the load is checked to have reached the server as a step at all."""
+    against it, and the load is checked to have reached the server as a step at all.  ``events``: the
+    Autopilot's event lines (where the server reports them): a rollback after the swap is then allowed
+    where the served p99 broke the SLO under the new table (a starved host), the swap having planned the step."""
     why = f"metrics {m}, rates seen by the server (1/ms): {seen}"
     if seen is not None and not seen[1] > 1.5 * seen[0]:
         # measured beside two busy processes: the replica saw 16/s before and 14/s after (its event loop and
@@ -62,7 +64,14 @@ def _check_swap(m: dict, seen: tuple[float, float] | None = None):
         pytest.skip(f"the machine was too busy for the load to reach the server as a step: {why}")
     assert m["failed_solves"] == 0 and m["rejected_inputs"] == 0, why
     assert m["solves"] >= 1 and m["swaps"] >= 1, why  # the step was found and the new table went live
-    assert m["planned_lam"] > 1.5 * LAM, why  # the live table was solved for the new traffic, not the old
+    rolled = [e for e in events or () if e["event"] == "rollback"]
+    if rolled and m["planned_lam"] <= 1.5 * LAM:
+        # the new table went live and the served p99 broke the SLO by more than the 10 % tolerance under it (a CI
+        # host: 129 ms), so the table before it was put back and the load ended before the next solve ran
+        assert all(e["observed_p99_ms"] > 1.1 * SLO for e in rolled), why
+        assert any(e["event"] == "swap" and e["lam"] > 1.5 * LAM for e in events or ()), why
+    else:
+        assert m["planned_lam"] > 1.5 * LAM, why  # the live table was solved for the new traffic, not the old
     if seen is None:
         assert m["lam_hat"] > 2.0 * LAM, why  # the estimate followed the step (90/s asked)
     else:  # it rose with what the server saw (no upper bound: a last clump of arrivals let in at once by a starved
@@ -86,7 +95,8 @@ def _ray_step(arr, name: str, make, live_knobs: bool = False, then=None) -> dict
         sent, done, results, errors = asyncio.run(main())
         out = {"results": results, "errors": errors, "m": _settled(lambda: h.metrics.remote().result(timeout_s=60)),
                "batches": h.batches.remote().result(timeout_s=60),
-               "entered": {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)}}
+               "entered": {i: t_in for i, t_in, _ in h.served_times.remote().result(timeout_s=60)},
+               "events": h.autopilot_events.remote().result(timeout_s=60)}
         out["then"] = then(h) if then is not None else None
     results, batches = out["results"], out["batches"]
     assert out["errors"] == 0 and all(r is not None for r in results)
@@ -94,7 +104,7 @@ def _ray_step(arr, name: str, make, live_knobs: bool = False, then=None) -> dict
     assert [float(r[2][0]) for r in results] == [float(i) for i in range(arr.size)]  # and its own output
     assert sum(b for b, _, _ in batches) == arr.size  # every request in exactly one batch
     assert max(b for b, _, _ in batches) > 1  # it batched
-    _check_swap(out["m"], _replica_rates(out["entered"], arr.size))
+    _check_swap(out["m"], _replica_rates(out["entered"], arr.size), out["events"])
     assert out["m"]["responses_from"] == "served"  # the replica's record (entry → answer) reached it
     return out
 

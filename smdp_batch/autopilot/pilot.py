@@ -30,28 +30,30 @@ every batch is decided wholly by one table.
 
 Rollback: after a swap, the response times of the next requests (after ``grace`` of them) are watched in windows of
 ``window``; a window whose p99 exceeds SLO − ``overhead_ms``, and the plan it replaced, each by more than ``tolerance``,
-puts that plan back, judged at this load: simulated here (the default solver gives it) plus the excess its last
-window showed over its plan; else its last window.  ``watch`` clean windows later the new plan is the last good.
+puts that plan back, judged at this load: simulated here (the default solver gives it) plus the excess its last window
+showed over its plan; else its last window.  ``watch`` clean windows later the new plan is the last good.  A plan put
+back that was made for another load (λ̂'s band excludes its λ) is re-planned by a solve due at once, with the margin.
 
 When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the solver's best
 effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers the greedy table when
 its simulated p99 at λ̂ is below the live plan's, since a plan made for another load is the worse effort (the rollback
 watch then judges it as any swap).
 
-Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch
-sizes) or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most
-``max_threads`` run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the
-stable rate Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in :class:`AutopilotMetrics`
-and logged as one JSON line on the ``smdp_batch`` logger.  A failed or infeasible solve (or an out-of-range estimate)
-is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan
-backs off the same way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a
-change of rate ends both.  A plan rolled back is not swapped in again while solves plan it within 25 % of the load it
-failed at (``blocked``, counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in
-one run); and the plans after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead),
-halved by each swap that holds — unless it planned tighter than the plan put back (a learned excess): its smaller
-batches raised what no plan models (a host short of CPU), so the excess returns to that plan's, unlearned for 30 s.  The solve clock (``clock``, s) is made monotone: a step back counts as no time
-passing; a step forward may time out a solve.  With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that clock:
-the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
+Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch sizes)
+or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
+run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the stable rate
+Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in :class:`AutopilotMetrics` and logged as
+one JSON line on the ``smdp_batch`` logger.  A failed or infeasible solve (or an out-of-range estimate) is retried after
+max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan backs off the same
+way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a change of rate ends both.
+A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
+counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
+after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that
+holds — unless it planned tighter than the plan put back (a learned excess): its smaller batches raised what no plan
+models (a host short of CPU), so the excess returns to that plan's, unlearned for 30 s.  The solve clock (``clock``, s)
+is made monotone: a step back counts as no time passing; a step forward may time out a solve.  With ``solve_in="clock"``
+a solve takes ``solve_seconds`` of that clock: the Autopilot runs inside the simulator on a simulated clock
+(:mod:`~smdp_batch.autopilot.simulated`).
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba,
 scipy) in the solve process, the first plan's too (a full garbage collection over numba's objects in the serving
@@ -169,8 +171,7 @@ class Autopilot:
         self.rate = rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
         self.energy = energy or EnergyEstimator(self.sizes, problem.energy_mj())
-        self.meter = open_meter(energy_meter, self.sizes, problem)
-        self.energy_tol = float(energy_tol)
+        self.meter, self.energy_tol = open_meter(energy_meter, self.sizes, problem), float(energy_tol)
         self._zeta_ref = np.asarray(problem.energy_mj(), dtype=np.float64)  # ζ(b) of the last solve (mJ)
         self._metered, self._clock, self._tlast, self._offset = 0, clock, -math.inf, 0.0  # batches metered; the clock
         self._lock = threading.RLock()
@@ -192,8 +193,7 @@ class Autopilot:
         self._excess, self._arrivals, self._margin = 0.0, 0, 0.0  # learned excess (ms); arrivals since a λ̂ check; margin
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
                        best_effort=0, kept=0)
-        self._hook_errors, self._proc = 0, None  # hook calls whose body raised (counted, logged); the solve process
-        self._last_solve_s, self._event = math.nan, "start"
+        self._hook_errors, self._proc, self._last_solve_s, self._event = 0, None, math.nan, "start"  # hooks that raised
         self.solve_in, fallback = solve_in or ("process" if solver is None else "thread"), None
         args = (problem, self._target(), [float(problem.lam)])
         if self.solve_in == "process":  # with a table given, a warm-up solve loads the default solver's kernels now
@@ -266,16 +266,15 @@ class Autopilot:
             self._trigger("rate")
         else:
             self._arrivals = (self._arrivals + 1) % _RATE_CHECK_EVERY
-            if self._arrivals == 0:
-                self._check_rate()
+            if self._arrivals == 0 and self._off_rate(self._live):  # a slow change the change test misses (a ramp)
+                self._trigger("rate")
         self.poll()
 
-    def _check_rate(self) -> None:
-        """A slow change the change test misses (a ramp): λ̂'s band excludes the plan's λ, by more than rate_tol."""
-        lam, band, live = self.rate.rate, self.rate.band(), self._live
-        if lam is not None and band is not None and self.rate.samples >= self.min_samples \
-                and not band[0] <= live.lam <= band[1] and abs(lam / live.lam - 1.0) > self.rate_tol:
-            self._trigger("rate")
+    def _off_rate(self, plan: Plan) -> bool:
+        """Whether λ̂'s band excludes the plan's λ, by more than ``rate_tol``."""
+        lam, band = self.rate.rate, self.rate.band()
+        return lam is not None and band is not None and self.rate.samples >= self.min_samples \
+            and not band[0] <= plan.lam <= band[1] and abs(lam / plan.lam - 1.0) > self.rate_tol
 
     @_never_raises
     def observe_batch(self, b: Any, seconds: Any, ok: bool = True) -> None:
@@ -373,6 +372,7 @@ class Autopilot:
                     self._rest_until = self._now() + _EXCESS_REST_S
                 else:
                     self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
+                self._dirty = self._dirty or ("rollback" if self._off_rate(back) else None)  # planned for another load
                 self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99, blocked=[lo, hi])
             else:
                 self._watch_ok += 1
@@ -424,8 +424,8 @@ class Autopilot:
         log.log(level, "autopilot %s", json.dumps(line, sort_keys=True, default=str))
 
     def poll(self) -> None:
-        """Run the solve schedule now (every hook does): hand over a solve that has ended (``solve_in="clock"``),
-        time out one past ``budget_s``, start one that is due."""
+        """Run the solve schedule now (the arrival and batch hooks do): hand over a solve that has ended
+        (``solve_in="clock"``), time out one past ``budget_s``, start one that is due."""
         try:
             with self._lock:
                 now, job = self._now(), self._job
