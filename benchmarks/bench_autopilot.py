@@ -292,8 +292,7 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
 def run_triton(arr, phase, seconds, tmp) -> dict:
     import dataclasses
 
-    from smdp_batch.autopilot import Autopilot
-    from smdp_batch.integrations.ray_serve import _EventLog
+    from smdp_batch.autopilot import Autopilot, EventLog
     from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load
     from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank_models
 
@@ -324,7 +323,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
             views: list = []
             pilot = router = events = None
             if key in banks:
-                events = _EventLog()
+                events = EventLog()
                 pilot = Autopilot(problem(LAM0["per_ms"], MODEL["repeat"]), SLO, min_samples=100, overhead_ms=0.0,
                                   family="triton", learn=True, energy_meter=None,
                                   control=BANK_LOOP[BANK["loop"]]())
@@ -341,6 +340,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
                 pilot.join(30.0)
                 router.poll(force=True)
                 m = {**dataclasses.asdict(pilot.metrics), **router.stats(), "events": events.lines()}
+                events.close()
                 pilot.close()
                 batches = sorted((b, t0, t1) for n in banks[key] for b, _, t0, t1 in srv.batches(n))
             else:

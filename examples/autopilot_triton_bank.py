@@ -24,9 +24,8 @@ sys.path.insert(0, ROOT)
 
 from examples.autopilot_common import problem  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
-from smdp_batch.autopilot import Autopilot  # noqa: E402
+from smdp_batch.autopilot import Autopilot, EventLog  # noqa: E402
 from smdp_batch.autopilot.control import TimerControl  # noqa: E402
-from smdp_batch.integrations.ray_serve import _EventLog  # noqa: E402
 from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, AutopilotTriton, run_load  # noqa: E402
 from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank_models  # noqa: E402
 
@@ -37,7 +36,7 @@ def main() -> None:
                                sys_path=(ROOT,))  # (infer, None): the plain model, batched by Triton
     delays = bank_delays_us(4.0, 40.0, 12)
     members = bank_models(model, 32, delays)
-    events = _EventLog()
+    events = EventLog()
     pilot = Autopilot(problem(LAM), SLO, min_samples=100, family="triton", learn=True, energy_meter=None,
                       control=TimerControl(target_share=0.005))
     try:
@@ -49,6 +48,7 @@ def main() -> None:
             router.poll(force=True)
     finally:
         pilot.close()
+        events.close()
     for e in events.lines():
         print("autopilot", {k: e[k] for k in ("event", "reason", "setting", "timer_ms") if k in e})
     lat = (done - sent) * 1e3

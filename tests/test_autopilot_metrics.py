@@ -216,3 +216,40 @@ def test_without_prometheus_client_the_import_names_the_extra(monkeypatch):
                    "pip install 'smdp-batch[metrics]'")
     assert len(msg.splitlines()) == 1
     import smdp_batch.autopilot.pilot  # noqa: F401 - the Autopilot itself needs no extra
+
+
+def test_the_event_log_collects_the_autopilots_lines_until_closed_and_puts_the_logger_back():
+    import logging
+
+    from smdp_batch.autopilot import EventLog
+
+    logger = logging.getLogger("smdp_batch")
+    level, handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.WARNING)  # quieter than the events: the log lets INFO through while it collects
+    try:
+        with EventLog(keep=3) as log:
+            assert logger.getEffectiveLevel() == logging.INFO
+            for i in range(5):
+                logger.info('autopilot {"event": "swap", "live_table": %d}', i)
+            logger.info("autopilot {not json")  # only looks like one: left out
+            logger.info("something else")
+        logger.info('autopilot {"event": "swap", "live_table": 9}')  # after close: not collected
+        assert [e["live_table"] for e in log.lines()] == [2, 3, 4]  # the latest ``keep``
+        assert all(isinstance(e["wall_s"], float) for e in log.lines())
+        assert logger.level == logging.WARNING and logger.handlers == handlers
+        log.close()  # twice is harmless
+    finally:
+        logger.setLevel(level)
+
+
+def test_an_autopilots_events_reach_the_event_log():
+    from smdp_batch.autopilot import EventLog
+
+    with EventLog() as log:
+        ap, p = make()
+        rng = np.random.default_rng(3)
+        t = feed(ap, p.lam, 1000, rng)
+        feed(ap, 3 * p.lam, 600, rng, t)
+        assert ap.join(10)
+    swaps = [e for e in log.lines() if e["event"] == "swap"]
+    assert len(swaps) == ap.metrics.swaps >= 1 and swaps[-1]["live_table"] == ap.metrics.live_table

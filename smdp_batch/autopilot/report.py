@@ -1,12 +1,77 @@
 """What the Autopilot reports: :class:`AutopilotMetrics`, one snapshot of its counters and estimates (read by
-``Autopilot.metrics``, exported by :mod:`~smdp_batch.autopilot.prometheus`).  Units: ms, W, mJ, 1/ms."""
+``Autopilot.metrics``, exported by :mod:`~smdp_batch.autopilot.prometheus`), and :class:`EventLog`, its event lines
+(a swap, a kept plan, a rollback, a failed solve: one JSON line each on the ``smdp_batch`` logger) collected as
+dicts.  Units: ms, W, mJ, 1/ms."""
 
 from __future__ import annotations
 
+import collections
+import json
+import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["AutopilotMetrics"]
+__all__ = ["AutopilotMetrics", "EventLog"]
+
+#: What starts each event line on the ``smdp_batch`` logger: ``autopilot {"event": …, …}``.
+EVENT_PREFIX = "autopilot "
+
+
+class _Collect(logging.Handler):
+    def __init__(self, lines: collections.deque):
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith(EVENT_PREFIX):
+            try:
+                self.lines.append({**json.loads(msg[len(EVENT_PREFIX):]), "wall_s": record.created})
+            except ValueError:  # a line that only looks like one
+                pass
+
+
+class EventLog:
+    """The latest ``keep`` Autopilot event lines of this process, from now until :meth:`close` (or the end of a
+    ``with`` block), each a dict of its JSON fields plus ``wall_s``, when it was logged (``time.time()`` s).
+
+    It lets the ``smdp_batch`` logger pass INFO where it was set quieter (the events are INFO; failures WARNING),
+    and puts the logger's level back on close.
+
+    >>> from smdp_batch.autopilot.report import EventLog
+    >>> import logging
+    >>> with EventLog() as log:
+    ...     logging.getLogger("smdp_batch").info('autopilot {"event": "swap", "live_table": 2}')
+    >>> for e in log.lines():
+    ...     print(e["event"], e["live_table"])
+    swap 2
+    """
+
+    def __init__(self, keep: int = 1000):
+        self._lines: collections.deque = collections.deque(maxlen=int(keep))
+        self._handler = _Collect(self._lines)
+        self._logger = logging.getLogger("smdp_batch")
+        self._level = self._logger.level
+        self._logger.addHandler(self._handler)
+        if self._logger.getEffectiveLevel() > logging.INFO:
+            self._logger.setLevel(logging.INFO)
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The lines collected so far, oldest first."""
+        return list(self._lines)
+
+    def close(self) -> None:
+        """Stop collecting (the lines stay readable)."""
+        if self._handler in self._logger.handlers:
+            self._logger.removeHandler(self._handler)
+            self._logger.setLevel(self._level)
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..autopilot.report import EventLog
 from ..errors import InputError
 from ..extras import require
 from ..runtime import DynamicBatcher
@@ -162,36 +163,6 @@ def stub_deployment(name: str, latency_ms: dict, scale: float, *, table=None, ma
     return Stub.bind()  # type: ignore[attr-defined]  # added by serve.deployment
 
 
-class _EventLog:
-    """The latest ``keep`` Autopilot event lines of the ``smdp_batch`` logger (JSON dicts, each with ``wall_s``: when
-    it was logged, ``time.time()`` s), from now on."""
-
-    def __init__(self, keep: int = 1000):
-        import collections
-        import json
-        import logging
-
-        self._lines: collections.deque = collections.deque(maxlen=keep)
-        events = self._lines
-
-        class Handler(logging.Handler):
-            def emit(self, record):
-                msg = record.getMessage()
-                if msg.startswith("autopilot "):
-                    try:
-                        events.append({**json.loads(msg[len("autopilot "):]), "wall_s": record.created})
-                    except ValueError:
-                        pass
-
-        logger = logging.getLogger("smdp_batch")
-        logger.addHandler(Handler(logging.INFO))
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
-
-    def lines(self) -> list:
-        return list(self._lines)
-
-
 def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: float | str | None = "auto",
                          serve_batch: tuple[int, float] | None = None, num_cpus: float = 0, live_knobs: bool = False):
     """A Ray Serve application whose batches an Autopilot forms, built in the replica by ``make()``.
@@ -223,7 +194,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     @serve.deployment(name=name, num_replicas=1, max_ongoing_requests=10_000, ray_actor_options={"num_cpus": num_cpus})
     class AutopilotModel:
         def __init__(self):
-            self.events = _EventLog()
+            self.events = EventLog()
             infer, self.pilot = make()
             self.log: list = []
             self.served: collections.deque = collections.deque(maxlen=200_000)

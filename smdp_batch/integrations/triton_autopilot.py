@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
+from ..autopilot.report import EventLog
 from ..errors import InputError
 from ..extras import require
-from .ray_serve import _EventLog
 from .triton import TritonServer
 
 __all__ = ["AutopilotModelSpec", "AutopilotTriton", "run_load", "sleep_model", "sleep_pilot", "TritonPythonModel"]
@@ -278,7 +278,7 @@ class TritonPythonModel:
         for p in json.loads(params["sys_path"]):
             if p not in sys.path:
                 sys.path.insert(0, p)
-        self.events = _EventLog()
+        self.events = EventLog()
         infer, self.pilot = _load(params["factory"])(**json.loads(params["kwargs"]))
         self.is_async = asyncio.iscoroutinefunction(infer)
         self.infer = infer
