@@ -44,9 +44,10 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
   every load of the trace at once (0.2, 1 and 3 × λ0, as ``export --load-range`` does): the static setting
   tuned for the whole trace's traffic;
 * ``Triton at X ms`` (Triton and ``--simulated``, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and
-  each fixed delay of the grid: the static settings to find the best one in hindsight, the least energy over the
-  trace among those within 1 % over the SLO in every phase (printed after the tables; over several runs' ``--json``
-  files with ``--combine``);
+  each fixed delay of the grid, and ``Ray at X ms`` (Ray) Ray's ``serve.batch`` at max batch 32 and that
+  ``batch_wait_timeout_s``: the static settings to find the best one in hindsight, the least energy over the trace
+  among those within 1 % over the SLO in every phase, against the Autopilot retiming that server's own batcher
+  (printed after the tables; over several runs' ``--json`` files with ``--combine``);
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
 * ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
 
@@ -98,7 +99,11 @@ SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's ba
             "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
 EXTRA = SETTINGS[-2:]  # run only when --only names them
 RAY_SETTINGS = [s for s in SETTINGS if s not in ("autopilot on Triton's batcher", "tuned server over the loads")]
-FIXED: dict[str, float] = {}  # --static-delays: setting "Triton at X ms" → X, Triton's batcher at that fixed delay
+FIXED: dict[str, float] = {}  # --static-delays: setting "Triton at X ms" / "Ray at X ms" → X, that server's own
+# batcher at that fixed delay (Triton's max_queue_delay, Ray's batch_wait_timeout_s)
+STATIC_PREFIX = {"triton": "Triton at ", "ray": "Ray at "}  # the fixed-delay settings of each server
+AUTOPILOT_OF = {"triton": "autopilot on Triton's batcher", "ray": "autopilot on Ray's batcher"}  # each server's own
+# batcher retimed by the Autopilot: what --static-delays' best static setting in hindsight is compared with
 BANK = {"lo_ms": 8.0, "hi_ms": 48.0, "count": 16, "loop": "half"}  # --bank: the delay grid of Triton's bank (0 and a
 # geometric run); --bank-loop: its closed loop (BANK_LOOP)
 
@@ -260,11 +265,12 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
     x = np.zeros(256, np.float32)
     out = {"_tuned": knobs["spec"]}
     with RayServe(num_cpus=2) as rs:
-        for i, name in enumerate(s for s in SETTINGS if s in RAY_SETTINGS):
+        for i, name in enumerate(s for s in SETTINGS if s in RAY_SETTINGS or s.startswith(STATIC_PREFIX["ray"])):
             slow = os.path.join(tmp, f"ray{i}.slow")
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
-            sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else None
+            sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else \
+                (32, FIXED[name] / 1e3) if name in FIXED else None
             live = KIND[name].startswith("autopilot-ray")
             h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb, live_knobs=live), f"s{i}")
             if KIND[name] == "autopilot-ray-client":
@@ -300,7 +306,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
     wide = tuned("triton", TRACE_LOADS) if "tuned server over the loads" in SETTINGS else knobs
     out = {"_tuned": knobs["spec"], "_tuned_wide": wide["spec"]}
     specs, banks = {}, {}
-    names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")]  # Ray's live knobs: Ray only
+    names = [x for x in SETTINGS if not KIND[x].startswith("autopilot-ray")  # Ray's live knobs and delays: Ray only
+             and not x.startswith(STATIC_PREFIX["ray"])]
     delays = bank_delays_us(BANK["lo_ms"], BANK["hi_ms"], BANK["count"])
     for i, name in enumerate(names):
         bank = KIND[name] == "autopilot-triton"  # the members are the plain model; the Autopilot is in this process
@@ -371,14 +378,15 @@ def whole_trace(rows: list[dict]) -> tuple[float, float]:
     return sum(r["mj_per_request"] * r["requests"] for r in rows) / n, max(r["over_slo"] for r in rows)
 
 
-def hindsight(runs: list[dict], autopilot: str = "autopilot on Triton's batcher") -> str:
-    """The best static setting in hindsight over ``runs`` (each run's Triton results, the same settings): the
+def hindsight(runs: list[dict], server: str = "triton") -> str:
+    """The best static setting in hindsight over ``runs`` (each run's results on ``server``, the same settings): the
     least energy over the trace among the settings within 1 % over the SLO in every phase of every run, and the
-    Autopilot's energy against it, run by run."""
+    energy of the Autopilot retiming that server's own batcher against it, run by run."""
+    autopilot = AUTOPILOT_OF[server]
     names = [k for k in runs[0] if not k.startswith("_") and all(k in r for r in runs)]
     per = {n: [whole_trace(r[n]["rows"]) for r in runs] for n in names}  # (mJ/request, worst share) per run
-    lines = [f"\nbest static setting in hindsight over {len(runs)} runs (within 1 % over the SLO in every phase of "
-             "every run)\n", "| setting | mJ/request per run | worst phase > SLO | meets |", "|---|---|---:|---|"]
+    lines = [f"\nbest static setting on {server} in hindsight over {len(runs)} runs (within 1 % over the SLO in every "
+             "phase of every run)\n", "| setting | mJ/request per run | worst phase > SLO | meets |", "|---|---|---:|---|"]
     ok = {}
     for name in names:
         worst = max(w for _, w in per[name])
@@ -548,11 +556,16 @@ def main() -> int:
             runs = []
             for f in a.combine:
                 with open(f) as fh:
-                    runs.append(json.load(fh)["triton"])
-        except (OSError, ValueError, KeyError) as e:
-            print(f"--combine: {e} (expected this benchmark's --json files with Triton results)", file=sys.stderr)
+                    runs.append(json.load(fh))
+            servers = [x for x in AUTOPILOT_OF if all(isinstance(r, dict) and x in r for r in runs)]
+            if not servers:
+                raise ValueError("no server's results in every file")
+        except (OSError, ValueError) as e:
+            print(f"--combine: {e} (expected this benchmark's --json files of runs on the same server)",
+                  file=sys.stderr)
             return 2
-        print(hindsight(runs))
+        for server in servers:
+            print(hindsight([r[server] for r in runs], server))
         return 0
     if a.static_delays:
         try:
@@ -564,11 +577,13 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         for x in grid:
-            name = f"Triton at {x:g} ms"
-            FIXED[name] = x
-            SETTINGS.append(name)
-            SIM_SETTINGS.append(name)
-            KIND[name] = "none"
+            for server, prefix in STATIC_PREFIX.items():
+                name = f"{prefix}{x:g} ms"
+                FIXED[name] = x
+                SETTINGS.append(name)
+                KIND[name] = "none"
+                if server == "triton":  # the simulator runs Triton's rule
+                    SIM_SETTINGS.append(name)
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
         a.model, 1)
     from smdp_batch.errors import InputError
@@ -611,8 +626,9 @@ def main() -> int:
             results[server] = (run_ray if server == "ray" else run_triton)(arr, phase, a.phase_seconds, tmp)
     for server, res in results.items():
         print(table(server, res))
-    if "triton" in results and FIXED:
-        print(hindsight([results["triton"]]))
+    if FIXED:
+        for server, res in results.items():
+            print(hindsight([res], server))
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if a.json:
         with open(a.json, "w") as f:

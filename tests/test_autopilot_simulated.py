@@ -292,19 +292,26 @@ def test_bench_autopilot_finds_the_best_static_setting_in_hindsight(tmp_path):
                           "--stationary", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| 1 steady | Triton at 5 ms |" in run.stdout and "| 4 steady | Triton at 30 ms |" in run.stdout
-    assert "slow" not in run.stdout and "best static setting in hindsight over 1 runs" in run.stdout
+    assert "slow" not in run.stdout and "best static setting on triton in hindsight over 1 runs" in run.stdout
+    assert "Ray at" not in run.stdout  # the simulator runs Triton's rule
     res = json.loads(out.read_text())
     rows = {k: v["rows"][0] for k, v in res.items() if not k.startswith("_")}
     energy = {k: sum(r["mj_per_request"] * r["requests"] for r in v) / sum(r["requests"] for r in v)
               for k, v in rows.items()}
     assert energy["Triton at 30 ms"] < energy["Triton at 5 ms"]  # the longer delay batches more
-    # --combine over two saved runs with a made-up Triton result: the one within 1 % everywhere wins
-    def saved(path, over):
+    # --combine over two saved runs with made-up results: the one within 1 % everywhere wins, on each server the
+    # runs share (Ray's statics against the Autopilot on Ray's batcher)
+    def saved(path, over, ray=True):
         row = {"requests": 100, "over_slo": 0.0, "mj_per_request": 10.0}
-        runs = {"autopilot on Triton's batcher": {"rows": [dict(row, mj_per_request=11.0)] * 5},
-                "Triton at 10 ms": {"rows": [dict(row, mj_per_request=12.0)] * 5},
-                "Triton at 20 ms": {"rows": [dict(row, over_slo=over)] * 5}}
-        path.write_text(json.dumps({"triton": runs}))
+        res = {"triton": {"autopilot on Triton's batcher": {"rows": [dict(row, mj_per_request=11.0)] * 5},
+                          "Triton at 10 ms": {"rows": [dict(row, mj_per_request=12.0)] * 5},
+                          "Triton at 20 ms": {"rows": [dict(row, over_slo=over)] * 5}},
+               "ray": {"autopilot on Ray's batcher": {"rows": [dict(row, mj_per_request=9.0)] * 5},
+                       "Ray at 15 ms": {"rows": [dict(row, mj_per_request=10.0)] * 5},
+                       "Ray at 25 ms": {"rows": [dict(row, over_slo=over, mj_per_request=8.0)] * 5}}}
+        if not ray:
+            del res["ray"]
+        path.write_text(json.dumps(res))
         return str(path)
 
     both = subprocess.run([sys.executable, str(script), "--combine", saved(tmp_path / "a.json", 0.005),
@@ -312,6 +319,11 @@ def test_bench_autopilot_finds_the_best_static_setting_in_hindsight(tmp_path):
     assert both.returncode == 0, both.stderr
     assert "best static: Triton at 10 ms (12.00 mJ/request" in both.stdout
     assert "0.917, 0.917 × the best static" in both.stdout
+    assert "best static setting on ray in hindsight over 2 runs" in both.stdout
+    assert "best static: Ray at 15 ms (10.00 mJ/request" in both.stdout and "0.900, 0.900 × the best static" in both.stdout
+    one = subprocess.run([sys.executable, str(script), "--combine", saved(tmp_path / "c.json", 0.0),
+                          saved(tmp_path / "d.json", 0.0, ray=False)], capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and "on triton" in one.stdout and "on ray" not in one.stdout  # Ray not in every file
     for args, line in ((["--static-delays", "5,x"], "--static-delays: expected delays in 0..1000 ms, comma-separated, "
                         "got '5,x'"),
                        (["--combine", str(tmp_path / "missing.json")], None)):
