@@ -8,7 +8,7 @@
     python benchmarks/bench_autopilot.py --servers triton --model standin --phase-seconds 20 --seed 0 \
         --only "autopilot on Triton's batcher" --static-delays 22,25,28,31 --json s0.json   # ≈ 9 min
     python benchmarks/bench_autopilot.py --servers ray --model standin --lam 0.05 --phase-seconds 20 --overhead-ms 15 \
-        --only "autopilot on Ray's batcher" --static-delays 20,24,28 --seed 0 --json r0.json   # ≈ 8 min
+        --only "autopilot on Ray's batcher" --static-delays 24,28,32,36 --seed 0 --json r0.json   # ≈ 10 min
     python benchmarks/bench_autopilot.py --combine s0.json s1.json s2.json   # the best static in hindsight
     python benchmarks/bench_autopilot.py --servers triton --model standin --stationary --phase-seconds 12 \
         --only "autopilot on Triton's batcher"   # 60 s of stationary traffic: does it re-solve for the service?
@@ -48,8 +48,8 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
 * ``Triton at X ms`` (Triton and ``--simulated``, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and
   each fixed delay of the grid, and ``Ray at X ms`` (Ray) Ray's ``serve.batch`` at max batch 32 and that
   ``batch_wait_timeout_s``: the static settings to find the best one in hindsight, the least energy over the trace
-  among those within 1 % over the SLO in every phase, against the Autopilot retiming that server's own batcher
-  (printed after the tables; over several runs' ``--json`` files with ``--combine``);
+  among those within 1 % over the SLO in every phase, against each Autopilot setting of the run (printed after the
+  tables; over several runs' ``--json`` files with ``--combine``, for each server the files share);
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
 * ``static table`` — the Autopilot's first table (solved for λ0), never re-solved.
 

@@ -22,5 +22,5 @@ from .pilot import Autopilot
 from .report import AutopilotMetrics, EventLog
 from .plan import Plan, slo_plan
 
-__all__ = ["Autopilot", "AutopilotMetrics", "EventLog", "Plan", "slo_plan", "EnergyEstimator", "RateChange", "ServiceEstimator",
-           "EnergyMeter", "PowerRegression", "nvml_meter", "open_meter"]
+__all__ = ["Autopilot", "AutopilotMetrics", "EventLog", "Plan", "slo_plan", "EnergyEstimator", "RateChange",
+           "ServiceEstimator", "EnergyMeter", "PowerRegression", "nvml_meter", "open_meter"]
