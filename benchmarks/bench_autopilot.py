@@ -17,7 +17,8 @@ The trace (open-loop Poisson at λ0 requests/ms, ``--lam``, default 0.1): 1 stea
 linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every batch sleeps half its own
 duration after running, switched on and off from outside the server by a file); 5 steady λ0 again.  p99 SLO
 50 ms.  The model (``--model``): ``heavy`` (default) runs the MLP four times per batch, 7-24 ms a batch
-(``benchmarks/data/onnx_mlp_x4_cpu.csv``), so that the slowdown moves the tail; ``light`` runs it once,
+in its profile (``benchmarks/data/onnx_mlp_x4_cpu.csv``, measured on a busier day: alone on a quiet host it now
+takes 1.6-14 ms, and served by Triton beside the client 3.3-22 ms, what the Autopilot learns), so that the slowdown moves the tail; ``light`` runs it once,
 0.7-2 ms (``onnx_mlp_cpu.csv``), where a 1.5× slowdown changes nothing a 50 ms SLO cares about; ``standin`` is
 the GPU-like stand-in, a batch that sleeps l(b) = 2 + 0.5·b ms (sleeping does not compete for the CPU, as a GPU
 would not; ζ(b) = 60 W × l(b)).
