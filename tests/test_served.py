@@ -414,9 +414,13 @@ def test_export_calibrate_export_on_the_real_triton_each_printed_line_runs(tmp_p
     assert main([*_line(out, "next"), "--requests", "5000"]) == 0, capsys.readouterr().err
     assert "in plan     the server's own time, calibrated on triton" in capsys.readouterr().out
     rc = main([*export, "--served", "served.json"])
-    if rc != 0:  # what this host's calibration measured puts 30 ms out of reach at the top load: one line says so
+    if rc != 0:  # what this host's calibration measured puts 30 ms out of reach at the top load, or a load of the
+        # range beyond what its own path carried there (a CI host: 173 req/s carried, 228 asked): one line says so
         err = capsys.readouterr().err
-        assert rc == 2 and err.startswith("smdp-batch: error: no triton setting meets p99 ≤ 30 ms") and err.count("\n") == 1
+        assert rc == 2 and err.count("\n") == 1, err
+        carried = sd.carried_per_s is not None and f"it carries up to {sd.carried_per_s:.4g} req/s" in err
+        assert err.startswith("smdp-batch: error: no triton setting meets p99 ≤ 30 ms") or (
+            err.startswith("smdp-batch: error: the server's own path does not carry") and carried), err
         return
     check = _line(capsys.readouterr().out, "check it")
     assert check[0] == "calibrate" and check[check.index("--setting") + 1] != \
