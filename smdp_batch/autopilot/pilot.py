@@ -368,7 +368,7 @@ class Autopilot:
                 lo, hi = live.lam / (1.0 + _BLOCK_BAND), live.lam * (1.0 + _BLOCK_BAND)
                 self._blocked = [b for b in self._blocked if not _same(b[0], live)][-(_BLOCK_MAX - 1):] + [(live, lo, hi)]
                 if live.target_ms < back.target_ms:  # planned tighter, did worse: what no plan models grew as batches shrank
-                    self._excess = min(self._excess, self.slo_ms - self.overhead_ms - back.target_ms)
+                    self._excess = min(self._excess, self._live_excess())  # the plan put back is live
                     self._rest_until = self._now() + _EXCESS_REST_S
                 else:
                     self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
