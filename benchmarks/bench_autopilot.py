@@ -18,10 +18,10 @@ linear ramp from 3λ0 down to 0.2λ0; 4 λ0 with a 1.5× service slowdown (every
 duration after running, switched on and off from outside the server by a file); 5 steady λ0 again.  p99 SLO
 50 ms.  The model (``--model``): ``heavy`` (default) runs the MLP four times per batch, 7-24 ms a batch
 in its profile (``benchmarks/data/onnx_mlp_x4_cpu.csv``, measured on a busier day: alone on a quiet host it now
-takes 1.6-14 ms, and served by Triton beside the client 3.3-22 ms, what the Autopilot learns), so that the slowdown moves the tail; ``light`` runs it once,
-0.7-2 ms (``onnx_mlp_cpu.csv``), where a 1.5× slowdown changes nothing a 50 ms SLO cares about; ``standin`` is
-the GPU-like stand-in, a batch that sleeps l(b) = 2 + 0.5·b ms (sleeping does not compete for the CPU, as a GPU
-would not; ζ(b) = 60 W × l(b)).
+takes 1.6-14 ms, and served by Triton beside the client 3.3-22 ms, what the Autopilot learns), so that the
+slowdown moves the tail; ``light`` runs it once, 0.7-2 ms (``onnx_mlp_cpu.csv``), where a 1.5× slowdown changes
+nothing a 50 ms SLO cares about; ``standin`` is the GPU-like stand-in, a batch that sleeps l(b) = 2 + 0.5·b ms
+(sleeping does not compete for the CPU, as a GPU would not; ζ(b) = 60 W × l(b)).
 
 Four settings per server, each on the same arrival times, each planning p99 ≤ SLO − ``--overhead-ms``
 (default 15 ms: the client's and the transport's share, measured here as client p99 − server p99):
@@ -270,8 +270,9 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
             slow = os.path.join(tmp, f"ray{i}.slow")
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
                                    repeat=MODEL["repeat"])
+            fixed = static_batching(name)  # Ray's timeout in s
             sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else \
-                (32, FIXED[name] / 1e3) if name in FIXED else None
+                (fixed[0], fixed[1] / 1e6) if fixed else None
             live = KIND[name].startswith("autopilot-ray")
             h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb, live_knobs=live), f"s{i}")
             if KIND[name] == "autopilot-ray-client":
@@ -369,7 +370,7 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
 
 
 def static_batching(name: str) -> tuple[int, float] | None:
-    """(max batch, delay µs) of a ``--static-delays`` setting ("Triton at X ms"), else None."""
+    """(max batch, delay µs) of a ``--static-delays`` setting ("Triton at X ms", "Ray at X ms"), else None."""
     return (32, FIXED[name] * 1e3) if name in FIXED else None
 
 
