@@ -13,7 +13,7 @@ from smdp_batch.errors import InputError
 from smdp_batch.solvers import pi as pimod
 from smdp_batch.solvers import pi_compiled
 from smdp_batch.solvers.banded import assemble, evaluate_factored, refactor_from
-from smdp_batch.solvers.pi import EVAL_FAILED, _starts, pi_loop, policy_iteration
+from smdp_batch.solvers.pi import CONVERGED, EVAL_FAILED, _pi_pivoting, _starts, pi_loop, policy_iteration
 from smdp_batch.solvers.pi_compiled import pi_loop_compiled
 
 
@@ -29,6 +29,7 @@ MODELS = {
                                               tail=16),
     "gamma, overflow": lambda: _model(0.8, (1, 2, 4, 8, 16), 120, service="gamma:0.5"),
     "degenerate (waits at the top)": lambda: _model(0.42, w2=10.0),
+    "degenerate, handed over": lambda: _model(0.4733333333333334, w2=4.933964274748137),
 }
 
 
@@ -45,8 +46,28 @@ def test_compiled_loop_answers_as_the_python_loop(name):
     assert a[2] == b[2] or (np.isnan(a[2]) and np.isnan(b[2]))  # gain, to the bit
     assert a[4] == b[4]  # iterations
     assert np.array_equal(a[3], b[3])  # relative values, to the bit
-    if name.startswith("degenerate"):
-        assert a[0] == EVAL_FAILED  # the case the pivoting loop finishes: both hand over at the same policy
+    if name == "degenerate (waits at the top)":  # S_o absorbing: evaluated by the no-pivot LU, no hand-over
+        m_sizes = m.actions[a[1]]
+        assert a[0] == CONVERGED and m_sizes[-1] == 0 and m_sizes[-2] == 0
+    if name == "degenerate, handed over":  # serving at s_max while S_o waits: S_o is reached only through the
+        # arrivals' tail, B is singular to round-off, and the pivoting loop finishes from the same policy in both
+        assert a[0] == EVAL_FAILED
+
+
+@pytest.mark.parametrize("rho, w2", [(0.42, 10.0), (0.47, 5.0), (0.58, 7.0), (0.6866666666666665, 3.4657242157757318)])
+def test_a_degenerate_truncation_solved_by_the_fast_loop_is_the_pivoting_loops_answer(rho, w2):
+    """The fast loops evaluate a policy whose S_o waits (absorbing) by the no-pivot LU and halve a switch that does
+    not evaluate: the same optimal policy and gain as the LAPACK pivoting loop from the same start."""
+    m = _model(rho, w2=w2)
+    st = _starts(m)
+    fast = pi_loop(*_args(m))
+    assert fast[0] == CONVERGED
+    slow = _pi_pivoting(m, st[0].copy(), m.costs(), 1000)
+    assert slow[4] and np.array_equal(fast[1], slow[0])
+    assert fast[2] == pytest.approx(slow[1], rel=1e-12)
+    h_fast, h_slow = fast[3], slow[2]
+    assert np.allclose(h_fast, h_slow, rtol=1e-9, atol=1e-9 * np.abs(h_slow).max())
+    assert policy_iteration(m).converged
 
 
 def _factors_equal(x, y):

@@ -17,7 +17,8 @@ LAPACK's band layout of Bᵀ.  Two solvers read it:
 * :func:`evaluate_policy_banded` (numba, the PI loop's evaluation): B = I − Q with Q substochastic
   and every state leaking into the border, so B is a non-singular M-matrix and Gaussian elimination
   *without pivoting* exists with positive pivots and keeps the row envelope: O(S·lw·uw) time.  The
-  2×2 border closes by a Schur complement.  Certified by the residual of eq. 20.
+  2×2 border closes by a Schur complement.  Certified by the residual of eq. 20.  Where S_o waits (absorbing:
+  a degenerate truncation's optimum parks there) its own row gives g and h(S_o) ≡ 0 replaces the border.
 * :func:`stationary_banded` (numba): the transposed system for μ on the same no-pivot factors
   (Bᵀ = Uᵀ·Lᵀ), O(S·(lw + uw)) per solve after the factorisation.
 * :func:`bordered_solve` (LAPACK ``dgbtrf``/``dgbtrs`` with partial pivoting): the fallback for
@@ -346,6 +347,49 @@ def refactor_from(ab, lw, uw, ext, ref, first, prev):
 
 
 @njit(cache=True, inline="always")
+def _absorbed(pol, pc, py, P, SF, klo, khi, actions, s_max, prev, ab, lw, uw, ext, ref):
+    """:func:`evaluate_factored` where S_o waits (its row is h(S_o) + g·y − h(S_o) = c): g = c(S_o)/y(S_o), and
+    with h(S_o) ≡ 0 the band B = I − Q over every state (each leaks into S_o, so B is a non-singular M-matrix
+    when the chain is unichain) solves B h = c − g·y by the same no-pivot LU.  A second recurrent class leaves B
+    singular: a pivot that is not positive, or the residual, says so (ok False)."""
+    S = s_max + 2
+    n = s_max + 1
+    last = S - 1
+    h = np.zeros(S)
+    g = pc[last] / py[last]
+    X = np.empty((n, 1))
+    factors = (ab, lw, uw, ext, ref, X)
+    i0 = 0
+    if prev is not None:
+        i0 = refactor_from(ab, lw, uw, ext, ref, prev[1], prev[0])
+    if not _lu_rows(ab, lw, ext, i0):
+        return False, 0.0, h, factors
+    for s in range(n):
+        X[s, 0] = pc[s] - g * py[s]
+    _lu_solve(ab, lw, ext, X)
+    h0 = X[0, 0]
+    hmax = 0.0
+    cmax = abs(pc[last])
+    for s in range(n):
+        h[s] = X[s, 0] - h0
+        if not np.isfinite(h[s]):
+            return False, 0.0, h, factors
+        if abs(h[s]) > hmax:
+            hmax = abs(h[s])
+        if abs(pc[s]) > cmax:
+            cmax = abs(pc[s])
+    h[last] = -h0
+    if not (np.isfinite(g) and np.isfinite(h[last])):
+        return False, 0.0, h, factors
+    if abs(h[last]) > hmax:
+        hmax = abs(h[last])
+    res = policy_residual(h, g, pc, py, pol, P, SF, klo, khi, actions, s_max)
+    if not res <= 1e-7 * (1.0 + hmax + cmax):
+        return False, 0.0, h, factors
+    return True, g, h, factors
+
+
+@njit(cache=True, inline="always")
 def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref, X) for the next policy
     (X: the band's solves for the border columns and the costs).
@@ -361,8 +405,13 @@ def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     n = s_max + 1
     last = S - 1
     h = np.zeros(S)
-    ref = _first_serving(pol, actions, n)
+    # S_o waiting is absorbing (a degenerate truncation's optimum parks there): its row gives g = c/y at once,
+    # h(S_o) ≡ 0 is the normalisation, and B = I − Q keeps every state (ref = −1: no column to replace)
+    absorbing = actions[pol[last]] == 0
+    ref = -1 if absorbing else _first_serving(pol, actions, n)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, py, ref)
+    if absorbing:
+        return _absorbed(pol, pc, py, P, SF, klo, khi, actions, s_max, prev, ab, lw, uw, ext, ref)
     i0 = 0
     X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
     kept = False

@@ -145,8 +145,20 @@ def pi_loop_compiled(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter
             return 0, pol, g, h, it  # CONVERGED
         ok, g2, h2, f2 = evaluate_factored(new, _per_state(new, costs, True), _per_state(new, Y, per),
                                            P, SF, klo, khi, actions, s_max, (factors, first))
-        if not ok:
-            return 2, pol, g, h, it - 1
+        if not ok:  # numerically multichain: the lower half of the switches, repeatedly (as .pi.pi_loop)
+            changed = np.nonzero(new != pol)[0]
+            trial = new
+            k = changed.size // 2
+            while not ok and k > 0:
+                trial = pol.copy()
+                for j in range(k):
+                    trial[changed[j]] = new[changed[j]]
+                ok, g2, h2, f2 = evaluate_factored(trial, _per_state(trial, costs, True), _per_state(trial, Y, per),
+                                                   P, SF, klo, khi, actions, s_max, (factors, first))
+                k //= 2
+            if not ok:
+                return 2, pol, g, h, it - 1
+            new = trial
         pol, g, h, factors = new, g2, h2, f2
     return 1, pol, g, h, max_iter  # MAX_ITER
 
