@@ -54,6 +54,31 @@ def test_compiled_loop_answers_as_the_python_loop(name):
         assert a[0] == EVAL_FAILED
 
 
+def test_after_one_pivoting_step_the_fast_loop_finishes():
+    """Where the fast loop hands over (a policy it cannot evaluate), one improvement with the pivoting solve and the
+    fast loop again: the same policy and gain as the pivoting loop alone, and fewer of its (slow) steps."""
+    m = MODELS["degenerate, handed over"]()
+    costs = m.costs()
+    status, pol, g, h, it = pi_loop(*_args(m))
+    assert status == EVAL_FAILED
+    calls = []
+    real = pimod._pi_pivoting
+
+    def counted(*a):
+        calls.append(a[3])
+        return real(*a)
+
+    pimod._pi_pivoting = counted
+    try:
+        res = policy_iteration(m)
+    finally:
+        pimod._pi_pivoting = real
+    slow = real(m, pol, costs, 1000)
+    assert slow[4] and res.converged and np.array_equal(res.policy, m.actions[slow[0]])
+    assert res.gain == pytest.approx(slow[1], rel=1e-12)
+    assert set(calls) == {1} and len(calls) < slow[3]  # single pivoting steps, fewer than the pivoting loop's alone
+
+
 @pytest.mark.parametrize("rho, w2", [(0.42, 10.0), (0.47, 5.0), (0.58, 7.0), (0.6866666666666665, 3.4657242157757318)])
 def test_a_degenerate_truncation_solved_by_the_fast_loop_is_the_pivoting_loops_answer(rho, w2):
     """The fast loops evaluate a policy whose S_o waits (absorbing) by the no-pivot LU and halve a switch that does
