@@ -369,20 +369,18 @@ def _fmt_sizes(sizes) -> str:
 
 
 def _with_supports(arrivals: ArrivalTable) -> ArrivalTable:
-    """The table with each row's support bounds on its whole length (unclipped: khi may be kmax + 1)."""
-    n = arrivals.pmf.shape[0]
-    klo = np.empty(n, dtype=np.int64)
-    khi = np.empty(n, dtype=np.int64)
-    kmax = arrivals.kmax
-    for i in range(n):
-        if arrivals.sf[i, 0] == 1.0 and not arrivals.pmf[i].any():  # an empty row (b > kmax): all mass beyond
-            klo[i] = khi[i] = kmax + 1
-            continue
-        left = np.cumsum(arrivals.pmf[i])
-        klo[i] = int(np.searchsorted(left, SUPPORT_EPS, side="right"))
-        above = np.nonzero(arrivals.sf[i] >= SUPPORT_EPS)[0]
-        khi[i] = int(above[-1]) + 1 if above.size else 0
-    return ArrivalTable(arrivals.pmf, arrivals.sf, klo, khi, arrivals.span)
+    """The table with each row's support bounds on its whole length (unclipped: khi may be kmax + 1): klo the first k
+    whose cumulative pmf exceeds SUPPORT_EPS, khi one past the last k with P(K > k) ≥ SUPPORT_EPS (0 if none); an
+    empty row (b > kmax: all its mass beyond) gets kmax + 1 for both.  All rows at once."""
+    pmf, sf, kmax = arrivals.pmf, arrivals.sf, arrivals.kmax
+    # the cumulative pmf does not decrease (pmf ≥ 0), so the count of its entries ≤ ε is searchsorted's "right"
+    klo = np.count_nonzero(np.cumsum(pmf, axis=1) <= SUPPORT_EPS, axis=1).astype(np.int64)
+    above = sf >= SUPPORT_EPS
+    width = sf.shape[1]
+    khi = np.where(above.any(axis=1), width - np.argmax(above[:, ::-1], axis=1), 0).astype(np.int64)
+    empty = (sf[:, 0] == 1.0) & ~pmf.any(axis=1)
+    klo[empty] = khi[empty] = kmax + 1
+    return ArrivalTable(pmf, sf, klo, khi, arrivals.span)
 
 
 def check_truncation(problem: BatchingProblem, s_max, abstract_cost, model_actions: int,
