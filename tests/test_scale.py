@@ -112,6 +112,28 @@ def test_solve_batch_numba_equals_individual_solves_and_shares_arrival_tables():
         solve_batch(probs, "auto")
 
 
+def test_solve_batch_chained_on_action_indices_equals_each_model_solved_alone():
+    """solve_batch hands each start on as the previous model's action indices, costs the models with one infeasible
+    mask and evaluates by indices: the same policy, gain and metrics as policy_iteration and evaluate_policy on each
+    model alone, degenerate truncations included (high w2 at mid load: their optimum waits at the top)."""
+    from smdp_batch.solvers.evaluation import evaluate_policy
+    from smdp_batch.solvers.pi import policy_iteration
+
+    probs = [BatchingProblem.from_rho(r, w2=w) for r in (0.3, 0.47, 0.63) for w in (0.5, 3.5, 4.9, 7.0, 10.0)]
+    sols = solve_batch(probs, 70)
+    models = truncate_many(probs, 70)
+    assert sum(s.degenerate for s in sols) >= 3
+    infeasible = ~models[0].feasible()
+    for m, s in zip(models, sols):
+        assert np.array_equal(m.costs(infeasible), m.costs())
+        ref = policy_iteration(m)
+        assert ref.converged and np.array_equal(ref.policy, s.policy)
+        assert s.result.gain == pytest.approx(ref.gain, rel=1e-12)
+        ev = evaluate_policy(m, ref.policy)
+        for k in ("avg_cost", "mean_latency_ms", "mean_power_w", "throughput", "overflow_probability"):
+            assert getattr(s.evaluation, k) == getattr(ev, k), k  # the same stationary law and sums, to the bit
+
+
 def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
     s = solve(p, s_max="minimal")

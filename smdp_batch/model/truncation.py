@@ -238,14 +238,16 @@ class TruncatedSMDP:
             f[-2:] = self.actions[None, :] == self.tail_action
         return f
 
-    def costs(self) -> np.ndarray:
-        """ĉ(s, a) (eq. 19, or with the tail boundary's excursion costs) as an (S, A) array; +inf where infeasible."""
+    def costs(self, infeasible: np.ndarray | None = None) -> np.ndarray:
+        """ĉ(s, a) (eq. 19, or with the tail boundary's excursion costs) as an (S, A) array; +inf where infeasible.
+
+        ``infeasible``: ``~feasible()`` when the caller holds it (models of one truncation and size set share it)."""
         c = np.multiply.outer(self.state_level(), self.cost_slope)
         c += self.cost_fixed
         c[-1] += self.abstract_cost * self.y
         if self.extra is not None:
             c += self.excursion_costs()
-        np.copyto(c, np.inf, where=~self.feasible())
+        np.copyto(c, np.inf, where=~self.feasible() if infeasible is None else infeasible)
         return c
 
     def excursion_costs(self) -> np.ndarray:

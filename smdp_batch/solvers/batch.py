@@ -18,13 +18,14 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import InputError, solver_checks_convergence
-from .evaluation import evaluate_policy, tail_stable
+from .evaluation import evaluate_indices, evaluate_policy
 from ..model.problem import BatchingProblem
 from ..model.truncation import ArrivalTable, TruncatedSMDP, truncate
-from .pi import warm_up_pi
+from .pi import check_pi_work, solve_indices, warm_up_pi
 from .rvi import ETA_FRACTION, warm_up_rvi
 from .result import SolveResult
 from .solution import SOLVERS, Solution, _renamed_s_max, check_backend, solve_truncated
+from .threads import single_blas
 
 __all__ = ["solve_batch", "solve_models", "truncate_many"]
 
@@ -66,20 +67,38 @@ def solve_models(models: list[TruncatedSMDP], solver: str = "pi", eps: float = 0
     on long queues and the truncation and sizes are the same: then it fits this model as it stands); the answer
     does not depend on the start, only the iterations do.
     """
-    results: list[SolveResult] = []
-    prev, prev_key = None, None
-    for i, m in enumerate(models):
-        key = (m.s_max, m.tail_action, tuple(m.actions))
-        start = policy0[i] if policy0 is not None else (prev if key == prev_key else None)
-        if start is not None and solver == "pi" and policy0 is not None:
-            try:
-                m.action_index(start)  # a given start that does not fit this model's sizes is not used
-            except InputError:
-                start = None
-        r = solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=start)
-        results.append(r)
-        prev, prev_key = (r.policy if tail_stable(m.problem, r.policy) else None), key
-    return results
+    return [r for r, _ in _solve_models(models, solver, eps, max_iter, eta_fraction, policy0)]
+
+
+def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0) -> list[tuple[SolveResult, np.ndarray | None]]:
+    """:func:`solve_models`, each result with its policy as action indices (PI; None for RVI).  PI's models are
+    checked and costed here, one BLAS thread held for all of them, and each start is handed on as the previous
+    model's action indices; a truncation and size set's infeasible (state, action) pairs are found once."""
+    if solver != "pi":
+        return [(solve_truncated(m, solver, eps, max_iter, eta_fraction,
+                                 policy0=None if policy0 is None else policy0[i]), None) for i, m in enumerate(models)]
+    warm_up_pi()
+    out: list[tuple[SolveResult, np.ndarray | None]] = []
+    prev, prev_key, infeasible = None, None, None
+    with single_blas():
+        for i, m in enumerate(models):
+            check_pi_work(m)
+            key = (m.s_max, m.tail_action, m.actions.tobytes())
+            if key != prev_key:
+                infeasible = ~m.feasible()
+            start = None
+            if policy0 is not None:
+                try:
+                    start = m.action_index(policy0[i])  # a given start that does not fit this model's sizes is not used
+                except InputError:
+                    start = None
+            elif key == prev_key:
+                start = prev
+            r, pol = solve_indices(m, None if start is None else start[None, :], m.costs(infeasible), max_iter or 1000)
+            out.append((r, pol))
+            a = int(m.actions[pol[-2]])  # eq. 30's tail action drains long queues: the start fits the next model
+            prev, prev_key = (pol if a > 0 and m.problem.lam * float(m.y[pol[-2]]) < a else None), key
+    return out
 
 
 def solve_batch(
@@ -127,6 +146,7 @@ def solve_batch(
     if backend == "jax":
         from .jax_backend import pi_batch, rvi_batch
 
+        indices: list[np.ndarray | None] = [None] * len(models)
         if solver == "pi":
             with solver_checks_convergence():
                 results = pi_batch(models, policy0=policy0, max_iter=max_iter or 1000)
@@ -135,9 +155,12 @@ def solve_batch(
         else:
             results = rvi_batch(models, eps=eps, max_iter=max_iter or 100_000, eta_fraction=eta_fraction)
     else:
-        results = solve_models(models, solver, eps, max_iter, eta_fraction, policy0)
+        solved = _solve_models(models, solver, eps, max_iter, eta_fraction, policy0)
+        results = [r for r, _ in solved]
+        indices = [pol for _, pol in solved]
     secs = (time.perf_counter() - t0) / len(models)
     return [
-        Solution(m.problem, m, r, evaluate_policy(m, r.policy), 1e-3, False, secs)
-        for m, r in zip(models, results)
+        Solution(m.problem, m, r, evaluate_policy(m, r.policy) if pol is None else evaluate_indices(m, pol), 1e-3,
+                 False, secs)
+        for m, r, pol in zip(models, results, indices)
     ]

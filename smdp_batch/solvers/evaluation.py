@@ -26,7 +26,7 @@ from ..model.truncation import TruncatedSMDP, arrival_table, truncate
 
 __all__ = [
     "Evaluation", "control_limit_of", "evaluate_deployed", "evaluate_policy", "extend_policy",
-    "resize_policy", "stationary_distribution", "tail_stable",
+    "evaluate_indices", "resize_policy", "stationary_distribution", "tail_stable",
 ]
 
 
@@ -68,7 +68,12 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     With the tail boundary (:mod:`~smdp_batch.model.truncation`) the excursions above s_max enter through
     their expected time, energy, holding and batches; Δ is then the cost per ms those excursions carry (what
     eq. 22 measures for S_o) and ``overflow_probability`` the chance that an epoch leaves the truncation."""
-    idx = model.action_index(policy)
+    return evaluate_indices(model, model.action_index(policy))
+
+
+def evaluate_indices(model: TruncatedSMDP, idx: np.ndarray) -> Evaluation:
+    """:func:`evaluate_policy` of a policy given as feasible action indices (:meth:`~.TruncatedSMDP.action_index`),
+    as a solver returns it."""
     mu = stationary_distribution(model, idx)
     S = model.n_states
     rows = np.arange(S)

@@ -188,39 +188,40 @@ def policy_iteration(
     """
     check_pi_work(model)
     warm_up_pi()
-    t0 = time.perf_counter()
-    starts = _starts(model) if policy0 is None else model.action_index(policy0)[None, :]
-    costs = model.costs()
+    starts = None if policy0 is None else model.action_index(policy0)[None, :]
     with single_blas():
-        status, pol, g, h, it = _run_loop(
-            starts, costs, model.sojourn_rows(), model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, int(max_iter)
-        )
+        return solve_indices(model, starts, model.costs(), max_iter)[0]
+
+
+def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.ndarray,
+                  max_iter: int = 1000) -> tuple[SolveResult, np.ndarray]:
+    """:func:`policy_iteration` on checked inputs: ``starts`` (C × S feasible action indices; None: :func:`_starts`),
+    ``costs`` the model's (:meth:`~.TruncatedSMDP.costs`); the result and its policy as action indices.  For callers
+    that solve many models (:func:`.batch.solve_models`), which check the work and hold one BLAS thread for all."""
+    t0 = time.perf_counter()
+    if starts is None:
+        starts = _starts(model)
+    Y = model.sojourn_rows()
+    status, pol, g, h, it = _run_loop(starts, costs, Y, model.P, model.SF, model.klo, model.khi, model.actions,
+                                      model.s_max, int(max_iter))
+    converged = status == CONVERGED
+    while status == EVAL_FAILED and it < max_iter:
+        # one improvement with the pivoting solve past the policy the fast loop could not evaluate, then the
+        # fast loop again from where it lands (a degenerate truncation's later policies evaluate there)
+        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1)
+        it += it2
+        if converged:
+            break
+        status, pol, g, h, it2 = _run_loop(pol[None, :], costs, Y, model.P, model.SF, model.klo, model.khi,
+                                           model.actions, model.s_max, int(max_iter) - it)
         converged = status == CONVERGED
-        while status == EVAL_FAILED and it < max_iter:
-            # one improvement with the pivoting solve past the policy the fast loop could not evaluate, then the
-            # fast loop again from where it lands (a degenerate truncation's later policies evaluate there)
-            pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1)
-            it += it2
-            if converged:
-                break
-            status, pol, g, h, it2 = _run_loop(pol[None, :], costs, model.sojourn_rows(), model.P, model.SF,
-                                               model.klo, model.khi, model.actions, model.s_max, int(max_iter) - it)
-            converged = status == CONVERGED
-            it += it2
+        it += it2
     secs = time.perf_counter() - t0
     if not converged:
         warn_not_converged(f"policy iteration did not repeat a policy within max_iter={max_iter}: result NOT certified")
-    return SolveResult(
-        policy=model.actions[pol],
-        gain=g,
-        gain_bracket=(g, g),
-        relative_values=h,
-        iterations=it,
-        span=0.0,
-        converged=converged,
-        solver="pi",
-        seconds=secs,
-    )
+    result = SolveResult(policy=model.actions[pol], gain=g, gain_bracket=(g, g), relative_values=h, iterations=it,
+                         span=0.0, converged=converged, solver="pi", seconds=secs)
+    return result, pol
 
 
 #: Cold compile of the kernels below (s): the first `smdp-batch solve` after a fresh core install takes 4–5 s on
