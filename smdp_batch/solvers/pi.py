@@ -96,10 +96,12 @@ def _improve(model: TruncatedSMDP, pol: np.ndarray, new: np.ndarray, costs: np.n
     )
 
 
-def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int):
-    """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged)."""
+def _pi_pivoting(model: TruncatedSMDP, pol: np.ndarray, costs: np.ndarray, max_iter: int,
+                 gh: tuple[float, np.ndarray] | None = None):
+    """The PI loop with LAPACK (pivoting) evaluations; (policy, g, h, iterations, converged).  ``gh``: ``pol``'s
+    (g, h) where the fast loop evaluated it (certified there), else it is evaluated here first."""
     Y = model.sojourn_rows()
-    g, h = evaluate_gain_bias(model, pol, costs)
+    g, h = evaluate_gain_bias(model, pol, costs) if gh is None or not np.isfinite(gh[0]) else gh
     it = 0
     for it in range(1, max_iter + 1):
         EH = expected_next_table(h, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max)
@@ -208,7 +210,7 @@ def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.nda
     while status == EVAL_FAILED and it < max_iter:
         # one improvement with the pivoting solve past the policy the fast loop could not evaluate, then the
         # fast loop again from where it lands (a degenerate truncation's later policies evaluate there)
-        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1)
+        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1, (g, h))
         it += it2
         if converged:
             break
