@@ -74,7 +74,8 @@ def test_banded_stationary_law_equals_the_pivoting_lapack_solve(service, rho, w2
     s = solve(p, s_max=s_max, abstract_cost=300.0)
     m = s.model
     idx = m.action_index(s.policy)
-    ok, mu = stationary_banded(idx, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max)
+    ok, mu = stationary_banded(idx, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, np.empty((0, 0)),
+                               np.empty(0, dtype=np.int64))
     ref_state = reference_states(m, idx)[0]
     rhs = np.zeros(m.n_states)
     rhs[ref_state] = 1.0

@@ -12,7 +12,7 @@ from smdp_batch import BatchingProblem, truncate
 from smdp_batch.errors import InputError
 from smdp_batch.solvers import pi as pimod
 from smdp_batch.solvers import pi_compiled
-from smdp_batch.solvers.banded import assemble, evaluate_factored, refactor_from
+from smdp_batch.solvers.banded import assemble, evaluate_factored, refactor_from, stationary
 from smdp_batch.solvers.pi import CONVERGED, EVAL_FAILED, _pi_pivoting, _starts, pi_loop, policy_iteration
 from smdp_batch.solvers.pi_compiled import pi_loop_compiled
 
@@ -46,6 +46,16 @@ def test_compiled_loop_answers_as_the_python_loop(name):
     assert a[2] == b[2] or (np.isnan(a[2]) and np.isnan(b[2]))  # gain, to the bit
     assert a[4] == b[4]  # iterations
     assert np.array_equal(a[3], b[3])  # relative values, to the bit
+    assert a[5][2] == -1  # the Python loop hands no factors on (its models are large: no second band held)
+    if b[0] != EVAL_FAILED:  # the compiled loop's: the last policy's band factored afresh, to the bit, and its
+        # stationary law on them is the one factored afresh, to the bit
+        rows = np.arange(m.n_states)
+        Y = m.sojourn_rows()
+        pc, py = m.costs()[rows, b[1]], Y[rows if Y.shape[0] > 1 else 0 * rows, b[1]]
+        fresh = evaluate_factored(b[1], pc, py, m.P, m.SF, m.klo, m.khi, m.actions, m.s_max, None)[3]
+        assert all(np.array_equal(x, y) for x, y in zip(b[5], (fresh[0], fresh[3], fresh[4])))
+        if b[5][2] >= 0:
+            assert np.array_equal(stationary(m, b[1], b[5]), stationary(m, b[1]))
     if name == "degenerate (waits at the top)":  # S_o absorbing: evaluated by the no-pivot LU, no hand-over
         m_sizes = m.actions[a[1]]
         assert a[0] == CONVERGED and m_sizes[-1] == 0 and m_sizes[-2] == 0
@@ -59,7 +69,7 @@ def test_after_one_pivoting_step_the_fast_loop_finishes():
     fast loop again: the same policy and gain as the pivoting loop alone, and fewer of its (slow) steps."""
     m = MODELS["degenerate, handed over"]()
     costs = m.costs()
-    status, pol, g, h, it = pi_loop(*_args(m))
+    status, pol, g, h, it, _ = pi_loop(*_args(m))
     assert status == EVAL_FAILED
     calls = []
     real = pimod._pi_pivoting

@@ -260,7 +260,7 @@ def _lu_solve_t(ab, lw, ext, X):
 
 
 @njit(cache=True, nogil=True)
-def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
+def stationary_banded(pol, P, SF, klo, khi, actions, s_max, lu, lu_ext):
     """(ok, μ): the stationary law under ``pol`` (action indices) by the no-pivot LU of the band.
 
     μ solves Aᵀμ = e_ref with A = I − M_π whose column ``ref`` (the first serving state) is replaced
@@ -268,6 +268,10 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     :func:`_lu_solve_t` on B's own factors — O(S·lw·uw) instead of LAPACK's O(S·uw²) for the pivoted
     transposed band.  ok is False when a pivot is not positive, the border is singular, or μ is not
     finite or clearly negative; the caller then uses the LAPACK path.
+
+    ``lu``, ``lu_ext``: B's factors and row envelope for this policy with the same border state, where the caller
+    holds them (policy iteration's last evaluation: B does not depend on the replaced column, so they are these to
+    the bit); empty arrays to factor here.
     """
     S = s_max + 2
     n = s_max + 1
@@ -275,7 +279,10 @@ def stationary_banded(pol, P, SF, klo, khi, actions, s_max):
     ref = _first_serving(pol, actions, n)
     ones = np.ones(S)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, ones, ref)
-    if not _lu_rows(ab, lw, ext, 0):
+    if lu.shape[0] == n and lu.shape[1] == ab.shape[1]:
+        ab = lu
+        ext = lu_ext
+    elif not _lu_rows(ab, lw, ext, 0):
         return False, mu
     # Aᵀ = [[Bᵀ, Vᵀ], [Uᵀ, Dᵀ]]; right-hand side e_ref lies in the border (r_b = (1, 0), r_in = 0)
     X = np.zeros((n, 2))
@@ -554,11 +561,20 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
     raise InputError(_SINGULAR)
 
 
-def stationary(model: TruncatedSMDP, pol_idx: np.ndarray) -> np.ndarray:
+#: What :func:`stationary` passes for "no factors held": factor here.
+_NO_LU = (np.empty((0, 0)), np.empty(0, dtype=np.int64))
+
+
+def stationary(model: TruncatedSMDP, pol_idx: np.ndarray, factors: tuple | None = None) -> np.ndarray:
     """Stationary law μ of the embedded chain under π (μ M = μ, Σμ = 1): the no-pivot banded solve
-    (:func:`stationary_banded`), else LAPACK with pivoting (numerically multichain policies)."""
-    ok, mu = stationary_banded(np.ascontiguousarray(pol_idx, dtype=np.int64), model.P, model.SF, model.klo,
-                               model.khi, model.actions, model.s_max)
+    (:func:`stationary_banded`), else LAPACK with pivoting (numerically multichain policies).  ``factors``: the
+    band's (ab, ext, ref) from policy iteration's last evaluation of this policy (used when ref is the border state
+    here, the first serving state)."""
+    pol = np.ascontiguousarray(pol_idx, dtype=np.int64)
+    lu = _NO_LU
+    if factors is not None and factors[2] >= 0 and factors[2] == _first_serving(pol, model.actions, model.s_max + 1):
+        lu = (factors[0], factors[1])
+    ok, mu = stationary_banded(pol, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, *lu)
     if ok:
         return mu
     S = model.n_states

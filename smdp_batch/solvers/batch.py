@@ -70,15 +70,15 @@ def solve_models(models: list[TruncatedSMDP], solver: str = "pi", eps: float = 0
     return [r for r, _ in _solve_models(models, solver, eps, max_iter, eta_fraction, policy0)]
 
 
-def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0) -> list[tuple[SolveResult, np.ndarray | None]]:
-    """:func:`solve_models`, each result with its policy as action indices (PI; None for RVI).  PI's models are
+def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0) -> list[tuple[SolveResult, tuple | None]]:
+    """:func:`solve_models`, each result with (its policy as action indices, their band factors) (PI; None for RVI).  PI's models are
     checked and costed here, one BLAS thread held for all of them, and each start is handed on as the previous
     model's action indices; a truncation and size set's infeasible (state, action) pairs are found once."""
     if solver != "pi":
         return [(solve_truncated(m, solver, eps, max_iter, eta_fraction,
                                  policy0=None if policy0 is None else policy0[i]), None) for i, m in enumerate(models)]
     warm_up_pi()
-    out: list[tuple[SolveResult, np.ndarray | None]] = []
+    out: list[tuple[SolveResult, tuple | None]] = []
     prev, prev_key, infeasible = None, None, None
     with single_blas():
         for i, m in enumerate(models):
@@ -94,8 +94,9 @@ def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0) -> list[
                     start = None
             elif key == prev_key:
                 start = prev
-            r, pol = solve_indices(m, None if start is None else start[None, :], m.costs(infeasible), max_iter or 1000)
-            out.append((r, pol))
+            r, pol, factors = solve_indices(m, None if start is None else start[None, :], m.costs(infeasible),
+                                            max_iter or 1000)
+            out.append((r, (pol, factors)))
             a = int(m.actions[pol[-2]])  # eq. 30's tail action drains long queues: the start fits the next model
             prev, prev_key = (pol if a > 0 and m.problem.lam * float(m.y[pol[-2]]) < a else None), key
     return out
@@ -146,7 +147,7 @@ def solve_batch(
     if backend == "jax":
         from .jax_backend import pi_batch, rvi_batch
 
-        indices: list[np.ndarray | None] = [None] * len(models)
+        indices: list[tuple | None] = [None] * len(models)
         if solver == "pi":
             with solver_checks_convergence():
                 results = pi_batch(models, policy0=policy0, max_iter=max_iter or 1000)
@@ -157,10 +158,10 @@ def solve_batch(
     else:
         solved = _solve_models(models, solver, eps, max_iter, eta_fraction, policy0)
         results = [r for r, _ in solved]
-        indices = [pol for _, pol in solved]
+        indices = [pf for _, pf in solved]
     secs = (time.perf_counter() - t0) / len(models)
     return [
-        Solution(m.problem, m, r, evaluate_policy(m, r.policy) if pol is None else evaluate_indices(m, pol), 1e-3,
+        Solution(m.problem, m, r, evaluate_policy(m, r.policy) if pf is None else evaluate_indices(m, *pf), 1e-3,
                  False, secs)
-        for m, r, pol in zip(models, results, indices)
+        for m, r, pf in zip(models, results, indices)
     ]

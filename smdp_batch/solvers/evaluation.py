@@ -71,10 +71,10 @@ def evaluate_policy(model: TruncatedSMDP, policy: np.ndarray) -> Evaluation:
     return evaluate_indices(model, model.action_index(policy))
 
 
-def evaluate_indices(model: TruncatedSMDP, idx: np.ndarray) -> Evaluation:
+def evaluate_indices(model: TruncatedSMDP, idx: np.ndarray, factors: tuple | None = None) -> Evaluation:
     """:func:`evaluate_policy` of a policy given as feasible action indices (:meth:`~.TruncatedSMDP.action_index`),
-    as a solver returns it."""
-    mu = stationary_distribution(model, idx)
+    as a solver returns it; ``factors``: its band factors from the solver (:func:`.banded.stationary`)."""
+    mu = stationary(model, idx, factors)
     S = model.n_states
     rows = np.arange(S)
     y = model.sojourn_of(idx)

@@ -39,6 +39,8 @@ from .threads import single_blas
 
 #: pi_loop status codes
 CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
+#: The factors a loop returns when no policy evaluated (ref −1: never used).
+NO_FACTORS = (np.empty((0, 0)), np.empty(0, dtype=np.int64), -1)
 
 
 def _initial_policy(model: TruncatedSMDP) -> np.ndarray:
@@ -117,10 +119,12 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
 
     ``Y``: the sojourns, (S, A) or the (1, A) row every state shares (:meth:`~.TruncatedSMDP.sojourn_rows`).
 
-    Returns (status, pol, g, h, iterations).  status: CONVERGED (the policy repeated), MAX_ITER,
+    Returns (status, pol, g, h, iterations, factors).  status: CONVERGED (the policy repeated), MAX_ITER,
     or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
     (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
-    which also handles numerically multichain switches.
+    which also handles numerically multichain switches.  ``factors``: :data:`NO_FACTORS` (the compiled loop
+    returns ``pol``'s band factors for its stationary law; this loop runs on large models, where holding a second
+    band beside the one being factored would double the peak memory).
 
     The loop itself is Python (a handful of iterations); its two steps are numba kernels, so a first
     run compiles only them and never a third copy of their bodies inside a compiled loop.
@@ -137,11 +141,11 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
         if ok and gc < g:
             pol, g, h = starts[c].copy(), gc, hc
     if not g < np.inf:
-        return EVAL_FAILED, starts[0].copy(), np.nan, h, 0
+        return EVAL_FAILED, starts[0].copy(), np.nan, h, 0, NO_FACTORS
     for it in range(1, max_iter + 1):
         new = improve(pol, g, h, costs, F, tail, jmin, Y, s_max)
         if np.array_equal(new, pol):
-            return CONVERGED, pol, g, h, it
+            return CONVERGED, pol, g, h, it, NO_FACTORS
         ok, g2, h2 = evaluate_policy_banded(new, costs[rows, new], Y[yrows, new], P, SF, klo, khi, actions, s_max)
         changed = np.nonzero(new != pol)[0]
         k = changed.size // 2
@@ -153,9 +157,9 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
             new = trial
             k //= 2
         if not ok:
-            return EVAL_FAILED, pol, g, h, it - 1
+            return EVAL_FAILED, pol, g, h, it - 1, NO_FACTORS
         pol, g, h = new, g2, h2
-    return MAX_ITER, pol, g, h, max_iter
+    return MAX_ITER, pol, g, h, max_iter, NO_FACTORS
 
 
 #: Operations of one improvement sweep (states × actions × window) PI accepts for a fixed truncation:
@@ -196,26 +200,28 @@ def policy_iteration(
 
 
 def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.ndarray,
-                  max_iter: int = 1000) -> tuple[SolveResult, np.ndarray]:
+                  max_iter: int = 1000) -> tuple[SolveResult, np.ndarray, tuple]:
     """:func:`policy_iteration` on checked inputs: ``starts`` (C × S feasible action indices; None: :func:`_starts`),
-    ``costs`` the model's (:meth:`~.TruncatedSMDP.costs`); the result and its policy as action indices.  For callers
-    that solve many models (:func:`.batch.solve_models`), which check the work and hold one BLAS thread for all."""
+    ``costs`` the model's (:meth:`~.TruncatedSMDP.costs`); the result, its policy as action indices and that policy's
+    band factors (for :func:`.evaluation.evaluate_indices`).  For callers that solve many models
+    (:func:`.batch.solve_models`), which check the work and hold one BLAS thread for all."""
     t0 = time.perf_counter()
     if starts is None:
         starts = _starts(model)
     Y = model.sojourn_rows()
-    status, pol, g, h, it = _run_loop(starts, costs, Y, model.P, model.SF, model.klo, model.khi, model.actions,
-                                      model.s_max, int(max_iter))
+    status, pol, g, h, it, factors = _run_loop(starts, costs, Y, model.P, model.SF, model.klo, model.khi,
+                                               model.actions, model.s_max, int(max_iter))
     converged = status == CONVERGED
     while status == EVAL_FAILED and it < max_iter:
         # one improvement with the pivoting solve past the policy the fast loop could not evaluate, then the
         # fast loop again from where it lands (a degenerate truncation's later policies evaluate there)
         pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1, (g, h))
         it += it2
+        factors = NO_FACTORS
         if converged:
             break
-        status, pol, g, h, it2 = _run_loop(pol[None, :], costs, Y, model.P, model.SF, model.klo, model.khi,
-                                           model.actions, model.s_max, int(max_iter) - it)
+        status, pol, g, h, it2, factors = _run_loop(pol[None, :], costs, Y, model.P, model.SF, model.klo, model.khi,
+                                                    model.actions, model.s_max, int(max_iter) - it)
         converged = status == CONVERGED
         it += it2
     secs = time.perf_counter() - t0
@@ -223,7 +229,7 @@ def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.nda
         warn_not_converged(f"policy iteration did not repeat a policy within max_iter={max_iter}: result NOT certified")
     result = SolveResult(policy=model.actions[pol], gain=g, gain_bracket=(g, g), relative_values=h, iterations=it,
                          span=0.0, converged=converged, solver="pi", seconds=secs)
-    return result, pol
+    return result, pol, factors
 
 
 #: Cold compile of the kernels below (s): the first `smdp-batch solve` after a fresh core install takes 4–5 s on

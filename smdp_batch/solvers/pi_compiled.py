@@ -114,7 +114,7 @@ def _first_change(new, pol):
 
 @njit(cache=True, nogil=True)
 def pi_loop_compiled(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
-    """:func:`.pi.pi_loop` as one compiled function: same arguments, same (status, pol, g, h, iterations).
+    """:func:`.pi.pi_loop` as one compiled function: same arguments, same (status, pol, g, h, iterations, factors).
 
     An improved policy that agrees with the current one below some state keeps the factored rows of the
     band there (:func:`.banded.evaluate_factored`): late iterations that change only the top states or S_o
@@ -136,13 +136,13 @@ def pi_loop_compiled(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter
                                            P, SF, klo, khi, actions, s_max, None)
         if ok and gc < g:
             pol, g, h, factors = st.copy(), gc, hc, fc
-    if not g < np.inf:
-        return 2, starts[0].copy(), np.nan, h, 0  # EVAL_FAILED
+    if not g < np.inf:  # EVAL_FAILED, no factors
+        return 2, starts[0].copy(), np.nan, h, 0, (np.empty((0, 0)), np.empty(0, dtype=np.int64), np.int64(-1))
     for it in range(1, max_iter + 1):
         new = _improve(pol, g, h, costs, F, tail, jmin, Y, s_max)
         first = _first_change(new, pol)
         if first == new.shape[0]:
-            return 0, pol, g, h, it  # CONVERGED
+            return 0, pol, g, h, it, (factors[0], factors[3], factors[4])  # CONVERGED
         ok, g2, h2, f2 = evaluate_factored(new, _per_state(new, costs, True), _per_state(new, Y, per),
                                            P, SF, klo, khi, actions, s_max, (factors, first))
         if not ok:  # numerically multichain: the lower half of the switches, repeatedly (as .pi.pi_loop)
@@ -157,10 +157,10 @@ def pi_loop_compiled(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter
                                                    P, SF, klo, khi, actions, s_max, (factors, first))
                 k //= 2
             if not ok:
-                return 2, pol, g, h, it - 1
+                return 2, pol, g, h, it - 1, (factors[0], factors[3], factors[4])
             new = trial
         pol, g, h, factors = new, g2, h2, f2
-    return 1, pol, g, h, max_iter  # MAX_ITER
+    return 1, pol, g, h, max_iter, (factors[0], factors[3], factors[4])  # MAX_ITER
 
 
 # ------------------------------------------------------------------------------------ background compile
