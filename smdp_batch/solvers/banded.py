@@ -354,49 +354,6 @@ def refactor_from(ab, lw, uw, ext, ref, first, prev):
 
 
 @njit(cache=True, inline="always")
-def _absorbed(pol, pc, py, P, SF, klo, khi, actions, s_max, prev, ab, lw, uw, ext, ref):
-    """:func:`evaluate_factored` where S_o waits (its row is h(S_o) + g·y − h(S_o) = c): g = c(S_o)/y(S_o), and
-    with h(S_o) ≡ 0 the band B = I − Q over every state (each leaks into S_o, so B is a non-singular M-matrix
-    when the chain is unichain) solves B h = c − g·y by the same no-pivot LU.  A second recurrent class leaves B
-    singular: a pivot that is not positive, or the residual, says so (ok False)."""
-    S = s_max + 2
-    n = s_max + 1
-    last = S - 1
-    h = np.zeros(S)
-    g = pc[last] / py[last]
-    X = np.empty((n, 1))
-    factors = (ab, lw, uw, ext, ref, X)
-    i0 = 0
-    if prev is not None:
-        i0 = refactor_from(ab, lw, uw, ext, ref, prev[1], prev[0])
-    if not _lu_rows(ab, lw, ext, i0):
-        return False, 0.0, h, factors
-    for s in range(n):
-        X[s, 0] = pc[s] - g * py[s]
-    _lu_solve(ab, lw, ext, X)
-    h0 = X[0, 0]
-    hmax = 0.0
-    cmax = abs(pc[last])
-    for s in range(n):
-        h[s] = X[s, 0] - h0
-        if not np.isfinite(h[s]):
-            return False, 0.0, h, factors
-        if abs(h[s]) > hmax:
-            hmax = abs(h[s])
-        if abs(pc[s]) > cmax:
-            cmax = abs(pc[s])
-    h[last] = -h0
-    if not (np.isfinite(g) and np.isfinite(h[last])):
-        return False, 0.0, h, factors
-    if abs(h[last]) > hmax:
-        hmax = abs(h[last])
-    res = policy_residual(h, g, pc, py, pol, P, SF, klo, khi, actions, s_max)
-    if not res <= 1e-7 * (1.0 + hmax + cmax):
-        return False, 0.0, h, factors
-    return True, g, h, factors
-
-
-@njit(cache=True, inline="always")
 def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     """:func:`evaluate_policy_banded`, returning also its factors (ab, lw, uw, ext, ref, X) for the next policy
     (X: the band's solves for the border columns and the costs).
@@ -412,13 +369,13 @@ def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
     n = s_max + 1
     last = S - 1
     h = np.zeros(S)
-    # S_o waiting is absorbing (a degenerate truncation's optimum parks there): its row gives g = c/y at once,
-    # h(S_o) ≡ 0 is the normalisation, and B = I − Q keeps every state (ref = −1: no column to replace)
+    # S_o waiting is absorbing (a degenerate truncation's optimum parks there): its row h(S_o) + g·y − h(S_o) = c
+    # gives g at once, h(S_o) ≡ 0 is the normalisation, and B = I − Q keeps every state (ref = −1: no column
+    # replaced; each state leaks into S_o, so B is a non-singular M-matrix when the chain is unichain, and a
+    # second recurrent class shows as a pivot that is not positive or as the residual)
     absorbing = actions[pol[last]] == 0
     ref = -1 if absorbing else _first_serving(pol, actions, n)
     ab, lw, uw, U, V, D, ext = assemble(pol, P, SF, klo, khi, actions, s_max, py, ref)
-    if absorbing:
-        return _absorbed(pol, pc, py, P, SF, klo, khi, actions, s_max, prev, ab, lw, uw, ext, ref)
     i0 = 0
     X = np.empty((n, 3))  # columns: g's (col0), S_o's, the right-hand side
     kept = False
@@ -435,20 +392,24 @@ def evaluate_factored(pol, pc, py, P, SF, klo, khi, actions, s_max, prev):
             X[s, 0] = U[s, 0]
             X[s, 1] = U[s, 1]
             X[s, 2] = pc[s]
-        X[ref, 0] = 0.0
-        X[ref, 1] = 0.0
-        X[ref, 2] = 0.0
+        if ref >= 0:
+            X[ref, 0] = 0.0
+            X[ref, 1] = 0.0
+            X[ref, 2] = 0.0
         _lu_solve(ab, lw, ext, X)
-    # border: (D − V Z) x_b = r_b − V z_r, x_b = (g, h(S_o))
-    M = np.empty((2, 3))
-    M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[0, 1], pc[ref]
-    M[1, 0], M[1, 1], M[1, 2] = D[1, 0], D[1, 1], pc[last]
-    ok, g, hso = _solve_border(M, V, X)
-    if not ok:
-        return False, 0.0, h, factors
+    if absorbing:  # the band's h = z_r − z_g·g with h(S_o) = 0
+        g, hso = pc[last] / py[last], 0.0
+    else:  # border: (D − V Z) x_b = r_b − V z_r, x_b = (g, h(S_o))
+        M = np.empty((2, 3))
+        M[0, 0], M[0, 1], M[0, 2] = D[0, 0], D[0, 1], pc[ref]
+        M[1, 0], M[1, 1], M[1, 2] = D[1, 0], D[1, 1], pc[last]
+        ok, g, hso = _solve_border(M, V, X)
+        if not ok:
+            return False, 0.0, h, factors
     for s in range(n):
         h[s] = X[s, 2] - X[s, 0] * g - X[s, 1] * hso
-    h[ref] = 0.0
+    if ref >= 0:
+        h[ref] = 0.0
     h[last] = hso
     h0 = h[0]
     hmax = 0.0
