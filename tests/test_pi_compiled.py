@@ -64,7 +64,7 @@ def test_compiled_loop_answers_as_the_python_loop(name):
         assert a[0] == EVAL_FAILED
 
 
-def test_after_one_pivoting_step_the_fast_loop_finishes():
+def test_after_one_pivoting_step_the_fast_loop_finishes(monkeypatch):
     """Where the fast loop hands over (a policy it cannot evaluate), one improvement with the pivoting solve and the
     fast loop again: the same policy and gain as the pivoting loop alone, and fewer of its (slow) steps."""
     m = MODELS["degenerate, handed over"]()
@@ -78,11 +78,8 @@ def test_after_one_pivoting_step_the_fast_loop_finishes():
         calls.append(a[3])
         return real(*a)
 
-    pimod._pi_pivoting = counted
-    try:
-        res = policy_iteration(m)
-    finally:
-        pimod._pi_pivoting = real
+    monkeypatch.setattr(pimod, "_pi_pivoting", counted)
+    res = policy_iteration(m)
     slow = real(m, pol, costs, 1000)
     assert slow[4] and res.converged and np.array_equal(res.policy, m.actions[slow[0]])
     assert res.gain == pytest.approx(slow[1], rel=1e-12)

@@ -71,9 +71,10 @@ def solve_models(models: list[TruncatedSMDP], solver: str = "pi", eps: float = 0
 
 
 def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0) -> list[tuple[SolveResult, tuple | None]]:
-    """:func:`solve_models`, each result with (its policy as action indices, their band factors) (PI; None for RVI).  PI's models are
-    checked and costed here, one BLAS thread held for all of them, and each start is handed on as the previous
-    model's action indices; a truncation and size set's infeasible (state, action) pairs are found once."""
+    """:func:`solve_models`, each result with its policy as action indices and that policy's band factors (PI; None
+    for RVI).  PI's models are checked and costed here, one BLAS thread held for all of them, and each start is
+    handed on as the previous model's action indices; a truncation and size set's infeasible (state, action) pairs
+    are found once."""
     if solver != "pi":
         return [(solve_truncated(m, solver, eps, max_iter, eta_fraction,
                                  policy0=None if policy0 is None else policy0[i]), None) for i, m in enumerate(models)]
