@@ -34,7 +34,7 @@ __all__ = [
     "LLM_REQUESTS_LIMIT", "HEAVY_TAIL_COV2", "check_llm_work", "MAP_FILE_BYTES_LIMIT", "JSON_DEPTH_LIMIT",
     "PHASE_TABLE_STATE_LIMIT", "PHASE_TABLE_VALUES_LIMIT", "SWITCH_RATIO_MIN", "SLO_MAX_MS",
     "check_memory", "check_states", "arrival_table_bytes", "model_bytes", "check_model", "check_requests",
-    "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib",
+    "check_grid", "check_rate", "check_int", "predicted_queue", "check_tail", "gib", "usable_cpus",
 ]
 
 GiB = 1 << 30
@@ -45,6 +45,14 @@ def _physical_memory() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
         return 8 * GiB
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one): what threaded work sizes to."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 #: Bytes one run may allocate for its big arrays.

@@ -134,6 +134,25 @@ def test_solve_batch_chained_on_action_indices_equals_each_model_solved_alone():
             assert getattr(s.evaluation, k) == getattr(ev, k), k  # the same stationary law and sums, to the bit
 
 
+def test_solve_batch_gives_the_same_answers_on_any_number_of_threads():
+    """The problems split into contiguous runs, one per thread, each a chain of warm starts: the same policies, gains
+    and metrics on 1, 2 and 3 threads (degenerate truncations included); a thread count that is not a whole number
+    ≥ 1 is refused before any work, in one line."""
+    probs = [BatchingProblem.from_rho(r, w2=w) for r in (0.2, 0.47, 0.63, 0.9) for w in (0.1, 1.0, 4.9, 10.0)]
+    ref = solve_batch(probs, 70, workers=1)
+    assert any(s.degenerate for s in ref)
+    for k in (2, 3):
+        for a, b in zip(ref, solve_batch(probs, 70, workers=k)):
+            assert np.array_equal(a.policy, b.policy)
+            assert b.result.gain == pytest.approx(a.result.gain, rel=1e-12)
+            assert b.evaluation.mean_latency_ms == pytest.approx(a.evaluation.mean_latency_ms, rel=1e-12)
+            assert b.evaluation.mean_power_w == pytest.approx(a.evaluation.mean_power_w, rel=1e-12)
+    for bad in (0, -1, 2.5, True, "2"):
+        with pytest.raises(InputError, match="workers must be a whole number ≥ 1") as e:
+            solve_batch(probs, 70, workers=bad)
+        assert "\n" not in str(e.value)
+
+
 def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
     s = solve(p, s_max="minimal")

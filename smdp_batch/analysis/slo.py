@@ -75,7 +75,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +86,7 @@ import numpy as np
 from ..baselines.servers import (ServerRule, ray_serve, server_padding, table_timer, tf_serving, torchserve, triton,
                                  triton_table)
 from ..errors import InputError
+from ..limits import usable_cpus
 from ..model.problem import BatchingProblem
 from .delay_search import largest_delay as _largest_delay
 from .loads import load_grid
@@ -118,8 +118,7 @@ WAVE = 2
 
 def default_workers() -> int:
     """The threads a search runs on by default: the CPUs this process may use, at most :data:`MAX_WORKERS`."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(MAX_WORKERS, cpus)
+    return min(MAX_WORKERS, usable_cpus())
 
 
 def _in_parallel(thunks: list, workers: int | None) -> list:
