@@ -153,6 +153,27 @@ def test_solve_batch_gives_the_same_answers_on_any_number_of_threads():
         assert "\n" not in str(e.value)
 
 
+def test_an_error_in_one_run_of_a_threaded_batch_is_raised_as_itself(monkeypatch):
+    """A threaded batch fails as the one-thread batch does: the error itself, not a pool's wrapper, after the runs
+    already started have ended (the rest are cancelled: an interrupt waits for at most two runs per thread)."""
+    from smdp_batch.solvers import batch
+
+    probs = [BatchingProblem.from_rho(r, w2=1.0) for r in np.linspace(0.2, 0.8, 128)]
+    models = truncate_many(probs, 70)
+    calls = []
+    real = batch.solve_indices
+
+    def failing(m, *a):
+        calls.append(1)
+        if len(calls) == 3:
+            raise InputError("a solve failed here")
+        return real(m, *a)
+
+    monkeypatch.setattr(batch, "solve_indices", failing)
+    with pytest.raises(InputError, match="^a solve failed here$"):
+        batch.solve_models(models, workers=2)
+
+
 def test_auto_smax_at_llm_batch_sizes_case_d():
     p = BatchingProblem.from_rho(0.9, batch_sizes=range(1, 257), w2=1.0)
     s = solve(p, s_max="minimal")

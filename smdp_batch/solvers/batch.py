@@ -91,9 +91,9 @@ def _worker_count(workers: int | None, n: int) -> int:
 
 def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0, workers) -> list[tuple]:
     """:func:`solve_models`: each result with (its policy as action indices, that policy's band factors) (PI; None
-    for RVI).  PI's models are split into contiguous runs, one per thread (the kernels release the GIL), one BLAS
-    thread held for all of them from the calling thread; each run is a chain of warm starts (:func:`_solve_chain`).
-    RVI runs here, one by one."""
+    for RVI).  PI's models are split into contiguous runs solved on ``workers`` threads (the kernels release the
+    GIL), one BLAS thread held for all of them from the calling thread; each run is a chain of warm starts
+    (:func:`_solve_chain`).  RVI runs here, one by one."""
     n = len(models)
     if solver != "pi":
         rs = [solve_truncated(m, solver, eps, max_iter, eta_fraction, policy0=None if policy0 is None else policy0[i])
@@ -101,7 +101,6 @@ def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0, workers)
         return [(r, None) for r in rs]
     warm_up_pi()
     k = _worker_count(workers, n)
-    bounds = [(n * i // k, n * (i + 1) // k) for i in range(k)]
 
     def run(lo: int, hi: int) -> list[tuple]:
         return _solve_chain(models[lo:hi], None if policy0 is None else policy0[lo:hi], max_iter)
@@ -109,8 +108,14 @@ def _solve_models(models, solver, eps, max_iter, eta_fraction, policy0, workers)
     with single_blas():
         if k == 1:
             return run(0, n)
-        with ThreadPoolExecutor(k, thread_name_prefix="solve-batch") as pool:
-            parts = list(pool.map(lambda b: run(*b), bounds))
+        # runs of about n/(2k), at least MIN_PER_WORKER: long enough to chain warm starts, short enough that an
+        # interrupt or an error waits only for the runs already started (the rest are cancelled)
+        size = max(MIN_PER_WORKER, -(-n // (2 * k)))
+        pool = ThreadPoolExecutor(k, thread_name_prefix="solve-batch")
+        try:
+            parts = [f.result() for f in [pool.submit(run, lo, min(n, lo + size)) for lo in range(0, n, size)]]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return [x for part in parts for x in part]
 
 
@@ -160,8 +165,9 @@ def solve_batch(
     policy0 : optional (len(problems), s_max+2) batch sizes to warm-start PI (e.g. the previous
         sweep's policies); by default numba chains warm starts along the list and JAX starts greedy.
     workers : threads for the numba backend (the kernels release the GIL): by default the CPUs this process may
-        use, one per 16 problems; the problems are split into that many contiguous runs, each a chain of warm
-        starts, and the answers are the same on any number of threads (the iterations may differ).
+        use, one per 16 problems; the problems are split into contiguous runs (two per thread, at least 16
+        problems each), each a chain of warm starts, and the answers are the same on any number of threads (the
+        iterations may differ).  An interrupt or an error waits only for the runs already started.
     A batch solved with JAX needs one set of batch sizes (one shape).  Solutions whose policy
     waits on long queues (a degenerate truncation) are returned as they are; check
     ``Solution.degenerate`` or use :func:`smdp_batch.solve` with s_max="auto" for those.
