@@ -164,10 +164,11 @@ def solve_batch(
     s_max : one integer ≥ Bmax for the whole batch (the old keyword ``smax=`` still works and warns).
     policy0 : optional (len(problems), s_max+2) batch sizes to warm-start PI (e.g. the previous
         sweep's policies); by default numba chains warm starts along the list and JAX starts greedy.
-    workers : threads for the numba backend (the kernels release the GIL): by default the CPUs this process may
-        use, one per 16 problems; the problems are split into contiguous runs (two per thread, at least 16
-        problems each), each a chain of warm starts, and the answers are the same on any number of threads (the
-        iterations may differ).  An interrupt or an error waits only for the runs already started.
+    workers : threads for PI on the numba backend (its kernels release the GIL; RVI and JAX run on the calling
+        thread): by default the CPUs this process may use, one per 16 problems.  The problems are split into
+        contiguous runs (two per thread, at least 16 problems each), each a chain of warm starts, and the answers
+        are the same on any number of threads (the iterations may differ).  An interrupt or an error waits only
+        for the runs already started.
     A batch solved with JAX needs one set of batch sizes (one shape).  Solutions whose policy
     waits on long queues (a degenerate truncation) are returned as they are; check
     ``Solution.degenerate`` or use :func:`smdp_batch.solve` with s_max="auto" for those.
