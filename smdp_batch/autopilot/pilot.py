@@ -82,7 +82,7 @@ from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _si
 from .control import BreachTest, TimerControl
 from .hooks import never_raises as _never_raises
 from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
-from .report import AutopilotMetrics
+from .report import EVENT_PREFIX, AutopilotMetrics
 from .responses import Responses, response_times
 from ..runtime.table import PolicyTable
 
@@ -421,7 +421,7 @@ class Autopilot:
             self._c[key] += 1
         self._event = event
         line = {"event": event, "live_table": self._live.id, **info}
-        log.log(level, "autopilot %s", json.dumps(line, sort_keys=True, default=str))
+        log.log(level, EVENT_PREFIX + "%s", json.dumps(line, sort_keys=True, default=str))
 
     def poll(self) -> None:
         """Run the solve schedule now (the arrival and batch hooks do): hand over a solve that has ended

@@ -12,10 +12,22 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AutopilotMetrics", "EventLog"]
+__all__ = ["AutopilotMetrics", "EventLog", "event_fields"]
 
 #: What starts each event line on the ``smdp_batch`` logger: ``autopilot {"event": …, …}``.
 EVENT_PREFIX = "autopilot "
+
+
+def event_fields(message: str) -> dict[str, Any] | None:
+    """The JSON fields of an Autopilot event line (``autopilot {…}``), or None for any other message (or one that
+    only looks like an event line)."""
+    if not message.startswith(EVENT_PREFIX):
+        return None
+    try:
+        fields = json.loads(message[len(EVENT_PREFIX):])
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
 
 
 class _Collect(logging.Handler):
@@ -24,12 +36,9 @@ class _Collect(logging.Handler):
         self.lines = lines
 
     def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if msg.startswith(EVENT_PREFIX):
-            try:
-                self.lines.append({**json.loads(msg[len(EVENT_PREFIX):]), "wall_s": record.created})
-            except ValueError:  # a line that only looks like one
-                pass
+        fields = event_fields(record.getMessage())
+        if fields is not None:
+            self.lines.append({**fields, "wall_s": record.created})
 
 
 class EventLog:

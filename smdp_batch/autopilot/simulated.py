@@ -36,7 +36,6 @@ Units: times in ms (``clock`` in s, as the Autopilot's), energy in mJ, rates in 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..runtime.bound import default_max_wait_ms
+from .report import event_fields
 
 __all__ = ["Phase", "SimClock", "SimRun", "arrivals", "simulate"]
 
@@ -170,12 +170,9 @@ class _Events(logging.Handler):
         self.clock, self.lines = clock, []  # type: tuple[Callable[[], float], list[dict]]
 
     def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if msg.startswith("autopilot "):
-            try:
-                self.lines.append({"t_s": self.clock(), **json.loads(msg[len("autopilot "):])})
-            except ValueError:
-                pass
+        fields = event_fields(record.getMessage())
+        if fields is not None:
+            self.lines.append({"t_s": self.clock(), **fields})
 
 
 def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
