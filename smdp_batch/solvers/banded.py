@@ -42,7 +42,7 @@ from .kernels import policy_residual
 
 __all__ = [
     "assemble", "band_widths", "bordered_solve", "evaluate_policy_banded", "gain_bias", "reference_state",
-    "reference_states", "stationary", "stationary_banded",
+    "reference_states", "stationary", "stationary_banded", "NO_FACTORS",
 ]
 
 _SINGULAR = "the policy's embedded chain has more than one recurrent class (singular system)"
@@ -522,8 +522,9 @@ def gain_bias(model: TruncatedSMDP, pol_idx: np.ndarray, c: np.ndarray) -> tuple
     raise InputError(_SINGULAR)
 
 
-#: What :func:`stationary` passes for "no factors held": factor here.
-_NO_LU = (np.empty((0, 0)), np.empty(0, dtype=np.int64))
+#: Band factors (ab, ext, ref) that are not there: what a PI loop returns when it hands none on, and what
+#: :func:`stationary` passes to :func:`stationary_banded` to factor there (ref −1: never a border state).
+NO_FACTORS = (np.empty((0, 0)), np.empty(0, dtype=np.int64), -1)
 
 
 def stationary(model: TruncatedSMDP, pol_idx: np.ndarray, factors: tuple | None = None) -> np.ndarray:
@@ -532,10 +533,10 @@ def stationary(model: TruncatedSMDP, pol_idx: np.ndarray, factors: tuple | None 
     band's (ab, ext, ref) from policy iteration's last evaluation of this policy (used when ref is the border state
     here, the first serving state)."""
     pol = np.ascontiguousarray(pol_idx, dtype=np.int64)
-    lu = _NO_LU
-    if factors is not None and factors[2] >= 0 and factors[2] == _first_serving(pol, model.actions, model.s_max + 1):
-        lu = (factors[0], factors[1])
-    ok, mu = stationary_banded(pol, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, *lu)
+    if factors is None or factors[2] < 0 or factors[2] != _first_serving(pol, model.actions, model.s_max + 1):
+        factors = NO_FACTORS
+    ok, mu = stationary_banded(pol, model.P, model.SF, model.klo, model.khi, model.actions, model.s_max, factors[0],
+                               factors[1])
     if ok:
         return mu
     S = model.n_states

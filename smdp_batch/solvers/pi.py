@@ -29,7 +29,8 @@ import numpy as np
 from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
 from ..model.truncation import TruncatedSMDP, truncate
-from .banded import assemble, band_widths, evaluate_policy_banded, gain_bias, stationary, stationary_banded
+from .banded import (NO_FACTORS, assemble, band_widths, evaluate_policy_banded, gain_bias, stationary,
+                     stationary_banded)
 from .kernels import (expected_next_table, improve, improve_step, usable_actions, window_filters,
                       window_span)
 from .jit import cache_is_warm, warm_up
@@ -39,8 +40,6 @@ from .threads import single_blas
 
 #: pi_loop status codes
 CONVERGED, MAX_ITER, EVAL_FAILED = 0, 1, 2
-#: The factors a loop returns when no policy evaluated (ref −1: never used).
-NO_FACTORS = (np.empty((0, 0)), np.empty(0, dtype=np.int64), -1)
 
 
 def _initial_policy(model: TruncatedSMDP) -> np.ndarray:
@@ -122,7 +121,7 @@ def pi_loop(starts, costs, Y, P, SF, klo, khi, actions, s_max, max_iter):
     Returns (status, pol, g, h, iterations, factors).  status: CONVERGED (the policy repeated), MAX_ITER,
     or EVAL_FAILED — a policy did not evaluate here; ``pol`` is then the last one that did
     (``starts[0]`` if none did, with g = NaN) and the caller finishes with the pivoting solver,
-    which also handles numerically multichain switches.  ``factors``: :data:`NO_FACTORS` (the compiled loop
+    which also handles numerically multichain switches.  ``factors``: :data:`.banded.NO_FACTORS` (the compiled loop
     returns ``pol``'s band factors for its stationary law; this loop runs on large models, where holding a second
     band beside the one being factored would double the peak memory).
 
