@@ -15,7 +15,8 @@ from smdp_batch.errors import InputError
 from smdp_batch.model.truncation import truncate
 from smdp_batch.solvers.evaluation import evaluate_policy
 from smdp_batch.solvers.exponential import solve_exponential, transient_length
-from smdp_batch.solvers.geometric import evaluate, geometric_model, metrics
+from smdp_batch.solvers.geometric import geometric_model
+from smdp_batch.solvers.geometric_system import evaluate, metrics
 from smdp_batch.solvers.geometric_pi import policy_iteration
 from smdp_batch.solvers.limit import limit_onset
 from smdp_batch.solvers.pi import policy_iteration as general_pi

@@ -33,9 +33,10 @@ from ..errors import InputError
 from ..model.laws import Exponential
 from ..model.problem import BatchingProblem
 from .evaluation import Evaluation
-from .geometric import GeometricModel, geometric_model, metrics
+from .geometric import GeometricModel, geometric_model
+from .geometric_system import metrics
 from .geometric_pi import GeometricPI, policy_iteration
-from .limit import limit_onset, onset_terms, quadratic_choice
+from .limit import limit_onset, onset_terms, quadratic_bias, quadratic_choice
 from .result import SolveResult
 from .search import limiting_actions
 
@@ -48,6 +49,8 @@ EXP_STATE_LIMIT = 1 << 19
 EXP_WORK_LIMIT = 1e9
 #: The margin past R in transient lengths ℓ (e⁻⁴⁰ ≈ 4·10⁻¹⁸).
 MARGIN_LENGTHS = 40
+#: :func:`coarse_start` keeps the first COARSE_DENSE batch sizes and about COARSE_SIZES more.
+COARSE_DENSE, COARSE_SIZES = 64, 120
 
 
 def applies(problem: BatchingProblem) -> bool:
@@ -104,6 +107,31 @@ def quadratic_start(problem: BatchingProblem, model: GeometricModel) -> np.ndarr
     return pol
 
 
+def coarse_start(problem: BatchingProblem, model: GeometricModel, keep: set[int],
+                 log=None) -> tuple[np.ndarray, tuple[float, np.ndarray] | None]:
+    """PI's first policy and (ĝ, h) on ``model``, from the same truncation with fewer batch sizes: the first
+    :data:`COARSE_DENSE` sizes, then about :data:`COARSE_SIZES` more evenly spaced, and ``keep`` (the tail action,
+    the limiting sizes).  Its policy iteration stops once its loose evaluations have settled, and the full set's
+    starts from that policy and values, so that the costly early steps, which move most states, run where each
+    improvement and each operator product is several times cheaper.  At Bmax 1 024, ρ = 0.9 (184 sizes): 6–7 s
+    for the first truncation instead of 14 s, the same table.  Small size sets (≤ 2·COARSE_SIZES) start from
+    :func:`quadratic_start`."""
+    sizes = list(problem.batch_sizes)
+    if len(sizes) <= 2 * COARSE_SIZES:
+        return quadratic_start(problem, model), None
+    step = math.ceil((len(sizes) - COARSE_DENSE) / COARSE_SIZES)
+    chosen = set(sizes[:COARSE_DENSE]) | set(sizes[COARSE_DENSE::step]) | (keep & set(sizes))
+    coarse = problem.replace(batch_sizes=tuple(sorted(chosen)))
+    cm = geometric_model(coarse, model.s_max, model.tail_action)
+
+    def note(line: str) -> None:
+        if log is not None:
+            log(f"coarse ({len(chosen)} sizes) {line}")
+
+    r = policy_iteration(cm, quadratic_start(coarse, cm), log=note, near=False, settle=True)
+    return np.searchsorted(model.sizes, cm.sizes[r.policy]).astype(np.int64), (r.gain, r.values)
+
+
 def _final_run(pol: np.ndarray) -> int:
     """R: where the final run of equal actions starts."""
     change = np.nonzero(pol[1:] != pol[:-1])[0]
@@ -116,6 +144,20 @@ def _extend(pol: np.ndarray, S: int, tail: int) -> np.ndarray:
     out[:n] = pol[:n]
     out[-1] = tail
     return out
+
+
+def _extend_values(problem: BatchingProblem, B: int, res: GeometricPI, S: int) -> tuple[float, np.ndarray]:
+    """(ĝ, h) of ``res`` carried to the truncation S as the next solve's start: h on its states (the tail boundary
+    prices each excursion, so h is nearly the longer truncation's there), then its quadratic growth under serve B
+    (:func:`~.limit.quadratic_bias`; the geometric terms have died out).  At Bmax 1 024, ρ = 0.9: 6 GMRES
+    iterations for the verifying solve instead of 85."""
+    h = res.values[: S + 1]
+    if S + 1 > h.size:
+        S0 = h.size - 1
+        alpha, beta = quadratic_bias(problem, B, res.gain)
+        n = np.arange(S0 + 1, S + 1, dtype=np.float64)
+        h = np.concatenate([h, h[-1] + alpha * (n * n - S0 * S0) + beta * (n - S0)])
+    return res.gain, h
 
 
 def _check(problem: BatchingProblem, S: int, why: str) -> None:
@@ -142,6 +184,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
     S = max(4 * problem.bmax, int(math.ceil(onset)) + 2 * margin)  # the onset is a lower bound on R (g = 0)
     _check(problem, S, f"the optimal batch reaches its limit {B} only near n ≈ {onset:.0f}, and a converged table")
     pol = None
+    last: GeometricPI | None = None  # the previous truncation's answer, whose (ĝ, h) starts the next solve
     tried = {B}
     small: tuple[int, GeometricPI] | None = None
     candidates = 0
@@ -154,10 +197,13 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
             if progress is not None:
                 progress("exponential rule", S, done)
 
-        if pol is None:
-            res = policy_iteration(model, quadratic_start(problem, model), log=note, near=False)
+        if pol is None or last is None:
+            start, guess = coarse_start(problem, model, limiting | {B}, note)
+            res = policy_iteration(model, start, log=note, near=False, guess=guess)
         else:
-            res = policy_iteration(model, _extend(pol, S, model.tail), log=note)
+            res = policy_iteration(model, _extend(pol, S, model.tail), log=note,
+                                   guess=_extend_values(problem, B, last, S))
+        last = res
         candidates += 1
         if not res.converged:
             raise InputError(f"policy iteration did not converge on the truncation s_max = {S}")

@@ -22,10 +22,9 @@ The general banded solver (:mod:`.banded`) needs O(S·Bmax·K), K ≈ 40·λl(Bm
 2·10¹³ operations at Bmax 1 024, ρ = 0.9, where the optimal batch grows until n ≈ 1.5·10⁵.
 
 A row whose successor serves another action (an *end*: about one per batch size) keeps its exact equation,
-written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (:func:`_v_at`).  GMRES
-(scipy) solves the exact system with (T) as right preconditioner — the ends are a low-rank change, and the
-residual falls about a decade per 25 iterations — and every evaluation is certified by the residual of
-the untransformed equations.  The same recursion gives V_a(·) for every allowed a in O(S·A) time and O(S)
+written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (:func:`_v_at`): the exact
+operator (:func:`_matvec`) and its transpose (:func:`_rmatvec`), which :mod:`.geometric_system` solves by
+GMRES with (T) as preconditioner.  The same recursion gives V_a(·) for every allowed a in O(S·A) time and O(S)
 memory, with no arrival table (:func:`_q_pass`): the residual's Q(s, π(s)) and the improvement step's best
 Q(s, a), which policy iteration (:mod:`.geometric_pi`) uses.
 
@@ -39,25 +38,17 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, gmres
 
 from ..errors import InputError
 from ..kernel_cache import njit
 from ..model.problem import BatchingProblem
 from ..model.truncation import excursion_rates
 
-__all__ = ["Costs", "GeometricModel", "evaluate", "geometric_model", "metrics"]
+__all__ = ["Costs", "GeometricModel", "geometric_model"]
 
-#: GMRES tolerances: rough while a tenth of the states still change, loose while the policy still moves
-#: (inexact policy iteration), tight to finish.
-ROUGH, LOOSE, TIGHT = 1e-5, 1e-7, 1e-12
 #: Values below this are set to 0 in the kernels' outputs (the decaying parts of a solve would otherwise turn
 #: subnormal, and a subnormal makes each later floating-point operation on it ~100× slower).
 TINY = 1e-250
-#: GMRES's restart length (Krylov vectors kept: RESTART × S floats).
-RESTART = 60
-#: An evaluation is accepted when eq. 20's residual, relative to 1 + max|h|, is below this.
-RESIDUAL_TOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -174,14 +165,18 @@ def _effective_up(up, ref):
 
 
 @njit(cache=True)
-def _sweep(lc, lv, ue, dg, ref, U, f, factor):
+def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
     """Doolittle's LU of B (factor=True: returns the pivots U) or its forward and back solve for f.
 
-    Row s of L is ℓ_s·(Π_{τ=c}^{t−1} γ_τ)/U_t on its window t ∈ [c, s−1] (c = lc[s], γ_t = −ue[t]/U_t),
-    so U_s = dg_s + ℓ_s·Π_{t=c}^{s−1} γ_t and the forward step needs Σ_t (Π_{τ=c}^{t−1} γ_τ)·y_t/U_t.  Both are
-    the fold of (P₁, S₁)∘(P₂, S₂) = (P₁P₂, S₁ + P₁S₂) over the window, an associative operation kept by the
-    two-stack sliding-window aggregate: suffix folds of a frozen segment [φ, β) and one running fold of
-    [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no cancellation.
+    B has the diagonal ``dg``, the super-diagonal ``ue`` and row s's lower entries ``vals`` at ``cols``
+    (CSR: ptr[s]..ptr[s+1]; none in row ``ref``, whose row and column are the identity's).  U is bidiagonal,
+    and an entry ℓ at column c < s puts ℓ·(Π_{τ=c}^{t−1} γ_τ)/U_t into row s of L for t ∈ [c, s−1]
+    (γ_t = −ue[t]/U_t), so U_s = dg_s + Σ ℓ·Π_{t=c}^{s−1} γ_t and the forward step needs Σ ℓ·Σ_t (Π_{τ=c}^{t−1}
+    γ_τ)·y_t/U_t.  Both are the fold of (P₁, S₁)∘(P₂, S₂) = (P₁P₂, S₁ + P₁S₂) over [c, s), an associative
+    operation kept by the two-stack sliding-window aggregate: suffix folds of a frozen segment [φ, β) and one
+    running fold of [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no
+    cancellation.  (T) has one lower entry per row; its transpose, reversed, has one per row on average
+    (:func:`_transposed`).
     """
     S = dg.size
     gam = np.zeros(S)
@@ -195,12 +190,20 @@ def _sweep(lc, lv, ue, dg, ref, U, f, factor):
     BP = 1.0
     BS = 0.0
     for s in range(S):
-        c = lc[s]
-        acc_p = 0.0
-        acc_s = 0.0
-        if s != ref and c >= 0 and c != ref:
-            if c < phi or c >= beta:  # refold: suffix folds of [lo, s) and an empty running fold
-                lo = c if c < phi else beta
+        acc_u = 0.0
+        acc_y = 0.0
+        k0 = ptr[s]
+        k1 = ptr[s + 1]
+        if k1 > k0:
+            lo = s
+            outside = False
+            for k in range(k0, k1):
+                c = cols[k]
+                lo = min(lo, c)
+                if c < phi or c >= beta:
+                    outside = True
+            if outside:  # refold: suffix folds of [lo, s) and an empty running fold
+                lo = min(lo, beta)
                 aP = 1.0
                 aS = 0.0
                 for t in range(s - 1, lo - 1, -1):
@@ -212,12 +215,16 @@ def _sweep(lc, lv, ue, dg, ref, U, f, factor):
                 beta = s
                 BP = 1.0
                 BS = 0.0
-            acc_p = fP[c] * BP
-            acc_s = fS[c] + fP[c] * BS
+            for k in range(k0, k1):
+                c = cols[k]
+                p = fP[c] * BP
+                if p != 0.0:
+                    acc_u += vals[k] * p
+                acc_y += vals[k] * (fS[c] + fP[c] * BS)
         if factor:
-            Uo[s] = 1.0 if s == ref else dg[s] + (lv[s] * acc_p if acc_p != 0.0 else 0.0)
+            Uo[s] = 1.0 if s == ref else dg[s] + acc_u
         elif s != ref:
-            y[s] -= lv[s] * acc_s
+            y[s] -= acc_y
         gam[s] = -ue[s] / Uo[s] if Uo[s] != 0.0 else 0.0
         if not factor:
             if abs(y[s]) < TINY:
@@ -236,14 +243,6 @@ def _sweep(lc, lv, ue, dg, ref, U, f, factor):
         v /= Uo[s]
         x[s] = v if abs(v) > TINY else 0.0  # no subnormals: they make every later dot product crawl
     return x
-
-
-def _factor(lc, lv, ue, dg, ref):
-    return _sweep(lc, lv, ue, dg, ref, np.empty(0), np.empty(0), True)
-
-
-def _solve(lc, lv, ue, U, ref, f):
-    return _sweep(lc, lv, ue, U, ref, U, f, False)
 
 
 #: Terms of V_a's sum below this weight are dropped (relative to the largest, 1 − q); 41/(1 − q) terms at most.
@@ -313,6 +312,57 @@ def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
 
 
 @njit(cache=True)
+def _rmatvec(w, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
+    """The transpose of :func:`_matvec`'s operator on w: each row's coefficients scattered into its columns (an
+    end's geometric sum becomes a geometric run over its window), the g coefficients gathered into entry ref."""
+    S = w.size
+    s_max = S - 1
+    oh = np.zeros(S)
+    og = 0.0
+    pw = np.empty(32)
+    for s in range(S):
+        ws = w[s]
+        if ws == 0.0:
+            continue
+        ai = pol[s]
+        oh[s] += dg[s] * ws
+        if s + 1 < S:
+            oh[s + 1] += up[s] * ws
+        if lc[s] >= 0:
+            oh[lc[s]] += lv[s] * ws
+        og += ws * (y[ai] * (1.0 - q[ai]) if sizes[ai] > 0 else lam_inv)
+        if end[s]:
+            qa = q[ai]
+            coef = -qa * ws
+            og -= coef * y[ai]
+            i = s + 1 - sizes[ai]
+            n, nmax = _v_terms(i, qa, s_max)
+            pw[0] = 1.0 - qa
+            for r in range(1, 32):
+                pw[r] = pw[r - 1] * qa
+            q32 = qa ** 32
+            scale = coef
+            k0 = 0
+            while k0 < n:
+                m = min(32, n - k0)
+                base = i + k0
+                for r in range(m):
+                    oh[base + r] += scale * pw[r]
+                scale *= q32
+                k0 += 32
+            if n == nmax:
+                t = coef * qa ** nmax
+                oh[s_max] += t
+                og -= t * ct[ai]
+            oh[s + 1 if s + 1 < S else s_max] -= coef
+    oh[ref] = og
+    for s in range(S):
+        if abs(oh[s]) < TINY:
+            oh[s] = 0.0
+    return oh
+
+
+@njit(cache=True)
 def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
     """The exact system's right-hand side for the cost fixed + slope·s + q^{m+1}·cc."""
     s_max = S - 1
@@ -368,152 +418,3 @@ def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
                 qbest[s] = v
                 best[s] = ai
     return qcur, qbest, best
-
-
-# ----------------------------------------------------------------------------------- evaluation
-def _reference(pol: np.ndarray, sizes: np.ndarray) -> int:
-    """A recurrent state: L, the least state reachable from s_max.  Every state reaches s_max (arrivals are
-    unbounded, waiting moves up) and [L, s_max] is closed and communicating, so the chain is unichain and L
-    recurrent; L is the fixed point of L ← min{s − π(s) : s ≥ L, π(s) > 0} (a serving row reaches every state
-    ≥ s − π(s))."""
-    a = sizes[pol]
-    j = np.where(a > 0, np.arange(pol.size) - a, pol.size)
-    low = np.minimum.accumulate(j[::-1])[::-1]  # low[L] = min_{s ≥ L} j(s)
-    L = pol.size - 1
-    while low[L] < L:
-        L = int(low[L])
-    return L
-
-
-def _flush(x: np.ndarray) -> np.ndarray:
-    """x with the entries below 1e-200·max|x| set to 0: GMRES normalises its vectors, and such an entry of a vector
-    whose norm is large would become subnormal, which slows every later product on it ~100-fold."""
-    x[np.abs(x) < 1e-200 * np.max(np.abs(x), initial=0.0)] = 0.0
-    return x
-
-
-class _System:
-    """One policy's exact bias system, factored once: :meth:`solve` gives (g, h) for any cost vector."""
-
-    def __init__(self, model: GeometricModel, pol: np.ndarray):
-        S = model.s_max + 1
-        self.model, self.S = model, S
-        self.pol = pol = np.ascontiguousarray(pol, dtype=np.int64)
-        if pol.shape != (S,) or pol.min() < 0 or pol.max() >= model.sizes.size:
-            raise InputError(f"a policy here is {S} action indices in 0..{model.sizes.size - 1}")
-        bad = np.nonzero(model.sizes[pol] > np.arange(S))[0]
-        if bad.size or pol[-1] != model.tail:
-            raise InputError(f"the policy serves more than the queue holds at n = {int(bad[0])}" if bad.size else
-                             f"the policy must serve B = {model.tail_action} at s_max = {model.s_max}")
-        lc, lv, up, dg, end = _rows(pol, model.sizes, model.q, S)
-        self.ref = ref = _reference(pol, model.sizes)
-        ue = _effective_up(up, ref)
-        U = _factor(lc, lv, ue, dg, ref)
-        if not (np.all(np.isfinite(U)) and np.all(U > 0)):
-            raise InputError("the policy's three-term system has a non-positive pivot (round-off); its chain is "
-                             "unichain, so this is numerical, not the model's")
-        self.end = end
-        lam_inv = 1.0 / model.problem.lam
-        # (T) in x (x[ref] = g) is B + u·e_refᵀ + e_ref·vᵀ, B with row and column ref the identity (Woodbury)
-        G = np.where(model.sizes[pol] > 0, model.y[pol] * (1.0 - model.q[pol]), lam_inv)
-        u = G.copy()
-        u[ref] = 0.0
-        v = np.zeros(S)
-        if lc[ref] >= 0 and lc[ref] != ref:
-            v[lc[ref]] += lv[ref]
-        if ref + 1 < S:
-            v[ref + 1] += up[ref]
-        v[ref] = G[ref] - 1.0
-        e = np.zeros(S)
-        e[ref] = 1.0
-        self._b = (lc, lv, ue, U, ref)
-        Z0, Z1 = _flush(_solve(*self._b, u)), _flush(_solve(*self._b, e))
-        self._w = (Z0, Z1, v, np.linalg.inv(np.array([[1.0 + Z0[ref], Z1[ref]], [v @ Z0, 1.0 + v @ Z1]])))
-        args = (pol, model.sizes, model.q, model.y, model.ct, lc, lv, up, dg, end, ref, lam_inv)
-        self.A = LinearOperator((S, S), matvec=lambda x: _flush(_matvec(np.ascontiguousarray(x), *args)),
-                                dtype=np.float64)
-        self.AM = LinearOperator((S, S), matvec=lambda y: self.A.matvec(self._precondition(y)), dtype=np.float64)
-
-    def _precondition(self, r: np.ndarray) -> np.ndarray:
-        Z0, Z1, v, Ci = self._w
-        z = _solve(*self._b, np.ascontiguousarray(r))
-        w = Ci @ np.array([z[self.ref], v @ z])
-        return _flush(z - Z0 * w[0] - Z1 * w[1])
-
-    def solve(self, cost: Costs, rtol: float, guess: tuple[float, np.ndarray] | None = None,
-              maxiter: int = 40) -> tuple[float, np.ndarray, int]:
-        """(g, h, GMRES iterations) for ``cost``; ``guess`` a nearby (g, h) to start from."""
-        m = self.model
-        f = _rhs(self.pol, m.sizes, m.q, cost.fixed, cost.slope, cost.cc, self.end, self.S)
-        if guess is None:
-            x = self._precondition(f)
-        else:
-            x = guess[1].copy()
-            x[self.ref] = guess[0]
-        its = [0]
-
-        def count(_):
-            its[0] += 1
-
-        # right preconditioning, A·M y = f − A x, so GMRES's residual is the exact system's; one restart cycle
-        # at a time, stopping at rtol or when a cycle gains less than 10 % (the round-off floor)
-        goal = rtol * (float(np.linalg.norm(f)) or 1.0)
-        last = math.inf
-        for _ in range(maxiter):
-            r = f - self.A.matvec(x)
-            rn = float(np.linalg.norm(r))
-            if rn <= goal or rn > 0.9 * last:
-                break
-            last = rn
-            y, _ = gmres(self.AM, r, rtol=0.0, atol=goal, restart=RESTART, maxiter=1, callback=count,
-                         callback_type="pr_norm")
-            x = x + self._precondition(y)
-        g = float(x[self.ref])
-        h = x.copy()
-        h[self.ref] = 0.0
-        return g, h, its[0]
-
-
-def _q(model: GeometricModel, cost: Costs, pol: np.ndarray, g: float, h: np.ndarray):
-    return _q_pass(h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct,
-                   model.s_max, model.tail)
-
-
-def _residual(h: np.ndarray, qcur: np.ndarray) -> float:
-    return float(np.max(np.abs(h - qcur)) / (1.0 + np.max(np.abs(h))))
-
-
-def evaluate(model: GeometricModel, pol: np.ndarray, cost: Costs | None = None,
-             rtol: float = TIGHT) -> tuple[float, np.ndarray]:
-    """(g, h) of ``pol`` (action indices, length s_max + 1, B at s_max), certified: eq. 20's residual
-    < :data:`RESIDUAL_TOL` (relative to 1 + max|h|) or InputError."""
-    cost = model.cost if cost is None else cost
-    g, h, _ = _System(model, pol).solve(cost, rtol)
-    res = _residual(h, _q(model, cost, pol, g, h)[0])
-    if not res < RESIDUAL_TOL:
-        raise InputError(f"the policy's evaluation did not converge (residual {res:.3g})")
-    return g, h
-
-
-def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, delta: bool = True) -> dict:
-    """W̄ (ms), P̄ (W), throughput (/ms), mean batch, Δ (the excursions' cost per ms) and the chance an epoch
-    leaves the truncation, each the gain of its own cost vector (module doc), certified like :func:`evaluate`;
-    ``gain``: the policy's ĝ when known (P̄ = (ĝ − w1·W̄)/w2 then costs no solve); ``delta=False`` skips Δ."""
-    system = _System(model, pol)
-    p = model.problem
-    gains = {}
-    for name, cost in model.parts.items():
-        if (name == "energy" and p.w2 > 0) or (name == "excursion" and not delta):  # ĝ = w1·W̄ + w2·P̄ gives P̄
-            continue
-        g, h, _ = system.solve(cost, TIGHT, maxiter=8)  # certified below: GMRES may stall at round-off before 1e-12
-        res = _residual(h, _q(model, cost, pol, g, h)[0])
-        if not res < RESIDUAL_TOL:
-            raise InputError(f"the policy's {name} evaluation did not converge (residual {res:.3g})")
-        gains[name] = g
-    if "energy" not in gains:
-        g = system.solve(model.cost, TIGHT, maxiter=8)[0] if gain is None else gain
-        gains["energy"] = (g - p.w1 * gains["hold"]) / p.w2
-    lam = p.lam
-    return {"mean_latency_ms": gains["hold"], "mean_power_w": gains["energy"], "throughput": lam,
-            "mean_batch_size": lam / gains["batches"], "delta": gains.get("excursion", math.nan),
-            "overflow_probability": max(gains["leave"], 0.0) / gains["epochs"]}  # ≥ 0: round-off below 1e-30

@@ -1,8 +1,11 @@
 """Policy iteration for exponential batch times in O(S) memory (paper 004 eqs. 18–22; Puterman §11.4, Howard).
 
-The model, its O(S) evaluation and the improvement step's Q-values are :mod:`.geometric`'s; this is the loop
-around them.  It improves with V_a(·) by its recursion for every allowed a: O(S·A) time, O(S) memory, no
-arrival table.  Early evaluations are loose (GMRES to 1e-5, then 1e-7; inexact policy iteration), the last
+The model and the improvement step's Q-values are :mod:`.geometric`'s, its O(S) evaluation
+:mod:`.geometric_system`'s; this is the loop around them.  It improves with V_a(·) by its recursion for every
+allowed a: O(S·A) time, O(S) memory, no arrival table.  A state's action changes only when another is better by
+more than :data:`IMPROVE_RTOL` relative to |Q|, 1e-13 rather than the general solvers' 1e-11: here |Q| reaches
+~10¹⁰ at n ~ 10⁵, where 1e-11 would leave a tie band of ±33 states around each switch (the Q differences are
+accurate to ~1e-14 relative, the GMRES residual's).  Early evaluations are loose (GMRES to 1e-5, then 1e-7; inexact policy iteration), the last
 ones tight (1e-12), and the loop ends only when a tight evaluation's improvement returns the same policy.
 """
 
@@ -15,11 +18,16 @@ import numpy as np
 
 from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
-from .geometric import (LOOSE, RESIDUAL_TOL, ROUGH, TIGHT, GeometricModel, _System, _effective_up, _matvec, _q,
-                        _q_pass, _residual, _rhs, _rows, _sweep, _v_at, _v_terms, geometric_model, metrics)
+from .geometric import (GeometricModel, _effective_up, _matvec, _q_pass, _rhs, _rmatvec, _rows, _sweep, _v_at, _v_terms,
+                        geometric_model)
+from .geometric_system import LOOSE, RESIDUAL_TOL, ROUGH, TIGHT, _q, _residual, _System, metrics
 from .jit import warm_up
 
 __all__ = ["GeometricPI", "greedy", "policy_iteration", "warm_up_geometric"]
+
+
+#: A state's action changes only when another is better by more than this, relative to |Q|.
+IMPROVE_RTOL = 1e-13
 
 
 @dataclass(frozen=True)
@@ -43,14 +51,18 @@ def greedy(model: GeometricModel) -> np.ndarray:
 
 
 def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_iter: int = 200,
-                     log=None, near: bool | None = None) -> GeometricPI:
+                     log=None, near: bool | None = None,
+                     guess: tuple[float, np.ndarray] | None = None, settle: bool = False) -> GeometricPI:
     """Exact PI (module doc) from ``pol0`` (default greedy), ended by a tight evaluation that improves to itself;
-    ``near`` (default: whether pol0 is given): start with tight evaluations, pol0 being nearly optimal."""
+    ``near`` (default: whether pol0 is given): start with tight evaluations, pol0 being nearly optimal;
+    ``guess``: (ĝ, h) near pol0's, where the first evaluation's GMRES starts (default: the preconditioned cost);
+    ``settle``: a start for a finer problem, so stop (converged False, no warning) once the loose evaluations'
+    policy has settled, returning the last improvement with the (ĝ, h) it was made from."""
     t0 = time.perf_counter()
     pol = greedy(model) if pol0 is None else np.asarray(pol0, dtype=np.int64).copy()
     pol[-1] = model.tail
     near = pol0 is not None if near is None else near
-    guess, rtol, krylov = None, TIGHT if near else ROUGH, 0
+    rtol, krylov = TIGHT if near else ROUGH, 0
     g, h = 0.0, np.zeros(pol.size)
     for it in range(max_iter):
         system = _System(model, pol)
@@ -59,7 +71,7 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
         guess = (g, h)
         qcur, qbest, best = _q(model, model.cost, pol, g, h)
         res = _residual(h, qcur)
-        new = np.where(qcur - qbest > 1e-11 * (1.0 + np.abs(qcur)), best, pol)
+        new = np.where(qcur - qbest > IMPROVE_RTOL * (1.0 + np.abs(qcur)), best, pol)
         changed = int(np.count_nonzero(new != pol))
         if log is not None:
             log(f"PI {it}: ĝ = {g:.12g}, {k} GMRES iterations (rtol {rtol:.0e}), residual {res:.1e}, "
@@ -72,6 +84,8 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
             rtol = TIGHT
             continue
         if changed <= max(16, pol.size // 1000):
+            if settle:
+                return GeometricPI(new, g, h, it + 1, krylov, time.perf_counter() - t0, False)
             rtol = TIGHT
         elif changed <= pol.size // 10 and rtol == ROUGH:
             rtol = LOOSE
@@ -93,5 +107,5 @@ def _tiny_run() -> None:
 
 def warm_up_geometric() -> float:
     """Load or compile this module's kernels once per process (:mod:`.jit`); the seconds it took."""
-    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rhs, _q_pass), _tiny_run,
+    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rmatvec, _rhs, _q_pass), _tiny_run,
                    COLD_SECONDS)

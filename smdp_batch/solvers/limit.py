@@ -48,7 +48,7 @@ from ..limits import WORK_LIMIT, predicted_queue
 from ..model.problem import BatchingProblem
 
 __all__ = ["PROBABLE_MASS", "Reach", "check_reach", "estimated_width", "limit_onset", "limiting_sizes", "quadratic_choice",
-           "onset_terms", "probable_range", "reach", "retarget", "truncation_work"]
+           "onset_terms", "probable_range", "quadratic_bias", "reach", "retarget", "truncation_work"]
 
 #: The probable-range table is accepted when the queue exceeds its verified range with probability below this
 #: (at decision epochs, under the table's policy); :mod:`.search` uses it.
@@ -97,17 +97,26 @@ class _Stats:
         return (int(np.searchsorted(self.sizes, s, side="right")) + 1) * (s + 2) * self.width(s, rows)
 
 
+def quadratic_bias(problem: BatchingProblem, B: int, g: float, stats: _Stats | None = None) -> tuple[float, float]:
+    """(α, β) of the bias h(n) = αn² + βn + γ + (geometric terms) under "serve B" at long queues (module doc;
+    costs of eq. 11, ``g`` the average cost per ms)."""
+    st = stats or _Stats(problem)
+    i = list(problem.batch_sizes).index(int(B))
+    d = float(st.d[i])
+    if not d > 0:
+        raise InputError(f"the batch size B = {B} does not drain the queue (λ·l(B) ≥ B)")
+    alpha = float(st.c1[i]) / (2.0 * d)
+    return alpha, (float(st.c0[i]) + alpha * float(st.var[i] + d * d) - g * float(st.l[i])) / d
+
+
 def onset_terms(problem: BatchingProblem, B: int, g: float, stats: _Stats | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(L, C) per batch size of ``problem``: Q(n, b) − Q(n, B) = n·L_b + C_b from the quadratic bias of eq. 20
     under "serve B" (module doc; costs of eq. 11, ``g`` the average cost per ms)."""
     st = stats or _Stats(problem)
     l, d, var, c0, c1 = st.l, st.d, st.var, st.c0, st.c1
     i = list(problem.batch_sizes).index(int(B))
-    if not d[i] > 0:
-        raise InputError(f"the batch size B = {B} does not drain the queue (λ·l(B) ≥ B)")
+    alpha, beta = quadratic_bias(problem, B, g, st)
     M2 = var + d * d
-    alpha = c1[i] / (2.0 * d[i])
-    beta = (c0[i] + alpha * M2[i] - g * l[i]) / d[i]
     L = c1 - c1[i] - 2.0 * alpha * (d - d[i])
     C = c0 - c0[i] - g * (l - l[i]) + alpha * (M2 - M2[i]) - beta * (d - d[i])
     return L, C
