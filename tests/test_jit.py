@@ -34,6 +34,19 @@ def test_a_cache_compiled_for_another_cpu_is_not_warm_here():
     assert not jit.cache_is_warm([_dispatcher(0)])
 
 
+def test_a_kernel_inlined_in_its_callers_does_not_make_a_warm_cache_cold():
+    """An ``inline="always"`` kernel has no cache entry of its own; it once made every exponential-rule run say
+    "compiling kernels" on a warm cache."""
+    from smdp_batch.solvers.geometric_pi import KERNELS, warm_up_geometric
+
+    inlined = _dispatcher(0)
+    inlined.targetoptions = {"inline": "always"}
+    assert jit.cache_is_warm([_dispatcher(1), inlined])
+    warm_up_geometric()
+    assert any(k.targetoptions.get("inline") == "always" for k in KERNELS)
+    assert jit.cache_is_warm(KERNELS)
+
+
 def test_cold_cache_gives_one_notice_and_one_run(caplog, monkeypatch):
     monkeypatch.setattr(jit, "_done", set())
     runs = []

@@ -94,6 +94,8 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
     return GeometricPI(pol, g, h, max_iter, krylov, time.perf_counter() - t0, False)
 
 
+#: The kernels :func:`warm_up_geometric` loads or compiles (the inlined ones ride in their callers).
+KERNELS = (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rmatvec, _rhs, _q_pass)
 #: Cold compile of these kernels on the 2-core dev machine, seconds (the notice :func:`~.jit.warm_up` prints).
 COLD_SECONDS = 8
 
@@ -107,5 +109,5 @@ def _tiny_run() -> None:
 
 def warm_up_geometric() -> float:
     """Load or compile this module's kernels once per process (:mod:`.jit`); the seconds it took."""
-    return warm_up("geometric", (_rows, _effective_up, _sweep, _v_terms, _v_at, _matvec, _rmatvec, _rhs, _q_pass), _tiny_run,
+    return warm_up("geometric", KERNELS, _tiny_run,
                    COLD_SECONDS)

@@ -39,10 +39,12 @@ def cache_is_warm(kernels: Sequence) -> bool:
     """Whether every numba dispatcher in ``kernels`` has a current entry for this machine in the on-disk cache.
 
     An entry holds the target it was compiled for (numba's "magic tuple": OS, architecture, CPU and its
-    features): a cache shared by machines of other CPUs (a package on a shared file system) is not warm here."""
+    features): a cache shared by machines of other CPUs (a package on a shared file system) is not warm here.
+    A kernel inlined at numba's IR level (``inline="always"``) has no entry of its own (its callers' hold its
+    code), so it is not asked about."""
     try:
         return all(any(key[1] == k.targetctx.codegen().magic_tuple() for key in k._cache._cache_file._load_index())
-                   for k in kernels)
+                   for k in kernels if getattr(k, "targetoptions", {}).get("inline") != "always")
     except (AttributeError, IndexError, TypeError):  # numba's cache internals changed: say nothing rather than guess
         return True
 
