@@ -68,6 +68,12 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
         system = _System(model, pol)
         g, h, k = system.solve(model.cost, rtol, guess, maxiter=60 if rtol == TIGHT else 40)
         krylov += k
+        if k == 0 and it > 0 and rtol != TIGHT:
+            # (ĝ, h) is the one pol was improved from, already within rtol for it: improving again returns pol
+            if log is not None:
+                log(f"PI {it}: the last (ĝ, h) holds for this policy at rtol {rtol:.0e}; evaluating tightly")
+            rtol = TIGHT
+            continue
         guess = (g, h)
         qcur, qbest, best = _q(model, model.cost, pol, g, h)
         res = _residual(h, qcur)
