@@ -113,7 +113,7 @@ def coarse_start(problem: BatchingProblem, model: GeometricModel, keep: set[int]
     :data:`COARSE_DENSE` sizes, then about :data:`COARSE_SIZES` more evenly spaced, and ``keep`` (the tail action,
     the limiting sizes).  Its policy iteration stops once its loose evaluations have settled, and the full set's
     starts from that policy and values, so that the costly early steps, which move most states, run where each
-    improvement and each operator product is several times cheaper.  At Bmax 1 024, ρ = 0.9 (184 sizes): 6–7 s
+    improvement and each operator product is several times cheaper.  At Bmax 1 024, ρ = 0.9 (185 sizes): 6 s
     for the first truncation instead of 14 s, the same table.  Small size sets (≤ 2·COARSE_SIZES) start from
     :func:`quadratic_start`."""
     sizes = list(problem.batch_sizes)
@@ -149,7 +149,7 @@ def _extend(pol: np.ndarray, S: int, tail: int) -> np.ndarray:
 def _extend_values(problem: BatchingProblem, B: int, res: GeometricPI, S: int) -> tuple[float, np.ndarray]:
     """(ĝ, h) of ``res`` carried to the truncation S as the next solve's start: h on its states (the tail boundary
     prices each excursion, so h is nearly the longer truncation's there), then its quadratic growth under serve B
-    (:func:`~.limit.quadratic_bias`; the geometric terms have died out).  At Bmax 1 024, ρ = 0.9: 6 GMRES
+    (:func:`~.limit.quadratic_bias`; the geometric terms have died out).  At Bmax 1 024, ρ = 0.9: 3–6 GMRES
     iterations for the verifying solve instead of 85."""
     h = res.values[: S + 1]
     if S + 1 > h.size:
@@ -188,6 +188,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
     tried = {B}
     small: tuple[int, GeometricPI] | None = None
     candidates = 0
+    policies = 0  # policy iterations over every truncation (the coarse start's not counted: another problem)
     while True:
         model = geometric_model(problem, S, B)
 
@@ -205,6 +206,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
                                    guess=_extend_values(problem, B, last, S))
         last = res
         candidates += 1
+        policies += res.iterations
         if not res.converged:
             raise InputError(f"policy iteration did not converge on the truncation s_max = {S}")
         R = _final_run(res.policy)
@@ -243,7 +245,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
     policy = np.append(sizes[res.policy], B)  # S_o repeats s_max (the tail boundary's copy)
     table = np.append(sizes[table_idx], B)
     values = np.append(res.values, res.values[-1])
-    result = SolveResult(policy, res.gain, (res.gain, res.gain), values, res.iterations, 0.0, True, "pi",
+    result = SolveResult(policy, res.gain, (res.gain, res.gain), values, policies, 0.0, True, "pi",
                          time.perf_counter() - t0)
     g = res.gain  # the table equals π on 0..R and serves B = π(R) beyond: the same policy, the same ĝ
     evaluation = Evaluation(avg_cost=g, delta=moved, mean_latency_ms=ev["mean_latency_ms"],
