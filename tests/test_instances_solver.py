@@ -438,6 +438,53 @@ def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
     assert got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
 
 
+def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch):
+    """From ILU_FROM states a policy is solved by GMRES on incomplete LU factors (its own, or the last policy's
+    when close): the same policy, table and metrics as complete factorisations (to 1e-11), with none of them."""
+    from smdp_batch.solvers import multi_system
+
+    p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    fresh = solve_instances(p)
+    monkeypatch.setattr(multi_system, "ILU_FROM", 0)
+    calls = _splu_calls(monkeypatch)
+    built: list[int] = []
+    real = multi_system.spilu
+    monkeypatch.setattr(multi_system, "spilu", lambda M, **kw: built.append(M.shape[0]) or real(M, **kw))
+    got = solve_instances(p)
+    assert built and not calls
+    assert len(built) < got.iterations  # close policies reuse the last incomplete factors
+    assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
+    assert got.n_max == fresh.n_max and got.iterations == fresh.iterations
+    for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
+        for k, v in theirs.to_dict().items():
+            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+
+
+def test_incomplete_factors_that_fail_fall_back_to_complete_ones(monkeypatch):
+    """A zero pivot in the incomplete factors, or GMRES that does not settle on them: the complete factors."""
+    from smdp_batch.solvers import multi_system
+
+    p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    fresh = solve_instances(p)
+    monkeypatch.setattr(multi_system, "ILU_FROM", 0)
+
+    def singular(M, **kw):
+        raise RuntimeError("Factor is exactly singular")
+
+    monkeypatch.setattr(multi_system, "spilu", singular)
+    calls = _splu_calls(monkeypatch)
+    got = solve_instances(p)
+    assert calls and got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
+    monkeypatch.undo()
+    monkeypatch.setattr(multi_system, "ILU_FROM", 0)
+    monkeypatch.setattr(multi_system, "ILU_DROP", 0.5)  # factors too rough for GMRES's 1 iteration below
+    monkeypatch.setattr(multi_system, "ILU_ITERATIONS", 1)
+    calls = _splu_calls(monkeypatch)
+    got = solve_instances(p)
+    assert calls and np.array_equal(got.policy, fresh.policy)
+    assert got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
+
+
 def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     import scipy.sparse as sp
     from scipy.sparse.linalg import splu
