@@ -439,8 +439,8 @@ def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
 
 
 def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch):
-    """From ILU_FROM states a policy is solved by GMRES on incomplete LU factors (its own, or the last policy's
-    when close): the same policy, table and metrics as complete factorisations (to 1e-11), with none of them."""
+    """From ILU_FROM states a policy is solved by GMRES on incomplete LU factors (its own; from ILU_REUSE_FROM the last
+    policy's when close): the same policy, table and metrics as complete factorisations (to 1e-11), with none."""
     from smdp_batch.solvers import multi_system
 
     p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
@@ -450,14 +450,17 @@ def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch)
     built: list[int] = []
     real = multi_system.spilu
     monkeypatch.setattr(multi_system, "spilu", lambda M, **kw: built.append(M.shape[0]) or real(M, **kw))
-    got = solve_instances(p)
-    assert built and not calls
-    assert len(built) < got.iterations  # close policies reuse the last incomplete factors
-    assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
-    assert got.n_max == fresh.n_max and got.iterations == fresh.iterations
-    for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
-        for k, v in theirs.to_dict().items():
-            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+    for reuse_from in (10**9, 0):  # each policy its own incomplete factors; then close ones reuse the last
+        monkeypatch.setattr(multi_system, "ILU_REUSE_FROM", reuse_from)
+        built.clear()
+        got = solve_instances(p)
+        assert built and not calls
+        assert (len(built) < got.iterations) == (reuse_from == 0)
+        assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
+        assert got.n_max == fresh.n_max and got.iterations == fresh.iterations
+        for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
+            for k, v in theirs.to_dict().items():
+                assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
 
 
 def test_incomplete_factors_that_fail_fall_back_to_complete_ones(monkeypatch):
@@ -477,6 +480,7 @@ def test_incomplete_factors_that_fail_fall_back_to_complete_ones(monkeypatch):
     assert calls and got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
     monkeypatch.undo()
     monkeypatch.setattr(multi_system, "ILU_FROM", 0)
+    monkeypatch.setattr(multi_system, "ILU_REUSE_FROM", 0)
     monkeypatch.setattr(multi_system, "ILU_DROP", 0.5)  # factors too rough for GMRES's 1 iteration below
     monkeypatch.setattr(multi_system, "ILU_ITERATIONS", 1)
     calls = _splu_calls(monkeypatch)
