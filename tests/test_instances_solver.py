@@ -489,6 +489,36 @@ def test_incomplete_factors_that_fail_fall_back_to_complete_ones(monkeypatch):
     assert got.optimal.avg_cost == pytest.approx(fresh.optimal.avg_cost, rel=1e-12)
 
 
+def test_starting_from_the_one_instance_table_reaches_the_same_optimum(monkeypatch):
+    """Large models start policy iteration from the one-instance table at the load's c-th share (TABLE_START_FROM);
+    forced on a small one it reaches greedy's optimum; a one-instance problem that cannot be solved falls back."""
+    from smdp_batch.solvers import multi_pi
+
+    p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
+    greedy = solve_instances(p)
+    monkeypatch.setattr(multi_pi, "TABLE_START_FROM", 0)
+    starts: list[bool] = []  # per call: whether the start differs from greedy's
+    real = multi_pi._start
+    monkeypatch.setattr(multi_pi, "_start", lambda sysm, *a: (lambda act: starts.append(
+        not np.array_equal(act, multi_pi._initial(sysm))) or act)(real(sysm, *a)))
+    got = solve_instances(p)
+    assert starts == [False, True]  # the one-instance solve's greedy start, then the two-instance model's, once
+    assert np.array_equal(got.policy, greedy.policy) and np.array_equal(got.table, greedy.table)
+    assert got.optimal.avg_cost == pytest.approx(greedy.optimal.avg_cost, rel=1e-11)
+
+    whole = multi_pi.solve_instances
+
+    def one_refused(problem, **kw):
+        if problem.instances == 1:
+            raise InputError("no")
+        return whole(problem, **kw)
+
+    monkeypatch.setattr(multi_pi, "solve_instances", one_refused)  # what _start calls
+    starts.clear()
+    assert whole(p).optimal.avg_cost == pytest.approx(greedy.optimal.avg_cost, rel=1e-11)
+    assert starts == [False]
+
+
 def test_the_preconditioned_solve_keeps_only_answers_below_its_residual_bound():
     import scipy.sparse as sp
     from scipy.sparse.linalg import splu

@@ -35,6 +35,8 @@ from .multi_system import MultiEvaluation, MultiSystem, table_policy, table_rows
 __all__ = ["MultiSolution", "MultiEvaluation", "solve_instances", "evaluate_instances_table"]
 
 PI_ITER_LIMIT = 200
+#: From this many states policy iteration starts from the one-instance table (:func:`_start`), else greedy.
+TABLE_START_FROM = 50_000
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,23 @@ def _initial(sysm: MultiSystem) -> np.ndarray:
     for i in range(sysm.sizes.size):
         act = np.where(sysm.feasible[:, i + 1], i + 1, act)
     return act
+
+
+def _start(sysm: MultiSystem, phases: int | None, idle_power_w: float) -> np.ndarray:
+    """Policy iteration's first policy: on a model of :data:`TABLE_START_FROM` states or more, where each step
+    costs seconds, the one-instance optimal table at the load's c-th share run on every idle instance
+    (:func:`~.multi_system.table_policy`); two steps fewer than greedy's start at c = 2, every size, ρ 0.5 and
+    0.7 (9 → 7 and 8 → 6 at N = 128: 12.8 → 9.2 s, 19.6 → 13.9 s), the same optimum.  Greedy otherwise, or where
+    that one-instance problem cannot be solved."""
+    p = sysm.model.problem
+    if p.instances == 1 or sysm.model.n_states < TABLE_START_FROM:
+        return _initial(sysm)
+    try:
+        one = solve_instances(p.replace(instances=1, lam=p.lam / p.instances), phases=phases,
+                              idle_power_w=idle_power_w, throw=True)
+        return table_policy(sysm, np.minimum(one.table, np.arange(one.table.size)))
+    except (InputError, NotConvergedWarning):
+        return _initial(sysm)
 
 
 def _iterate(sysm: MultiSystem, act: np.ndarray) -> tuple[np.ndarray, MultiEvaluation, int, bool]:
@@ -282,7 +301,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     last: tuple[MultiSystem, np.ndarray, float] | None = None  # the previous truncation: system, optimum, its cost
     while True:
         sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
-        act = _initial(sysm) if act is None else _extend(act, n_old, sysm)
+        act = _start(sysm, phases, idle_power_w) if act is None else _extend(act, n_old, sysm)
         act, ev, its, ok = _iterate(sysm, act)
         total += its
         if not ok:
