@@ -1,12 +1,13 @@
 """Policy iteration for exponential batch times in O(S) memory (paper 004 eqs. 18–22; Puterman §11.4, Howard).
 
 The model and the improvement step's Q-values are :mod:`.geometric`'s, its O(S) evaluation
-:mod:`.geometric_system`'s; this is the loop around them.  It improves with V_a(·) by its recursion for every
-allowed a: O(S·A) time, O(S) memory, no arrival table.  A state's action changes only when another is better by
+:mod:`.geometric_system`'s; this is the loop around them. It improves with V_a(·) by its recursion for every
+allowed a: O(S·A) time, O(S) memory, no arrival table. A state's action changes only when another is better by
 more than :data:`IMPROVE_RTOL` relative to |Q|, 1e-13 rather than the general solvers' 1e-11: here |Q| reaches
 ~10¹⁰ at n ~ 10⁵, where 1e-11 would leave a tie band of ±33 states around each switch (the Q differences are
-accurate to ~1e-14 relative, the GMRES residual's).  Early evaluations are loose (GMRES to 1e-5, then 1e-7; inexact policy iteration), the last
-ones tight (1e-12), and the loop ends only when a tight evaluation's improvement returns the same policy.
+accurate to ~1e-14 relative, the GMRES residual's). Early evaluations are loose (GMRES to 1e-5, then 1e-7;
+inexact policy iteration), the last ones tight (1e-12), and the loop ends only when a tight evaluation's
+improvement returns the same policy.
 """
 
 from __future__ import annotations
