@@ -226,3 +226,30 @@ def test_pi_answers_as_the_pivoting_loop_on_a_seeded_sample_of_problems():
         assert res.gain == pytest.approx(slow[1], rel=1e-9), (i, rho, w2)
         degenerate += int(res.policy[-1] == 0)
     assert degenerate >= 2  # the sample reaches the degenerate case
+
+
+def test_only_the_paths_that_call_blas_hold_one_blas_thread(monkeypatch):
+    """The compiled loop calls no BLAS, and switching BLAS's thread count and back cost ~4 % of a small solve: it
+    leaves the count alone, while the Python loop (which calls BLAS) holds one thread and gives the count back."""
+    from smdp_batch.solvers import threads
+
+    sets: list[int] = []
+
+    class Lib:  # a BLAS library's controller, as threadpoolctl gives it
+        num_threads = 2
+
+        def set_num_threads(self, n: int) -> None:
+            sets.append(n)
+            self.num_threads = n
+
+    monkeypatch.setattr(threads, "_libraries", [Lib()])
+    model = truncate(BatchingProblem.basic(rho=0.9), 70)
+    pimod.warm_up_pi()  # the process's warm-up (its tiny model runs the Python loop), then the compiled loop
+    pimod._load_compiled()
+    sets.clear()
+    fast = policy_iteration(model)
+    assert pimod._compiled["fn"] is not None and sets == []
+    monkeypatch.setattr(pimod, "COMPILED_MAX_WORK", 0)  # the Python loop
+    slow = policy_iteration(model)
+    assert sets == [1, 2]
+    assert np.array_equal(fast.policy, slow.policy) and fast.gain == pytest.approx(slow.gain, rel=1e-12)

@@ -194,8 +194,7 @@ def policy_iteration(
     check_pi_work(model)
     warm_up_pi()
     starts = None if policy0 is None else model.action_index(policy0)[None, :]
-    with single_blas():
-        return solve_indices(model, starts, model.costs(), max_iter)[0]
+    return solve_indices(model, starts, model.costs(), max_iter)[0]
 
 
 def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.ndarray,
@@ -203,7 +202,10 @@ def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.nda
     """:func:`policy_iteration` on checked inputs: ``starts`` (C × S feasible action indices; None: :func:`_starts`),
     ``costs`` the model's (:meth:`~.TruncatedSMDP.costs`); the result, its policy as action indices and that policy's
     band factors (for :func:`.evaluation.evaluate_indices`).  For callers that solve many models
-    (:func:`.batch.solve_models`), which check the work and hold one BLAS thread for all."""
+    (:func:`.batch.solve_models`), which check the work and hold one BLAS thread for all.  The paths that call BLAS
+    (the Python loop, the pivoting step) hold one BLAS thread themselves (:func:`~.threads.single_blas`); the
+    compiled loop calls none, and the context's switch of BLAS's thread count and back cost more than its solve
+    (Bmax 32, s_max 70)."""
     t0 = time.perf_counter()
     if starts is None:
         starts = _starts(model)
@@ -214,7 +216,8 @@ def solve_indices(model: TruncatedSMDP, starts: np.ndarray | None, costs: np.nda
     while status == EVAL_FAILED and it < max_iter:
         # one improvement with the pivoting solve past the policy the fast loop could not evaluate, then the
         # fast loop again from where it lands (a degenerate truncation's later policies evaluate there)
-        pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1, (g, h))
+        with single_blas():
+            pol, g, h, it2, converged = _pi_pivoting(model, pol, costs, 1, (g, h))
         it += it2
         factors = NO_FACTORS
         if converged:
@@ -333,4 +336,5 @@ def _run_loop(*args):
             return fn(*args)
         except TypeError:  # argument types it was not compiled for (compiles are off): the Python loop
             pass
-    return pi_loop(*args)
+    with single_blas():
+        return pi_loop(*args)
