@@ -439,8 +439,8 @@ def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
 
 
 def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch):
-    """From ILU_FROM states a policy is solved by GMRES on incomplete LU factors (its own; from ILU_REUSE_FROM the last
-    policy's when close): the same policy, table and metrics as complete factorisations (to 1e-11), with none."""
+    """From ILU_FROM states a policy is solved by GMRES on incomplete LU factors (its own; from ILU_REUSE_FROM first
+    the last policy's when close): the same policy, table and metrics as complete factorisations (to 1e-11)."""
     from smdp_batch.solvers import multi_system
 
     p = _problem(2, rho=0.8, sizes="1,2,4,8,16")
@@ -450,7 +450,7 @@ def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch)
     built: list[int] = []
     real = multi_system.spilu
     monkeypatch.setattr(multi_system, "spilu", lambda M, **kw: built.append(M.shape[0]) or real(M, **kw))
-    for reuse_from in (10**9, 0):  # each policy its own incomplete factors; then close ones reuse the last
+    for reuse_from in (10**9, 0):  # each policy its own incomplete factors; then close ones try the last ones
         monkeypatch.setattr(multi_system, "ILU_REUSE_FROM", reuse_from)
         built.clear()
         got = solve_instances(p)

@@ -222,7 +222,7 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
             f"{n_max + 1} queue levels")
     raise_it = (f", or raise the limit (--max-states S, up to {MULTI_STATE_MAX}; c = 2 with every size 1..32 takes "
-                "about 45 s and 1.2 GB at ρ 0.5 on 2 cores)")
+                "about 15 s and 0.5 GB at ρ 0.5 on 2 cores)")
     if states > (max_states or MULTI_STATE_LIMIT):
         raise InputError(f"{size} = {states} states, over the limit {max_states or MULTI_STATE_LIMIT}; use {fix}"
                          + (raise_it if max_states is None else ""))

@@ -19,9 +19,10 @@ geometrically (as for one server, paper 004 eq. 20 with the tail boundary of
 **Factorisations reused.**  A policy close to the last one factorised (policy iteration's late steps, the tables
 priced beside the optimum) is solved by GMRES preconditioned with those factors, each answer certified by its
 residual (:meth:`MultiSystem._solve`); a factorisation is the cost of a large model (1–17 s at 10⁵ states).
-From :data:`ILU_FROM` states the factors are incomplete (SuperLU's ILUTP, drop tolerance 1e-4): at 162 129 states
-(c = 2, every size to 32, N = 288) 4.8 s and 6·10⁶ non-zeros against 15 s and 5·10⁷ for the complete ones, and
-GMRES on them settles in 0.2–3 s, certified the same way; where it does not, the complete factors are made.
+From :data:`ILU_FROM` states each policy gets incomplete factors (SuperLU's ILUTP, drop tolerance 1e-2): at
+162 129 states (c = 2, every size to 32, N = 288) 1.1–1.5 s and 3·10⁶ non-zeros against 15 s and 5·10⁷ for the
+complete ones, and GMRES on them settles in 0.15–0.5 s, certified the same way; where it does not, the complete
+factors are made.
 """
 
 from __future__ import annotations
@@ -58,12 +59,11 @@ REUSE_RESTART = 60
 REUSE_RESIDUAL = 1e-13
 #: From ILU_FROM states a policy's system is solved by GMRES preconditioned with incomplete LU factors (SuperLU's
 #: ILUTP: entries below ILU_DROP dropped, at most ILU_FILL × the matrix's non-zeros), within ILU_ITERATIONS and
-#: REUSE_RESIDUAL, else factorised completely; from ILU_REUSE_FROM states a policy within REUSE_SHARE of the last
-#: one factorised uses that one's incomplete factors (below it, new ones are made faster than GMRES settles on old
-#: ones: c = 2, every size, 72 369 states: 1 s against 1–1.5 s a solve).
-ILU_FROM = 50_000
-ILU_REUSE_FROM = 100_000
-ILU_DROP, ILU_FILL, ILU_ITERATIONS = 1e-4, 10.0, 150
+#: REUSE_RESIDUAL, else factorised completely.  From ILU_REUSE_FROM states a policy within REUSE_SHARE of the last
+#: one factorised first tries that one's, for at most ILU_REUSE_ITERATIONS (below, new ones are made faster than
+#: GMRES settles on old ones; above, a reuse that needs more iterations than that costs more than new factors).
+ILU_FROM, ILU_REUSE_FROM = 50_000, 100_000
+ILU_DROP, ILU_FILL, ILU_ITERATIONS, ILU_REUSE_ITERATIONS = 1e-2, 10.0, 150, 40
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,8 @@ class MultiSystem:
         if self._lu is not None and (S >= ILU_REUSE_FROM if incomplete else self._lu.nnz >= REUSE_MIN_NNZ) and \
                 np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
             lu = self._lu
-            budget = ILU_ITERATIONS if incomplete else min(REUSE_ITERATIONS, max(REUSE_FLOOR, int(lu.nnz / S / 2)))
+            budget = ILU_REUSE_ITERATIONS if incomplete else min(REUSE_ITERATIONS, max(REUSE_FLOOR,
+                                                                                       int(lu.nnz / S / 2)))
             x = _preconditioned(M, rhs, lambda v: lu.solve(v), budget)
             y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"), budget)
             if x is not None and y is not None:
