@@ -176,7 +176,7 @@ def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
     operation kept by the two-stack sliding-window aggregate: suffix folds of a frozen segment [φ, β) and one
     running fold of [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no
     cancellation.  (T) has one lower entry per row; its transpose, reversed, has one per row on average
-    (:func:`_transposed`).
+    (:func:`~.geometric_system._transposed`).
     """
     S = dg.size
     gam = np.zeros(S)

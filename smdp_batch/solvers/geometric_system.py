@@ -3,7 +3,7 @@ adjoint solve (paper 004 eqs. 20–21; the model and kernels are :mod:`.geometri
 
 **Forward.**  The exact bias system A·x = f (x = h with x[ref] = ĝ, h(ref) = 0) is (T) plus a low-rank change at
 the ~one row per batch size where the action changes.  GMRES (scipy) solves it with (T) as right preconditioner
-— (T) is B, its rows and column ref the identity's, plus a rank-2 border (Woodbury), and B's LU without pivoting
+— (T) is B, its row and column ref the identity's, plus a rank-2 border (Woodbury), and B's LU without pivoting
 is :func:`~.geometric._sweep` — and every evaluation is certified by the residual of the untransformed equations
 (eq. 20).  The residual falls about a decade per 8 iterations at Bmax 1 024, ρ = 0.9.
 
