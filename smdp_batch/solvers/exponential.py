@@ -183,8 +183,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
     onset = 0.0 if len(limiting) > 1 else limit_onset(problem, B)
     S = max(4 * problem.bmax, int(math.ceil(onset)) + 2 * margin)  # the onset is a lower bound on R (g = 0)
     _check(problem, S, f"the optimal batch reaches its limit {B} only near n ≈ {onset:.0f}, and a converged table")
-    pol = None
-    last: GeometricPI | None = None  # the previous truncation's answer, whose (ĝ, h) starts the next solve
+    last: GeometricPI | None = None  # the previous truncation's answer: its policy and (ĝ, h) start the next solve
     tried = {B}
     small: tuple[int, GeometricPI] | None = None
     candidates = 0
@@ -198,11 +197,11 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
             if progress is not None:
                 progress("exponential rule", S, done)
 
-        if pol is None or last is None:
+        if last is None:
             start, guess = coarse_start(problem, model, limiting | {B}, note)
             res = policy_iteration(model, start, log=note, near=False, guess=guess)
         else:
-            res = policy_iteration(model, _extend(pol, S, model.tail), log=note,
+            res = policy_iteration(model, _extend(last.policy, S, model.tail), log=note,
                                    guess=_extend_values(problem, B, last, S))
         last = res
         candidates += 1
@@ -212,21 +211,21 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
         R = _final_run(res.policy)
         b = int(model.sizes[res.policy[R]])
         if b not in limiting:
-            small, pol = None, res.policy
+            small = None
             S = R + margin + S // 2
             _check(problem, S, f"the table still grows at n = {R} (it serves {b} there) and its limit")
             continue
         if b != B and b not in tried:  # tied limiting sizes: the table settled on another, now the boundary's B
-            B, small, pol = b, None, res.policy
+            B, small = b, None
             tried.add(b)
             continue
         if b != B:  # it settled back on a size already tried: a longer truncation decides
-            small, pol = None, res.policy
+            small = None
             S += margin
             _check(problem, S, "the tied limiting sizes' table")
             continue
         if S - R < margin:
-            small, pol = None, res.policy
+            small = None
             S = R + 2 * margin
             _check(problem, S, f"the final run starts at n = {R}, and its margin")
             continue
@@ -236,7 +235,7 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
             if R0 == R and np.array_equal(r0.policy[: R + 1], res.policy[: R + 1]) and abs(res.gain - r0.gain) < tol:
                 agreed, moved = S0, abs(res.gain - r0.gain)
                 break
-        small, pol = (S, res), res.policy
+        small = (S, res)
         S = S + margin
         _check(problem, S, "the verifying truncation")
     table_idx = _extend(res.policy[: R + 1], S, model.tail)
