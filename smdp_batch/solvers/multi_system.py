@@ -246,10 +246,9 @@ class MultiSystem:
             lu = self._lu
             budget = ILU_REUSE_ITERATIONS if incomplete else min(REUSE_ITERATIONS, max(REUSE_FLOOR,
                                                                                        int(lu.nnz / S / 2)))
-            x = _preconditioned(M, rhs, lambda v: lu.solve(v), budget)
-            y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"), budget)
-            if x is not None and y is not None:
-                return x, y
+            xy = _preconditioned_pair(M, rhs, e0, lu, budget)
+            if xy is not None:
+                return xy
         self._lu = self._lu_act = lu = None  # the old factors (also held here, by lu) go before new ones are made
         if incomplete:
             try:
@@ -257,12 +256,10 @@ class MultiSystem:
             except RuntimeError:  # a zero pivot in the incomplete factors: the complete ones below
                 lu = None
             if lu is not None:
-                x = _preconditioned(M, rhs, lambda v: lu.solve(v), ILU_ITERATIONS)
-                y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"),
-                                                           ILU_ITERATIONS)
-                if x is not None and y is not None:
+                xy = _preconditioned_pair(M, rhs, e0, lu, ILU_ITERATIONS)
+                if xy is not None:
                     self._lu, self._lu_act = lu, act.copy()
-                    return x, y
+                    return xy
                 lu = None
         lu = splu(M, permc_spec=self.permc)
         self._lu, self._lu_act = lu, act.copy()
@@ -300,6 +297,15 @@ class MultiSystem:
             return self.evaluate(act)[2]
         finally:
             self.visits = saved
+
+
+def _preconditioned_pair(M: sp.spmatrix, rhs: np.ndarray, e0: np.ndarray, lu,
+                         budget: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(x, y) with M x = rhs and Mᵀ y = e0 by :func:`_preconditioned` on the factors ``lu`` (another policy's, or
+    incomplete), each within ``budget`` iterations; None when either does not settle."""
+    x = _preconditioned(M, rhs, lambda v: lu.solve(v), budget)
+    y = None if x is None else _preconditioned(M.T.tocsr(), e0, lambda v: lu.solve(v, trans="T"), budget)
+    return None if x is None or y is None else (x, y)
 
 
 def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve, budget: int) -> np.ndarray | None:
