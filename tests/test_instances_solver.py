@@ -396,6 +396,15 @@ def _splu_calls(monkeypatch) -> list[int]:
     return calls
 
 
+def _assert_same_answer(got, fresh) -> None:
+    """The same policy, table, truncation and iterations, and every metric of the optimum and its table to 1e-11."""
+    assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
+    assert got.n_max == fresh.n_max and got.iterations == fresh.iterations
+    for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
+        for k, v in theirs.to_dict().items():
+            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+
+
 def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(monkeypatch):
     """A policy close to the one last factorised is solved by GMRES preconditioned with its LU factors: the same
     policy, table and metrics as factorising every policy afresh (to 1e-11), with fewer factorisations."""
@@ -410,11 +419,7 @@ def test_reusing_an_earlier_factorisation_gives_the_fresh_factorisations_answer(
     calls.clear()
     fresh = solve_instances(p)
     assert n_reused < len(calls)
-    assert np.array_equal(reused.policy, fresh.policy) and np.array_equal(reused.table, fresh.table)
-    assert reused.n_max == fresh.n_max and reused.iterations == fresh.iterations
-    for ours, theirs in ((reused.optimal, fresh.optimal), (reused.table_eval, fresh.table_eval)):
-        for k, v in theirs.to_dict().items():
-            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+    _assert_same_answer(reused, fresh)
 
 
 def test_a_reuse_that_does_not_settle_is_factorised_afresh(monkeypatch):
@@ -456,11 +461,7 @@ def test_incomplete_factors_give_the_complete_factorisations_answer(monkeypatch)
         got = solve_instances(p)
         assert built and not calls
         assert (len(built) < got.iterations) == (reuse_from == 0)
-        assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
-        assert got.n_max == fresh.n_max and got.iterations == fresh.iterations
-        for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
-            for k, v in theirs.to_dict().items():
-                assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
+        _assert_same_answer(got, fresh)
 
 
 def test_incomplete_factors_that_fail_fall_back_to_complete_ones(monkeypatch):
