@@ -217,7 +217,7 @@ def test_policy_iteration_with_contention_equals_the_linear_program(service, c, 
 @pytest.mark.parametrize("c,rho,service,sizes,longer,spec", [
     (2, 0.9, "exp", "1,2,4", 8, None), (3, 0.7, "exp", "1,2", 6, None), (2, 0.8, "erlang:2", "1,2", 3, None),
     (3, 0.7, "exp", "1,2", 6, "2:1.5:0.8,3:2"), (2, 0.8, "erlang:2", "1,2", 3, "2:1.3"),
-    (2, 0.8, "exp", "1,2", 6, "1=2:1.8:0.7/2=2:1.2:1.3")])
+    (2, 0.8, "exp", "1,2", 6, "1=2:1.8:0.7/2=2:1.2:1.3"), (2, 0.8, "hyperexp:0.6667/0.5,0.3333/2", "1,2", 10, None)])
 def test_the_tail_boundary_equals_a_long_plain_truncation(c, rho, service, sizes, longer, spec):
     p = _problem(c, rho=rho, service=service, sizes=sizes, contention=spec)
     tail = solve_instances(p, tol=1e-10)
