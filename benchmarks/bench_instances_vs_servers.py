@@ -11,8 +11,8 @@ the same Poisson stream (``--requests``, seed 0) by the event simulator on 2 ins
   (delay 0): forming any size (l(b) and ζ(b) of the same curves), and padding each batch to 1,2,4,…,32 as a
   model with those TensorRT profiles must.
 
-``--all-sizes`` instead solves the c-server table with every size 1..32 (``solve --instances 2 --max-states``: 162 129
-states at ρ 0.5, 242 913 at ρ 0.7, a minute or so and 1.2–1.6 GB each) and puts it beside Triton forming any size
+``--all-sizes`` instead solves the c-server table with every size 1..32 (``solve --instances 2 --max-states``: 108 273
+states at ρ 0.5 and 0.7, 6–7 s and 0.4 GB each) and puts it beside Triton forming any size
 with its delay tuned on a finer grid (the 12 points and 0, 0.125, …, 6 ms), both simulated on the same stream.
 
     python benchmarks/bench_instances_vs_servers.py [--requests 200000] [--all-sizes]

@@ -66,7 +66,7 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
 @option("--max-states", type=Number(integer=True, min=MULTI_STATE_LIMIT, max=MULTI_STATE_MAX), default=None,
         show_default=f"{MULTI_STATE_LIMIT}",
         help="With --instances > 1: raise the most states of the c-server model (time and memory grow with them: "
-             "2 instances with every size 1..32 need 162 129 states at ρ 0.5, about 15 s and 0.5 GB on 2 cores).")
+             "2 instances with every size 1..32 need 108 273 states at ρ 0.5, about 7 s and 0.4 GB on 2 cores).")
 @contention_option
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option

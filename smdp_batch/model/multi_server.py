@@ -61,8 +61,8 @@ PHASES_LIMIT = 64
 #: Most states (queue levels × configurations of the instances) of one c-server model unless the caller raises
 #: it (``max_states``, ``solve --max-states``): each policy iteration step factorises one sparse system, whose LU
 #: fills to 50–550 entries per state (c = 2: 28 700 states in 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core
-#: development machine).  Past it, the time and memory grow with the states (c = 2 with every size 1..32 at ρ 0.5:
-#: 162 129 states, 53 s, 1.2 GB).
+#: development machine).  Past it, the time and memory grow with the states (c = 2 with every size 1..32 at ρ 0.5
+#: and 0.7: 108 273 states, 6–7 s, 0.4 GB).
 MULTI_STATE_LIMIT = 60_000
 #: The most ``max_states`` may be raised to; the memory budget bounds it too.
 MULTI_STATE_MAX = 10_000_000
@@ -222,7 +222,7 @@ def check_multi_size(problem: BatchingProblem, ph: PhaseType, n_max: int,
     size = (f"{c} instances with {A} batch sizes and {ph.phases}-phase batch times give {confs} configurations × "
             f"{n_max + 1} queue levels")
     raise_it = (f", or raise the limit (--max-states S, up to {MULTI_STATE_MAX}; c = 2 with every size 1..32 takes "
-                "about 15 s and 0.5 GB at ρ 0.5 on 2 cores)")
+                "about 7 s and 0.4 GB at ρ 0.5 on 2 cores)")
     if states > (max_states or MULTI_STATE_LIMIT):
         raise InputError(f"{size} = {states} states, over the limit {max_states or MULTI_STATE_LIMIT}; use {fix}"
                          + (raise_it if max_states is None else ""))

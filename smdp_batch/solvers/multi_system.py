@@ -13,8 +13,10 @@ the rate of each start, hence W̄, P̄ and the mean batch (:meth:`MultiSystem.ev
 **The tail boundary** (default).  Above the truncation N every instance serves Bmax, so the queue is a random
 walk: up by arrivals, down by Bmax at each completion.  Its bias is quadratic in n up to terms that die out
 geometrically (as for one server, paper 004 eq. 20 with the tail boundary of
-:mod:`smdp_batch.model.truncation`), so an arrival at N steps to h(N) plus that quadratic's increment
-(:meth:`MultiSystem._tail_terms`), and the metrics add the tail's share in closed form (throughput = λ exactly).
+:mod:`smdp_batch.model.truncation`), its slope shifted by each batch running (one with less time left than an
+equilibrium Bmax batch frees its instance sooner), so an arrival at N steps to h(N) plus that increment for the
+batches running there (:meth:`MultiSystem._tail_terms`), and the metrics add the tail's share in closed form
+(throughput = λ exactly).
 
 **Factorisations reused.**  A policy close to the last one factorised (policy iteration's late steps, the tables
 priced beside the optimum) is solved by GMRES preconditioned with those factors, each answer certified by its
