@@ -501,7 +501,7 @@ def test_starting_from_the_one_instance_table_reaches_the_same_optimum(monkeypat
     starts: list[bool] = []  # per call: whether the start differs from greedy's
     real = multi_pi._start
     monkeypatch.setattr(multi_pi, "_start", lambda sysm, *a: (lambda act: starts.append(
-        not np.array_equal(act, multi_pi._initial(sysm))) or act)(real(sysm, *a)))
+        not np.array_equal(act, multi_pi.greedy_policy(sysm))) or act)(real(sysm, *a)))
     got = solve_instances(p)
     assert starts == [False, True]  # the one-instance solve's greedy start, then the two-instance model's, once
     assert np.array_equal(got.policy, greedy.policy) and np.array_equal(got.table, greedy.table)

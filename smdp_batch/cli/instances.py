@@ -1,5 +1,6 @@
 """``solve --instances c``: the optimal policy for c model instances sharing one queue, beside splitting the
-traffic over c one-instance tables and today's one-instance table run on all c."""
+traffic over c one-instance tables and today's one-instance table run on all c; with ``--size-bound``, the optimum
+over every size bracketed where it is past the exact model (:mod:`smdp_batch.solvers.multi_bound`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from ..analysis.report import describe_busy, describe_policy
 from ..errors import InputError, NotConvergedWarning, solver_checks_convergence
 from ..specs.contention import parse_contention
 from ..model import multi_server
-from ..model.problem import BatchingProblem
+from ..model.problem import BatchingProblem, batch_size_set
+from ..solvers.multi_bound import bound_every_size
 from ..solvers.multi_pi import MultiEvaluation, MultiSolution, evaluate_instances_table, n_start, solve_instances
-from .options import emit, scenario_line
+from .options import emit, scenario_args, scenario_line, sizes_text
 from .slo import _short
 
 
@@ -157,6 +159,53 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
            f"batches; simulate --policy FILE --instances {c}); Triton and Ray follow n ↦ b alone (export)"]),
         *([f"  written     {output} (its table{'s' if sol.busy_table is not None else ''} for {c} instances: "
            "PolicyTable.load, simulate --policy FILE)"] if output else []),
+    ])
+    emit(d, as_json, text)
+
+
+#: Every size's exact model is said to be within reach up to this many states (c = 2 with the 32 sizes at ρ 0.5 and
+#: 0.7: 108 273 states, 6–7 s).
+EXACT_REACH = 250_000
+
+
+def _room(states: int) -> int:
+    """A state limit that lets a solve of this many states grow its truncation once more (by half), rounded up."""
+    return min(multi_server.MULTI_STATE_MAX, max(multi_server.MULTI_STATE_LIMIT, -(-2 * states // 10_000) * 10_000))
+
+
+def bound_every_size_cmd(problem: BatchingProblem, coarse: str, ratio, phases: int | None, idle_power_w: float,
+                         as_json: bool, max_states: int | None = None) -> None:
+    """solve --instances C --size-bound SIZES|auto: every size's optimum between SIZES' exact optimum and the
+    class model's certified bound (:func:`~smdp_batch.solvers.multi_bound.bound_every_size`)."""
+    sizes = None if coarse.strip().lower() == "auto" else batch_size_set(sizes=coarse)
+    b = bound_every_size(problem, coarse=sizes, ratio=None if ratio is None else float(ratio), phases=phases,
+                         idle_power_w=idle_power_w, max_states=max_states)
+    c, cs = problem.instances, b.coarse
+    every = sizes_text(problem.batch_sizes)
+    full = multi_server.count_configurations(len(problem.batch_sizes) * cs.phases, c)
+    full_states = full * (b.n_max + 1)  # at the class model's truncation
+    extra = (f" --w2 {problem.w2:.10g}" + (f" --phases {phases}" if phases is not None else "")
+             + (f" --idle-power {idle_power_w:.10g}" if idle_power_w else ""))
+    limit = (f" --max-states {_room(cs.states)}" if cs.states > multi_server.MULTI_STATE_LIMIT
+             or cs.states * cs.configurations > multi_server.MULTI_WORK_LIMIT else "")
+    classes = " | ".join(f"{cl[0]}" if len(cl) == 1 else f"{cl[0]}–{cl[-1]}" for cl in b.classes)
+    coarse_txt = ",".join(map(str, b.coarse_sizes))
+    d = {**b.to_dict(), "problem": problem.describe(), "idle_power_w": idle_power_w, "full_configurations": full}
+    text = "\n".join([
+        f"smdp-batch — every size on {c} instances, its optimum bracketed (c-server SMDP)",
+        scenario_line(problem),
+        f"  batch time  {cs.phase_law}{'' if not idle_power_w else f'; idle power {idle_power_w:g} W per instance'}",
+        f"  every size  {every}: {full} configurations of the instances, {full_states} states at queue 0..{b.n_max} "
+        + (f"(within reach of the exact solve: drop --size-bound, with --max-states {_room(full_states)})"
+           if full_states <= EXACT_REACH else "(past the exact model)"),
+        f"  upper       ĝ* ≤ {b.upper:.6g}   the optimum of the sizes {coarse_txt}, exact ({cs.states} states, "
+        f"queue 0..{cs.n_max}, {'converged' if cs.converged else 'NOT CONVERGED'})",
+        f"  lower       ĝ* ≥ {b.lower:.6g}   running batches known by class ({classes}; times within "
+        f"{b.ratio:g}×): {b.states} states, queue 0..{b.n_max}, {b.iterations} policy iterations, certified"
+        + (f" less {b.slack:.3g}" if b.slack > 1e-9 * abs(b.lower) else ""),
+        f"  so          every size can lower w1·W̄ + w2·P̄ by at most {100 * b.gap:.3g} % below the sizes {coarse_txt} "
+        f"({b.solve_time_s:.1f} s)",
+        f"  their table smdp-batch solve --instances {c} {scenario_args(cs.problem)}{extra}{limit} -o table.h5",
     ])
     emit(d, as_json, text)
 

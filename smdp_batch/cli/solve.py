@@ -67,12 +67,19 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
         show_default=f"{MULTI_STATE_LIMIT}",
         help="With --instances > 1: raise the most states of the c-server model (time and memory grow with them: "
              "2 instances with every size 1..32 need 108 273 states at ρ 0.5, about 7 s and 0.4 GB on 2 cores).")
+@option("--size-bound", "size_bound", default=None, metavar="SIZES|auto",
+        help="With --instances > 1: bracket the optimum over every allowed size, where it is past the exact model "
+             "(every size on 3 or more instances), between the exact optimum of SIZES (auto: the powers of two "
+             "and Bmax) and a model that knows running batches by class of similar batch times.")
+@option("--class-ratio", type=Number(min=1, max=100), default=None,
+        show_default="the finest of 1.1, 1.25, 1.5, 2, 3, 4 with at most 250 configurations",
+        help="With --size-bound: the most a class's batch times differ, as a factor.")
 @contention_option
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")
 @json_option
 @apply_renames
 def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, lam_grid, rho_grid, arrivals, instances,
-              phases, idle_power, max_states, output, as_json, **opts):
+              phases, idle_power, max_states, size_bound, class_ratio, output, as_json, **opts):
     """Solve for the optimal policy (no options: paper 004's basic scenario at ρ = 0.5, w2 = 1)."""
     prepare_outputs([("-o", output)], scenario_files(opts) + spec_files(arrivals, "--arrivals"))
     check_backend(backend)
@@ -88,14 +95,16 @@ def solve_cmd(s_max, abstract_cost, tol_delta, solver, eps, max_iter, backend, l
         bad += ["--phases"] if phases is not None else []
         bad += ["--idle-power"] if idle_power else []
         bad += ["--max-states"] if max_states is not None else []
+        bad += [f for f, v in (("--size-bound", size_bound), ("--class-ratio", class_ratio)) if v is not None]
         bad += ["--contention"] if opts.get("contention") is not None else []
         if bad:
             raise InputError(f"--arrivals {arrivals} (a MAP table) cannot be combined with {', '.join(bad)}: it is solved "
                              "by exact policy iteration on numba with --s-max auto or an integer")
         return solve_map_cmd(arrivals, s_max, abstract_cost, tol_delta, max_iter, output, as_json, opts)
-    if instances != 1 or phases is not None or idle_power or max_states is not None or opts.get("contention") is not None:
+    if instances != 1 or phases is not None or idle_power or max_states is not None or opts.get("contention") is not None \
+            or size_bound is not None or class_ratio is not None:
         return _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max,
-                                solver, backend, max_states)
+                                solver, backend, max_states, size_bound, class_ratio)
     settings = dict(s_max=s_max, abstract_cost=abstract_cost, tol_delta=tol_delta, solver=solver, eps=eps,
                     max_iter=max_iter, backend=backend)
     if lam_grid is not None or rho_grid is not None:
@@ -148,9 +157,10 @@ def _every_range(output) -> str:
 
 
 def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_grid, rho_grid, s_max, solver,
-                     backend, max_states=None) -> None:
-    """solve --instances c (with --phases / --idle-power / --max-states): the c-server SMDP (cli/instances.py)."""
-    from .instances import auto_count, solve_instances_cmd
+                     backend, max_states=None, size_bound=None, class_ratio=None) -> None:
+    """solve --instances c (with --phases / --idle-power / --max-states): the c-server SMDP (cli/instances.py); with
+    --size-bound, its optimum over every size bracketed."""
+    from .instances import auto_count, bound_every_size_cmd, solve_instances_cmd
 
     bad = [f for f, v in (("--lam-grid", lam_grid), ("--rho-grid", rho_grid)) if v is not None]
     bad += ["-o"] if output is not None and instances == 1 else []
@@ -160,11 +170,19 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
     auto = instances == "auto"
     if instances == 1:
         bad.append("--phases" if phases is not None else "--idle-power" if idle_power else
-                   "--max-states" if max_states is not None else "--contention")
+                   "--max-states" if max_states is not None else "--size-bound" if size_bound is not None else
+                   "--class-ratio" if class_ratio is not None else "--contention")
+    elif class_ratio is not None and size_bound is None:
+        raise InputError("--class-ratio shapes the classes of --size-bound: add --size-bound auto (or the sizes to "
+                         "compare)")
+    elif size_bound is not None and (output is not None or auto):
+        raise InputError("--size-bound brackets one count's optimum and writes no table: " + (
+            "drop -o (solve the coarse sizes with --batch-sizes SIZES -o FILE for their table)" if output is not None
+            else "give the count, --instances C, not auto"))
     if bad:
         what = (f"--instances {instances}" if instances != 1 else
-                "--phases, --idle-power, --max-states and --contention (they shape the model of several instances: "
-                "add --instances c > 1)")
+                "--phases, --idle-power, --max-states, --size-bound, --class-ratio and --contention (they shape the "
+                "model of several instances: add --instances c > 1)")
         raise InputError(f"{what} cannot be combined with {', '.join(bad)}: the several-instance solve runs policy "
                          "iteration with its own truncation (one table per solve)" if instances != 1 else
                          f"{what}; got {', '.join(bad)} with one instance")
@@ -173,6 +191,9 @@ def _solve_instances(opts, instances, phases, idle_power, output, as_json, lam_g
                          "e.g. --lam 3.5 for 3 500 req/s), not --rho, which is per instance")
     problem = build_problem({**opts, "instances": auto_count(opts) if auto else instances})  # stable on the most tried
     note_energy(problem, opts)
+    if size_bound is not None:
+        return bound_every_size_cmd(problem, size_bound, class_ratio, None if phases is None else int(phases),
+                                    float(idle_power), as_json, None if max_states is None else int(max_states))
     solve_instances_cmd(problem, None if phases is None else int(phases), float(idle_power), as_json, auto=auto,
                         output=output, max_states=None if max_states is None else int(max_states))
 

@@ -112,7 +112,7 @@ class MultiSolution:
         }
 
 
-def _initial(sysm: MultiSystem) -> np.ndarray:
+def greedy_policy(sysm: MultiSystem) -> np.ndarray:
     """Start each idle instance on the largest size that fits the queue (greedy)."""
     act = np.zeros(sysm.model.n_states, dtype=np.int64)
     for i in range(sysm.sizes.size):
@@ -128,31 +128,33 @@ def _start(sysm: MultiSystem, phases: int | None, idle_power_w: float) -> np.nda
     that one-instance problem cannot be solved."""
     p = sysm.model.problem
     if p.instances == 1 or sysm.model.n_states < TABLE_START_FROM:
-        return _initial(sysm)
+        return greedy_policy(sysm)
     try:
         one = solve_instances(p.replace(instances=1, lam=p.lam / p.instances), phases=phases,
                               idle_power_w=idle_power_w, throw=True)
         return table_policy(sysm, np.minimum(one.table, np.arange(one.table.size)))
     except (InputError, NotConvergedWarning):
-        return _initial(sysm)
+        return greedy_policy(sysm)
 
 
-def _iterate(sysm: MultiSystem, act: np.ndarray) -> tuple[np.ndarray, MultiEvaluation, int, bool]:
+def iterate(sysm: MultiSystem, act: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, MultiEvaluation, int, bool]:
+    """Policy iteration from ``act``: (policy, g, h, its metrics, iterations, settled within
+    :data:`PI_ITER_LIMIT`)."""
     for it in range(1, PI_ITER_LIMIT + 1):
         g, h, ev = sysm.evaluate(act)
         new = sysm.improve(act, h, g)
         if np.array_equal(new, act):
-            return act, ev, it, True
+            return act, g, h, ev, it, True
         act = new
-    return act, ev, PI_ITER_LIMIT, False
+    return act, g, h, ev, PI_ITER_LIMIT, False
 
 
-def _extend(old: np.ndarray, n_old: int, sysm: MultiSystem) -> np.ndarray:
+def extend_policy(old: np.ndarray, n_old: int, sysm: MultiSystem) -> np.ndarray:
     """A policy of truncation n_old carried to the longer one (levels past n_old take level n_old's action)."""
     old = old.reshape(-1, n_old + 1)
     N = sysm.N
     act = old[:, np.minimum(np.arange(N + 1), n_old)].ravel()
-    return np.where(sysm.feasible[np.arange(act.size), act], act, _initial(sysm))
+    return np.where(sysm.feasible[np.arange(act.size), act], act, greedy_policy(sysm))
 
 
 def _most_started(sysm: MultiSystem, act: np.ndarray, visits: np.ndarray, group: np.ndarray,
@@ -301,8 +303,8 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     last: tuple[MultiSystem, np.ndarray, float] | None = None  # the previous truncation: system, optimum, its cost
     while True:
         sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
-        act = _start(sysm, phases, idle_power_w) if act is None else _extend(act, n_old, sysm)
-        act, ev, its, ok = _iterate(sysm, act)
+        act = _start(sysm, phases, idle_power_w) if act is None else extend_policy(act, n_old, sysm)
+        act, _, _, ev, its, ok = iterate(sysm, act)
         total += its
         if not ok:
             why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"

@@ -100,7 +100,6 @@ class MultiSystem:
         self.lam = p.lam
         self.sizes = np.asarray(p.batch_sizes, dtype=np.int64)
         self.zeta = p.energy_mj()
-        self.cost_lump = p.w2 * self.zeta
         self.hold = (self.n + model.in_service[self.conf]) / p.lam  # W̄ rate per ms, before w1
         self.idle_w = model.idle_power_w * self.idle
         self.run_w = model.energy_rate[self.conf]  # the contention's power beyond ζ(b) at each start (W)
@@ -136,17 +135,26 @@ class MultiSystem:
         cols = model.state(levels, dst[:, None]).ravel()
         vals = np.repeat(rate, N + 1)
         self.E = sp.csr_matrix((vals, (rows, cols)), shape=(S, S))
-        A = self.sizes.size
-        m = model.ph.phases
-        # next state of each start: start[conf, i, j] configuration at n − b_i (−1 where infeasible)
-        nxt = np.full((S, A, m), -1, dtype=np.int64)
-        for i, b in enumerate(self.sizes):
+        self.set_starts(self.sizes, self.zeta, model.ph.alpha, np.arange(self.sizes.size))
+
+    def set_starts(self, sizes: np.ndarray, zeta: np.ndarray, alpha: np.ndarray, kind: np.ndarray) -> None:
+        """The policy's starts: action i + 1 takes ``sizes[i]`` requests off the queue, costs w2·``zeta[i]`` (mJ)
+        and puts a batch on an idle instance as the model's size ``kind[i]`` in phase j with probability
+        ``alpha[i, j]``.  The model's own sizes (kind = 0..A − 1) unless a caller keeps fewer kinds than sizes
+        (:mod:`.multi_bound`)."""
+        model = self.model
+        S, m = model.n_states, model.ph.phases
+        self.sizes, self.zeta, self.alpha = np.asarray(sizes, dtype=np.int64), np.asarray(zeta), np.asarray(alpha)
+        self.cost_lump = model.problem.w2 * self.zeta
+        # next state of each start: start[conf, kind, j] configuration at n − b (−1 where infeasible)
+        nxt = np.full((S, self.sizes.size, m), -1, dtype=np.int64)
+        for i, (b, k) in enumerate(zip(self.sizes, kind)):
             ok = (self.idle > 0) & (self.n >= b)
-            st = model.start[self.conf[ok], i, :]
-            nxt[ok, i, :] = np.where(st >= 0, model.state((self.n[ok] - b)[:, None], st), -1)
+            st = model.start[self.conf[ok], k, :]
+            nxt[ok, i, :] = np.where((st >= 0) & (self.alpha[i] > 0), model.state((self.n[ok] - b)[:, None], st),
+                                     -1)
         self.next = nxt
-        self.alpha = model.ph.alpha
-        self.feasible = np.concatenate([(~((self.n == N) & (self.idle > 0)) & (self.q > 0))[:, None],
+        self.feasible = np.concatenate([(~((self.n == self.N) & (self.idle > 0)) & (self.q > 0))[:, None],
                                         (nxt >= 0).any(axis=2)], axis=1)
 
     def _tail_terms(self, p: BatchingProblem, ph: PhaseType) -> None:
@@ -162,7 +170,8 @@ class MultiSystem:
         1)/2 with m(σ) the batch's mean time left (renewal theory: 0 on average over an equilibrium renewal
         process), and each completion ahead leaves the queue Bmax shorter for the rest of the excursion, which
         the quadratic prices at 2a per request and per level.  An arrival at n = N (every instance busy there)
-        goes to h(N) + a(2N + 1) + b + Σ_i φ(σ_i): ``delta_w_at`` (per state, read at n = N) and ``delta_p``,
+        goes to h(N) + a(2N + 1) + b + Σ_i φ(σ_i): ``delta_w_at`` (per state, read at n = N; ``delta_w_base``
+        without φ) and ``delta_p``,
         ``delta_t`` are that step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for
         time (κ₀ = 1), without g.
 
@@ -174,20 +183,26 @@ class MultiSystem:
         c, B = p.instances, p.bmax
         lB, zB = self.l_bmax, float(self.zeta[-1]) * self.e_c  # at c busy: s_c·l(Bmax), e_c·ζ(Bmax)
         m1, m2 = ph.moments()
-        cv2 = float(m2[-1]) / float(m1[-1]) ** 2 - 1.0
+        self.cv2 = float(m2[-1]) / float(m1[-1]) ** 2 - 1.0
         self.d = c * B / lB - self.lam
-        sigma2 = self.lam + B * B * c * cv2 / lB
-        a_w = 1.0 / (2.0 * self.lam * self.d)
-        speed = (1.0 / p.contention.slow(c, self.sizes) if p.contention is not None
-                 else np.ones(self.sizes.size))  # each size's speed with every instance busy
-        D = 1.0 - _mean_time_left(ph, speed) / lB + 0.5 * (cv2 - 1.0)
-        phi = np.concatenate([[0.0], -2.0 * a_w * B * D.ravel()])  # by symbol: 0 idle, 1 + i·m + j
-        self.delta_w_at = (a_w * (2 * self.N + 1) + (c * B / self.lam + a_w * sigma2) / self.d
-                           + phi[self.model.configs].sum(axis=1)[self.conf])
+        sigma2 = self.lam + B * B * c * self.cv2 / lB
+        self.a_w = a_w = 1.0 / (2.0 * self.lam * self.d)
+        phi = np.concatenate([[0.0], self.slope_shift(ph, self.sizes).ravel()])  # by symbol: 0 idle, 1 + i·m + j
+        self.delta_w_base = a_w * (2 * self.N + 1) + (c * B / self.lam + a_w * sigma2) / self.d  # without φ
+        self.delta_w_at = self.delta_w_base + phi[self.model.configs].sum(axis=1)[self.conf]
         self.delta_p = c * zB / lB / self.d
         self.delta_t = 1.0 / self.d
         self.tail_rates = (c, c * B / lB, c / lB)  # busy instances, requests and batches per ms above N
         self.delta_at = p.w1 * self.delta_w_at + p.w2 * self.delta_p
+
+    def slope_shift(self, ph: PhaseType, sizes: np.ndarray) -> np.ndarray:
+        """φ(σ) of :meth:`_tail_terms` for W̄ (before w1), (A, m): a batch of each of ``sizes`` (whose batch times
+        ``ph`` gives, row by row) running in each phase, with every instance busy."""
+        p = self.model.problem
+        speed = (1.0 / p.contention.slow(p.instances, np.asarray(sizes)) if p.contention is not None
+                 else np.ones(len(sizes)))
+        D = 1.0 - _mean_time_left(ph, speed) / self.l_bmax + 0.5 * (self.cv2 - 1.0)
+        return -2.0 * self.a_w * p.bmax * D
 
     def matrix(self, act: np.ndarray) -> tuple[sp.csc_matrix, np.ndarray]:
         """The policy's system (column s₀ carries g) and its right-hand side."""
