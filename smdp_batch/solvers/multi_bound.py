@@ -10,32 +10,35 @@ arXiv:2501.02181), about 1.5·10⁷ states — beyond a solve.  Its optimum ĝ* 
   only those sizes is one of the full model's;
 * **below** by a smaller model that keeps, of each running batch, only its *class* — a run of consecutive sizes
   whose batch times lie within ``ratio`` of one another, Bmax alone — and its phase.  A start still takes its own
-  b requests off the queue and costs its own ζ(b).  The running batch is taken as its class's least member (the
-  fewest requests held, the shortest time): the model is the full one with each batch allowed to be, at every
-  event, whichever member of its class suits the controller best.
+  b requests off the queue and costs its own ζ(b), and is charged at once the requests it will hold in service,
+  w1·b·l(b)/λ, less the idle power its instance is spared, w2·P_idle·l(b); the queue costs w1·n/λ and every
+  instance P_idle meanwhile (by renewal–reward, the same average cost for every policy).  The running batch is
+  then taken as its class's least member, the fastest.
 
 **Why the second is a lower bound** (the linear program of average-cost SMDPs: any g with a function H such that
 H(s) ≤ c(s, a) − g·τ(s, a) + Σ_s' p(s' | s, a)·H(s') for every state and action is at most the optimum, since
 summed over any policy's stationary law the inequalities give g ≤ that policy's average cost).  The class model
-is solved by policy iteration (its g and bias h); H is h closed under starts (H(s) = min(h(s), min_b w2·ζ(b) +
-Σ_j α_b[j]·H(after b starts)), levels in increasing order), and each full-model state takes H of its classes.
+is solved by policy iteration (its g and bias h); H̃ is h closed under starts (H̃(s) = min(h(s), min_b of the
+start's charge + Σ_j α_b[j]·H̃(after b starts)), levels in increasing order), and a state of the full model takes
+H = H̃(its classes) + Σ_running (w1·b/λ − w2·P_idle)·m(σ), m(σ) the batch's mean time left: this potential turns
+the full model's cost rates of requests in service and of idle instances into the charges at starts, exactly.
 The inequalities of starts then hold by construction, being the class model's own.  Those of waiting, multiplied
 by the total event rate, read
 
-    w1·n/λ + w2·P_idle·(idle) − κ·g + λ·(H(n + 1) − H(n)) + Σ_running [w1·b/λ + Σ rates_b·(H(after) − H)] ≥ 0
+    w1·n/λ + w2·P_idle·c − κ·g + λ·(H̃(n + 1) − H̃(n)) + Σ_running Σ_events rate_b·(H̃(after) − H̃) ≥ 0
 
 (κ = 1, or 1 + λ/d where an arrival at N steps into the tail, whose step then adds λ·w1·φ_b of
 :meth:`~.multi_system.MultiSystem._tail_terms` per running batch).  Each running batch's term is bounded below
-by its minimum over the members of its class; where the least member attains that minimum everywhere (a
-completion helps, as it does when the bias falls as instances free up), the class model's own equations make
-the left side ≥ 0 and ĝ of the class model is the bound.  Elsewhere the bound is lowered by the largest shortfall
-over κ (``slack``), so that it holds either way.  Both brackets are the truncated models' at their converged
-truncations (``tol``).
+by its minimum over the members of its class; where the least member attains that minimum everywhere (a batch
+that ends sooner never hurts), the class model's own equations make the left side ≥ 0 and ĝ of the class model
+is the bound.  Elsewhere the bound is lowered by the largest shortfall over κ (``slack``), so that it holds
+either way.  Both brackets are the truncated models' at their converged truncations (``tol``).
 
-**How tight.**  A start keeps its own size and energy, which carry most of the cost, so the classes move only
-the batches' completion times and the requests counted in service.  Checked where the full model solves (two
-instances, every size 1..32, exponential batch times): ρ 0.5, ĝ* = 70.787 lies in [70.3, 71.21] with classes
-within 1.25× (see the docs' "Several instances" page for the measured brackets and times).
+**How tight.**  The classes move only when instances free up; sizes, energy and the requests held are each
+batch's own.  On paper 004's sizes 1..32 with exponential times the bracket is 0.1–0.8 % wide at ρ 0.5 and 0.7
+on two to four instances (four at ρ 0.5: ĝ* in [132.19, 132.33]); at ρ 0.9 it is 3.5–13 % wide, since a class's
+least member drains a long queue faster than Bmax can (the docs' "Several instances" page has the table).  Where
+the full model solves (two instances), its optimum lies inside, as the tests check.
 """
 
 from __future__ import annotations
@@ -107,8 +110,10 @@ def size_classes(problem: BatchingProblem, ratio: float) -> tuple[tuple[int, ...
     """The allowed sizes in runs of consecutive ones whose mean batch times lie within ``ratio`` of the run's
     first (ms), Bmax alone (the tail above the truncation runs Bmax batches exactly).
 
-    >>> p = BatchingProblem.from_rho(0.5, batch_sizes="1,2,3,4,8")
+    >>> p = BatchingProblem.from_rho(0.5, batch_sizes="1,2,3,4,8")  # l(b) = 0.3051·b + 1.0524 ms
     >>> size_classes(p, 1.5)
+    ((1, 2, 3), (4,), (8,))
+    >>> size_classes(p, 1.2)
     ((1,), (2, 3), (4,), (8,))
     """
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (math.isfinite(ratio) and ratio >= 1):
