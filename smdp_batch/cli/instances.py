@@ -183,7 +183,7 @@ def bound_every_size_cmd(problem: BatchingProblem, coarse: str, ratio, phases: i
     c, cs = problem.instances, b.coarse
     every = sizes_text(problem.batch_sizes)
     full = multi_server.count_configurations(len(problem.batch_sizes) * cs.phases, c)
-    full_states = full * (b.n_max + 1)  # at the class model's truncation
+    full_states = full * (cs.n_max + 1)  # at the coarse solve's truncation, where the exact one is likely to stop
     extra = (f" --w2 {problem.w2:.10g}" + (f" --phases {phases}" if phases is not None else "")
              + (f" --idle-power {idle_power_w:.10g}" if idle_power_w else ""))
     limit = (f" --max-states {_room(cs.states)}" if cs.states > multi_server.MULTI_STATE_LIMIT
@@ -195,7 +195,7 @@ def bound_every_size_cmd(problem: BatchingProblem, coarse: str, ratio, phases: i
         f"smdp-batch — every size on {c} instances, its optimum bracketed (c-server SMDP)",
         scenario_line(problem),
         f"  batch time  {cs.phase_law}{'' if not idle_power_w else f'; idle power {idle_power_w:g} W per instance'}",
-        f"  every size  {every}: {full} configurations of the instances, {full_states} states at queue 0..{b.n_max} "
+        f"  every size  {every}: {full} configurations of the instances, {full_states} states at queue 0..{cs.n_max} "
         + (f"(within reach of the exact solve: drop --size-bound, with --max-states {_room(full_states)})"
            if full_states <= EXACT_REACH else "(past the exact model)"),
         f"  upper       ĝ* ≤ {b.upper:.6g}   the optimum of the sizes {coarse_txt}, exact ({cs.states} states, "

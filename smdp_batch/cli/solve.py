@@ -72,7 +72,7 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
              "(every size on 3 or more instances), between the exact optimum of SIZES (auto: the powers of two "
              "and Bmax) and a model that knows running batches by class of similar batch times.")
 @option("--class-ratio", type=Number(min=1, max=100), default=None,
-        show_default="the finest of 1.1, 1.25, 1.5, 2, 3, 4 with at most 250 configurations",
+        show_default="the finest of 1.1, 1.25, 1.5, 2, 3, 4 whose class model is expected within 100 000 states",
         help="With --size-bound: the most a class's batch times differ, as a factor.")
 @contention_option
 @option("-o", "--output", type=OutputPath(".h5", ".hdf5"), default=None, help="Write the policy table (or bank) to FILE.h5.")

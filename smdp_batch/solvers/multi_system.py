@@ -171,9 +171,8 @@ class MultiSystem:
         process), and each completion ahead leaves the queue Bmax shorter for the rest of the excursion, which
         the quadratic prices at 2a per request and per level.  An arrival at n = N (every instance busy there)
         goes to h(N) + a(2N + 1) + b + Σ_i φ(σ_i): ``delta_w_at`` (per state, read at n = N; ``delta_w_base``
-        without φ) and ``delta_p``,
-        ``delta_t`` are that step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ = c·ζ(Bmax)/l(Bmax)) and for
-        time (κ₀ = 1), without g.
+        without φ), ``delta_p`` and ``delta_t`` are that step for W̄ (κ₁ = 1/λ, κ₀ = c·Bmax/λ), for P̄ (κ₀ =
+        c·ζ(Bmax)/l(Bmax)) and for time (κ₀ = 1), without g.
 
         Without φ the step took no account of which batches run at N, an error that shrinks only as the mass at
         N does: with two instances at ρ 0.9 (sizes 1, 2, 4, 8, 16, 32, exponential) ĝ at N = 128 was 2.3·10⁻⁴
