@@ -171,3 +171,24 @@ def test_size_classes_are_consecutive_runs_within_the_ratio_with_bmax_alone(rati
     lat = dict(zip(p.batch_sizes, p.latency_ms()))
     assert all(lat[cl[-1]] <= ratio * lat[cl[0]] for cl in classes)
     assert all(lat[nxt[0]] > ratio * lat[cl[0]] for cl, nxt in zip(classes[:-2], classes[1:-1]))  # each run maximal
+
+
+def test_a_coarse_solve_past_the_limits_is_one_line_naming_what_to_change(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # fixed batch times as Erlang-8 on three instances: the coarse model is too large
+    assert main(["solve", "--instances", "3", "--batch-sizes", "1,2,3,4,6,8", "--rho", "0.6", "--size-bound", "auto",
+                 "--max-states", "60000"]) == 2
+    err = capsys.readouterr().err
+    assert "the exact solve of the coarse sizes 1,2,4,8 failed" in err and "--phases" in err, err
+    assert len(err.strip().splitlines()) == 1 and "internal error" not in err
+
+
+def test_coarse_sizes_that_lose_nothing_are_called_optimal(capsys):
+    # every class one size (their batch times differ by more than 10 %): the lower end is every size's optimum
+    assert main(["solve", "--instances", "2", "--batch-sizes", "1,2,3,4,6,8", "--rho", "0.6", "--service", "exp",
+                 "--size-bound", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "exact (each class is one size)" in out
+    p = BatchingProblem.from_rho(0.6, service="exp", instances=2, batch_sizes="1,2,3,4,6,8")
+    b = bound_every_size(p)
+    assert b.lower == pytest.approx(solve_instances(p).optimal.model_cost, rel=1e-9)
+    assert ("are optimal among every size" in out) == (b.gap <= 1e-9)

@@ -201,10 +201,12 @@ def bound_every_size_cmd(problem: BatchingProblem, coarse: str, ratio, phases: i
         f"  upper       ĝ* ≤ {b.upper:.6g}   the optimum of the sizes {coarse_txt}, exact ({cs.states} states, "
         f"queue 0..{cs.n_max}, {'converged' if cs.converged else 'NOT CONVERGED'})",
         f"  lower       ĝ* ≥ {b.lower:.6g}   running batches known by class ({classes}; times within "
-        f"{b.ratio:g}×): {b.states} states, queue 0..{b.n_max}, {b.iterations} policy iterations, certified"
-        + (f" less {b.slack:.3g}" if b.slack > 1e-9 * abs(b.lower) else ""),
-        f"  so          every size can lower w1·W̄ + w2·P̄ by at most {100 * b.gap:.3g} % below the sizes {coarse_txt} "
-        f"({b.solve_time_s:.1f} s)",
+        f"{b.ratio:g}×): {b.states} states, queue 0..{b.n_max}, {b.iterations} policy iterations, "
+        + ("exact (each class is one size)" if all(len(cl) == 1 for cl in b.classes) else "certified"
+           + (f" less {b.slack:.3g}" if b.slack > 1e-9 * abs(b.lower) else "")),
+        "  so          " + (f"every size can lower w1·W̄ + w2·P̄ by at most {100 * b.gap:.3g} % below the sizes "
+                            f"{coarse_txt}" if b.gap > 1e-9 else f"the sizes {coarse_txt} are optimal among every size")
+        + f" ({b.solve_time_s:.1f} s)",
         f"  their table smdp-batch solve --instances {c} {scenario_args(cs.problem)}{extra}{limit} -o table.h5",
     ])
     emit(d, as_json, text)

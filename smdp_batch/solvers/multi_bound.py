@@ -262,8 +262,13 @@ def bound_every_size(problem: BatchingProblem, *, coarse: tuple[int, ...] | None
     if np.any((ph.alpha > 0) & (ph.alpha[reps][kind] == 0)):
         raise InputError("the batch-time law starts sizes of one class in different phases; the class model "
                          "cannot hold them")
-    upper = solve_instances(coarse_problem, phases=phases, idle_power_w=idle_power_w, tol=tol, throw=True,
-                            max_states=max_states)
+    fewer_phases = " or fewer phases (--phases)" if ph.phases > 1 and "(exact)" not in ph.how else ""
+    try:
+        upper = solve_instances(coarse_problem, phases=phases, idle_power_w=idle_power_w, tol=tol, throw=True,
+                                max_states=max_states)
+    except (InputError, NotConvergedWarning) as e:
+        raise InputError(f"the exact solve of the coarse sizes {','.join(map(str, coarse))} failed ({e}); bound "
+                         f"against fewer sizes (--size-bound SIZES){fewer_phases}, or raise --max-states") from None
     N, act, prev, total, n_old, moved = n_start(problem), None, None, 0, 0, math.inf
     while True:
         try:
@@ -273,12 +278,13 @@ def bound_every_size(problem: BatchingProblem, *, coarse: tuple[int, ...] | None
                    f"did not converge: its average cost still moves by {moved:.2g} at N = {n_old}, and a longer "
                    "truncation")
             raise InputError(f"the class model of {len(classes)} classes (ratio {ratio:g}) {why}: {e}; use a "
-                             "larger class ratio or raise --max-states") from None
+                             f"larger class ratio (--class-ratio){fewer_phases}, or raise --max-states") from None
         act = greedy_policy(sysm) if act is None else extend_policy(act, n_old, sysm)
         act, g, h, _, its, ok = iterate(sysm, act)
         total += its
         if not ok:
-            raise NotConvergedWarning("the class model's policy iteration did not settle")
+            raise InputError(f"the class model's policy iteration did not settle in {its} iterations at N = {N}; use "
+                             "another class ratio (--class-ratio)")
         if prev is not None:
             moved = abs(g - prev) / abs(g)
             if moved <= tol:
