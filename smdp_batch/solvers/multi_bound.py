@@ -169,8 +169,8 @@ def _class_system(problem: BatchingProblem, ph: PhaseType, kind: np.ndarray, rep
 
 
 def _closed(sysm: MultiSystem, h: np.ndarray) -> np.ndarray:
-    """h closed under starts: H(s) = min(h(s), min over starts b of w2·ζ(b) + Σ_j α_b[j]·H(after)), level by
-    level (a start lowers the queue), as a (configurations, N + 1) array."""
+    """h closed under starts: H(s) = min(h(s), min over starts b of the start's charge + Σ_j α_b[j]·H(after)),
+    level by level (a start lowers the queue), as a (configurations, N + 1) array."""
     N = sysm.N
     H = h.copy()
     for n in range(1, N + 1):
@@ -179,8 +179,8 @@ def _closed(sysm: MultiSystem, h: np.ndarray) -> np.ndarray:
             ok = at[sysm.feasible[at, i + 1]]
             if ok.size:
                 nxt = sysm.next[ok, i, :]
-                val = sysm.cost_lump[i] + (sysm.alpha[i][None, :] * np.where(nxt >= 0, H[np.maximum(nxt, 0)], 0.0)).sum(axis=1)
-                H[ok] = np.minimum(H[ok], val)
+                after = (sysm.alpha[i][None, :] * np.where(nxt >= 0, H[np.maximum(nxt, 0)], 0.0)).sum(axis=1)
+                H[ok] = np.minimum(H[ok], sysm.cost_lump[i] + after)
     return H.reshape(sysm.model.n_conf, N + 1)
 
 
