@@ -270,9 +270,12 @@ def bound_every_size(problem: BatchingProblem, *, coarse: tuple[int, ...] | None
         raise InputError(f"the exact solve of the coarse sizes {','.join(map(str, coarse))} failed ({e}); bound "
                          f"against fewer sizes (--size-bound SIZES){fewer_phases}, or raise --max-states") from None
     N, act, prev, total, n_old, moved = n_start(problem), None, None, 0, 0, math.inf
+    incomplete_from = None  # carried from one truncation to the next (MultiSystem.incomplete_from)
     while True:
         try:
             sysm = _class_system(problem, ph, kind, reps, N, idle_power_w, max_states)
+            if incomplete_from is not None:
+                sysm.incomplete_from = incomplete_from
         except InputError as e:
             why = ("is too large" if prev is None else
                    f"did not converge: its average cost still moves by {moved:.2g} at N = {n_old}, and a longer "
@@ -282,6 +285,7 @@ def bound_every_size(problem: BatchingProblem, *, coarse: tuple[int, ...] | None
         act = greedy_policy(sysm) if act is None else extend_policy(act, n_old, sysm)
         act, g, h, _, its, ok = iterate(sysm, act)
         total += its
+        incomplete_from = sysm.incomplete_from
         if not ok:
             raise InputError(f"the class model's policy iteration did not settle in {its} iterations at N = {N}; use "
                              "another class ratio (--class-ratio)")

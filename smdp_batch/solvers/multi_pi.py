@@ -301,11 +301,15 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     N = n_start(problem) if n_max is None else int(n_max)
     act, n_old, total, why, prev, table, before = None, N, 0, "", None, None, None
     last: tuple[MultiSystem, np.ndarray, float] | None = None  # the previous truncation: system, optimum, its cost
+    incomplete_from = None  # carried from one truncation to the next (MultiSystem.incomplete_from)
     while True:
         sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
+        if incomplete_from is not None:
+            sysm.incomplete_from = incomplete_from
         act = _start(sysm, phases, idle_power_w) if act is None else extend_policy(act, n_old, sysm)
         act, _, _, ev, its, ok = iterate(sysm, act)
         total += its
+        incomplete_from = sysm.incomplete_from
         if not ok:
             why = f"policy iteration did not settle in {PI_ITER_LIMIT} iterations"
             break

@@ -66,6 +66,13 @@ REUSE_RESIDUAL = 1e-13
 #: GMRES settles on old ones; above, a reuse that needs more iterations than that costs more than new factors).
 ILU_FROM, ILU_REUSE_FROM = 50_000, 100_000
 ILU_DROP, ILU_FILL, ILU_ITERATIONS, ILU_REUSE_ITERATIONS = 1e-2, 10.0, 150, 40
+#: A complete factorisation that fills past DENSE_FILL entries per row moves the solve's later policies of
+#: DENSE_FROM states or more to incomplete factors (:attr:`MultiSystem.incomplete_from`).  Measured fill per row:
+#: three instances with six sizes 300–620 (1.3–2.9 s a factorisation at 16 212 states; the whole solve 18.5 s, 1.6 s
+#: on incomplete factors, the same ĝ to 1e-15 and the same table); two instances with six sizes, Erlang-2 or not,
+#: three with four sizes, four with three and eight with two: 23–135, where complete factors stay faster (eight
+#: instances with sizes 16, 32 on incomplete factors from 15 000 states: 1.0 → 3.1 s).
+DENSE_FILL, DENSE_FROM = 200, 10_000
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,9 @@ class MultiSystem:
         # 16, 32: 0.6–0.8 s against 1.4–2.1 s).  A time-based choice would make the digits depend on the machine.
         self.permc = "COLAMD" if np.any(model.ph.moves) or S >= COLAMD_FROM else "MMD_AT_PLUS_A"
         self._lu, self._lu_act = None, None  # the last policy factorised (see _solve)
+        #: from how many states a policy's system gets incomplete factors: :data:`ILU_FROM`, or :data:`DENSE_FROM`
+        #: once a complete factorisation filled densely (a solve carries it on to its next truncation)
+        self.incomplete_from = ILU_FROM
         #: the last policy evaluated: the time share of each waiting state × its event rate, and each start's rate
         self.visits = np.zeros(S)
         self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
@@ -275,7 +285,7 @@ class MultiSystem:
         S = M.shape[0]
         e0 = np.zeros(S)
         e0[0] = 1.0
-        incomplete = S >= ILU_FROM
+        incomplete = S >= self.incomplete_from
         if self._lu is not None and (S >= ILU_REUSE_FROM if incomplete else self._lu.nnz >= REUSE_MIN_NNZ) and \
                 np.count_nonzero(act != self._lu_act) <= REUSE_SHARE * S:
             lu = self._lu
@@ -286,10 +296,7 @@ class MultiSystem:
                 return xy
         self._lu = self._lu_act = lu = None  # the old factors (also held here, by lu) go before new ones are made
         if incomplete:
-            try:
-                lu = spilu(M.tocsc(), drop_tol=ILU_DROP, fill_factor=ILU_FILL, permc_spec="COLAMD")
-            except RuntimeError:  # a zero pivot in the incomplete factors: the complete ones below
-                lu = None
+            lu = _incomplete(M.tocsc())
             if lu is not None:
                 xy = _preconditioned_pair(M, rhs, e0, lu, ILU_ITERATIONS)
                 if xy is not None:
@@ -297,6 +304,8 @@ class MultiSystem:
                     return xy
                 lu = None
         lu = splu(M, permc_spec=self.permc)
+        if lu.nnz > DENSE_FILL * S:
+            self.incomplete_from = min(self.incomplete_from, DENSE_FROM)
         self._lu, self._lu_act = lu, act.copy()
         return lu.solve(rhs), lu.solve(e0, trans="T")
 
@@ -333,6 +342,24 @@ class MultiSystem:
             return self.evaluate(act)[2]
         finally:
             self.visits = saved
+
+
+#: The incomplete factorisations tried in turn (SuperLU's ILUTP options) before the complete one: its default drop
+#: rules, then the basic rule alone, then a finer drop tolerance.  Measured (three instances, six sizes, ρ 0.8,
+#: 16 212 states): 6 of 13 policies' systems hit a zero pivot with the first and none with the second (the same
+#: cost, 0.08 s against 2–3 s for the complete factors); the third also passes there, at 35 against 26 entries a row.
+ILU_TRIES: tuple[dict, ...] = ({}, {"drop_rule": "basic"}, {"drop_tol": ILU_DROP / 100})
+
+
+def _incomplete(M: sp.csc_matrix):
+    """Incomplete LU factors of M (:data:`ILU_TRIES` in turn, COLAMD ordering), or None where every one hits a zero
+    pivot."""
+    for extra in ILU_TRIES:
+        try:
+            return spilu(M, **{"drop_tol": ILU_DROP, "fill_factor": ILU_FILL, "permc_spec": "COLAMD", **extra})
+        except RuntimeError:  # a zero pivot in the incomplete factors
+            continue
+    return None
 
 
 def _mean_time_left(ph: PhaseType, speed: np.ndarray) -> np.ndarray:
