@@ -499,8 +499,8 @@ def test_starting_from_the_one_instance_table_reaches_the_same_optimum(monkeypat
     greedy = solve_instances(p)
     monkeypatch.setattr(multi_pi, "TABLE_START_FROM", 0)
     starts: list[bool] = []  # per call: whether the start differs from greedy's
-    real = multi_pi._start
-    monkeypatch.setattr(multi_pi, "_start", lambda sysm, *a: (lambda act: starts.append(
+    real = multi_pi.first_policy
+    monkeypatch.setattr(multi_pi, "first_policy", lambda sysm, *a: (lambda act: starts.append(
         not np.array_equal(act, multi_pi.greedy_policy(sysm))) or act)(real(sysm, *a)))
     got = solve_instances(p)
     assert starts == [False, True]  # the one-instance solve's greedy start, then the two-instance model's, once
@@ -514,7 +514,7 @@ def test_starting_from_the_one_instance_table_reaches_the_same_optimum(monkeypat
             raise InputError("no")
         return whole(problem, **kw)
 
-    monkeypatch.setattr(multi_pi, "solve_instances", one_refused)  # what _start calls
+    monkeypatch.setattr(multi_pi, "solve_instances", one_refused)  # what first_policy calls
     starts.clear()
     assert whole(p).optimal.avg_cost == pytest.approx(greedy.optimal.avg_cost, rel=1e-11)
     assert starts == [False]

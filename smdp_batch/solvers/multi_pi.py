@@ -35,7 +35,7 @@ from .multi_system import MultiEvaluation, MultiSystem, table_policy, table_rows
 __all__ = ["MultiSolution", "MultiEvaluation", "solve_instances", "evaluate_instances_table"]
 
 PI_ITER_LIMIT = 200
-#: From this many states policy iteration starts from the one-instance table (:func:`_start`), else greedy.
+#: From this many states policy iteration starts from the one-instance table (:func:`first_policy`), else greedy.
 TABLE_START_FROM = 50_000
 
 
@@ -120,7 +120,7 @@ def greedy_policy(sysm: MultiSystem) -> np.ndarray:
     return act
 
 
-def _start(sysm: MultiSystem, phases: int | None, idle_power_w: float) -> np.ndarray:
+def first_policy(sysm: MultiSystem, phases: int | None, idle_power_w: float) -> np.ndarray:
     """Policy iteration's first policy: on a model of :data:`TABLE_START_FROM` states or more, where each step
     costs seconds, the one-instance optimal table at the load's c-th share run on every idle instance
     (:func:`~.multi_system.table_policy`); two steps fewer than greedy's start at c = 2, every size, ρ 0.5 and
@@ -306,7 +306,7 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
         sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
         if incomplete_from is not None:
             sysm.incomplete_from = incomplete_from
-        act = _start(sysm, phases, idle_power_w) if act is None else extend_policy(act, n_old, sysm)
+        act = first_policy(sysm, phases, idle_power_w) if act is None else extend_policy(act, n_old, sysm)
         act, _, _, ev, its, ok = iterate(sysm, act)
         total += its
         incomplete_from = sysm.incomplete_from

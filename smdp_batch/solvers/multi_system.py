@@ -296,13 +296,17 @@ class MultiSystem:
                 return xy
         self._lu = self._lu_act = lu = None  # the old factors (also held here, by lu) go before new ones are made
         if incomplete:
-            lu = _incomplete(M.tocsc())
-            if lu is not None:
+            Mc = M.tocsc()
+            for extra in ILU_TRIES:
+                try:
+                    lu = spilu(Mc, **{"drop_tol": ILU_DROP, "fill_factor": ILU_FILL, "permc_spec": "COLAMD", **extra})
+                except RuntimeError:  # a zero pivot in the incomplete factors: the next try
+                    continue
                 xy = _preconditioned_pair(M, rhs, e0, lu, ILU_ITERATIONS)
                 if xy is not None:
                     self._lu, self._lu_act = lu, act.copy()
                     return xy
-                lu = None
+            lu = None
         lu = splu(M, permc_spec=self.permc)
         if lu.nnz > DENSE_FILL * S:
             self.incomplete_from = min(self.incomplete_from, DENSE_FROM)
@@ -344,22 +348,13 @@ class MultiSystem:
             self.visits = saved
 
 
-#: The incomplete factorisations tried in turn (SuperLU's ILUTP options) before the complete one: its default drop
-#: rules, then the basic rule alone, then a finer drop tolerance.  Measured (three instances, six sizes, ρ 0.8,
-#: 16 212 states): 6 of 13 policies' systems hit a zero pivot with the first and none with the second (the same
-#: cost, 0.08 s against 2–3 s for the complete factors); the third also passes there, at 35 against 26 entries a row.
+#: The incomplete factorisations tried in turn (SuperLU's ILUTP options), each until one factorises and GMRES
+#: settles on it, before the complete one: the default drop rules, then the basic rule alone, then a finer drop
+#: tolerance.  Measured: three instances, six sizes, ρ 0.8, 16 212 states: 6 of 13 policies' systems hit a zero
+#: pivot with the first and none with the second (the same cost, 0.08 s against 2–3 s for the complete factors);
+#: four instances, six sizes, ρ 0.7, 53 970 states: GMRES did not settle on one policy's first factors, whose
+#: complete factors then took 22.6 s and 1.3 GB (1 293 entries a row).
 ILU_TRIES: tuple[dict, ...] = ({}, {"drop_rule": "basic"}, {"drop_tol": ILU_DROP / 100})
-
-
-def _incomplete(M: sp.csc_matrix):
-    """Incomplete LU factors of M (:data:`ILU_TRIES` in turn, COLAMD ordering), or None where every one hits a zero
-    pivot."""
-    for extra in ILU_TRIES:
-        try:
-            return spilu(M, **{"drop_tol": ILU_DROP, "fill_factor": ILU_FILL, "permc_spec": "COLAMD", **extra})
-        except RuntimeError:  # a zero pivot in the incomplete factors
-            continue
-    return None
 
 
 def _mean_time_left(ph: PhaseType, speed: np.ndarray) -> np.ndarray:
