@@ -23,8 +23,9 @@ priced beside the optimum) is solved by GMRES preconditioned with those factors,
 residual (:meth:`MultiSystem._solve`); a factorisation is the cost of a large model (1–17 s at 10⁵ states).
 From :data:`ILU_FROM` states each policy gets incomplete factors (SuperLU's ILUTP, drop tolerance 1e-2): at
 162 129 states (c = 2, every size to 32, N = 288) 1.1–1.5 s and 3·10⁶ non-zeros against 15 s and 5·10⁷ for the
-complete ones, and GMRES on them settles in 0.15–0.5 s, certified the same way; where it does not, the complete
-factors are made.
+complete ones, and GMRES on them settles in 0.15–0.5 s, certified the same way; where it does not, or the factors
+hit a zero pivot, the next of :data:`ILU_TRIES`, and after them the complete factors.  A complete factorisation
+that fills densely moves the solve's later policies to incomplete factors from :data:`DENSE_FROM` states.
 """
 
 from __future__ import annotations
