@@ -192,3 +192,22 @@ def test_coarse_sizes_that_lose_nothing_are_called_optimal(capsys):
     b = bound_every_size(p)
     assert b.lower == pytest.approx(solve_instances(p).optimal.model_cost, rel=1e-9)
     assert ("are optimal among every size" in out) == (b.gap <= 1e-9)
+
+
+def test_the_bracket_holds_on_seeded_random_problems():
+    """Random small problems (2 or 3 instances, size sets, loads, affine l(b), five batch-time laws among them a
+    fitted lognormal, idle power, w2, class ratios): the exact every-size optimum lies in the bracket each time."""
+    rng = np.random.default_rng(7)
+    laws = ["exp", "erlang:2", HYPER, "gamma:3", "lognormal:0.8"]
+    for _ in range(8):
+        c = int(rng.choice([2, 2, 3]))
+        bmax = 4 if c == 3 else int(rng.choice([4, 6]))  # three instances with six sizes take seconds
+        inner = rng.choice(np.arange(2, bmax), size=rng.integers(1, bmax - 1), replace=False)
+        sizes = ",".join(str(b) for b in sorted({1, bmax, *(int(x) for x in inner)}))
+        idle = float(rng.choice([0.0, rng.uniform(1, 20)]))
+        p = BatchingProblem.from_rho(float(rng.uniform(0.3, 0.9)), service=laws[rng.integers(len(laws))], instances=c,
+                                     batch_sizes=sizes, latency=f"affine:{rng.uniform(0.1, 2):.3f},{rng.uniform(0.2, 3):.3f}",
+                                     w2=float(rng.choice([0.2, 1.0, 5.0])))
+        exact = solve_instances(p, idle_power_w=idle, tol=1e-9, phases=3, max_states=400_000).optimal.model_cost
+        b = bound_every_size(p, ratio=float(rng.choice([1.2, 1.5, 2.0, 3.0])), idle_power_w=idle, tol=1e-9, phases=3)
+        assert b.lower <= exact * (1 + 1e-9) and exact <= b.upper * (1 + 1e-9), (p, idle, b.lower, exact, b.upper)
