@@ -157,8 +157,7 @@ def _class_system(problem: BatchingProblem, ph: PhaseType, kind: np.ndarray, rep
     sizes = np.asarray(problem.batch_sizes)
     model = MultiServerSMDP(problem.replace(batch_sizes=tuple(int(b) for b in sizes[reps])), rep_ph, N,
                             idle_power_w, max_states)
-    sysm = MultiSystem(model, tail=True)
-    sysm.set_starts(sizes, problem.energy_mj(), ph.alpha, kind)
+    sysm = MultiSystem(model, tail=True, starts=(sizes, problem.energy_mj(), ph.alpha, kind))
     # a batch's requests are held in service, and its instance kept from idling, for the batch's whole time: both
     # charged at its start (w1·b·l(b)/λ and −w2·P_idle·l(b)), every instance charged P_idle meanwhile
     p, lat = problem, problem.latency_ms()

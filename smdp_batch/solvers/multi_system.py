@@ -98,7 +98,9 @@ class MultiEvaluation:
 class MultiSystem:
     """The model's fixed pieces over all states, and one policy's linear system."""
 
-    def __init__(self, model: MultiServerSMDP, tail: bool = True):
+    def __init__(self, model: MultiServerSMDP, tail: bool = True, starts: tuple | None = None):
+        """``starts``: (sizes, zeta, alpha, kind) of :meth:`_set_starts` where a caller keeps fewer kinds than sizes,
+        else the model's own sizes."""
         p, N = model.problem, model.N
         self.model, self.N = model, N
         S = model.n_states
@@ -146,13 +148,13 @@ class MultiSystem:
         cols = model.state(levels, dst[:, None]).ravel()
         vals = np.repeat(rate, N + 1)
         self.E = sp.csr_matrix((vals, (rows, cols)), shape=(S, S))
-        self.set_starts(self.sizes, self.zeta, model.ph.alpha, np.arange(self.sizes.size))
+        self._set_starts(*(starts or (self.sizes, self.zeta, model.ph.alpha, np.arange(self.sizes.size))))
 
-    def set_starts(self, sizes: np.ndarray, zeta: np.ndarray, alpha: np.ndarray, kind: np.ndarray) -> None:
+    def _set_starts(self, sizes: np.ndarray, zeta: np.ndarray, alpha: np.ndarray, kind: np.ndarray) -> None:
         """The policy's starts: action i + 1 takes ``sizes[i]`` requests off the queue, costs w2·``zeta[i]`` (mJ)
         and puts a batch on an idle instance as the model's size ``kind[i]`` in phase j with probability
         ``alpha[i, j]``.  The model's own sizes (kind = 0..A − 1) unless a caller keeps fewer kinds than sizes
-        (:mod:`.multi_bound`)."""
+        (:mod:`.multi_bound`, through the constructor's ``starts``)."""
         model = self.model
         S, m = model.n_states, model.ph.phases
         self.sizes, self.zeta, self.alpha = np.asarray(sizes, dtype=np.int64), np.asarray(zeta), np.asarray(alpha)
