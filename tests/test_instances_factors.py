@@ -5,24 +5,16 @@ complete factorisations' answer."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.solvers import multi_system
 from smdp_batch.solvers.multi_pi import solve_instances
+from tests.test_instances_solver import _assert_same_answer
 
 
 def _problem() -> BatchingProblem:
     return BatchingProblem.from_rho(0.8, service="exp", instances=2, batch_sizes="1,2,4,8,16")
-
-
-def _same(got, fresh) -> None:
-    assert np.array_equal(got.policy, fresh.policy) and np.array_equal(got.table, fresh.table)
-    assert got.n_max == fresh.n_max
-    for ours, theirs in ((got.optimal, fresh.optimal), (got.table_eval, fresh.table_eval)):
-        for k, v in theirs.to_dict().items():
-            assert getattr(ours, k) == pytest.approx(v, rel=1e-11, abs=1e-13), k
 
 
 def _record(monkeypatch, name: str) -> list:
@@ -52,7 +44,7 @@ def test_a_densely_filled_factorisation_moves_the_later_policies_to_incomplete_f
     assert all(n > complete[0][0] // 2 for n, _ in incomplete)
     later = [f for N, f in seen if N > seen[0][0]]
     assert later and all(f == 0 for f in later)  # the next truncation starts on incomplete factors at once
-    _same(got, fresh)
+    _assert_same_answer(got, fresh)
 
 
 def test_a_sparse_fill_keeps_complete_factors(monkeypatch):
@@ -81,4 +73,4 @@ def test_a_zero_pivot_tries_the_basic_rule_then_a_finer_tolerance_before_complet
     first = tried[:3]
     assert "drop_rule" not in first[0] and first[1]["drop_rule"] == "basic"
     assert first[2]["drop_tol"] == pytest.approx(multi_system.ILU_DROP / 100)
-    _same(got, fresh)
+    _assert_same_answer(got, fresh)
