@@ -22,11 +22,13 @@ The general banded solver (:mod:`.banded`) needs O(S·Bmax·K), K ≈ 40·λl(Bm
 2·10¹³ operations at Bmax 1 024, ρ = 0.9, where the optimal batch grows until n ≈ 1.5·10⁵.
 
 A row whose successor serves another action (an *end*: about one per batch size) keeps its exact equation,
-written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (:func:`_v_at`): the exact
-operator (:func:`_matvec`) and its transpose (:func:`_rmatvec`), which :mod:`.geometric_system` solves by
-GMRES with (T) as preconditioner.  The same recursion gives V_a(·) for every allowed a in O(S·A) time and O(S)
-memory, with no arrival table (:func:`_q_pass`): the residual's Q(s, π(s)) and the improvement step's best
-Q(s, a), which policy iteration (:mod:`.geometric_pi`) uses.
+written as (T) plus q·(Q_a(s+1) − h(s+1)) with Q_a(s+1) a geometric sum over h (all ends' sums at once by
+:func:`.geometric_sums.window_sums`): the exact operator (:func:`_matvec`) and its transpose (:func:`_rmatvec`),
+which :mod:`.geometric_system` solves by GMRES with (T) as preconditioner.  The same recursion gives V_a(·) for
+every allowed a in O(S·A) time and O(S) memory, with no arrival table: the residual's Q(s, π(s)) and the
+improvement step's best Q(s, a), which policy iteration (:mod:`.geometric_pi`) uses — over every action
+(:func:`_q_full`), or over the actions near each state's own (:func:`_q_pass` on :func:`_ranges`; its own
+action alone for a residual).
 
 Metrics (W̄, P̄, batches, Δ and the overflow share) are the gains of the same policy under their own cost
 vectors (each of the form fixed + slope·s + q^{m+1}·cc), ĝ = π·c/π·y; throughput is λ (flow balance).
@@ -43,6 +45,7 @@ from ..errors import InputError
 from ..kernel_cache import njit
 from ..model.problem import BatchingProblem
 from ..model.truncation import excursion_rates
+from .geometric_sums import _geo_sum, window_scatter, window_sums
 
 __all__ = ["Costs", "GeometricModel", "geometric_model"]
 
@@ -155,6 +158,16 @@ def _rows(pol, sizes, q, S):
 
 
 @njit(cache=True)
+def _pivots(U, ue):
+    """(2, S): 1/U and γ = −ue/U, what :func:`_sweep` solves with (computed once per factorisation)."""
+    piv = np.empty((2, U.size))
+    for s in range(U.size):
+        piv[0, s] = 1.0 / U[s]
+        piv[1, s] = -ue[s] * piv[0, s]
+    return piv
+
+
+@njit(cache=True)
 def _effective_up(up, ref):
     """The super-diagonal of B: row ``ref`` and column ``ref`` dropped (they are the identity's)."""
     u = up.copy()
@@ -165,8 +178,10 @@ def _effective_up(up, ref):
 
 
 @njit(cache=True)
-def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
-    """Doolittle's LU of B (factor=True: returns the pivots U) or its forward and back solve for f.
+def _sweep(ptr, cols, vals, ue, dg, ref, piv, f, factor):
+    """Doolittle's LU of B (factor=True: returns the pivots U) or its forward and back solve for f, given
+    ``piv`` = :func:`_pivots` of U (1/U and γ, so the sequential loops only multiply; ``dg`` is read only to
+    factor).
 
     B has the diagonal ``dg``, the super-diagonal ``ue`` and row s's lower entries ``vals`` at ``cols``
     (CSR: ptr[s]..ptr[s+1]; none in row ``ref``, whose row and column are the identity's).  U is bidiagonal,
@@ -176,15 +191,21 @@ def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
     operation kept by the two-stack sliding-window aggregate: suffix folds of a frozen segment [φ, β) and one
     running fold of [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no
     cancellation.  (T) has one lower entry per row; its transpose, reversed, has one per row on average
-    (:func:`~.geometric_system._transposed`).
+    (:func:`~.geometric_system._transposed`).  The fold's arrays are written before they are read (a refold
+    writes [lo, s) before any window reads it), so they start uninitialised.
     """
     S = dg.size
-    gam = np.zeros(S)
-    z = np.zeros(S)
-    fP = np.ones(S)
-    fS = np.zeros(S)
+    z = np.empty(S)
+    fP = np.empty(S)
+    fS = np.empty(S)
     y = f.copy()
-    Uo = U if not factor else np.empty(S)
+    if factor:
+        gam = np.empty(S)
+        Uo = np.empty(S)
+        inv = Uo
+    else:
+        inv = piv[0]
+        gam = piv[1]
     phi = 0
     beta = 0
     BP = 1.0
@@ -223,13 +244,14 @@ def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
                 acc_y += vals[k] * (fS[c] + fP[c] * BS)
         if factor:
             Uo[s] = 1.0 if s == ref else dg[s] + acc_u
-        elif s != ref:
-            y[s] -= acc_y
-        gam[s] = -ue[s] / Uo[s] if Uo[s] != 0.0 else 0.0
-        if not factor:
+            gam[s] = -ue[s] / Uo[s] if Uo[s] != 0.0 else 0.0
+            z[s] = 0.0
+        else:
+            if s != ref:
+                y[s] -= acc_y
             if abs(y[s]) < TINY:
                 y[s] = 0.0
-            z[s] = y[s] / Uo[s]
+            z[s] = y[s] * inv[s]
         # push s onto the running fold
         BS += BP * z[s]
         BP *= gam[s]
@@ -240,7 +262,7 @@ def _sweep(ptr, cols, vals, ue, dg, ref, U, f, factor):
         v = y[s]
         if s + 1 < S:
             v -= ue[s] * x[s + 1]
-        v /= Uo[s]
+        v *= inv[s]
         x[s] = v if abs(v) > TINY else 0.0  # no subnormals: they make every later dot product crawl
     return x
 
@@ -258,44 +280,54 @@ def _v_terms(i, qa, s_max):
     return min(nmax, kcut), nmax
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"}, inline="always")
+@njit(cache=True, inline="always")
 def _v_at(h, g, i, qa, cc, ct, s_max):
     """V_a(i) for i ≤ s_max + 1 (module doc): Σ_k (1 − q)qᵏ·h(i + k) up to s_max, then the excursion's
-    term, over the terms :func:`_v_terms` keeps.  Summed in blocks of 32 with the powers precomputed,
-    so the inner loop vectorises (it is most of GMRES's operator)."""
+    term, over the terms :func:`_v_terms` keeps."""
     n, nmax = _v_terms(i, qa, s_max)
-    pw = np.empty(32)
-    pw[0] = 1.0 - qa
-    for r in range(1, 32):
-        pw[r] = pw[r - 1] * qa
-    q32 = qa ** 32
-    acc = 0.0
-    scale = 1.0
-    k0 = 0
-    while k0 < n:
-        m = min(32, n - k0)
-        blk = 0.0
-        base = i + k0
-        for r in range(m):
-            blk += pw[r] * h[base + r]
-        acc += scale * blk
-        scale *= q32
-        k0 += 32
+    acc = _geo_sum(h, i, n, qa)
     if n < nmax:
         return acc
     return acc + qa ** nmax * (h[s_max] + cc - g * ct)
 
 
 @njit(cache=True)
+def _end_windows(pol, sizes, q, end, s_max):
+    """The end rows (in order) and their V_a windows: row, start i = s + 1 − a, terms kept n, and whether the
+    window reaches s_max (then the excursion's term counts, :func:`_v_terms`)."""
+    E = 0
+    for s in range(s_max + 1):
+        if end[s]:
+            E += 1
+    rows = np.empty(E, dtype=np.int64)
+    starts = np.empty(E, dtype=np.int64)
+    counts = np.empty(E, dtype=np.int64)
+    qs = np.empty(E)
+    full = np.zeros(E, dtype=np.bool_)
+    e = 0
+    for s in range(s_max + 1):
+        if end[s]:
+            ai = pol[s]
+            i = s + 1 - sizes[ai]
+            n, nmax = _v_terms(i, q[ai], s_max)
+            rows[e], starts[e], counts[e], qs[e], full[e] = s, i, n, q[ai], n == nmax
+            e += 1
+    return rows, starts, counts, qs, full
+
+
+@njit(cache=True)
 def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     """The exact system's operator on x (x[ref] = g, h(ref) = 0): rows (T), and at ends
-    (T) − q·(Q_a(s+1) − h(s+1)) without its constant part."""
+    (T) − q·(Q_a(s+1) − h(s+1)) without its constant part (the ends' windows by :func:`.window_sums`)."""
     S = x.size
     s_max = S - 1
     g = x[ref]
     h = x.copy()
     h[ref] = 0.0
+    rows, starts, counts, qs, full = _end_windows(pol, sizes, q, end, s_max)
+    V = window_sums(h, starts, counts, qs)
     out = np.empty(S)
+    e = 0
     for s in range(S):
         ai = pol[s]
         v = dg[s] * h[s]
@@ -305,8 +337,13 @@ def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
             v += lv[s] * h[lc[s]]
         v += g * (y[ai] * (1.0 - q[ai]) if sizes[ai] > 0 else lam_inv)
         if end[s]:
+            qa = q[ai]
+            Ve = V[e]
+            if full[e]:
+                Ve += qa ** (s_max - starts[e] + 1) * (h[s_max] - g * ct[ai])
+            e += 1
             nxt = h[s + 1] if s + 1 < S else h[s_max]
-            v -= q[ai] * (-g * y[ai] + _v_at(h, g, s + 1 - sizes[ai], q[ai], 0.0, ct[ai], s_max) - nxt)
+            v -= qa * (-g * y[ai] + Ve - nxt)
         out[s] = v if abs(v) > TINY else 0.0
     return out
 
@@ -314,17 +351,22 @@ def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
 @njit(cache=True)
 def _rmatvec(w, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     """The transpose of :func:`_matvec`'s operator on w: each row's coefficients scattered into its columns (an
-    end's geometric sum becomes a geometric run over its window), the g coefficients gathered into entry ref."""
+    end's geometric sum becomes a geometric run over its window, :func:`.window_scatter`), the g coefficients
+    gathered into entry ref."""
     S = w.size
     s_max = S - 1
     oh = np.zeros(S)
     og = 0.0
-    pw = np.empty(32)
+    rows, starts, counts, qs, full = _end_windows(pol, sizes, q, end, s_max)
+    coefs = np.zeros(rows.size)
+    e = 0
     for s in range(S):
         ws = w[s]
+        ai = pol[s]
+        if end[s]:
+            e += 1
         if ws == 0.0:
             continue
-        ai = pol[s]
         oh[s] += dg[s] * ws
         if s + 1 < S:
             oh[s + 1] += up[s] * ws
@@ -334,27 +376,14 @@ def _rmatvec(w, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
         if end[s]:
             qa = q[ai]
             coef = -qa * ws
+            coefs[e - 1] = coef
             og -= coef * y[ai]
-            i = s + 1 - sizes[ai]
-            n, nmax = _v_terms(i, qa, s_max)
-            pw[0] = 1.0 - qa
-            for r in range(1, 32):
-                pw[r] = pw[r - 1] * qa
-            q32 = qa ** 32
-            scale = coef
-            k0 = 0
-            while k0 < n:
-                m = min(32, n - k0)
-                base = i + k0
-                for r in range(m):
-                    oh[base + r] += scale * pw[r]
-                scale *= q32
-                k0 += 32
-            if n == nmax:
-                t = coef * qa ** nmax
+            if full[e - 1]:
+                t = coef * qa ** (s_max - starts[e - 1] + 1)
                 oh[s_max] += t
                 og -= t * ct[ai]
             oh[s + 1 if s + 1 < S else s_max] -= coef
+    window_scatter(oh, starts, counts, qs, coefs)
     oh[ref] = og
     for s in range(S):
         if abs(oh[s]) < TINY:
@@ -383,9 +412,12 @@ def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
 
 
 @njit(cache=True)
-def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
-    """Q(s, π(s)) and the best Q(s, a) over the allowed a (a ≤ s; B alone at s_max) with its action, each
-    V_a(·) by its recursion: O(S·A) time, O(S) memory (no S × A table)."""
+def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail, lo, hi):
+    """Q(s, π(s)) and the best Q(s, a) with its action, over the allowed a (a ≤ s; B alone at s_max) and, for
+    action index ai, the states lo[ai]..hi[ai] only (:func:`_ranges`; the whole of them for a full improvement).
+    Each V_a(·) runs by its recursion down that range, started at its top from s_max or by :func:`_v_at`'s sum,
+    whichever is shorter: O(Σ ranges + starts) time, O(S) memory (no S × A table).  Q(s, π(s)) is exact where
+    π(s)'s range holds s (every range of :func:`_ranges` holds its own action's states)."""
     S = s_max + 1
     A = sizes.size
     qcur = np.full(S, np.inf)
@@ -393,10 +425,12 @@ def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
     best = pol.copy()
     for ai in range(A):
         a = sizes[ai]
-        if a > s_max:
+        top = min(hi[ai], s_max)
+        bot = max(lo[ai], a)
+        if top < bot:
             continue
         if a == 0:
-            for s in range(S - 1):
+            for s in range(bot, min(top, S - 2) + 1):
                 v = fixed[ai] + slope[ai] * s - g * y[ai] + h[s + 1]
                 if pol[s] == ai:
                     qcur[s] = v
@@ -404,17 +438,112 @@ def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
                     qbest[s] = v
                     best[s] = ai
             continue
+        if top == s_max and ai != tail:
+            top -= 1  # s_max serves B alone
         qa = q[ai]
-        V = h[s_max] + cc[ai] - g * ct[ai]
-        for j in range(s_max, -1, -1):
-            V = (1.0 - qa) * h[j] + qa * V
-            s = j + a
-            if s > s_max or (s == s_max and ai != tail):
-                continue
-            v = fixed[ai] + slope[ai] * s - g * y[ai] + V
+        j0 = top - a + 1  # V_a(j0) starts the recursion
+        n, nmax = _v_terms(j0, qa, s_max)
+        if nmax <= n + 64:  # from s_max: the recursion's own start, exact
+            V = h[s_max] + cc[ai] - g * ct[ai]
+            for j in range(s_max, j0 - 1, -1):
+                V = (1.0 - qa) * h[j] + qa * V
+        else:
+            V = _v_at(h, g, j0, qa, cc[ai], ct[ai], s_max)
+        base = fixed[ai] - g * y[ai]
+        sl = slope[ai]
+        for s in range(top, bot - 1, -1):
+            V = (1.0 - qa) * h[s - a] + qa * V
+            v = base + sl * s + V
             if pol[s] == ai:
                 qcur[s] = v
             if v < qbest[s]:
                 qbest[s] = v
                 best[s] = ai
     return qcur, qbest, best
+
+
+@njit(cache=True, fastmath={"contract", "nnan", "ninf", "nsz"})
+def _q_full(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
+    """:func:`_q_pass` over every action (a full improvement), state by state from s_max down with every
+    V_a(s − a) kept in one array: the inner loop runs over the actions and vectorises (with consecutive sizes
+    h(s − a) is a contiguous run of h reversed), where :func:`_q_pass` runs one long sequential recursion per
+    action: 2× faster at Bmax 1 024.  The same recursions, so the same values up to fused multiply–adds, and the
+    same choice among equal Q (the least action index)."""
+    S = s_max + 1
+    A = sizes.size
+    qcur = np.empty(S)
+    qbest = np.empty(S)
+    best = pol.copy()
+    nA = A  # the actions with a ≤ s are 0..nA − 1 (sizes ascending)
+    while nA > 1 and sizes[nA - 1] > s_max:
+        nA -= 1
+    V = np.zeros(nA)  # V[ai] = V_a(s − a + 1) on entry to state s
+    p = np.zeros(nA)
+    base = np.zeros(nA)
+    consecutive = True
+    for ai in range(1, nA):
+        qa = q[ai]
+        v = h[s_max] + cc[ai] - g * ct[ai]
+        for j in range(s_max, s_max - sizes[ai], -1):
+            v = (1.0 - qa) * h[j] + qa * v
+        V[ai] = v
+        p[ai] = 1.0 - qa
+        base[ai] = fixed[ai] - g * y[ai]
+        consecutive = consecutive and sizes[ai] == ai
+    hr = h[::-1].copy() if consecutive else np.empty(0)  # hr[s_max − s + a] = h(s − a)
+    Q = np.empty(nA)
+    for s in range(s_max, -1, -1):
+        while nA > 1 and sizes[nA - 1] > s:
+            nA -= 1
+        fs = float(s)
+        if consecutive:
+            off = s_max - s
+            for ai in range(1, nA):
+                v = p[ai] * hr[off + ai] + q[ai] * V[ai]
+                V[ai] = v
+                Q[ai] = base[ai] + slope[ai] * fs + v
+        else:
+            for ai in range(1, nA):
+                v = p[ai] * h[s - sizes[ai]] + q[ai] * V[ai]
+                V[ai] = v
+                Q[ai] = base[ai] + slope[ai] * fs + v
+        if s == s_max:  # B alone
+            qbest[s] = qcur[s] = Q[tail]
+            best[s] = tail
+            continue
+        Q[0] = fixed[0] + slope[0] * fs - g * y[0] + h[s + 1]
+        m = Q[0]
+        for ai in range(1, nA):
+            m = min(m, Q[ai])
+        bi = 0
+        while Q[bi] != m:
+            bi += 1
+        qbest[s] = m
+        best[s] = bi
+        qcur[s] = Q[pol[s]]
+    return qcur, qbest, best
+
+
+@njit(cache=True)
+def _ranges(pol, A, width, s_max):
+    """(lo, hi) per action index for :func:`_q_pass`: the states whose action index is within ``width`` of it
+    (their hull; waiting, index 0, only within ``width`` of it too); width < 0: every state (a full improvement)."""
+    lo = np.full(A, s_max + 1, dtype=np.int64)
+    hi = np.full(A, -1, dtype=np.int64)
+    if width < 0:
+        lo[:] = 0
+        hi[:] = s_max
+        return lo, hi
+    first = np.full(A, s_max + 1, dtype=np.int64)
+    last = np.full(A, -1, dtype=np.int64)
+    for s in range(s_max + 1):
+        ai = pol[s]
+        first[ai] = min(first[ai], s)
+        last[ai] = max(last[ai], s)
+    for ai in range(A):
+        if last[ai] < 0:
+            continue
+        for bi in range(max(ai - width, 0), min(ai + width, A - 1) + 1):
+            lo[bi] = min(lo[bi], first[ai])
+            hi[bi] = max(hi[bi], last[ai])
+    return lo, hi

@@ -2,7 +2,7 @@
 adjoint solve (paper 004 eqs. 20–21; the model and kernels are :mod:`.geometric`'s).
 
 **Forward.**  The exact bias system A·x = f (x = h with x[ref] = ĝ, h(ref) = 0) is (T) plus a low-rank change at
-the ~one row per batch size where the action changes.  GMRES (scipy) solves it with (T) as right preconditioner
+the ~one row per batch size where the action changes.  GMRES (:mod:`.krylov`) solves it with (T) as right preconditioner
 — (T) is B, its row and column ref the identity's, plus a rank-2 border (Woodbury), and B's LU without pivoting
 is :func:`~.geometric._sweep` — and every evaluation is certified by the residual of the untransformed equations
 (eq. 20).  The residual falls about a decade per 8 iterations at Bmax 1 024, ρ = 0.9.
@@ -11,8 +11,8 @@ is :func:`~.geometric._sweep` — and every evaluation is certified by the resid
 cost vector (z is the policy's stationary law in the system's scaling).  GMRES solves it with the transposed
 preconditioner: Bᵀ reversed, C = J·Bᵀ·J, has again one super-diagonal and lower entries only (one per row on
 average; :func:`_transposed`), so it is a nonsingular M-matrix factored by the same sweep, and the border's
-transpose is a Woodbury update again.  At Bmax 1 024, ρ = 0.9: 94 iterations, against 85–108 for each of the
-four forward solves it replaces.  Which metrics it serves is :func:`metrics`'s choice.
+transpose is a Woodbury update again.  At Bmax 1 024, ρ = 0.9: about 95 iterations, against 85–108 for each of
+the four forward solves it replaces.  Which metrics it serves is :func:`metrics`'s choice.
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.sparse.linalg import LinearOperator, gmres
 
 from ..errors import InputError
-from .geometric import Costs, GeometricModel, _effective_up, _matvec, _q_pass, _rhs, _rmatvec, _rows, _sweep
+from .geometric import (Costs, GeometricModel, _effective_up, _matvec, _pivots, _q_full, _q_pass, _ranges, _rhs,
+                        _rmatvec, _rows, _sweep)
+from .krylov import gmres_cycle
 
 __all__ = ["evaluate", "metrics"]
 
 #: GMRES tolerances: rough while a tenth of the states still change, loose while the policy still moves
 #: (inexact policy iteration), tight to finish.
 ROUGH, LOOSE, TIGHT = 1e-5, 1e-7, 1e-12
-#: GMRES's restart length (Krylov vectors kept: RESTART × S floats).
-RESTART = 60
+#: GMRES's first restart length and its longest (Krylov vectors kept: MAX_RESTART × S floats at most; the
+#: krylov module's figures).
+RESTART, MAX_RESTART = 20, 80
 #: An evaluation is accepted when eq. 20's residual, relative to 1 + max|h|, is below this.
 RESIDUAL_TOL = 1e-9
 #: An adjoint (stationary) solve is accepted when ‖e_ref − Aᵀz‖ is below this.
@@ -103,7 +105,7 @@ class _System:
         self.ref = ref = _reference(pol, model.sizes)
         ue = _effective_up(up, ref)
         ptr, cols, vals = _lower(lc, lv, ref)
-        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty(0), np.empty(0), True)
+        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True)
         _check_pivots(U)
         self.end = end
         lam_inv = 1.0 / model.problem.lam
@@ -121,29 +123,29 @@ class _System:
         e[ref] = 1.0
         self._rows = (lc, lv, ue, dg)
         self._uv = (u, v)
-        self._b = (ptr, cols, vals, ue, U, ref)
+        self._b = (ptr, cols, vals, ue, _pivots(U, ue), ref)
         Z0, Z1 = _flush(self._b_solve(u)), _flush(self._b_solve(e))
         self._w = (Z0, Z1, v, np.linalg.inv(np.array([[1.0 + Z0[ref], Z1[ref]], [v @ Z0, 1.0 + v @ Z1]])))
         self._args = (pol, model.sizes, model.q, model.y, model.ct, lc, lv, up, dg, end, ref, lam_inv)
         self._wt: tuple | None = None  # the transposed preconditioner's, when an adjoint solve asks for it
 
     def _b_solve(self, r: np.ndarray) -> np.ndarray:
-        ptr, cols, vals, ue, U, ref = self._b
-        return _sweep(ptr, cols, vals, ue, U, ref, U, np.ascontiguousarray(r), False)
+        ptr, cols, vals, ue, piv, ref = self._b
+        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r), False)
 
     def _bt_solve(self, r: np.ndarray) -> np.ndarray:
         """Bᵀw = r by C = J·Bᵀ·J's LU (:func:`_transposed`)."""
-        ptr, cols, vals, ue, U, ref = self._bt
-        return _sweep(ptr, cols, vals, ue, U, ref, U, np.ascontiguousarray(r[::-1]), False)[::-1].copy()
+        ptr, cols, vals, ue, piv, ref = self._bt
+        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r[::-1]), False)[::-1].copy()
 
     def _factor_transposed(self) -> None:
         """Bᵀ's factors and the transposed Woodbury terms, on the first adjoint solve."""
         if self._wt is not None:
             return
         ptr, cols, vals, ue, dg, ref = _transposed(*self._rows, self.ref)
-        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty(0), np.empty(0), True)
+        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True)
         _check_pivots(U)
-        self._bt = (ptr, cols, vals, ue, U, ref)
+        self._bt = (ptr, cols, vals, ue, _pivots(U, ue), ref)
         u, v = self._uv
         Z0, Z1 = _flush(self._bt_solve(self._e)), _flush(self._bt_solve(v))
         self._wt = (Z0, Z1, u, np.linalg.inv(np.array([[1.0 + u @ Z0, u @ Z1], [Z0[self.ref], 1.0 + Z1[self.ref]]])))
@@ -165,27 +167,28 @@ class _System:
 
     def _krylov(self, op, prec, f: np.ndarray, x: np.ndarray, rtol: float, maxiter: int) -> tuple[np.ndarray, int]:
         """x with op(x) = f by GMRES with ``prec`` as right preconditioner, from x: op·prec y = f − op x, so GMRES's
-        residual is the exact system's; one restart cycle at a time, stopping at rtol or when a cycle gains less
-        than 10 % (the round-off floor)."""
-        S = self.S
-        its = [0]
-
-        def count(_):
-            its[0] += 1
-
-        opm = LinearOperator((S, S), matvec=lambda y: op(prec(y)), dtype=np.float64)
+        residual is the exact system's.  One restart cycle at a time (:func:`~.krylov.gmres_cycle`) of
+        :data:`RESTART` steps, doubled up to :data:`MAX_RESTART` after a cycle that ran all its steps and gained
+        less than a decade (short cycles are cheap where the preconditioner is good, and stall where it is not);
+        it stops at rtol, after ``maxiter`` steps, or at the round-off floor: a cycle that gained less than 10 %
+        though it met its own residual estimate, or was a longest one."""
         goal = rtol * (float(np.linalg.norm(f)) or 1.0)
         last = math.inf
-        for _ in range(maxiter):
+        its, restart, full = 0, RESTART, False
+        while its < maxiter:
             r = f - op(x)
             rn = float(np.linalg.norm(r))
-            if rn <= goal or rn > 0.9 * last:
-                break
+            if rn <= goal or (rn > 0.9 * last and (not full or restart >= MAX_RESTART)):
+                break  # at rtol, or at the round-off floor (a cycle that met its own estimate, or a longest one)
+            if full and rn > 0.1 * last:
+                restart = min(2 * restart, MAX_RESTART)
             last = rn
-            y, _ = gmres(opm, r, rtol=0.0, atol=goal, restart=RESTART, maxiter=1, callback=count,
-                         callback_type="pr_norm")
+            m = min(restart, maxiter - its)
+            y, k = gmres_cycle(lambda v: op(prec(v)), r, goal, m)
+            its += k
+            full = k == m
             x = x + prec(y)
-        return x, its[0]
+        return x, its
 
     def _a(self, x: np.ndarray) -> np.ndarray:
         return _flush(_matvec(np.ascontiguousarray(x), *self._args))
@@ -194,7 +197,7 @@ class _System:
         return _flush(_rmatvec(np.ascontiguousarray(w), *self._args))
 
     def solve(self, cost: Costs, rtol: float, guess: tuple[float, np.ndarray] | None = None,
-              maxiter: int = 40) -> tuple[float, np.ndarray, int]:
+              maxiter: int = 2400) -> tuple[float, np.ndarray, int]:
         """(g, h, GMRES iterations) for ``cost``; ``guess`` a nearby (g, h) to start from."""
         f = self.rhs(cost)
         if guess is None:
@@ -213,7 +216,7 @@ class _System:
         m = self.model
         return _rhs(self.pol, m.sizes, m.q, cost.fixed, cost.slope, cost.cc, self.end, self.S)
 
-    def adjoint(self, rtol: float = TIGHT, maxiter: int = 12) -> tuple[np.ndarray, float, int]:
+    def adjoint(self, rtol: float = TIGHT, maxiter: int = 720) -> tuple[np.ndarray, float, int]:
         """(z, relative residual, GMRES iterations) with Aᵀz = e_ref: the gain of any cost is then z·rhs(cost),
         as x[ref] = e_refᵀA⁻¹f = (A⁻ᵀe_ref)ᵀf; z is the policy's stationary law in this system's scaling."""
         e = self._e
@@ -227,9 +230,13 @@ def _check_pivots(U: np.ndarray) -> None:
                          "unichain, so this is numerical, not the model's")
 
 
-def _q(model: GeometricModel, cost: Costs, pol: np.ndarray, g: float, h: np.ndarray):
-    return _q_pass(h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct,
-                   model.s_max, model.tail)
+def _q(model: GeometricModel, cost: Costs, pol: np.ndarray, g: float, h: np.ndarray, width: int = -1):
+    """(Q(s, π(s)), best Q(s, a), its action) by :func:`~.geometric._q_pass` over the actions whose index is within
+    ``width`` of π(s)'s (0: π(s) alone, for a residual; −1: every action, a full improvement)."""
+    args = (h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct, model.s_max, model.tail)
+    if width < 0:
+        return _q_full(*args)
+    return _q_pass(*args, *_ranges(pol, model.sizes.size, width, model.s_max))
 
 
 def _residual(h: np.ndarray, qcur: np.ndarray) -> float:
@@ -242,7 +249,7 @@ def evaluate(model: GeometricModel, pol: np.ndarray, cost: Costs | None = None,
     < :data:`RESIDUAL_TOL` (relative to 1 + max|h|) or InputError."""
     cost = model.cost if cost is None else cost
     g, h, _ = _System(model, pol).solve(cost, rtol)
-    res = _residual(h, _q(model, cost, pol, g, h)[0])
+    res = _residual(h, _q(model, cost, pol, g, h, 0)[0])
     if not res < RESIDUAL_TOL:
         raise InputError(f"the policy's evaluation did not converge (residual {res:.3g})")
     return g, h
@@ -251,8 +258,8 @@ def evaluate(model: GeometricModel, pol: np.ndarray, cost: Costs | None = None,
 def _certified(system: _System, name: str, cost: Costs) -> float:
     """The gain of ``cost`` by its own forward solve, certified by eq. 20's residual like :func:`evaluate`."""
     m = system.model
-    g, h, _ = system.solve(cost, TIGHT, maxiter=8)  # GMRES may stall at round-off before 1e-12
-    res = _residual(h, _q(m, cost, system.pol, g, h)[0])
+    g, h, _ = system.solve(cost, TIGHT, maxiter=480)  # GMRES may stall at round-off before 1e-12
+    res = _residual(h, _q(m, cost, system.pol, g, h, 0)[0])
     if not res < RESIDUAL_TOL:
         raise InputError(f"the policy's {name} evaluation did not converge (residual {res:.3g})")
     return g
