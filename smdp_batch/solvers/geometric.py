@@ -45,7 +45,7 @@ from ..errors import InputError
 from ..kernel_cache import njit
 from ..model.problem import BatchingProblem
 from ..model.truncation import excursion_rates
-from .geometric_sums import _geo_sum, window_scatter, window_sums
+from .geometric_sums import _geo_sum
 
 __all__ = ["Costs", "GeometricModel", "geometric_model"]
 
@@ -165,6 +165,22 @@ def _pivots(U, ue):
         piv[0, s] = 1.0 / U[s]
         piv[1, s] = -ue[s] * piv[0, s]
     return piv
+
+
+@njit(cache=True)
+def _flush_small(z, a, X, b, Y):
+    """z − a·X − b·Y in place (the Woodbury border's correction; a = b = 0 for none), then its entries below
+    1e-200·max|·| set to 0 (no subnormals); one pass each, no temporaries."""
+    m = 0.0
+    for i in range(z.size):
+        v = z[i] - a * X[i] - b * Y[i]
+        z[i] = v
+        m = max(m, abs(v))
+    t = 1e-200 * m
+    for i in range(z.size):
+        if abs(z[i]) < t:
+            z[i] = 0.0
+    return z
 
 
 @njit(cache=True)
@@ -293,8 +309,8 @@ def _v_at(h, g, i, qa, cc, ct, s_max):
 
 @njit(cache=True)
 def _end_windows(pol, sizes, q, end, s_max):
-    """The end rows (in order) and their V_a windows: row, start i = s + 1 − a, terms kept n, and whether the
-    window reaches s_max (then the excursion's term counts, :func:`_v_terms`)."""
+    """The end rows (in order) and their V_a windows: row, start i = s + 1 − a, terms kept n, ratio q, and
+    whether the window reaches s_max (then the excursion's term counts, :func:`_v_terms`)."""
     E = 0
     for s in range(s_max + 1):
         if end[s]:
@@ -316,49 +332,54 @@ def _end_windows(pol, sizes, q, end, s_max):
 
 
 @njit(cache=True)
-def _matvec(x, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
+def _matvec(x, V, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     """The exact system's operator on x (x[ref] = g, h(ref) = 0): rows (T), and at ends
-    (T) − q·(Q_a(s+1) − h(s+1)) without its constant part (the ends' windows by :func:`.window_sums`)."""
+    (T) − q·(Q_a(s+1) − h(s+1)) without its constant part.  ``win`` = :func:`_end_windows`, V the ends' window
+    sums over x (:func:`.window_sums`, computed by the caller), here corrected for h(ref) = 0."""
     S = x.size
     s_max = S - 1
     g = x[ref]
-    h = x.copy()
-    h[ref] = 0.0
-    rows, starts, counts, qs, full = _end_windows(pol, sizes, q, end, s_max)
-    V = window_sums(h, starts, counts, qs)
+    h = x
+    starts, counts, full = win[1], win[2], win[4]
     out = np.empty(S)
     e = 0
     for s in range(S):
         ai = pol[s]
-        v = dg[s] * h[s]
+        hs = h[s] if s != ref else 0.0
+        v = dg[s] * hs
         if s + 1 < S:
-            v += up[s] * h[s + 1]
-        if lc[s] >= 0:
-            v += lv[s] * h[lc[s]]
+            v += up[s] * (h[s + 1] if s + 1 != ref else 0.0)
+        c = lc[s]
+        if c >= 0:
+            v += lv[s] * (h[c] if c != ref else 0.0)
         v += g * (y[ai] * (1.0 - q[ai]) if sizes[ai] > 0 else lam_inv)
         if end[s]:
             qa = q[ai]
+            i = starts[e]
             Ve = V[e]
+            if i <= ref < i + counts[e]:  # the sum took x[ref] = g for h(ref) = 0
+                Ve -= (1.0 - qa) * qa ** (ref - i) * g
             if full[e]:
-                Ve += qa ** (s_max - starts[e] + 1) * (h[s_max] - g * ct[ai])
+                Ve += qa ** (s_max - i + 1) * ((h[s_max] if s_max != ref else 0.0) - g * ct[ai])
             e += 1
-            nxt = h[s + 1] if s + 1 < S else h[s_max]
-            v -= qa * (-g * y[ai] + Ve - nxt)
+            t = s + 1 if s + 1 < S else s_max
+            v -= qa * (-g * y[ai] + Ve - (h[t] if t != ref else 0.0))
         out[s] = v if abs(v) > TINY else 0.0
     return out
 
 
 @njit(cache=True)
-def _rmatvec(w, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
-    """The transpose of :func:`_matvec`'s operator on w: each row's coefficients scattered into its columns (an
-    end's geometric sum becomes a geometric run over its window, :func:`.window_scatter`), the g coefficients
-    gathered into entry ref."""
+def _rmatvec(w, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
+    """The transpose of :func:`_matvec`'s operator on w, but for the ends' geometric runs: each row's coefficients
+    scattered into its columns, the g coefficients gathered into entry ref; returns it and the coefficient of each
+    end's window, which the caller spreads by :func:`.window_scatter` (entry ref then reset: h(ref) = 0 is no
+    unknown)."""
     S = w.size
     s_max = S - 1
+    starts, full = win[1], win[4]
     oh = np.zeros(S)
     og = 0.0
-    rows, starts, counts, qs, full = _end_windows(pol, sizes, q, end, s_max)
-    coefs = np.zeros(rows.size)
+    coefs = np.zeros(starts.size)
     e = 0
     for s in range(S):
         ws = w[s]
@@ -383,12 +404,11 @@ def _rmatvec(w, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
                 oh[s_max] += t
                 og -= t * ct[ai]
             oh[s + 1 if s + 1 < S else s_max] -= coef
-    window_scatter(oh, starts, counts, qs, coefs)
     oh[ref] = og
     for s in range(S):
         if abs(oh[s]) < TINY:
             oh[s] = 0.0
-    return oh
+    return oh, coefs
 
 
 @njit(cache=True)

@@ -84,7 +84,7 @@ def _geo_scatter(out, i, n, qa, coef):
         k0 += 32
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _order(qa):
     """M, the series' terms for ratio qa (0: sum directly)."""
     if not 0.0 < qa < 1.0:
@@ -98,7 +98,7 @@ def _order(qa):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _powers(M):
     """t_rᵐ for m < M, r < BLOCK (M × BLOCK)."""
     T = np.empty((M, BLOCK))
@@ -111,7 +111,7 @@ def _powers(M):
     return T
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _plan(starts, counts, qs, size):
     """Per window: M (0: direct), and the whole blocks [b1, b2) inside it (b2 ≤ the blocks within ``size``)."""
     E = starts.size
@@ -128,7 +128,7 @@ def _plan(starts, counts, qs, size):
     return order, b1, b2
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath={"reassoc", "contract"})
 def window_sums(h, starts, counts, qs):
     """V_e = Σ_{k<n_e} (1 − q_e)·q_eᵏ·h(i_e + k) for every window e (module doc); i_e + n_e ≤ h.size."""
     E = starts.size
