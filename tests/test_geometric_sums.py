@@ -135,3 +135,22 @@ def test_the_gmres_cycle_solves_a_dense_system():
     y5, k5 = gmres_cycle(lambda v: A @ v, b, 0.0, 5)  # a short cycle: the least residual over 5 steps
     assert k5 == 5 and np.linalg.norm(A @ y5 - b) < np.linalg.norm(b)
     assert gmres_cycle(lambda v: A @ v, np.zeros(n), 1e-12, 10)[1] == 0
+
+
+def test_metrics_use_a_stationary_part_computed_ahead_only_for_their_own_policy():
+    """The exponential rule computes the adjoint part on a second thread for the table it expects; the metrics
+    take it only when it is that table's, and are then the same as computed in place."""
+    from smdp_batch.solvers.geometric_system import metrics, stationary
+
+    p = _problem(0.8, tuple(range(1, 33)))
+    m = geometric_model(p, 1500)
+    r = policy_iteration(m)
+    other = r.policy.copy()
+    other[40:60] = np.maximum(other[40:60] - 1, 1)
+    plain = metrics(m, r.policy, r.gain)
+    ahead = stationary(m, r.policy)
+    assert metrics(m, r.policy, r.gain, known=lambda: ahead) == plain
+    calls = []
+    wrong = stationary(m, other)
+    got = metrics(m, r.policy, r.gain, known=lambda: calls.append(1) or wrong)
+    assert calls == [1] and got == plain  # the other policy's part was looked at and set aside

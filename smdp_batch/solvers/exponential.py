@@ -25,6 +25,7 @@ from __future__ import annotations
 import cmath
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,12 @@ from ..model.laws import Exponential
 from ..model.problem import BatchingProblem
 from .evaluation import Evaluation
 from .geometric import GeometricModel, geometric_model
-from .geometric_system import metrics
+from .geometric_system import metrics, stationary
 from .geometric_pi import GeometricPI, policy_iteration
 from .limit import limit_onset, onset_terms, quadratic_bias, quadratic_choice
 from .result import SolveResult
 from .search import limiting_actions
+from .threads import single_blas
 
 __all__ = ["EXP_STATE_LIMIT", "EXP_WORK_LIMIT", "ExponentialAnswer", "applies", "solve_exponential",
            "transient_length"]
@@ -183,13 +185,45 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
     onset = 0.0 if len(limiting) > 1 else limit_onset(problem, B)
     S = max(4 * problem.bmax, int(math.ceil(onset)) + 2 * margin)  # the onset is a lower bound on R (g = 0)
     _check(problem, S, f"the optimal batch reaches its limit {B} only near n ≈ {onset:.0f}, and a converged table")
+    # one BLAS thread (GMRES's products with its basis: a second one only spins on 2 cores), set here, on the calling
+    # thread, for the pool's thread too (threads.py); a stale speculation is left to finish, not waited for
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smdp-stationary")
+    try:
+        with single_blas():
+            return _solve(problem, tol, log, progress, t0, limiting, B, margin, S, pool)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _solve(problem: BatchingProblem, tol: float, log, progress, t0: float, limiting: set, B: int, margin: int, S: int,
+           pool: ThreadPoolExecutor) -> ExponentialAnswer:
+    """:func:`solve_exponential`'s loop over truncations.  While a verifying truncation's policy iteration runs,
+    ``pool`` computes the adjoint part of the metrics (:func:`~.geometric_system.stationary`) of the table it
+    will confirm — the shorter truncation's policy on 0..R, B beyond — on the second core; when the two agree,
+    as they do but where the table still moves, the metrics need no solve of their own."""
     last: GeometricPI | None = None  # the previous truncation's answer: its policy and (ĝ, h) start the next solve
     tried = {B}
     small: tuple[int, GeometricPI] | None = None
+    ahead: tuple[int, np.ndarray, Future] | None = None  # (S', the table S' would confirm, its stationary part)
     candidates = 0
     policies = 0  # policy iterations over every truncation (the coarse start's not counted: another problem)
+
+    def speculate(S2: int, pol: np.ndarray, S1: int) -> None:
+        """Start the stationary part of the table that S2 would confirm if ``pol`` (on truncation S1) is the
+        answer there: its final run B and a margin past it, as the loop below requires."""
+        nonlocal ahead
+        R = _final_run(pol)
+        if int(sizes[pol[R]]) != B or S1 - R < margin:
+            return
+        table = _extend(pol[: R + 1], S2, int(np.searchsorted(sizes, B)))
+        if ahead is None or ahead[0] != S2 or not np.array_equal(ahead[1], table):
+            ahead = (S2, table, pool.submit(stationary, geometric_model(problem, S2, B), table))
+
     while True:
         model = geometric_model(problem, S, B)
+        sizes = model.sizes
+        if small is not None:  # S verifies small's table: its metrics' adjoint can start now (if not yet begun)
+            speculate(S, small[1].policy, small[0])
 
         def note(line: str, S: int = S, done: int = candidates) -> None:
             if log is not None:
@@ -197,12 +231,14 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
             if progress is not None:
                 progress("exponential rule", S, done)
 
+        # a solve that may be verified next: its likely answers' metrics can start on the second core
+        likely = None if small is not None else (lambda pol, S=S: speculate(S + margin, pol, S))
         if last is None:
             start, guess = coarse_start(problem, model, limiting | {B}, note)
-            res = policy_iteration(model, start, log=note, near=False, guess=guess)
+            res = policy_iteration(model, start, log=note, near=False, guess=guess, likely=likely)
         else:
             res = policy_iteration(model, _extend(last.policy, S, model.tail), log=note,
-                                   guess=_extend_values(problem, B, last, S))
+                                   guess=_extend_values(problem, B, last, S), likely=likely)
         last = res
         candidates += 1
         policies += res.iterations
@@ -239,7 +275,8 @@ def solve_exponential(problem: BatchingProblem, tol: float = 1e-3, log=None, pro
         S = S + margin
         _check(problem, S, "the verifying truncation")
     table_idx = _extend(res.policy[: R + 1], S, model.tail)
-    ev = metrics(model, table_idx, res.gain, delta=False)  # Δ is the pair's
+    known = ahead[2].result if ahead is not None and ahead[0] == S else None  # metrics check it is this table
+    ev = metrics(model, table_idx, res.gain, delta=False, known=known)  # Δ is the pair's
     sizes = model.sizes
     policy = np.append(sizes[res.policy], B)  # S_o repeats s_max (the tail boundary's copy)
     table = np.append(sizes[table_idx], B)

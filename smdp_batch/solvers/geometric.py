@@ -130,7 +130,7 @@ def geometric_model(problem: BatchingProblem, s_max: int, tail: int | None = Non
 
 
 # ----------------------------------------------------------------------------------- kernels
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rows(pol, sizes, q, S):
     """Per row of (T): lower column (−1: none), lower value, super value (at s+1; folded into the diagonal at
     the top), diagonal, and whether the row is an end (the next row serves another action)."""
@@ -157,7 +157,7 @@ def _rows(pol, sizes, q, S):
     return lc, lv, up, dg, end
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pivots(U, ue):
     """(2, S): 1/U and γ = −ue/U, what :func:`_sweep` solves with (computed once per factorisation)."""
     piv = np.empty((2, U.size))
@@ -167,7 +167,7 @@ def _pivots(U, ue):
     return piv
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _flush_small(z, a, X, b, Y):
     """z − a·X − b·Y in place (the Woodbury border's correction; a = b = 0 for none), then its entries below
     1e-200·max|·| set to 0 (no subnormals); one pass each, no temporaries."""
@@ -183,7 +183,7 @@ def _flush_small(z, a, X, b, Y):
     return z
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _effective_up(up, ref):
     """The super-diagonal of B: row ``ref`` and column ``ref`` dropped (they are the identity's)."""
     u = up.copy()
@@ -193,8 +193,8 @@ def _effective_up(up, ref):
     return u
 
 
-@njit(cache=True)
-def _sweep(ptr, cols, vals, ue, dg, ref, piv, f, factor):
+@njit(cache=True, nogil=True)
+def _sweep(ptr, cols, vals, ue, dg, ref, piv, f, factor, work):
     """Doolittle's LU of B (factor=True: returns the pivots U) or its forward and back solve for f, given
     ``piv`` = :func:`_pivots` of U (1/U and γ, so the sequential loops only multiply; ``dg`` is read only to
     factor).
@@ -208,13 +208,16 @@ def _sweep(ptr, cols, vals, ue, dg, ref, piv, f, factor):
     running fold of [β, s).  Windows that move right cost O(1) amortised per row; no subtraction, so no
     cancellation.  (T) has one lower entry per row; its transpose, reversed, has one per row on average
     (:func:`~.geometric_system._transposed`).  The fold's arrays are written before they are read (a refold
-    writes [lo, s) before any window reads it), so they start uninitialised.
+    writes [lo, s) before any window reads it), so they live in ``work`` (4 × S, the caller's, reused: fresh
+    arrays of this size cost a page fault per 4 KiB on every call).
     """
     S = dg.size
-    z = np.empty(S)
-    fP = np.empty(S)
-    fS = np.empty(S)
-    y = f.copy()
+    z = work[0]
+    fP = work[1]
+    fS = work[2]
+    y = work[3]
+    if not factor:
+        y[:] = f
     if factor:
         gam = np.empty(S)
         Uo = np.empty(S)
@@ -252,12 +255,13 @@ def _sweep(ptr, cols, vals, ue, dg, ref, piv, f, factor):
                 beta = s
                 BP = 1.0
                 BS = 0.0
-            for k in range(k0, k1):
-                c = cols[k]
-                p = fP[c] * BP
-                if p != 0.0:
-                    acc_u += vals[k] * p
-                acc_y += vals[k] * (fS[c] + fP[c] * BS)
+            if factor:
+                for k in range(k0, k1):
+                    acc_u += vals[k] * (fP[cols[k]] * BP)
+            else:
+                for k in range(k0, k1):
+                    c = cols[k]
+                    acc_y += vals[k] * (fS[c] + fP[c] * BS)
         if factor:
             Uo[s] = 1.0 if s == ref else dg[s] + acc_u
             gam[s] = -ue[s] / Uo[s] if Uo[s] != 0.0 else 0.0
@@ -307,7 +311,7 @@ def _v_at(h, g, i, qa, cc, ct, s_max):
     return acc + qa ** nmax * (h[s_max] + cc - g * ct)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _end_windows(pol, sizes, q, end, s_max):
     """The end rows (in order) and their V_a windows: row, start i = s + 1 − a, terms kept n, ratio q, and
     whether the window reaches s_max (then the excursion's term counts, :func:`_v_terms`)."""
@@ -331,7 +335,7 @@ def _end_windows(pol, sizes, q, end, s_max):
     return rows, starts, counts, qs, full
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _matvec(x, V, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     """The exact system's operator on x (x[ref] = g, h(ref) = 0): rows (T), and at ends
     (T) − q·(Q_a(s+1) − h(s+1)) without its constant part.  ``win`` = :func:`_end_windows`, V the ends' window
@@ -368,7 +372,7 @@ def _matvec(x, V, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rmatvec(w, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     """The transpose of :func:`_matvec`'s operator on w, but for the ends' geometric runs: each row's coefficients
     scattered into its columns, the g coefficients gathered into entry ref; returns it and the coefficient of each
@@ -411,7 +415,7 @@ def _rmatvec(w, win, pol, sizes, q, y, ct, lc, lv, up, dg, end, ref, lam_inv):
     return oh, coefs
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
     """The exact system's right-hand side for the cost fixed + slope·s + q^{m+1}·cc."""
     s_max = S - 1
@@ -431,7 +435,7 @@ def _rhs(pol, sizes, q, fixed, slope, cc, end, S):
     return f
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail, lo, hi):
     """Q(s, π(s)) and the best Q(s, a) with its action, over the allowed a (a ≤ s; B alone at s_max) and, for
     action index ai, the states lo[ai]..hi[ai] only (:func:`_ranges`; the whole of them for a full improvement).
@@ -482,7 +486,7 @@ def _q_pass(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail, lo, hi):
     return qcur, qbest, best
 
 
-@njit(cache=True, fastmath={"contract", "nnan", "ninf", "nsz"})
+@njit(cache=True, fastmath={"contract", "nnan", "ninf", "nsz"}, nogil=True)
 def _q_full(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
     """:func:`_q_pass` over every action (a full improvement), state by state from s_max down with every
     V_a(s − a) kept in one array: the inner loop runs over the actions and vectorises (with consecutive sizes
@@ -544,7 +548,7 @@ def _q_full(h, g, pol, sizes, q, y, fixed, slope, cc, ct, s_max, tail):
     return qcur, qbest, best
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _ranges(pol, A, width, s_max):
     """(lo, hi) per action index for :func:`_q_pass`: the states whose action index is within ``width`` of it
     (their hull; waiting, index 0, only within ``width`` of it too); width < 0: every state (a full improvement)."""

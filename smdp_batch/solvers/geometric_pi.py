@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -62,12 +63,15 @@ def greedy(model: GeometricModel) -> np.ndarray:
 
 def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_iter: int = 200,
                      log=None, near: bool | None = None,
-                     guess: tuple[float, np.ndarray] | None = None, settle: bool = False) -> GeometricPI:
+                     guess: tuple[float, np.ndarray] | None = None, settle: bool = False,
+                     likely: Callable[[np.ndarray], None] | None = None) -> GeometricPI:
     """Exact PI (module doc) from ``pol0`` (default greedy), ended by a tight evaluation that improves to itself;
     ``near`` (default: whether pol0 is given): start with tight evaluations, pol0 being nearly optimal;
     ``guess``: (ĝ, h) near pol0's, where the first evaluation's GMRES starts (default: the preconditioned cost);
     ``settle``: a start for a finer problem, so stop (converged False, no warning) once the loose evaluations'
-    policy has settled, returning the last improvement with the (ĝ, h) it was made from."""
+    policy has settled, returning the last improvement with the (ĝ, h) it was made from; ``likely``: called with
+    each policy about to be evaluated tightly after an improvement that moved at most 16 states (a likely answer),
+    so that the caller can start work that depends on the answer."""
     t0 = time.perf_counter()
     pol = greedy(model) if pol0 is None else np.asarray(pol0, dtype=np.int64).copy()
     pol[-1] = model.tail
@@ -77,7 +81,10 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
     # each state's, else every one until the policy moves only locally (WINDOW)
     width = WINDOW if pol0 is not None else -1
     g, h = 0.0, np.zeros(pol.size)
+    changed = pol.size
     for it in range(max_iter):
+        if likely is not None and rtol == TIGHT and changed <= 16:
+            likely(pol)
         system = _System(model, pol)
         g, h, k = system.solve(model.cost, rtol, guess, maxiter=3600 if rtol == TIGHT else 2400)
         krylov += k

@@ -128,7 +128,7 @@ def _plan(starts, counts, qs, size):
     return order, b1, b2
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, fastmath={"reassoc", "contract"}, nogil=True)
 def window_sums(h, starts, counts, qs):
     """V_e = Σ_{k<n_e} (1 − q_e)·q_eᵏ·h(i_e + k) for every window e (module doc); i_e + n_e ≤ h.size."""
     E = starts.size
@@ -175,7 +175,7 @@ def window_sums(h, starts, counts, qs):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def window_scatter(out, starts, counts, qs, coefs):
     """out[i_e + k] += coef_e·(1 − q_e)·q_eᵏ for k < n_e and every window e: the transpose of :func:`window_sums`."""
     E = starts.size

@@ -18,6 +18,8 @@ the four forward solves it replaces.  Which metrics it serves is :func:`metrics`
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from .geometric import (Costs, GeometricModel, _effective_up, _end_windows, _flu
 from .geometric_sums import window_scatter, window_sums
 from .krylov import gmres_cycle
 
-__all__ = ["evaluate", "metrics"]
+__all__ = ["Stationary", "evaluate", "metrics", "stationary"]
 
 #: GMRES tolerances: rough while a tenth of the states still change, loose while the policy still moves
 #: (inexact policy iteration), tight to finish.
@@ -107,7 +109,8 @@ class _System:
         self.ref = ref = _reference(pol, model.sizes)
         ue = _effective_up(up, ref)
         ptr, cols, vals = _lower(lc, lv, ref)
-        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True)
+        self._work = np.empty((4, S))  # the sweeps' own arrays (:func:`~.geometric._sweep`)
+        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True, self._work)
         _check_pivots(U)
         self.end = end
         lam_inv = 1.0 / model.problem.lam
@@ -134,19 +137,19 @@ class _System:
 
     def _b_solve(self, r: np.ndarray) -> np.ndarray:
         ptr, cols, vals, ue, piv, ref = self._b
-        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r), False)
+        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r), False, self._work)
 
     def _bt_solve(self, r: np.ndarray) -> np.ndarray:
         """Bᵀw = r by C = J·Bᵀ·J's LU (:func:`_transposed`)."""
         ptr, cols, vals, ue, piv, ref = self._bt
-        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r[::-1]), False)[::-1].copy()
+        return _sweep(ptr, cols, vals, ue, ue, ref, piv, np.ascontiguousarray(r[::-1]), False, self._work)[::-1].copy()
 
     def _factor_transposed(self) -> None:
         """Bᵀ's factors and the transposed Woodbury terms, on the first adjoint solve."""
         if self._wt is not None:
             return
         ptr, cols, vals, ue, dg, ref = _transposed(*self._rows, self.ref)
-        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True)
+        U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True, self._work)
         _check_pivots(U)
         self._bt = (ptr, cols, vals, ue, _pivots(U, ue), ref)
         u, v = self._uv
@@ -275,10 +278,41 @@ def _certified(system: _System, name: str, cost: Costs) -> float:
     return g
 
 
-def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, delta: bool = True) -> dict:
+@dataclass(frozen=True)
+class Stationary:
+    """What :func:`metrics` reads off one policy's adjoint solve: the policy, its system, z (Aᵀz = e_ref) and the
+    gains z·rhs of the objective ("cost") and of the bounded costs."""
+
+    pol: np.ndarray
+    system: _System
+    z: np.ndarray
+    gains: dict
+
+
+def stationary(model: GeometricModel, pol: np.ndarray) -> Stationary:
+    """The adjoint part of :func:`metrics` for ``pol``, which needs no ĝ: the exponential rule runs it on a
+    second thread while the verifying truncation's policy iteration runs (it is that policy when they agree)."""
+    return _stationary(_System(model, pol))
+
+
+def _stationary(system: _System) -> Stationary:
+    model = system.model
+    z, res, _ = system.adjoint()
+    if not res < ADJOINT_TOL:
+        raise InputError(f"the policy's stationary (adjoint) solve did not converge (residual {res:.3g})")
+    gains = {name: float(z @ system.rhs(cost)) for name, cost in
+             (("cost", model.cost), ("energy", model.parts["energy"]), ("batches", model.parts["batches"]),
+              ("epochs", model.parts["epochs"]))}
+    return Stationary(system.pol, system, z, gains)
+
+
+def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, delta: bool = True,
+            known: Callable[[], Stationary] | None = None) -> dict:
     """W̄ (ms), P̄ (W), throughput (/ms), mean batch, Δ (the excursions' cost per ms) and the chance an epoch
     leaves the truncation, each the gain of its own cost vector (module doc); ``gain``: the policy's ĝ when
-    known (else one certified solve); ``delta=False`` skips Δ.
+    known (else one certified solve); ``delta=False`` skips Δ; ``known``: returns :func:`stationary` of a policy
+    computed elsewhere (a future's result; used when that policy is ``pol``), called once this function's own
+    solves are done.
 
     One adjoint solve Aᵀz = e_ref gives the gain of every cost as z·rhs (:meth:`_System.adjoint`): P̄, the batch
     rate and the epoch rate, whose costs are bounded (to ~1e-12 against their own solves at Bmax 1 024).  W̄ is
@@ -290,18 +324,18 @@ def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, d
     p = model.problem
     if gain is None:
         gain = _certified(system, "cost", model.cost)
-    z, res, _ = system.adjoint()
-    if not res < ADJOINT_TOL:
-        raise InputError(f"the policy's stationary (adjoint) solve did not converge (residual {res:.3g})")
-    if not abs(z @ system.rhs(model.cost) - gain) <= 1e-6 * (1.0 + abs(gain)):
+    leave = _certified(system, "leave", model.parts["leave"])
+    excursion = _certified(system, "excursion", model.parts["excursion"]) if delta else math.nan
+    st = known() if known is not None else None
+    if st is None or not np.array_equal(st.pol, pol):
+        st = _stationary(system)
+    gains = st.gains
+    if not abs(gains["cost"] - gain) <= 1e-6 * (1.0 + abs(gain)):
         raise InputError(f"the policy's stationary (adjoint) solve disagrees with its gain {gain:.9g}")
-    gains = {name: float(z @ system.rhs(model.parts[name])) for name in ("energy", "batches", "epochs")}
     hold = (gain - p.w2 * gains["energy"]) / p.w1 if p.w1 > 0 else math.nan
     if not p.w1 * hold >= 1e-3 * abs(gain):  # cancellation (or w1 = 0): W̄ by its own solve
         hold = _certified(system, "hold", model.parts["hold"])
-    leave = _certified(system, "leave", model.parts["leave"])
     lam = p.lam
     return {"mean_latency_ms": hold, "mean_power_w": gains["energy"], "throughput": lam,
-            "mean_batch_size": lam / gains["batches"],
-            "delta": _certified(system, "excursion", model.parts["excursion"]) if delta else math.nan,
+            "mean_batch_size": lam / gains["batches"], "delta": excursion,
             "overflow_probability": max(leave, 0.0) / gains["epochs"]}  # ≥ 0: round-off below 1e-30
