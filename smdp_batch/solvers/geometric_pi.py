@@ -130,7 +130,7 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
 KERNELS = (_rows, _effective_up, _flush_small, _pivots, _sweep, _v_terms, _v_at, _end_windows, _matvec, _rmatvec, _rhs, _q_pass,
            _q_full, _ranges, window_sums, window_scatter)
 #: Cold compile of these kernels on the 2-core dev machine, seconds (the notice :func:`~.jit.warm_up` prints).
-COLD_SECONDS = 8
+COLD_SECONDS = 10
 
 
 def _tiny_run() -> None:
