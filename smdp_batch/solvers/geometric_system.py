@@ -36,7 +36,7 @@ __all__ = ["Stationary", "evaluate", "metrics", "stationary"]
 ROUGH, LOOSE, TIGHT = 1e-5, 1e-7, 1e-12
 #: GMRES's first restart length and its longest (Krylov vectors kept: MAX_RESTART × S floats at most; the
 #: krylov module's figures).
-RESTART, MAX_RESTART = 20, 80
+RESTART, MAX_RESTART = 20, 60
 #: An evaluation is accepted when eq. 20's residual, relative to 1 + max|h|, is below this.
 RESIDUAL_TOL = 1e-9
 #: An adjoint (stationary) solve is accepted when ‖e_ref − Aᵀz‖ is below this; GMRES aims at ADJOINT_RTOL (at
