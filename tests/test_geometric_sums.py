@@ -154,3 +154,29 @@ def test_metrics_use_a_stationary_part_computed_ahead_only_for_their_own_policy(
     wrong = stationary(m, other)
     got = metrics(m, r.policy, r.gain, known=lambda: calls.append(1) or wrong)
     assert calls == [1] and got == plain  # the other policy's part was looked at and set aside
+
+
+def test_the_rule_s_metrics_computed_ahead_equal_those_computed_after(monkeypatch):
+    """The exponential rule starts the table's adjoint on a second thread while the verifying truncation solves;
+    its metrics are then the same, to the bit, as the same table's metrics computed after the solve."""
+    from smdp_batch.solvers import exponential
+    from smdp_batch.solvers.geometric_system import metrics
+    from smdp_batch.solvers.threads import single_blas
+
+    calls = []
+    real = exponential.stationary
+
+    def counted(model, pol):
+        calls.append(model.s_max)
+        return real(model, pol)
+
+    monkeypatch.setattr(exponential, "stationary", counted)
+    p = _problem(0.9, tuple(range(1, 129)))
+    ans = exponential.solve_exponential(p)
+    assert calls and calls[-1] == ans.model.s_max  # the table's stationary part was computed ahead
+    idx = np.searchsorted(ans.model.sizes, ans.table[:-1])
+    with single_blas():  # as the rule runs (another BLAS thread count sums GMRES's products in another order)
+        after = metrics(ans.model, idx, ans.result.gain, delta=False)
+    ev = ans.evaluation
+    assert (ev.mean_latency_ms, ev.mean_power_w, ev.mean_batch_size, ev.overflow_probability) == (
+        after["mean_latency_ms"], after["mean_power_w"], after["mean_batch_size"], after["overflow_probability"])

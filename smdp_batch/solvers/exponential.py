@@ -219,6 +219,8 @@ def _solve(problem: BatchingProblem, tol: float, log, progress, t0: float, limit
             return
         table = _extend(pol[: R + 1], S2, int(np.searchsorted(sizes, B)))
         if ahead is None or ahead[0] != S2 or not np.array_equal(ahead[1], table):
+            if ahead is not None:
+                ahead[2].cancel()  # a stale one not yet started (one that runs cannot be stopped, and is left)
             ahead = (S2, table, pool.submit(stationary, geometric_model(problem, S2, B), table))
 
     while True:
