@@ -201,8 +201,9 @@ def _solve(problem: BatchingProblem, tol: float, log, progress, t0: float, limit
            pool: ThreadPoolExecutor) -> ExponentialAnswer:
     """:func:`solve_exponential`'s loop over truncations.  While a verifying truncation's policy iteration runs,
     ``pool`` computes the adjoint part of the metrics (:func:`~.geometric_system.stationary`) of the table it
-    will confirm — the shorter truncation's policy on 0..R, B beyond — on the second core; when the two agree,
-    as they do but where the table still moves, the metrics need no solve of their own."""
+    will confirm — the shorter truncation's policy on 0..R, B beyond — on the second core.  When the two
+    truncations agree (the usual end; where they do not, the loop and the speculation go on), the metrics need no
+    adjoint solve of their own."""
     last: GeometricPI | None = None  # the previous truncation's answer: its policy and (ĝ, h) start the next solve
     tried = {B}
     small: tuple[int, GeometricPI] | None = None

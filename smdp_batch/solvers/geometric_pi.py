@@ -24,8 +24,8 @@ import numpy as np
 
 from ..errors import InputError, warn_not_converged
 from ..model.problem import BatchingProblem
-from .geometric import (GeometricModel, _effective_up, _end_windows, _flush_small, _matvec, _pivots, _q_full, _q_pass, _ranges,
-                        _rhs, _rmatvec, _rows, _sweep, _v_at, _v_terms, geometric_model)
+from .geometric import (GeometricModel, _effective_up, _end_windows, _flush_small, _matvec, _pivots, _q_full,
+                        _q_pass, _ranges, _rhs, _rmatvec, _rows, _sweep, _v_at, _v_terms, geometric_model)
 from .geometric_sums import window_scatter, window_sums
 from .geometric_system import LOOSE, RESIDUAL_TOL, ROUGH, TIGHT, _q, _residual, _System, metrics
 from .jit import warm_up
@@ -127,8 +127,8 @@ def policy_iteration(model: GeometricModel, pol0: np.ndarray | None = None, max_
 
 
 #: The kernels :func:`warm_up_geometric` loads or compiles (the inlined ones ride in their callers).
-KERNELS = (_rows, _effective_up, _flush_small, _pivots, _sweep, _v_terms, _v_at, _end_windows, _matvec, _rmatvec, _rhs, _q_pass,
-           _q_full, _ranges, window_sums, window_scatter)
+KERNELS = (_rows, _effective_up, _flush_small, _pivots, _sweep, _v_terms, _v_at, _end_windows, _matvec, _rmatvec,
+           _rhs, _q_pass, _q_full, _ranges, window_sums, window_scatter)
 #: Cold compile of these kernels on the 2-core dev machine, seconds (the notice :func:`~.jit.warm_up` prints).
 COLD_SECONDS = 10
 

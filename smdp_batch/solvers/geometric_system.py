@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .geometric import (Costs, GeometricModel, _effective_up, _end_windows, _flush_small, _matvec, _pivots, _q_full, _q_pass, _ranges, _rhs,
-                        _rmatvec, _rows, _sweep)
+from .geometric import (Costs, GeometricModel, _effective_up, _end_windows, _flush_small, _matvec, _pivots, _q_full,
+                        _q_pass, _ranges, _rhs, _rmatvec, _rows, _sweep)
 from .geometric_sums import window_scatter, window_sums
 from .krylov import gmres_cycle
 
@@ -246,7 +246,8 @@ def _check_pivots(U: np.ndarray) -> None:
 def _q(model: GeometricModel, cost: Costs, pol: np.ndarray, g: float, h: np.ndarray, width: int = -1):
     """(Q(s, π(s)), best Q(s, a), its action) by :func:`~.geometric._q_pass` over the actions whose index is within
     ``width`` of π(s)'s (0: π(s) alone, for a residual; −1: every action, a full improvement)."""
-    args = (h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct, model.s_max, model.tail)
+    args = (h, g, pol, model.sizes, model.q, model.y, cost.fixed, cost.slope, cost.cc, model.ct, model.s_max,
+            model.tail)
     if width < 0:
         return _q_full(*args)
     return _q_pass(*args, *_ranges(pol, model.sizes.size, width, model.s_max))
