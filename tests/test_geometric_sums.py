@@ -10,7 +10,7 @@ from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.solvers.geometric import _q_full, _q_pass, _ranges, geometric_model
 from smdp_batch.solvers.geometric_pi import policy_iteration
 from smdp_batch.solvers.geometric_sums import BLOCK, _geo_sum, _order, window_scatter, window_sums
-from smdp_batch.solvers.krylov import gmres_cycle
+from smdp_batch.solvers.krylov import Basis, gmres_cycle
 
 AFF, LIN = "affine:0.3051,1.0524", "affine:19.899,19.603"
 
@@ -129,12 +129,12 @@ def test_the_gmres_cycle_solves_a_dense_system():
     n = 60
     A = np.eye(n) + 0.3 * rng.standard_normal((n, n)) / np.sqrt(n)
     b = rng.standard_normal(n)
-    y, k = gmres_cycle(lambda v: A @ v, b, 1e-13, n)
+    y, k = gmres_cycle(lambda v: A @ v, b, 1e-13, n, Basis())
     assert k <= n and np.linalg.norm(A @ y - b) <= 1e-12 * np.linalg.norm(b)
     assert np.allclose(y, np.linalg.solve(A, b), rtol=1e-10, atol=1e-12)
-    y5, k5 = gmres_cycle(lambda v: A @ v, b, 0.0, 5)  # a short cycle: the least residual over 5 steps
+    y5, k5 = gmres_cycle(lambda v: A @ v, b, 0.0, 5, Basis())  # a short cycle: the least residual over 5 steps
     assert k5 == 5 and np.linalg.norm(A @ y5 - b) < np.linalg.norm(b)
-    assert gmres_cycle(lambda v: A @ v, np.zeros(n), 1e-12, 10)[1] == 0
+    assert gmres_cycle(lambda v: A @ v, np.zeros(n), 1e-12, 10, Basis())[1] == 0
 
 
 def test_metrics_use_a_stationary_part_computed_ahead_only_for_their_own_policy():

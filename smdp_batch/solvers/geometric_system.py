@@ -27,7 +27,7 @@ from ..errors import InputError
 from .geometric import (Costs, GeometricModel, _effective_up, _end_windows, _flush_small, _matvec, _pivots, _q_full,
                         _q_pass, _ranges, _rhs, _rmatvec, _rows, _sweep)
 from .geometric_sums import window_scatter, window_sums
-from .krylov import gmres_cycle
+from .krylov import Basis, gmres_cycle
 
 __all__ = ["Stationary", "evaluate", "metrics", "stationary"]
 
@@ -110,6 +110,7 @@ class _System:
         ue = _effective_up(up, ref)
         ptr, cols, vals = _lower(lc, lv, ref)
         self._work = np.empty((4, S))  # the sweeps' own arrays (:func:`~.geometric._sweep`)
+        self._basis = Basis()  # GMRES's, kept between its cycles
         U = _sweep(ptr, cols, vals, ue, dg, ref, np.empty((2, 0)), np.empty(0), True, self._work)
         _check_pivots(U)
         self.end = end
@@ -190,7 +191,7 @@ class _System:
                 restart = min(2 * restart, MAX_RESTART)
             last = rn
             m = min(restart, maxiter - its)
-            y, k = gmres_cycle(lambda v: op(prec(v)), r, goal, m)
+            y, k = gmres_cycle(lambda v: op(prec(v)), r, goal, m, self._basis)
             its += k
             full = k == m
             x = x + prec(y)

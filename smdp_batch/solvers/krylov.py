@@ -5,7 +5,7 @@ Methods for Sparse Linear Systems*, 2nd ed., §6.5 and §9.3.2).
 milliseconds, so GMRES's own work matters: SciPy's ``gmres`` orthogonalises by modified Gram–Schmidt, one vector
 at a time with a temporary array each (about seven passes over memory per basis vector), allocates its
 (restart + 1) × n basis on every call, and forms one more operator product after the cycle that the caller
-recomputes anyway.  Here the basis is allocated once per size and thread and reused, the Arnoldi step
+recomputes anyway.  Here the basis is allocated once per system and reused by its cycles, the Arnoldi step
 orthogonalises by classical Gram–Schmidt (two matrix–vector products with the basis), repeated when it removed
 more than 1 − 1/√2 of the vector's norm (the DGKS criterion, which keeps it as stable as modified Gram–Schmidt),
 and the least-squares problem is kept triangular by Givens rotations, so the residual norm is known at every
@@ -19,38 +19,43 @@ against 323 (cProfile, 2-core development machine).
 from __future__ import annotations
 
 import math
-import threading
 from typing import Callable
 
 import numpy as np
 
-__all__ = ["gmres_cycle"]
+__all__ = ["Basis", "gmres_cycle"]
 
 #: Classical Gram–Schmidt is repeated when the vector's norm fell below this share of its norm before (DGKS).
 REORTHOGONALISE = 1.0 / math.sqrt(2.0)
 
 
-_LOCAL = threading.local()  # each thread's basis: solves run on several threads at once (the SLO search)
+class Basis:
+    """A Krylov basis that one solver keeps between its cycles: rows × n floats, the first rows of one array,
+    reallocated only to grow (the restart length may change between cycles).  It lives as long as its owner (one
+    policy's system), so a finished solve holds no memory."""
+
+    __slots__ = ("_v",)
+
+    def __init__(self) -> None:
+        self._v = np.empty((0, 0))
+
+    def get(self, rows: int, n: int) -> np.ndarray:
+        if self._v.shape[1] != n or self._v.shape[0] < rows:
+            self._v = np.empty((rows, n))
+        return self._v[:rows]
 
 
-def _basis(rows: int, n: int) -> np.ndarray:
-    """This thread's basis, rows × n floats, allocated once per shape and reused by every cycle of that shape."""
-    v = getattr(_LOCAL, "v", None)
-    if v is None or v.shape != (rows, n):
-        v = _LOCAL.v = np.empty((rows, n))
-    return v
-
-
-def gmres_cycle(apply: Callable[[np.ndarray], np.ndarray], r: np.ndarray, atol: float,
-                restart: int) -> tuple[np.ndarray, int]:
+def gmres_cycle(apply: Callable[[np.ndarray], np.ndarray], r: np.ndarray, atol: float, restart: int,
+                basis: Basis) -> tuple[np.ndarray, int]:
     """(y, iterations): y ≈ argmin ‖r − apply(y)‖ over the Krylov space of ``apply`` from r, after at most
     ``restart`` steps or once the residual norm is ≤ ``atol``.  ``apply`` is the operator times the right
-    preconditioner; the caller maps y through the preconditioner itself."""
+    preconditioner; the caller maps y through the preconditioner itself.  ``basis``: where the Krylov vectors go
+    (one per solver: a basis is not shared between threads)."""
     n = r.size
     beta = float(np.linalg.norm(r))
     if beta == 0.0:
         return np.zeros(n), 0
-    V = _basis(restart + 1, n)
+    V = basis.get(restart + 1, n)
     H = np.zeros((restart + 1, restart))
     cs = np.zeros(restart)
     sn = np.zeros(restart)
