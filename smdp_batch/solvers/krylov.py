@@ -13,7 +13,9 @@ step without forming x.
 
 At Bmax 1 024, ρ = 0.9 (221 000 unknowns) GMRES's own work per iteration fell from 6.4 ms (SciPy, restart 60)
 to 1.8 ms (restart 20, doubled by the caller where a cycle stalls), for 336 iterations over the whole solve
-against 323 (cProfile, 2-core development machine).
+against 323 (cProfile, 2-core development machine).  :mod:`.multi_system` runs the same cycle on another
+policy's LU factors or incomplete ones: on two instances with every size (108 273 unknowns) GMRES's own work
+fell from 1.2 to 0.3 s of the solve, 6.1 → 5.2 s.
 """
 
 from __future__ import annotations

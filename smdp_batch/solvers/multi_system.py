@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.linalg import LinearOperator, gmres, spilu, splu
+from scipy.sparse.linalg import spilu, splu
 
 from ..errors import InputError
 from ..model.multi_server import MultiServerSMDP, PhaseType
 from ..model.problem import BatchingProblem
 from ..specs.rows import as_rows
+from .krylov import Basis, gmres_cycle
 
 __all__ = ["MultiEvaluation", "MultiSystem", "table_policy", "table_rows"]
 
@@ -381,27 +382,22 @@ def _preconditioned_pair(M: sp.spmatrix, rhs: np.ndarray, e0: np.ndarray, lu,
 
 
 def _preconditioned(M: sp.spmatrix, b: np.ndarray, solve, budget: int) -> np.ndarray | None:
-    """M x = b by GMRES preconditioned with ``solve`` (another policy's LU factors) and refined on the true
-    residual, or None when ``budget`` iterations in all leave it above :data:`REUSE_RESIDUAL` of ‖b‖∞."""
-    S = M.shape[0]
-    P = LinearOperator((S, S), matvec=solve, dtype=np.float64)
+    """M x = b by GMRES with ``solve`` (another policy's LU factors, or incomplete ones) as right preconditioner
+    (:func:`~.krylov.gmres_cycle`: its residual is the true one), restarted every :data:`REUSE_RESTART` and checked
+    on the true residual after each cycle; None when ``budget`` iterations in all leave it above
+    :data:`REUSE_RESIDUAL` of ‖b‖∞."""
     goal = REUSE_RESIDUAL * float(np.max(np.abs(b)))
-    x, r, used = np.zeros(S), b, [0]
-
-    def count(_) -> None:
-        used[0] += 1
-
-    while used[0] < budget:  # GMRES stops on its preconditioned residual: refine on the true one
-        before = used[0]
-        dx, _ = gmres(M, r, M=P, rtol=0.01 * REUSE_RESIDUAL, atol=0.0, restart=min(REUSE_RESTART, budget - before),
-                      maxiter=1, callback=count, callback_type="pr_norm")
+    x, r, used, basis = np.zeros(M.shape[0]), b, 0, Basis()
+    while used < budget:
+        y, k = gmres_cycle(lambda v: M @ solve(v), r, 0.5 * goal, min(REUSE_RESTART, budget - used), basis)
+        dx = solve(y)
         if not np.all(np.isfinite(dx)):
             return None
         x = x + dx
         r = b - M @ x
         if float(np.max(np.abs(r))) <= goal:
             return x
-        used[0] = max(used[0], before + 1)
+        used += max(k, 1)
     return None
 
 
