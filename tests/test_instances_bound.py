@@ -17,7 +17,7 @@ from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.solvers import multi_bound
 from smdp_batch.solvers.multi_bound import bound_every_size, class_ratio, coarse_sizes, size_classes
 from smdp_batch.solvers.multi_pi import solve_instances
-from smdp_batch.solvers.multi_system import MultiSystem, _mean_time_left
+from smdp_batch.solvers.multi_system import MultiSystem
 
 HYPER = "hyperexp:0.6667/0.5,0.3333/2"
 
@@ -79,7 +79,7 @@ def test_the_certificate_satisfies_the_full_models_own_inequalities(service, idl
     m = ph.phases
     kind = np.concatenate([np.full(len(cl), k) for k, cl in enumerate(b.classes)])
     index = {tuple(r): k for k, r in enumerate(b.class_configs.tolist())}
-    left = _mean_time_left(ph, np.ones(len(p.batch_sizes)))  # (A, m)
+    left = ph.time_left()  # (A, m)
     sizes = np.asarray(p.batch_sizes)
     H = np.empty(full.model.n_states)
     for k, cf in enumerate(full.model.configs.tolist()):

@@ -90,15 +90,26 @@ class PhaseType:
     def phases(self) -> int:
         return int(self.alpha.shape[1])
 
+    def minus_t(self, i: int) -> np.ndarray:
+        """−T of size index i (m × m, rates in 1/ms): each phase's total rate out on the diagonal, less its moves."""
+        return np.diag(self.moves[i].sum(axis=1) + self.exits[i]) - self.moves[i]
+
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         """E[G_b] (ms) and E[G_b²] (ms²) of each size: α (−T)⁻¹ 1 and 2 α (−T)⁻² 1."""
         m1, m2 = [], []
-        for a, mv, ex in zip(self.alpha, self.moves, self.exits):
-            inv = np.linalg.inv(np.diag(mv.sum(axis=1) + ex) - mv)  # (−T)⁻¹
+        for i, a in enumerate(self.alpha):
+            inv = np.linalg.inv(self.minus_t(i))  # (−T)⁻¹
             first = inv @ np.ones(len(a))
             m1.append(float(a @ first))
             m2.append(2.0 * float(a @ inv @ first))
         return np.array(m1), np.array(m2)
+
+    def time_left(self, speed: np.ndarray | None = None) -> np.ndarray:
+        """(A, m): the mean time left (ms) of a batch of each size in each phase, (−T)⁻¹ 1, its phases run at
+        ``speed``[i] (default 1; contention's 1/s_c(b) with every instance busy)."""
+        speed = np.ones(len(self.alpha)) if speed is None else speed
+        return np.array([np.linalg.solve(self.minus_t(i) * speed[i], np.ones(self.phases))
+                         for i in range(len(self.alpha))])
 
     def means(self) -> np.ndarray:
         """The mean batch time of each size (ms)."""

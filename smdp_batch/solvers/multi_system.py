@@ -214,7 +214,7 @@ class MultiSystem:
         p = self.model.problem
         speed = (1.0 / p.contention.slow(p.instances, np.asarray(sizes)) if p.contention is not None
                  else np.ones(len(sizes)))
-        D = 1.0 - _mean_time_left(ph, speed) / self.l_bmax + 0.5 * (self.cv2 - 1.0)
+        D = 1.0 - ph.time_left(speed) / self.l_bmax + 0.5 * (self.cv2 - 1.0)
         return -2.0 * self.a_w * p.bmax * D
 
     def matrix(self, act: np.ndarray) -> tuple[sp.csc_matrix, np.ndarray]:
@@ -359,17 +359,6 @@ class MultiSystem:
 #: four instances, six sizes, ρ 0.7, 53 970 states: GMRES did not settle on one policy's first factors, whose
 #: complete factors then took 22.6 s and 1.3 GB (1 293 entries a row).
 ILU_TRIES: tuple[dict, ...] = ({}, {"drop_rule": "basic"}, {"drop_tol": ILU_DROP / 100})
-
-
-def _mean_time_left(ph: PhaseType, speed: np.ndarray) -> np.ndarray:
-    """(A, m): the mean time left (ms) of a batch of each size in each phase, its phases run at ``speed``[i]
-    (1/s_c(b) with every instance busy): (−T_i)⁻¹ 1 with T_i scaled by that speed."""
-    A, m = ph.alpha.shape
-    out = np.zeros((A, m))
-    for i in range(A):
-        minus_t = (np.diag(ph.moves[i].sum(axis=1) + ph.exits[i]) - ph.moves[i]) * speed[i]
-        out[i] = np.linalg.solve(minus_t, np.ones(m))
-    return out
 
 
 def _preconditioned_pair(M: sp.spmatrix, rhs: np.ndarray, e0: np.ndarray, lu,
