@@ -150,14 +150,16 @@ def coarse_sizes(problem: BatchingProblem) -> tuple[int, ...]:
 
 
 def _class_system(problem: BatchingProblem, ph: PhaseType, kind: np.ndarray, reps: np.ndarray, N: int,
-                  idle_power_w: float, max_states: int | None) -> MultiSystem:
+                  idle_power_w: float, max_states: int | None, incomplete_from: int | None = None) -> MultiSystem:
     """The class model truncated at N: configurations over the classes' least members (``reps``, indices into
-    the sizes), starts of every size (``kind``: each size's class)."""
+    the sizes), starts of every size (``kind``: each size's class); ``incomplete_from`` as
+    :class:`~.multi_system.MultiSystem`'s."""
     rep_ph = PhaseType(ph.alpha[reps], ph.moves[reps], ph.exits[reps], ph.how)
     sizes = np.asarray(problem.batch_sizes)
     model = MultiServerSMDP(problem.replace(batch_sizes=tuple(int(b) for b in sizes[reps])), rep_ph, N,
                             idle_power_w, max_states)
-    sysm = MultiSystem(model, tail=True, starts=(sizes, problem.energy_mj(), ph.alpha, kind))
+    sysm = MultiSystem(model, tail=True, starts=(sizes, problem.energy_mj(), ph.alpha, kind),
+                       incomplete_from=incomplete_from)
     # a batch's requests are held in service, and its instance kept from idling, for the batch's whole time: both
     # charged at its start (w1·b·l(b)/λ and −w2·P_idle·l(b)), every instance charged P_idle meanwhile
     p, lat = problem, problem.latency_ms()
@@ -272,9 +274,7 @@ def bound_every_size(problem: BatchingProblem, *, coarse: tuple[int, ...] | None
     incomplete_from = None  # carried from one truncation to the next (MultiSystem.incomplete_from)
     while True:
         try:
-            sysm = _class_system(problem, ph, kind, reps, N, idle_power_w, max_states)
-            if incomplete_from is not None:
-                sysm.incomplete_from = incomplete_from
+            sysm = _class_system(problem, ph, kind, reps, N, idle_power_w, max_states, incomplete_from)
         except InputError as e:
             why = ("is too large" if prev is None else
                    f"did not converge: its average cost still moves by {moved:.2g} at N = {n_old}, and a longer "

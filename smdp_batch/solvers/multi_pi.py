@@ -303,9 +303,8 @@ def solve_instances(problem: BatchingProblem, *, phases: int | None = None, idle
     last: tuple[MultiSystem, np.ndarray, float] | None = None  # the previous truncation: system, optimum, its cost
     incomplete_from = None  # carried from one truncation to the next (MultiSystem.incomplete_from)
     while True:
-        sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail")
-        if incomplete_from is not None:
-            sysm.incomplete_from = incomplete_from
+        sysm = MultiSystem(MultiServerSMDP(problem, ph, N, idle_power_w, max_states), tail=boundary == "tail",
+                           incomplete_from=incomplete_from)
         act = first_policy(sysm, phases, idle_power_w) if act is None else extend_policy(act, n_old, sysm)
         act, _, _, ev, its, ok = iterate(sysm, act)
         total += its

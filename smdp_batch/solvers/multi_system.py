@@ -99,9 +99,11 @@ class MultiEvaluation:
 class MultiSystem:
     """The model's fixed pieces over all states, and one policy's linear system."""
 
-    def __init__(self, model: MultiServerSMDP, tail: bool = True, starts: tuple | None = None):
+    def __init__(self, model: MultiServerSMDP, tail: bool = True, starts: tuple | None = None,
+                 incomplete_from: int | None = None):
         """``starts``: (sizes, zeta, alpha, kind) of :meth:`_set_starts` where a caller keeps fewer kinds than sizes,
-        else the model's own sizes."""
+        else the model's own sizes; ``incomplete_from``: the previous truncation's :attr:`incomplete_from`, which a
+        solve carries on (None: :data:`ILU_FROM`)."""
         p, N = model.problem, model.N
         self.model, self.N = model, N
         S = model.n_states
@@ -133,7 +135,7 @@ class MultiSystem:
         self._lu, self._lu_act = None, None  # the last policy factorised (see _solve)
         #: from how many states a policy's system gets incomplete factors: :data:`ILU_FROM`, or :data:`DENSE_FROM`
         #: once a complete factorisation filled densely (a solve carries it on to its next truncation)
-        self.incomplete_from = ILU_FROM
+        self.incomplete_from = ILU_FROM if incomplete_from is None else incomplete_from
         #: the last policy evaluated: the time share of each waiting state × its event rate, and each start's rate
         self.visits = np.zeros(S)
         self.cost_rate = p.w1 * self.hold + p.w2 * (self.idle_w + self.run_w)
