@@ -12,7 +12,7 @@ the same Poisson stream (``--requests``, seed 0) by the event simulator on 2 ins
   model with those TensorRT profiles must.
 
 ``--all-sizes`` instead solves the c-server table with every size 1..32 (``solve --instances 2 --max-states``: 108 273
-states at ρ 0.5 and 0.7, 6–7 s and 0.4 GB each) and puts it beside Triton forming any size
+states at ρ 0.5 and 0.7, 5–6 s and 0.4 GB each) and puts it beside Triton forming any size
 with its delay tuned on a finer grid (the 12 points and 0, 0.125, …, 6 ms), both simulated on the same stream.
 
     python benchmarks/bench_instances_vs_servers.py [--requests 200000] [--all-sizes]

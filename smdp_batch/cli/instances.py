@@ -164,7 +164,7 @@ def solve_instances_cmd(problem: BatchingProblem, phases: int | None, idle_power
 
 
 #: Every size's exact model is said to be within reach up to this many states (c = 2 with the 32 sizes at ρ 0.5 and
-#: 0.7: 108 273 states, 6–7 s).
+#: 0.7: 108 273 states, 5–6 s).
 EXACT_REACH = 250_000
 
 

@@ -62,7 +62,7 @@ PHASES_LIMIT = 64
 #: it (``max_states``, ``solve --max-states``): each policy iteration step factorises one sparse system, whose LU
 #: fills to 50–550 entries per state (c = 2: 28 700 states in 1.1 s; c = 4: 27 090 states in 4–12 s on the 2-core
 #: development machine).  Past it, the time and memory grow with the states (c = 2 with every size 1..32 at ρ 0.5
-#: and 0.7: 108 273 states, 6–7 s, 0.4 GB).
+#: and 0.7: 108 273 states, 5–6 s, 0.4 GB).
 MULTI_STATE_LIMIT = 60_000
 #: The most ``max_states`` may be raised to; the memory budget bounds it too.
 MULTI_STATE_MAX = 10_000_000
