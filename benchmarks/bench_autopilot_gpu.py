@@ -120,12 +120,16 @@ async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counte
     """Replay the trace into a DynamicBatcher; per-request latency, batches, and the counter at phase edges."""
     from smdp_batch.integrations.loadgen import replay
 
-    batches: list = []
+    batches: list = []  # (size, start s, end s) of every batch
+    start = np.full(len(arr), np.nan)  # each request's batch start and end (time.time() s)
+    end = np.full(len(arr), np.nan)
 
     def infer(items):
         t0 = time.time()
         out = model(items)
-        batches.append((len(items), t0))
+        t1 = time.time()
+        batches.append((len(items), t0, t1))
+        start[items], end[items] = t0, t1
         return out
 
     edges: list = []
@@ -142,24 +146,42 @@ async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counte
         sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0, max_seconds=len(PHASES) * seconds + 5)
         await ctl
     model.slow = False
-    return {"sent": sent, "done": done, "batches": batches, "edges": edges, "errors": errors}
+    return {"sent": sent, "done": done, "start": start, "end": end, "batches": batches, "edges": edges,
+            "errors": errors, "scheduled": (arr - arr[0]) / 1e3 + np.nanmin(sent)}
 
 
-def summarise(run: dict, phase, slo: float) -> list[dict]:
+def p99(x) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(np.percentile(x, 99)) if x.size else math.nan
+
+
+def summarise(run: dict, phase, slo: float, lat_profile) -> list[dict]:
+    """Per phase: the client's p99 and where it went (each a p99 over the phase's requests, ms): the client's lag
+    behind its send schedule, the wait in the batcher (sent → its batch starts), the model (the batch's time) and
+    the return (batch end → the client has the answer); the served l(b) over the profile's, batch-weighted."""
     lat = (run["done"] - run["sent"]) * 1e3
+    lag = (run["sent"] - run["scheduled"]) * 1e3
+    wait, model, back = ((run["start"] - run["sent"]) * 1e3, (run["end"] - run["start"]) * 1e3,
+                         (run["done"] - run["end"]) * 1e3)
     rows = []
     for k, name in enumerate(PHASES):
         sel = phase == k
         x = lat[sel]
         ok = np.isfinite(x)
         (t_lo, e_lo), (t_hi, e_hi) = run["edges"][k], run["edges"][k + 1]
-        bs = [b for b, t0 in run["batches"] if t_lo <= t0 < t_hi]
+        inside = [(b, (t1 - t0) * 1e3) for b, t0, t1 in run["batches"] if t_lo <= t0 < t_hi]
+        bs = [b for b, _ in inside]
         rows.append({"phase": name, "requests": int(sel.sum()),
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
                      "over_slo": float(np.mean(~ok | (np.nan_to_num(x, nan=np.inf) > slo))),
                      "mean_batch": float(np.mean(bs)) if bs else math.nan,
-                     "j_per_request": (e_hi - e_lo) / max(sum(bs), 1)})
+                     "j_per_request": (e_hi - e_lo) / max(sum(bs), 1),
+                     "client_lag_p99_ms": p99(lag[sel]), "wait_p99_ms": p99(wait[sel]),
+                     "model_p99_ms": p99(model[sel]), "return_p99_ms": p99(back[sel]),
+                     "served_over_profile": (sum(t for _, t in inside) / sum(lat_profile[b - 1] for b in bs)
+                                             if bs else math.nan)})
     return rows
 
 
@@ -205,7 +227,11 @@ def main() -> int:
     rule = ans.best["triton"].rule
     print(f"tuned triton for phase 1: {rule.spec} ({time.time() - t0:.0f} s)", flush=True)
 
+    print(f"idle power (NVML, before and after the sizes): {meta.get('idle_power_w')} W "
+          f"(readings {meta.get('idle_power_readings_w')})", flush=True)
     out: dict = {"device": meta.get("device"), "profile": {"latency_ms": lat.tolist(), "energy_mj": zeta.tolist()},
+                 "measure": {k: meta.get(k) for k in ("energy_source", "energy_method", "idle_power_w",
+                                                      "idle_power_readings_w", "elapsed_s", "libraries", "method")},
                  "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
     for name in args.only.split(","):
         pilot = None
@@ -213,9 +239,11 @@ def main() -> int:
             policy, wait = PolicyTable(triton_table(rule.maxb, tuple(rule.pref)), prob.batch_sizes), rule.delay
         else:
             pilot = Autopilot(prob, slo, min_samples=100, min_interval_s=1.0)
-            policy, wait = (pilot, "auto") if name == "autopilot" else (pilot.table, pilot.max_wait_ms)
+            # "auto": the table's own timer, or the batcher's safety bound where the plan has none (None would
+            # follow the table exactly, and the trace's last requests would wait for an arrival that never comes)
+            policy, wait = (pilot if name == "autopilot" else pilot.table), "auto"
         run = asyncio.run(serve(model, policy, wait, arr, phase, args.phase_seconds, counter))
-        rows = summarise(run, phase, slo)
+        rows = summarise(run, phase, slo, lat)
         res: dict = {"rows": rows, "errors": run["errors"]}
         if pilot is not None:
             pilot.join(30.0)
@@ -228,11 +256,14 @@ def main() -> int:
                 res["meter_intervals"] = pilot.meter.intervals if pilot.meter is not None else 0
         out["settings"][name] = res
         print(f"\n{name} ({run['errors']} errors)")
-        print(f"  {'phase':15s} {'requests':>8s} {'p99 ms':>8s} {'95% CI':>15s} {'> SLO':>6s} {'batch':>6s} {'J/req':>7s}")
+        print(f"  {'phase':15s} {'requests':>8s} {'p99 ms':>8s} {'95% CI':>15s} {'> SLO':>6s} {'batch':>6s} {'J/req':>7s}"
+              f"  | p99 ms of: {'lag':>5s} {'wait':>5s} {'model':>5s} {'return':>6s}  served/profile")
         for r in rows:
             lo, hi = r["p99_ci_ms"]
             print(f"  {r['phase']:15s} {r['requests']:8d} {r['p99_ms']:8.1f} {f'{lo:.1f}-{hi:.1f}':>15s} "
-                  f"{100 * r['over_slo']:5.1f}% {r['mean_batch']:6.1f} {r['j_per_request']:7.3f}", flush=True)
+                  f"{100 * r['over_slo']:5.1f}% {r['mean_batch']:6.1f} {r['j_per_request']:7.3f}"
+                  f"  |            {r['client_lag_p99_ms']:5.1f} {r['wait_p99_ms']:5.1f} {r['model_p99_ms']:5.1f} "
+                  f"{r['return_p99_ms']:6.1f}  {r['served_over_profile']:.2f}", flush=True)
         if "metrics" in res:
             mm = res["metrics"]
             print(f"  swaps {mm['swaps']}, rollbacks {mm['rollbacks']}, failed {mm['failed_solves']}, "

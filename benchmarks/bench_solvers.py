@@ -307,7 +307,9 @@ def main():
     else:
         notes.append(f"PI ran its Python loop: the compiled one was not in numba's cache within {args.wait_compiled:.0f} s "
                      "(a first run after an install or an edit of a kernel: run again)")
+    print(f"\n{'case':4} {'solver':74} {'time':>10} {'× fastest peer':>15}  same policy", flush=True)
     for name in args.cases.split(","):
+        done = len(rows)
         if name in ("A", "B", "C"):
             small_case(name, args, rows)
         elif name == "D":
@@ -316,11 +318,10 @@ def main():
             case_e(args, rows, notes)
         else:
             raise SystemExit(f"unknown case {name!r}; valid: A,B,C,D,E")
-    print(f"\n{'case':4} {'solver':74} {'time':>10} {'× fastest peer':>15}  same policy")
-    for name, n, t, ratio, same in rows:
-        tt = f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
-        rr = "" if np.isnan(ratio) else f"{ratio:.1f}×"
-        print(f"{name:4} {n:74} {tt:>10} {rr:>15}  {'yes' if same else 'NO'}")
+        for case, n, t, ratio, same in rows[done:]:  # each case as it ends: a long run shows its progress
+            tt = f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.2f} s"
+            rr = "" if np.isnan(ratio) else f"{ratio:.1f}×"
+            print(f"{case:4} {n:74} {tt:>10} {rr:>15}  {'yes' if same else 'NO'}", flush=True)
     for n in notes:
         print("  " + n)
 
