@@ -20,7 +20,9 @@ What it does, in one process:
    request), ``static table`` (the Autopilot's first table, never re-solved).
 4. **Per phase:** the p99 response time (ms) with a distribution-free 95 % interval, the share over the
    SLO, the mean batch, and the **measured** energy per request: NVML's counter over the phase (the
-   whole board, idle draw included) ÷ requests.  At the end, the Autopilot's ζ̂(b) from its energy meter
+   whole board, idle draw included) ÷ requests; where the p99 went (the p99 of each part over the phase's
+   requests: the client's lag behind its send schedule, the wait in the batcher, the batch's model time, the
+   return from batch end to the client) and the served batch time over the profile's.  At the end, the Autopilot's ζ̂(b) from its energy meter
    beside the profile's ζ(b) — two methods on one counter: the profile runs one size back to back between
    two refreshes (``measure``), the meter fits the live mix of sizes and idle time — and its idle power.
 
