@@ -32,7 +32,9 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
   setting its ``batch_wait_timeout_s`` live (``autopilot_deployment(live_knobs=True)``); ``autopilot on Ray's batcher open loop``, only
   when ``--only`` names it: the same without its closed loop (``control=False``); ``autopilot on Ray's batcher
   told the client``, only when named: the same, told the client's response times every 0.25 s
-  (``observe_client``), with no ``overhead_ms`` and the excess learned (``learn=True``);
+  (``observe_client``), with no ``overhead_ms`` and the excess learned (``learn=True``); ``autopilot on Ray's batcher
+  with the served model``, only when named, with ``--served FILE``: told the client's times, planning with the served-delay
+  model that ``smdp-batch calibrate`` measured at three loads (the outside delay of the load planned for), no budget;
 * ``autopilot on Triton's batcher`` (Triton only) — an Autopilot in the client planning Triton's own batcher
   (``family="triton"``), retimed live through a bank (:mod:`smdp_batch.integrations.triton_bank`): the model loaded
   at 0 ms and ``--bank`` lo:hi:count delays (default 8:48:16, a ratio of 1.14), each request sent to the member
@@ -94,13 +96,15 @@ from examples.autopilot_common import HEAVY, SIZES, STANDIN, make, problem  # no
 
 SLO = 50.0
 OVERHEAD = {"ms": 15.0}  # --overhead-ms: every setting plans p99 ≤ SLO − this (the transport's share)
+SERVED = {"path": None}  # --served: smdp-batch calibrate's file, for "autopilot on Ray's batcher with the served model"
 LAM0 = {"per_ms": 0.1}  # --lam: λ0, requests/ms
 MODEL = {"repeat": HEAVY}  # --model heavy (the MLP 4× per batch: 7-24 ms), light (1×: 0.7-2 ms) or standin (a sleep)
 SETTINGS = ["autopilot", "autopilot on Ray's batcher", "autopilot on Triton's batcher", "tuned server",
             "tuned server over the loads", "λ-bank",
             "static table",
-            "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client"]  # --only picks
-EXTRA = SETTINGS[-2:]  # run only when --only names them
+            "autopilot on Ray's batcher open loop", "autopilot on Ray's batcher told the client",
+            "autopilot on Ray's batcher with the served model"]  # --only picks
+EXTRA = SETTINGS[-3:]  # run only when --only names them
 RAY_SETTINGS = [s for s in SETTINGS if s not in ("autopilot on Triton's batcher", "tuned server over the loads")]
 FIXED: dict[str, float] = {}  # --static-delays: setting "Triton at X ms" / "Ray at X ms" → X, that server's own
 # batcher at that fixed delay (Triton's max_queue_delay, Ray's batch_wait_timeout_s)
@@ -120,7 +124,8 @@ KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
         "autopilot on Triton's batcher": "autopilot-triton", "tuned server": "none", "tuned server over the loads": "none",
         "λ-bank": "bank",
         "static table": "static", "autopilot on Ray's batcher open loop": "autopilot-ray-open",
-        "autopilot on Ray's batcher told the client": "autopilot-ray-client"}
+        "autopilot on Ray's batcher told the client": "autopilot-ray-client",
+        "autopilot on Ray's batcher with the served model": "autopilot-ray-served"}
 PHASES = ["1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady"]
 RATES = [(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]  # × λ0 at each phase's start and end
 SLOW = {"phase": 3}  # the phase whose batches run 1.5× as long (None: --stationary)
@@ -269,13 +274,13 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
         for i, name in enumerate(s for s in SETTINGS if s in RAY_SETTINGS or s.startswith(STATIC_PREFIX["ray"])):
             slow = os.path.join(tmp, f"ray{i}.slow")
             mk = functools.partial(make, KIND[name], LAM0["per_ms"], SLO, slow, 100, overhead_ms=OVERHEAD["ms"],
-                                   repeat=MODEL["repeat"])
+                                   repeat=MODEL["repeat"], served_path=SERVED["path"])
             fixed = static_batching(name)  # Ray's timeout in s
             sb = (32, float(knobs["timeout_s"])) if name == "tuned server" else \
                 (fixed[0], fixed[1] / 1e6) if fixed else None
             live = KIND[name].startswith("autopilot-ray")
             h = rs.deploy(autopilot_deployment(f"s{i}", mk, serve_batch=sb, live_knobs=live), f"s{i}")
-            if KIND[name] == "autopilot-ray-client":
+            if KIND[name] in ("autopilot-ray-client", "autopilot-ray-served"):
                 load = told_replay(h, x, arr, 10 * seconds)
             else:
                 load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
@@ -529,6 +534,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--overhead-ms", type=float, default=OVERHEAD["ms"],
                     help="the SLO's share left to the transport: every setting plans p99 ≤ SLO − this (ms)")
+    ap.add_argument("--served", help="the served-delay file (smdp-batch calibrate) that \"autopilot on Ray's batcher, served "
+                    "model\" plans with")
     ap.add_argument("--lam", type=float, default=LAM0["per_ms"], help="λ0, requests/ms (default 0.1: 100/s)")
     ap.add_argument("--model", choices=("heavy", "light", "standin"), default="heavy",
                     help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms); standin: "
@@ -587,6 +594,9 @@ def main() -> int:
                 KIND[name] = "none"
                 if server == "triton":  # the simulator runs Triton's rule
                     SIM_SETTINGS.append(name)
+    SERVED["path"] = a.served
+    if "autopilot on Ray's batcher with the served model" in (a.only or "") and not a.served:
+        raise SystemExit("\"autopilot on Ray's batcher with the served model\" needs --served FILE (smdp-batch calibrate's file)")
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
         a.model, 1)
     from smdp_batch.errors import InputError

@@ -16,7 +16,8 @@
   :class:`smdp_batch.integrations.triton_autopilot.AutopilotModelSpec`; ``kind`` picks the policy:
   ``autopilot`` (an Autopilot), ``autopilot-ray`` (an Autopilot planning Ray's own batcher, for
   ``autopilot_deployment(live_knobs=True)``; ``autopilot-ray-open``: without its closed loop; ``autopilot-ray-client``: told the client's times, no
-  ``overhead_ms``, the excess learned), ``static`` (the Autopilot's first table, never re-solved), ``bank`` (a λ-bank
+  ``overhead_ms``, the excess learned; ``autopilot-ray-served``: told the client's times, planning with the
+  served-delay model of ``smdp-batch calibrate``'s file ``served_path``), ``static`` (the Autopilot's first table, never re-solved), ``bank`` (a λ-bank
   AdaptivePolicy of SLO tables over a grid of rates), or ``none`` (the server batches by itself).
 """
 
@@ -95,7 +96,7 @@ def make_infer(slow_file: str | None = None, slow: float = 1.5, repeat: int = 1)
 
 def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, slow_file: str | None = None,
          min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0), overhead_ms: float = 0.0,
-         repeat: int = 1):
+         repeat: int = 1, served_path: str | None = None):
     """``(infer, policy)`` built in the calling (server) process; see the module docstring.  ``overhead_ms``:
     the part of the SLO left to the transport outside the server: every table plans p99 ≤ SLO − overhead_ms."""
     import logging
@@ -117,6 +118,12 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
                                 control=kind == "autopilot-ray")
     if kind == "autopilot-ray-client":  # told the client's own times: no budget outside them, the excess learned
         return infer, Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=0.0, family="ray", learn=True)
+    if kind == "autopilot-ray-served":  # told the client's times, planning with the served-delay model measured at
+        # three loads (smdp-batch calibrate): the outside delay of the load planned for, no budget, nothing learned
+        from smdp_batch.model.served import ServedDelay
+
+        return infer, Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=0.0, family="ray",
+                                served=ServedDelay.load(served_path))
     pilot = Autopilot(p, slo_p99_ms, min_samples=min_samples, overhead_ms=overhead_ms)
     if kind == "static":
         return infer, pilot.table
