@@ -43,17 +43,17 @@ Guards: a solver that raises, returns nothing usable (NaN metrics, a table not m
 or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
 run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the stable rate
 Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in :class:`AutopilotMetrics` and logged as
-one JSON line on the ``smdp_batch`` logger.  A failed or infeasible solve (or an out-of-range estimate) is retried after
+one JSON line on the ``smdp_batch`` logger. A failed or infeasible solve (or an out-of-range estimate) is retried after
 max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan backs off the same
 way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a change of rate ends both.
 A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
 counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
 after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that
-holds — unless it planned tighter than the plan put back (a learned excess): its smaller batches raised what no plan
-models (a host short of CPU), so the excess returns to that plan's, unlearned for 30 s.  The solve clock (``clock``, s)
-is made monotone: a step back counts as no time passing; a step forward may time out a solve.  With ``solve_in="clock"``
-a solve takes ``solve_seconds`` of that clock: the Autopilot runs inside the simulator on a simulated clock
-(:mod:`~smdp_batch.autopilot.simulated`).
+holds, which then re-plans with the smaller margin when the target moves (below) — unless it planned tighter than the
+plan put back (a learned excess): its smaller batches raised what no plan models (a host short of CPU), so the excess
+returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone: a step back counts as no
+time passing; a step forward may time out a solve. With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that
+clock: the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba,
 scipy) in the solve process, the first plan's too (a full garbage collection over numba's objects in the serving
@@ -219,19 +219,17 @@ class Autopilot:
             return self._solver(None)(*args)
 
     def _solver(self, incumbent: Plan | None) -> Callable[..., Any]:  # the default solver knows the live plan and family
-        if self.solver is not slo_plan:
-            return self.solver
-        return functools.partial(slo_plan, incumbent=incumbent, family=self.family, served=self.served)
+        return self.solver if self.solver is not slo_plan else functools.partial(
+            slo_plan, incumbent=incumbent, family=self.family, served=self.served)
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
         with self._lock:
             self._not_before = math.inf
             proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.close()
-        if self.meter is not None:
-            self.meter.close()
+        for part in (proc, self.meter):
+            if part is not None:
+                part.close()
 
     # ------------------------------------------------------------------ the policy
     def decide(self, n: int) -> int:
@@ -377,8 +375,9 @@ class Autopilot:
             else:
                 self._watch_ok += 1
                 self._breach.reset()
-                if self._watch_ok >= self.watch:
+                if self._watch_ok >= self.watch:  # it holds: half the margin, which must not stay for ever
                     self._good, self._previous, self._watching, self._margin = live, None, False, 0.5 * self._margin
+                    self._moved("margin")
 
     def _learn(self) -> bool:
         """The excess (module doc), while λ̂ is within 25 % of the live plan's λ, smoothed by halves; a move of max(2 ms,
@@ -389,15 +388,16 @@ class Autopilot:
             return False
         if lam is None or abs(lam / live.lam - 1.0) > _LEARN_RATE_TOL or self._now() < self._rest_until:
             return True
-        x = self._excess + 0.5 * (e - self._excess)
-        self._excess = min(x, _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
-        if abs(self._excess - self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
-            self._trigger("excess")
+        self._excess = min(self._excess + 0.5 * (e - self._excess), _EXCESS_MAX * (self.slo_ms - self.overhead_ms))
+        self._moved("excess")
         return True
 
+    def _moved(self, reason: str) -> None:  # re-plan where the next solve's target left the live plan's (none: the SLO's)
+        if abs(self._target() - self.slo_ms + self.overhead_ms + self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
+            self._dirty = self._dirty or reason
+
     def _live_excess(self) -> float:
-        t = self._live.target_ms
-        return self.slo_ms - self.overhead_ms - t if math.isfinite(t) else 0.0
+        return self.slo_ms - self.overhead_ms - t if math.isfinite(t := self._live.target_ms) else 0.0
 
     def _target(self) -> float:
         """The p99 the next solve plans for (ms): the SLO less the overhead budget, the learned excess, the margin."""
