@@ -174,7 +174,7 @@ def summarise(run: dict, phase, slo: float, lat_profile) -> list[dict]:
         (t_lo, e_lo), (t_hi, e_hi) = run["edges"][k], run["edges"][k + 1]
         inside = [(b, (t1 - t0) * 1e3) for b, t0, t1 in run["batches"] if t_lo <= t0 < t_hi]
         bs = [b for b, _ in inside]
-        rows.append({"phase": name, "requests": int(sel.sum()),
+        rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(np.isfinite(run["done"][sel]).sum()),
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
                      "over_slo": float(np.mean(~ok | (np.nan_to_num(x, nan=np.inf) > slo))),
