@@ -49,11 +49,11 @@ way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_i
 A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
 counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
 after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that
-holds, which then re-plans with the smaller margin when the target moves (below) — unless it planned tighter than the
-plan put back (a learned excess): its smaller batches raised what no plan models (a host short of CPU), so the excess
-returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone: a step back counts as no
-time passing; a step forward may time out a solve. With ``solve_in="clock"`` a solve takes ``solve_seconds`` of that
-clock: the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
+holds, each halving a re-plan while it moves the target by over max(2 ms, 5 % of the SLO) — unless it planned tighter
+than the plan put back (a learned excess): its smaller batches raised what no plan models (a host short of CPU), so the
+excess returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone: a step back counts
+as no time passing; a step forward may time out a solve. With ``solve_in="clock"`` a solve takes ``solve_seconds`` of
+that clock: the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
 
 The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba,
 scipy) in the solve process, the first plan's too (a full garbage collection over numba's objects in the serving
