@@ -11,6 +11,7 @@ import pytest
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_heavy  # a real-time load on the CPU: it would disturb a timed server test beside it
 def test_the_gpu_benchmark_answers_every_request_and_says_where_each_p99_went(tmp_path):
     """Every request of every phase is answered (a static table whose plan had no timer, followed exactly, once left
     the trace's last requests waiting for ever for an arrival), and each phase splits its p99 into the client's lag,
