@@ -6,6 +6,7 @@ the GMRES cycle (against a dense solve)."""
 import numpy as np
 import pytest
 
+from smdp_batch.errors import InputError
 from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.solvers.geometric import _q_full, _q_pass, _ranges, geometric_model
 from smdp_batch.solvers.geometric_pi import policy_iteration
@@ -154,6 +155,11 @@ def test_metrics_use_a_stationary_part_computed_ahead_only_for_their_own_policy(
     wrong = stationary(m, other)
     got = metrics(m, r.policy, r.gain, known=lambda: calls.append(1) or wrong)
     assert calls == [1] and got == plain  # the other policy's part was looked at and set aside
+
+    def failed():  # a speculation for another table whose adjoint did not converge
+        raise InputError("the policy's stationary (adjoint) solve did not converge (residual 1)")
+
+    assert metrics(m, r.policy, r.gain, known=failed) == plain  # solved here instead
 
 
 def test_the_rule_s_metrics_computed_ahead_equal_those_computed_after(monkeypatch):

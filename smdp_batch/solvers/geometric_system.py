@@ -313,8 +313,8 @@ def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, d
     """W̄ (ms), P̄ (W), throughput (/ms), mean batch, Δ (the excursions' cost per ms) and the chance an epoch
     leaves the truncation, each the gain of its own cost vector (module doc); ``gain``: the policy's ĝ when
     known (else one certified solve); ``delta=False`` skips Δ; ``known``: returns :func:`stationary` of a policy
-    computed elsewhere (a future's result; used when that policy is ``pol``), called once this function's own
-    solves are done.
+    computed elsewhere (a future's result; used when that policy is ``pol``, solved here when it is not or when
+    it raised InputError), called once this function's own solves are done.
 
     One adjoint solve Aᵀz = e_ref gives the gain of every cost as z·rhs (:meth:`_System.adjoint`): P̄, the batch
     rate and the epoch rate, whose costs are bounded (to ~1e-12 against their own solves at Bmax 1 024).  W̄ is
@@ -328,7 +328,10 @@ def metrics(model: GeometricModel, pol: np.ndarray, gain: float | None = None, d
         gain = _certified(system, "cost", model.cost)
     leave = _certified(system, "leave", model.parts["leave"])
     excursion = _certified(system, "excursion", model.parts["excursion"]) if delta else math.nan
-    st = known() if known is not None else None
+    try:  # a speculation for another table may have failed where this one's solve will not
+        st = known() if known is not None else None
+    except InputError:
+        st = None
     if st is None or not np.array_equal(st.pol, pol):
         st = _stationary(system)
     gains = st.gains
