@@ -534,8 +534,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--overhead-ms", type=float, default=OVERHEAD["ms"],
                     help="the SLO's share left to the transport: every setting plans p99 ≤ SLO − this (ms)")
-    ap.add_argument("--served", help="the served-delay file (smdp-batch calibrate) that \"autopilot on Ray's batcher, served "
-                    "model\" plans with")
+    ap.add_argument("--served", help="the served-delay file (smdp-batch calibrate) that \"autopilot on Ray's batcher with "
+                    "the served model\" plans with")
     ap.add_argument("--lam", type=float, default=LAM0["per_ms"], help="λ0, requests/ms (default 0.1: 100/s)")
     ap.add_argument("--model", choices=("heavy", "light", "standin"), default="heavy",
                     help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms); standin: "
