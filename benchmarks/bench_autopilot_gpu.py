@@ -22,7 +22,9 @@ What it does, in one process:
    SLO, the mean batch, and the **measured** energy per request: NVML's counter over the phase (the
    whole board, idle draw included) ÷ requests; where the p99 went (the p99 of each part over the phase's
    requests: the client's lag behind its send schedule, the wait in the batcher, the batch's model time, the
-   return from batch end to the client) and the served batch time over the profile's.  At the end, the Autopilot's ζ̂(b) from its energy meter
+   return from batch end to the client) and the served batch time over the profile's; the board's state, read
+   from NVML every 50 ms (median SM clock, hottest temperature, mean power, and the share of readings whose
+   clocks its power limit or a thermal slowdown held down), which tells a slower GPU from a slower server.  At the end, the Autopilot's ζ̂(b) from its energy meter
    beside the profile's ζ(b) — two methods on one counter: the profile runs one size back to back between
    two refreshes (``measure``), the meter fits the live mix of sizes and idle time — and its idle power.
 
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -87,23 +91,39 @@ class Model:
         return [float(v) for v in out]
 
 
+# NVML's clock-event (throttle) reason bits: the board's power limit, and thermal slowdowns (software or hardware)
+POWER_CAP, THERMAL = 0x4, 0x20 | 0x40
+
+
 class Counter:
-    """NVML's total-energy counter (J) of GPU 0 (``ok`` False where there is none)."""
+    """NVML's total-energy counter (J) of GPU 0 (``ok`` False where there is none), and the board's state: SM clock
+    (MHz), temperature (°C), power draw (W) and whether its clocks are held down by the power limit or by heat."""
 
     def __init__(self):
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
             self.read_mj = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(self.h)
             self.read_mj()
+            self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
             self.ok = True
         except Exception:  # noqa: BLE001 - no GPU: modelled energy only
             self.ok = False
 
     def joules(self) -> float:
         return self.read_mj() / 1e3 if self.ok else math.nan
+
+    def state(self) -> tuple:
+        """(time.time() s, SM clock MHz, temperature °C, power W, clock-event reason bits); NaNs without NVML."""
+        if not self.ok:
+            return (time.time(), math.nan, math.nan, math.nan, 0)
+        nv, h = self.nv, self.h
+        return (time.time(), float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                nv.nvmlDeviceGetPowerUsage(h) / 1e3, int(self._reasons(h)))
 
 
 def profile(model: Model, args, path: str):
@@ -143,13 +163,39 @@ async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counte
             edges.append((time.time(), counter.joules()))
             model.slow = k == 3
 
-    async with DynamicBatcher(infer, policy, max_wait_ms=wait) as batcher:
-        ctl = asyncio.ensure_future(clock())
-        sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0, max_seconds=len(PHASES) * seconds + 5)
-        await ctl
+    board: list = []  # the board's state every 50 ms (Counter.state), read on a thread off the event loop
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.05):
+            board.append(counter.state())
+
+    pauses: list = []  # (time.time() s at its end, ms) of every full (generation 2) garbage collection
+    began = [0.0]
+
+    def on_gc(what, info):
+        if what == "start":
+            began[0] = time.perf_counter()
+        elif info["generation"] == 2:
+            pauses.append((time.time(), (time.perf_counter() - began[0]) * 1e3))
+
+    sampler = threading.Thread(target=watch, daemon=True)
+    sampler.start()
+    gc.callbacks.append(on_gc)
+    try:
+        async with DynamicBatcher(infer, policy, max_wait_ms=wait) as batcher:
+            ctl = asyncio.ensure_future(clock())
+            sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0,
+                                                 max_seconds=len(PHASES) * seconds + 5)
+            await ctl
+    finally:
+        gc.callbacks.remove(on_gc)
+        stop.set()
+        sampler.join()
     model.slow = False
     return {"sent": sent, "done": done, "start": start, "end": end, "batches": batches, "edges": edges,
-            "errors": errors, "scheduled": (arr - arr[0]) / 1e3 + np.nanmin(sent)}
+            "errors": errors, "scheduled": (arr - arr[0]) / 1e3 + np.nanmin(sent), "board": board,
+            "gc_pauses": pauses}
 
 
 def p99(x) -> float:
@@ -158,7 +204,7 @@ def p99(x) -> float:
     return float(np.percentile(x, 99)) if x.size else math.nan
 
 
-def summarise(run: dict, phase, slo: float, lat_profile) -> list[dict]:
+def summarise(run: dict, phase, slo: float, lat_profile, counter_ok: bool) -> list[dict]:
     """Per phase: the client's p99 and where it went (each a p99 over the phase's requests, ms): the client's lag
     behind its send schedule, the wait in the batcher (sent → its batch starts), the model (the batch's time) and
     the return (batch end → the client has the answer); the served l(b) over the profile's, batch-weighted."""
@@ -174,6 +220,10 @@ def summarise(run: dict, phase, slo: float, lat_profile) -> list[dict]:
         (t_lo, e_lo), (t_hi, e_hi) = run["edges"][k], run["edges"][k + 1]
         inside = [(b, (t1 - t0) * 1e3) for b, t0, t1 in run["batches"] if t_lo <= t0 < t_hi]
         bs = [b for b, _ in inside]
+        st = [x for x in run["board"] if t_lo <= x[0] < t_hi]
+        clk, temp, watts = (np.array([x[i] for x in st], dtype=np.float64) for i in (1, 2, 3))
+        bits = np.array([x[4] for x in st], dtype=np.int64)
+        gcs = [ms for t, ms in run["gc_pauses"] if t_lo <= t < t_hi]
         rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(np.isfinite(run["done"][sel]).sum()),
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
@@ -182,8 +232,17 @@ def summarise(run: dict, phase, slo: float, lat_profile) -> list[dict]:
                      "j_per_request": (e_hi - e_lo) / max(sum(bs), 1),
                      "client_lag_p99_ms": p99(lag[sel]), "wait_p99_ms": p99(wait[sel]),
                      "model_p99_ms": p99(model[sel]), "return_p99_ms": p99(back[sel]),
+                     # full garbage collections in the phase: each stops this process, the batcher and client
+                     "gc_full": len(gcs), "gc_max_ms": max(gcs, default=0.0),
                      "served_over_profile": (sum(t for _, t in inside) / sum(lat_profile[b - 1] for b in bs)
-                                             if bs else math.nan)})
+                                             if bs else math.nan),
+                     # the board over the phase (NVML, every 50 ms; NaN without it): median SM clock, hottest
+                     # reading, mean power, and the share of readings whose clocks the power limit or heat held down
+                     "sm_clock_mhz": float(np.median(clk)) if clk.size else math.nan,
+                     "temperature_max_c": float(np.max(temp)) if temp.size else math.nan,
+                     "power_mean_w": float(np.mean(watts)) if watts.size else math.nan,
+                     "power_capped": float(np.mean(bits & POWER_CAP != 0)) if counter_ok and bits.size else math.nan,
+                     "thermal_slowdown": float(np.mean(bits & THERMAL != 0)) if counter_ok and bits.size else math.nan})
     return rows
 
 
@@ -200,6 +259,10 @@ def main() -> int:
     ap.add_argument("--phase-seconds", type=float, default=12.0)
     ap.add_argument("--only", default="autopilot,tuned triton,static table")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gc", choices=("freeze", "default"), default="freeze",
+                    help="freeze: gc.freeze() once the model and profile are loaded, so that a full garbage collection "
+                         "no longer scans the framework's heap and stops the event loop (by 100-200 ms with torch); "
+                         "default: Python's collector untouched")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.backend == "numpy" and args.width == 8192:
@@ -235,7 +298,11 @@ def main() -> int:
                  "measure": {k: meta.get(k) for k in ("energy_source", "energy_method", "idle_power_w",
                                                       "idle_power_readings_w", "elapsed_s", "libraries", "method")},
                  "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
+    out["gc"] = args.gc
     for name in args.only.split(","):
+        if args.gc == "freeze":  # everything alive now (framework, model, profile, trace) is left out of collections
+            gc.collect()
+            gc.freeze()
         pilot = None
         if name == "tuned triton":
             policy, wait = PolicyTable(triton_table(rule.maxb, tuple(rule.pref)), prob.batch_sizes), rule.delay
@@ -245,7 +312,7 @@ def main() -> int:
             # follow the table exactly, and the trace's last requests would wait for an arrival that never comes)
             policy, wait = (pilot if name == "autopilot" else pilot.table), "auto"
         run = asyncio.run(serve(model, policy, wait, arr, phase, args.phase_seconds, counter))
-        rows = summarise(run, phase, slo, lat)
+        rows = summarise(run, phase, slo, lat, counter.ok)
         res: dict = {"rows": rows, "errors": run["errors"]}
         if pilot is not None:
             pilot.join(30.0)
@@ -259,13 +326,18 @@ def main() -> int:
         out["settings"][name] = res
         print(f"\n{name} ({run['errors']} errors)")
         print(f"  {'phase':15s} {'requests':>8s} {'p99 ms':>8s} {'95% CI':>15s} {'> SLO':>6s} {'batch':>6s} {'J/req':>7s}"
-              f"  | p99 ms of: {'lag':>5s} {'wait':>5s} {'model':>5s} {'return':>6s}  served/profile")
+              f"  | p99 ms of: {'lag':>5s} {'wait':>5s} {'model':>5s} {'return':>6s}  served/profile"
+              f"  | full GCs, longest ms"
+              f"  | board: SM MHz  °C max  W mean  power-capped  thermal")
         for r in rows:
             lo, hi = r["p99_ci_ms"]
             print(f"  {r['phase']:15s} {r['requests']:8d} {r['p99_ms']:8.1f} {f'{lo:.1f}-{hi:.1f}':>15s} "
                   f"{100 * r['over_slo']:5.1f}% {r['mean_batch']:6.1f} {r['j_per_request']:7.3f}"
                   f"  |            {r['client_lag_p99_ms']:5.1f} {r['wait_p99_ms']:5.1f} {r['model_p99_ms']:5.1f} "
-                  f"{r['return_p99_ms']:6.1f}  {r['served_over_profile']:.2f}", flush=True)
+                  f"{r['return_p99_ms']:6.1f}  {r['served_over_profile']:14.2f}"
+                  f"  | {r['gc_full']:8d} {r['gc_max_ms']:11.1f}"
+                  f"  |        {r['sm_clock_mhz']:6.0f} {r['temperature_max_c']:6.0f} {r['power_mean_w']:7.0f}"
+                  f" {100 * r['power_capped']:12.0f}% {100 * r['thermal_slowdown']:7.0f}%", flush=True)
         if "metrics" in res:
             mm = res["metrics"]
             print(f"  swaps {mm['swaps']}, rollbacks {mm['rollbacks']}, failed {mm['failed_solves']}, "

@@ -230,3 +230,28 @@ def test_table_batch_takes_an_autopilot_and_feeds_its_hooks():
     for bad in ({}, {"table": Pilot.table, "autopilot": pilot}, {"autopilot": object()}):
         with pytest.raises(InputError):
             table_batch(**bad)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_triton_model_freezes_the_collector_once_built_unless_told_not_to(tmp_path, freeze):
+    """The model process runs gc.collect() + gc.freeze() at the end of ``initialize`` (a full collection then no
+    longer walks the framework's heap and stalls serving), and leaves the collector alone with ``freeze_gc=False``.
+    Run in this process with the config's own parameters, and unfrozen after."""
+    import gc
+    import json
+
+    from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, TritonPythonModel, model_parameters
+
+    spec = AutopilotModelSpec("smdp_batch.integrations.triton_autopilot:sleep_pilot", PILOT, freeze_gc=freeze)
+    params = model_parameters(spec, {"batch_log": str(tmp_path / "b.csv"), "metrics_file": str(tmp_path / "m.json")})
+    gc.unfreeze()
+    model = TritonPythonModel()
+    try:
+        model.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": v}
+                                                                     for k, v in params.items()}})})
+        frozen = gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+        model.finalize()
+        model.pilot.close()
+    assert (frozen > 0) == freeze, frozen

@@ -33,4 +33,8 @@ def test_the_gpu_benchmark_answers_every_request_and_says_where_each_p99_went(tm
             for k in ("p99_ms", "client_lag_p99_ms", "wait_p99_ms", "model_p99_ms", "return_p99_ms",
                       "served_over_profile"):
                 assert math.isfinite(r[k]) and r[k] >= 0, (name, k, r)
-    assert "p99 ms of:   lag  wait model return  served/profile" in run.stdout
+    assert "p99 ms of:   lag  wait model return  served/profile  | full GCs, longest ms  | board: SM MHz" in run.stdout
+    assert res["gc"] == "freeze"  # the default: the collector frozen before each setting, its full collections counted
+    for r in res["settings"]["static table"]["rows"]:  # no NVML here: the board columns say so, not 0
+        assert r["gc_full"] >= 0 and r["gc_max_ms"] >= 0
+        assert all(math.isnan(r[k]) for k in ("sm_clock_mhz", "power_capped", "thermal_slowdown")), r
