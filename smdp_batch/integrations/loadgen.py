@@ -5,6 +5,10 @@ time; one asyncio task per request, so a slow server never slows the sender down
 was sent and answered.  Bounded twice: by the number of arrivals and by ``max_seconds`` of wall time.
 ``send(i)`` is the target's own client call; it returns what the server reported for the request.
 
+While it sends, the process's heap is frozen (:func:`frozen_heap`): a full garbage collection over the libraries'
+objects (numba, ray, torch: 0.05-0.2 s) would stop the sender and every answer's timestamp with it, and land in
+the measured p99 as if the server had taken it.
+
 ``compare(problem, rule, run)`` puts a measured run beside the simulator's prediction for **the same
 stream**: the times the requests were actually sent (or, where the server reports it, reached the batcher),
 the same rule, the same l(b) and ζ(b).  Both sides are summarised by one function over the same requests
@@ -15,7 +19,10 @@ inside): W̄, p95, mean batch size, the batch-size histogram, and P̄ = Σ ζ(ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -24,7 +31,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["Run", "replay", "summarise", "compare", "simulated_run", "fit_overhead", "instance_gap", "with_overhead", "send_lag_ms"]
+__all__ = ["Run", "replay", "frozen_heap", "summarise", "compare", "simulated_run", "fit_overhead", "instance_gap", "with_overhead", "send_lag_ms"]
 
 
 @dataclass
@@ -44,6 +51,34 @@ class Run:
     wall_s: float = 0.0
     batch_times: dict = field(default_factory=dict)  # id → (start, end), model ms on the arrivals' clock
     notes: dict = field(default_factory=dict)
+
+
+_HEAP = {"depth": 0, "ours": False}
+_HEAP_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Within it, the objects alive on entry are left out of Python's garbage collections (``gc.freeze()``, after one
+    ``gc.collect()``), and are put back on exit (``gc.unfreeze()``): a bounded load's sender then stops for young
+    collections only, not for a full one over every library's objects.  Nested and concurrent uses (threads
+    included) share one freeze, undone by the last to leave.  A heap the caller froze already, or a collector it
+    disabled, is left as it is."""
+    with _HEAP_LOCK:
+        if _HEAP["depth"] == 0:
+            _HEAP["ours"] = gc.isenabled() and gc.get_freeze_count() == 0
+            if _HEAP["ours"]:
+                gc.collect()
+                gc.freeze()
+        _HEAP["depth"] += 1
+    try:
+        yield
+    finally:
+        with _HEAP_LOCK:
+            _HEAP["depth"] -= 1
+            if _HEAP["depth"] == 0 and _HEAP["ours"]:
+                gc.unfreeze()
+                _HEAP["ours"] = False
 
 
 async def replay(send: Callable[[int], Awaitable[object]], arrivals_ms, scale: float,
@@ -76,16 +111,17 @@ async def replay(send: Callable[[int], Awaitable[object]], arrivals_ms, scale: f
             errors += 1
 
     tasks = []
-    t0 = time.perf_counter()
-    for i in range(n):
-        if at_s[i] > max_seconds:
-            break
-        delay = at_s[i] - (time.perf_counter() - t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(i)))
-    if tasks:
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=max_seconds + 60.0)
+    with frozen_heap():
+        t0 = time.perf_counter()
+        for i in range(n):
+            if at_s[i] > max_seconds:
+                break
+            delay = at_s[i] - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+        if tasks:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=max_seconds + 60.0)
     return sent, done, results, errors
 
 
