@@ -62,7 +62,11 @@ only loosely), the share of requests over the SLO (and, for an Autopilot, of tho
 phase's change: after its first swap or kept plan in phases 2-5), the server's p99 (entered → answered in the model: for
 Triton's own batcher the model does not see the queue, so NaN), the mean batch size, and the modelled energy
 per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile size a batch of b pads up to,
-× 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long).
+× 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long); and the client's own stops, which land in its
+p99s as if the server had taken them: the p99 of its lag behind the send schedule, and its full garbage
+collections (count and longest).  ``--gc freeze`` (the default) freezes this process's heap before each
+setting's load (``gc.freeze()``: ray's, numba's and the package's objects are then left out of every
+collection), as Ray Serve's replicas freeze theirs; ``--gc default`` leaves Python's collector alone.
 
 ``--simulated`` runs the same trace and settings in the simulator (:mod:`smdp_batch.autopilot.simulated`), on a
 simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
@@ -80,6 +84,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import math
 import os
@@ -133,6 +138,39 @@ SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batc
                 "static table"]  # --simulated
 
 
+HEAP = {"gc": "freeze"}  # --gc: freeze this process's heap before each setting's load, or leave the collector alone
+
+
+class FullCollections:
+    """Python's full (generation-2) garbage collections in this process while open (``with``): ``pauses``, each
+    (``time.time()`` s at its end, ms).  Each one stops the whole process, the client and whatever else runs in
+    it; with a large heap (ray, numba, torch) for 0.05-0.2 s, in whichever phase it falls."""
+
+    def __init__(self):
+        self.pauses: list[tuple[float, float]] = []
+        self._began = 0.0
+
+    def _on(self, what: str, info: dict) -> None:
+        if what == "start":
+            self._began = time.perf_counter()
+        elif info["generation"] == 2:
+            self.pauses.append((time.time(), (time.perf_counter() - self._began) * 1e3))
+
+    def __enter__(self) -> FullCollections:
+        if HEAP["gc"] == "freeze":  # what is alive now (libraries, model, trace) is left out of every collection
+            gc.collect()
+            gc.freeze()
+        gc.callbacks.append(self._on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on)
+
+    def within(self, t_lo: float, t_hi: float) -> list[float]:
+        """The pauses (ms) that ended in [t_lo, t_hi) (``time.time()`` s)."""
+        return [ms for t, ms in self.pauses if t_lo <= t < t_hi]
+
+
 def trace(seconds: float, rng) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times (ms) and phase index per request; the ramp by inverting its cumulative rate."""
     T = seconds * 1000.0
@@ -182,14 +220,19 @@ def p99_ci(x: np.ndarray) -> tuple[float, float]:
     return float(x[max(lo - 1, 0)]), float(x[hi - 1]) if hi <= n else math.inf
 
 
-def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarray, events=()) -> list[dict]:
+def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarray, events=(),
+              client: FullCollections | None = None) -> list[dict]:
     """Per phase: the client's p99 (ms) and share over the SLO, the server's p99 (``served``: each request's
     entered/answered times in the model, s), mean batch size, energy per request (mJ).  With an Autopilot's
     ``events`` (each with ``wall_s``), also the share over the SLO once it has acted on the phase's change: of the
     requests sent after its first event in phases 2-5 (a swap or a kept plan: the detector fired and the solve
-    ended), the whole of phase 1; NaN where a phase saw no event."""
+    ended), the whole of phase 1; NaN where a phase saw no event.  The client's own stops: the p99 of its lag behind
+    the send schedule (ms), and its full garbage collections in the phase (``client``)."""
+    from smdp_batch.integrations.loadgen import send_lag_ms
+
     zeta = dict(zip(SIZES, problem(LAM0["per_ms"], MODEL["repeat"]).energy_mj()))
     lat = (done - sent) * 1e3
+    lag = send_lag_ms(sent, arr, 1.0)
     in_server = (served[:, 1] - served[:, 0]) * 1e3
     t_first = np.nanmin(sent)
     rows = []
@@ -205,7 +248,11 @@ def summarise(arr, phase, sent, done, batches, seconds: float, served: np.ndarra
         fired = [e["wall_s"] for e in events if "wall_s" in e and t_lo <= e["wall_s"] < t_hi]
         after = sel & (sent >= (min(fired) if fired and k > 0 else (t_lo if k == 0 else np.inf)))
         y_after = np.nan_to_num(lat[after], nan=np.inf)
+        lag_k = lag[sel][np.isfinite(lag[sel])]
+        gcs = client.within(t_lo, t_hi) if client is not None else []
         rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(ok.sum()),
+                     "client_lag_p99_ms": float(np.percentile(lag_k, 99)) if lag_k.size else math.nan,
+                     "client_gc_full": len(gcs), "client_gc_max_ms": max(gcs, default=0.0),
                      "over_slo_once_fired": float(np.mean(y_after > SLO)) if after.any() and events else math.nan,
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
@@ -284,14 +331,16 @@ def run_ray(arr, phase, seconds, tmp) -> dict:
                 load = told_replay(h, x, arr, 10 * seconds)
             else:
                 load = replay(lambda j, h=h: h.remote(j, x), arr, 1.0, max_seconds=10 * seconds)
-            sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
+            with FullCollections() as client:
+                sent, done, results, errors = asyncio.run(with_slowdown(load, slow, seconds))
             batches = h.batches.remote().result(timeout_s=60)
             m = h.metrics.remote().result(timeout_s=60)
             served = np.full((arr.size, 2), np.nan)
             for j, t_in, t_out in h.served_times.remote().result(timeout_s=60):
                 served[j] = t_in, t_out
             events = h.autopilot_events.remote().result(timeout_s=60) if m else []
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, events), "errors": errors,
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, events, client),
+                         "errors": errors,
                          "metrics": m and {k: m.get(k) for k in ("swaps", "rollbacks", "failed_solves", "solves", "infeasible",
                                                                  "lam_hat", "latency_hat_ms", "excess_ms", "target_p99_ms",
                                                                  "observed_p99_ms", "timer_scale", "knob_changes",
@@ -348,7 +397,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
                                                lambda j: np.zeros(256, np.float32), 10 * seconds, served=views,
                                                router=router)
 
-            sent, done, sizes, errors = asyncio.run(with_slowdown(load(), slow, seconds))
+            with FullCollections() as client:
+                sent, done, sizes, errors = asyncio.run(with_slowdown(load(), slow, seconds))
             m = None
             if pilot is not None:
                 pilot.join(30.0)
@@ -367,7 +417,8 @@ def run_triton(arr, phase, seconds, tmp) -> dict:
             served = np.array(views, dtype=np.float64).reshape(-1, 2)
             keep = ("swaps", "rollbacks", "failed_solves", "solves", "infeasible", "kept", "lam_hat", "latency_hat_ms",
                     "excess_ms", "target_p99_ms", "observed_p99_ms", "timer_ms", "timer_scale", "switches", "sent_to")
-            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, (m or {}).get("events", ())),
+            out[name] = {"rows": summarise(arr, phase, sent, done, batches, seconds, served, (m or {}).get("events", ()),
+                                           client),
                          "errors": errors, "metrics": m and {k: m[k] for k in keep if k in m},
                          "events": (m or {}).get("events", [])}
             print(f"triton {name}: done ({errors} errors)", flush=True)
@@ -418,8 +469,8 @@ def table(server: str, res: dict) -> str:
     wide = f"; over the loads: {res['_tuned_wide']}" if "_tuned_wide" in res else ""
     lines = [f"\n{server} (tuned server setting: {res['_tuned']}{wide}; p99 SLO {SLO:g} ms)\n",
              "| phase | setting | p99 ms (client) [95 % interval] | > SLO | > SLO once fired | p99 ms (server) | "
-             "mean batch | mJ/request |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "mean batch | mJ/request | client: lag p99 ms, full GCs (longest ms) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     names = [x for x in SETTINGS if x in res]
     for k, ph in enumerate(PHASES):
         for name in names:
@@ -429,7 +480,9 @@ def table(server: str, res: dict) -> str:
             fired_s = "—" if math.isnan(fired) else f"{100 * fired:.1f} %"
             lines.append(f"| {ph} | {name} | {r['p99_ms']:.1f} [{lo:.0f}, {hi:.0f}] | {100 * r['over_slo']:.1f} % | "
                          f"{fired_s} | {r['server_p99_ms']:.1f} | "
-                         f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} |")
+                         f"{r['mean_batch']:.2f} | {r['mj_per_request']:.1f} | "
+                         f"{r.get('client_lag_p99_ms', math.nan):.1f}, {r.get('client_gc_full', 0)} "
+                         f"({r.get('client_gc_max_ms', 0.0):.0f}) |")
     for name in names:
         m = res[name]["metrics"]
         extra = f", swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}" if m else ""
@@ -556,7 +609,11 @@ def main() -> int:
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
                     "the batcher (ms)")
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
+    ap.add_argument("--gc", choices=("freeze", "default"), default=HEAP["gc"], help="freeze: gc.freeze() this "
+                    "process's heap before each setting's load, so that a full garbage collection no longer stops the "
+                    "client for tens of ms (default); default: Python's collector untouched")
     a = ap.parse_args()
+    HEAP["gc"] = a.gc
     if a.stationary:
         PHASES[:] = [f"{k + 1} steady" for k in range(5)]
         RATES[:] = [(1, 1)] * 5

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import math
 import os
@@ -51,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from bench_autopilot import LAM0, PHASES, p99_ci, trace  # noqa: E402
+from bench_autopilot import HEAP, LAM0, PHASES, FullCollections, p99_ci, trace  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher, PolicyTable  # noqa: E402
 
@@ -170,32 +169,22 @@ async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counte
         while not stop.wait(0.05):
             board.append(counter.state())
 
-    pauses: list = []  # (time.time() s at its end, ms) of every full (generation 2) garbage collection
-    began = [0.0]
-
-    def on_gc(what, info):
-        if what == "start":
-            began[0] = time.perf_counter()
-        elif info["generation"] == 2:
-            pauses.append((time.time(), (time.perf_counter() - began[0]) * 1e3))
-
     sampler = threading.Thread(target=watch, daemon=True)
     sampler.start()
-    gc.callbacks.append(on_gc)
     try:
-        async with DynamicBatcher(infer, policy, max_wait_ms=wait) as batcher:
-            ctl = asyncio.ensure_future(clock())
-            sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0,
-                                                 max_seconds=len(PHASES) * seconds + 5)
-            await ctl
+        with FullCollections() as collections:  # --gc freeze: the heap frozen first
+            async with DynamicBatcher(infer, policy, max_wait_ms=wait) as batcher:
+                ctl = asyncio.ensure_future(clock())
+                sent, done, _, errors = await replay(lambda i: batcher.submit(i), arr, 1.0,
+                                                     max_seconds=len(PHASES) * seconds + 5)
+                await ctl
     finally:
-        gc.callbacks.remove(on_gc)
         stop.set()
         sampler.join()
     model.slow = False
     return {"sent": sent, "done": done, "start": start, "end": end, "batches": batches, "edges": edges,
             "errors": errors, "scheduled": (arr - arr[0]) / 1e3 + np.nanmin(sent), "board": board,
-            "gc_pauses": pauses}
+            "gc": collections}
 
 
 def p99(x) -> float:
@@ -223,7 +212,7 @@ def summarise(run: dict, phase, slo: float, lat_profile, counter_ok: bool) -> li
         st = [x for x in run["board"] if t_lo <= x[0] < t_hi]
         clk, temp, watts = (np.array([x[i] for x in st], dtype=np.float64) for i in (1, 2, 3))
         bits = np.array([x[4] for x in st], dtype=np.int64)
-        gcs = [ms for t, ms in run["gc_pauses"] if t_lo <= t < t_hi]
+        gcs = run["gc"].within(t_lo, t_hi)
         rows.append({"phase": name, "requests": int(sel.sum()), "answered": int(np.isfinite(run["done"][sel]).sum()),
                      "p99_ms": float(np.percentile(x[ok], 99)) if ok.any() else math.nan,
                      "p99_ci_ms": p99_ci(x[ok]),
@@ -298,11 +287,8 @@ def main() -> int:
                  "measure": {k: meta.get(k) for k in ("energy_source", "energy_method", "idle_power_w",
                                                       "idle_power_readings_w", "elapsed_s", "libraries", "method")},
                  "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
-    out["gc"] = args.gc
+    out["gc"] = HEAP["gc"] = args.gc
     for name in args.only.split(","):
-        if args.gc == "freeze":  # everything alive now (framework, model, profile, trace) is left out of collections
-            gc.collect()
-            gc.freeze()
         pilot = None
         if name == "tuned triton":
             policy, wait = PolicyTable(triton_table(rule.maxb, tuple(rule.pref)), prob.batch_sizes), rule.delay
