@@ -431,7 +431,7 @@ def test_a_tighter_plan_rolled_back_gives_back_its_excess_and_rests_the_learning
     ap.observe_response(np.full(200, 45.0))  # and it does worse: rolled back
     m = ap.metrics
     assert m.rollbacks == 1 and ap.plan is first
-    assert m.excess_ms == pytest.approx(SLO - first.target_ms) and ap._margin == 0.0  # back, and no margin
+    assert m.excess_ms == pytest.approx(SLO - first.target_ms) and ap._margin.ms == 0.0  # back, and no margin
     calls = len(solver.calls)
     for _ in range(5):  # 30 s of rest: the excess is not learned, nothing re-solves
         clock.t += 5.0

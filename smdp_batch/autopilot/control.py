@@ -160,3 +160,27 @@ class BreachTest:
 
     def reset(self) -> None:
         self.s, self.n = 0.0, 0
+
+
+class Margin:
+    """What the plans after a rollback keep below their target (ms): the overshoot seen (observed − planned p99),
+    capped; halved by each swap that holds (:meth:`halve`) and every ``half_life_s`` of the clock, since at low loads
+    a watch takes minutes, and one overshoot (a hiccup of the server's path, the onset of a change) says little about
+    the traffic after it."""
+
+    def __init__(self, half_life_s: float = 15.0):
+        self.half_life_s, self.ms, self._at = float(half_life_s), 0.0, 0.0  # ms: as of the last look, clock s
+
+    def at(self, now: float) -> float:
+        """The margin at clock time ``now`` (s), ms; below 0.1 ms it is gone."""
+        if self.ms > 0.0:
+            m = self.ms * 0.5 ** (max(now - self._at, 0.0) / self.half_life_s)
+            self.ms, self._at = (m if m >= 0.1 else 0.0), now
+        return self.ms
+
+    def raise_to(self, ms: float, now: float, cap_ms: float) -> None:
+        """At least ``ms`` from ``now`` on (a new overshoot), at most ``cap_ms``."""
+        self.ms, self._at = min(max(self.at(now), float(ms)), cap_ms), now
+
+    def halve(self) -> None:
+        self.ms *= 0.5

@@ -34,32 +34,29 @@ puts that plan back, judged at this load: simulated here (the default solver giv
 showed over its plan; else its last window.  ``watch`` clean windows later the new plan is the last good.  A plan put
 back that was made for another load (λ̂'s band excludes its λ) is re-planned by a solve due at once, with the margin.
 
-When no table meets the target at λ̂ (counted as ``infeasible``, retried with the back-off below), the solver's best
-effort there still goes live when it has one: :func:`~smdp_batch.autopilot.plan.slo_plan` offers the greedy table when
-its simulated p99 at λ̂ is below the live plan's, since a plan made for another load is the worse effort (the rollback
-watch then judges it as any swap).
+When no table meets the target at λ̂ (``infeasible``, retried with the back-off below), the solver's best effort there
+goes live when it has one (:func:`~smdp_batch.autopilot.plan.slo_plan`: the greedy table, when its simulated p99 at λ̂
+is below the live plan's, made for another load), judged by the rollback watch as any swap.
 
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch sizes)
 or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
 run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the stable rate
-Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted in :class:`AutopilotMetrics` and logged as
-one JSON line on the ``smdp_batch`` logger. A failed or infeasible solve (or an out-of-range estimate) is retried after
+Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted (:class:`AutopilotMetrics`), logged (JSON). A failed or infeasible solve (or an out-of-range estimate) is retried after
 max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan backs off the same
 way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a change of rate ends both.
 A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
 counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
-after it keep a margin of its overshoot (observed − planned p99, ≤ 25 % of SLO − overhead), halved by each swap that
-holds, each halving a re-plan while it moves the target by over max(2 ms, 5 % of the SLO) — unless it planned tighter
-than the plan put back (a learned excess): its smaller batches raised what no plan models (a host short of CPU), so the
-excess returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone: a step back counts
-as no time passing; a step forward may time out a solve. With ``solve_in="clock"`` a solve takes ``solve_seconds`` of
-that clock: the Autopilot runs inside the simulator on a simulated clock (:mod:`~smdp_batch.autopilot.simulated`).
+after it keep a margin of its overshoot (:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap
+that holds and every 15 s), each move of the target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned
+tighter than the plan put back (a learned excess): its smaller batches raised what no plan models (a host short of
+CPU), so the excess returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone (a step
+back: no time passed); with ``solve_in="clock"`` a solve takes ``solve_seconds`` of it (:mod:`.simulated`'s mode).
 
-The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba,
-scipy) in the solve process, the first plan's too (a full garbage collection over numba's objects in the serving
-process stalled every request in flight 50-70 ms).  One idea, the Autopilot's state machine: hooks, solve schedule,
-plans and rollback watch share one state under one lock, and a batch is decided by one read of the live plan; the
-rest stands beside it (responses, estimators, energy meter, plan and solver, solve process, metrics).
+The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba, scipy)
+in the solve process, the first plan's too (a full garbage collection over numba's objects stalled serving 50-70 ms).
+One idea, the Autopilot's state machine: hooks, solve schedule, plans and rollback watch share one state under one
+lock, and a batch is decided by one read of the live plan; the rest stands beside it (responses, estimators, energy
+meter, plan and solver, solve process, metrics).
 """
 
 from __future__ import annotations
@@ -79,7 +76,7 @@ import numpy as np
 from ..limits import SLO_MAX_MS
 from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
-from .control import BreachTest, TimerControl
+from .control import BreachTest, Margin, TimerControl
 from .hooks import never_raises as _never_raises
 from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
 from .report import EVENT_PREFIX, AutopilotMetrics
@@ -118,9 +115,8 @@ class Autopilot:
     the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
     + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen live
     among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
-    ``served``: what the server adds, measured (``ServedDelay.load`` of ``smdp-batch calibrate``'s file): the default
-    solver plans served p99s with it, so feed end-to-end times (``observe_served``) and leave ``overhead_ms`` for what
-    even those leave out."""
+    ``served``: what the server adds (``ServedDelay.load`` of ``smdp-batch calibrate``'s file): the default solver plans
+    served p99s with it; feed end-to-end times (``observe_served``), ``overhead_ms`` for what even those leave out."""
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
     _proc: Any  # the solve process (solve_in="process")
@@ -190,7 +186,7 @@ class Autopilot:
         self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
-        self._excess, self._arrivals, self._margin = 0.0, 0, 0.0  # learned excess (ms); arrivals since a λ̂ check; margin
+        self._excess, self._arrivals, self._margin = 0.0, 0, Margin()  # learned excess (ms); arrivals since a λ̂ check
         self._c = dict(swaps=0, rollbacks=0, failed_solves=0, infeasible=0, out_of_range=0, solves=0, late_results=0,
                        best_effort=0, kept=0)
         self._hook_errors, self._proc, self._last_solve_s, self._event = 0, None, math.nan, "start"  # hooks that raised
@@ -369,14 +365,15 @@ class Autopilot:
                     self._excess = min(self._excess, self._live_excess())  # the plan put back is live
                     self._rest_until = self._now() + _EXCESS_REST_S
                 else:
-                    self._margin = min(max(self._margin, p99 - live.p99_ms), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
+                    self._margin.raise_to(p99 - live.p99_ms, self._now(), _MARGIN_MAX * (self.slo_ms - self.overhead_ms))
                 self._dirty = self._dirty or ("rollback" if self._off_rate(back) else None)  # planned for another load
                 self._count("rollbacks", "rollback", table=live.id, to=self._live.id, observed_p99_ms=p99, blocked=[lo, hi])
             else:
                 self._watch_ok += 1
                 self._breach.reset()
                 if self._watch_ok >= self.watch:  # it holds: half the margin, which must not stay for ever
-                    self._good, self._previous, self._watching, self._margin = live, None, False, 0.5 * self._margin
+                    self._good, self._previous, self._watching = live, None, False
+                    self._margin.halve()
                     self._moved("margin")
 
     def _learn(self) -> bool:
@@ -401,7 +398,7 @@ class Autopilot:
 
     def _target(self) -> float:
         """The p99 the next solve plans for (ms): the SLO less the overhead budget, the learned excess, the margin."""
-        return max(self.slo_ms - self.overhead_ms - self._excess - self._margin, 1e-3)
+        return max(self.slo_ms - self.overhead_ms - self._excess - self._margin.ms, 1e-3)
 
     # ------------------------------------------------------------------ solving
     def _now(self) -> float:
@@ -438,6 +435,9 @@ class Autopilot:
                     elif job.thread is not None:
                         self._abandoned.append(job.thread)
                     self._failed(now, "solve-timeout", seconds=now - job.start)
+                if self._job is None and self._dirty is None and self._margin.at(now) and \
+                        self._target() - self._live.target_ms > max(2.0, 0.05 * self.slo_ms):
+                    self._dirty = "margin"  # the margin decayed: a plan it made too tight re-plans
                 if self._job is None and self._dirty is not None and now >= self._not_before:
                     self._start(now)
         except Exception as exc:  # noqa: BLE001 - a hook never stops serving
