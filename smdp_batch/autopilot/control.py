@@ -41,6 +41,11 @@ S ← max(0, S + ln(p₁/p₀)) for a breach, S ← max(0, S + ln((1 − p₁)/(
 responses: a plan with 10 % over is judged after about 100 responses, one at 1 % goes on to its windows (from
 h, a run of that length under p₀ is about 1/1000 as likely as under p₁).
 
+**The margin after a rollback** (:class:`Margin`): the overshoot seen (observed − planned p99), which the plans
+after it keep below their target, halved by each swap that holds and every 15 s: at 10 requests/s a watch of 600
+responses takes a minute, and one overshoot (a hiccup of the server's path, a change's onset) says little about the
+traffic after it.
+
 numpy only; not thread-safe by itself (the Autopilot holds its lock around every call).
 """
 
@@ -51,7 +56,7 @@ import math
 
 import numpy as np
 
-__all__ = ["BreachTest", "TimerControl"]
+__all__ = ["BreachTest", "Margin", "TimerControl"]
 
 
 class TimerControl:
@@ -163,10 +168,14 @@ class BreachTest:
 
 
 class Margin:
-    """What the plans after a rollback keep below their target (ms): the overshoot seen (observed − planned p99),
-    capped; halved by each swap that holds (:meth:`halve`) and every ``half_life_s`` of the clock, since at low loads
-    a watch takes minutes, and one overshoot (a hiccup of the server's path, the onset of a change) says little about
-    the traffic after it."""
+    """What the plans after a rollback keep below their target (ms; module doc): the overshoot seen, capped; halved by
+    each swap that holds (:meth:`halve`) and every ``half_life_s`` of the clock (s).
+
+    >>> m = Margin()
+    >>> m.raise_to(20.0, now=0.0, cap_ms=12.5)
+    >>> m.at(15.0), m.at(30.0)
+    (6.25, 3.125)
+    """
 
     def __init__(self, half_life_s: float = 15.0):
         self.half_life_s, self.ms, self._at = float(half_life_s), 0.0, 0.0  # ms: as of the last look, clock s
