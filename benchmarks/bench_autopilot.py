@@ -71,7 +71,8 @@ collection), as Ray Serve's replicas freeze theirs; ``--gc default`` leaves Pyth
 ``--simulated`` runs the same trace and settings in the simulator (:mod:`smdp_batch.autopilot.simulated`), on a
 simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
 problem: deterministic) × 1.5 in phase 4, each response ``--sim-outside-ms`` more (the server's and the client's
-own time), each Autopilot solve ``--sim-solve-seconds`` of simulated time; beside the four settings, the
+own time; with ``--served FILE``, what that calibration measured instead: l(b) as served, a + c·b per batch, the
+return per position and the outside delay of the load), each Autopilot solve ``--sim-solve-seconds`` of simulated time; beside the four settings, the
 Autopilot without its closed loop (``control=False``), and the Autopilot on Triton's batcher (its plans Triton's
 rule run as a table + timer, told the end-to-end times as the bank's client is).  The tuned server rule is Triton's
 batcher there: serve 32 at once, else everything waiting once the oldest has waited the tuned delay, padded up to
@@ -496,7 +497,7 @@ def table(server: str, res: dict) -> str:
     return "\n".join(lines)
 
 
-def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: float) -> dict:
+def run_simulated(seconds: float, seeds: range, outside_ms, solve_s: float) -> dict:
     """The settings in the simulator (module doc): per setting, the rows of each seed and the Autopilot's events."""
     from smdp_batch.autopilot import Autopilot, slo_plan
     from smdp_batch.autopilot.control import TimerControl
@@ -539,9 +540,11 @@ def run_simulated(seconds: float, seeds: range, outside_ms: float, solve_s: floa
     return out
 
 
-def sim_table(res: dict, outside_ms: float, solve_s: float) -> str:
+def sim_table(res: dict, outside_ms, solve_s: float) -> str:
     n = len(res[SIM_SETTINGS[0]]["rows"])
-    lines = [f"\nsimulated ({n} seeds; tuned server = Triton's batcher, {res['_tuned']}; outside {outside_ms:g} ms per "
+    outside = f"outside {outside_ms:g} ms per" if isinstance(outside_ms, (int, float)) else \
+        f"the calibrated server ({outside_ms.source.get('server', '?')}, {outside_ms.source.get('date', '?')}) adding to each"
+    lines = [f"\nsimulated ({n} seeds; tuned server = Triton's batcher, {res['_tuned']}; {outside} "
              f"response; a solve {solve_s:g} s; p99 SLO {SLO:g} ms)\n",
              "| phase | setting | p99 ms (mean over seeds) [range] | > SLO (mean) | mean batch | mJ/request |",
              "|---|---|---:|---:|---:|---:|"]
@@ -588,7 +591,9 @@ def main() -> int:
     ap.add_argument("--overhead-ms", type=float, default=OVERHEAD["ms"],
                     help="the SLO's share left to the transport: every setting plans p99 ≤ SLO − this (ms)")
     ap.add_argument("--served", help="the served-delay file (smdp-batch calibrate) that \"autopilot on Ray's batcher with "
-                    "the served model\" plans with")
+                    "the served model\" plans with; with --simulated, what the simulated server adds (its l(b) as "
+                    "served, per-batch time, return per position and outside delay per load) instead of "
+                    "--sim-outside-ms")
     ap.add_argument("--lam", type=float, default=LAM0["per_ms"], help="λ0, requests/ms (default 0.1: 100/s)")
     ap.add_argument("--model", choices=("heavy", "light", "standin"), default="heavy",
                     help="heavy: the MLP 4× per batch (7-24 ms, onnx_mlp_x4_cpu.csv); light: once (0.7-2 ms); standin: "
@@ -678,8 +683,17 @@ def main() -> int:
         SETTINGS[:] = [x for x in SETTINGS if x not in EXTRA]
     if a.simulated:
         t0 = time.perf_counter()
-        res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), a.sim_outside_ms, a.sim_solve_seconds)
-        print(sim_table(res, a.sim_outside_ms, a.sim_solve_seconds))
+        outside = a.sim_outside_ms
+        if a.served:  # the simulated server adds what the calibrated one was measured to add
+            from smdp_batch.model.served import ServedDelay
+
+            try:
+                outside = ServedDelay.load(a.served)
+            except (OSError, InputError) as e:
+                print(f"--served: {e}", file=sys.stderr)
+                return 2
+        res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), outside, a.sim_solve_seconds)
+        print(sim_table(res, outside, a.sim_solve_seconds))
         if FIXED:
             print(hindsight([{k: {"rows": res[k]["rows"][i]} for k in SIM_SETTINGS} for i in range(a.repeats)]))
         print(f"\n{time.perf_counter() - t0:.0f} s in all")

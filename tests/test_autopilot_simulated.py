@@ -94,6 +94,36 @@ def test_a_per_batch_time_holds_the_instance_after_each_batch_unseen_by_the_hook
         simulate(t, p, [Phase(1.0, p.lam)], per_batch_ms=-1.0)
 
 
+def test_a_calibrated_served_delay_adds_its_return_per_position_its_outside_draw_at_the_load_and_its_batch_times():
+    """With ``outside_ms`` a ServedDelay (``smdp-batch calibrate``'s file) the simulated server adds what that real
+    one was measured to add: against the same trace without it, each response is later by k·r (the k-th of its
+    batch) plus a draw of the outside delay at the calibrated load nearest at or above the traffic's rate (here one
+    value per load: 3 ms at 20 req/s, 7 ms at 100 req/s); batches take l(b) as served and hold the instance a + c·b
+    more."""
+    from smdp_batch.model.served import ServedDelay
+
+    p = BatchingProblem.basic(rho=0.3, service=Deterministic())
+    t = table(control(4), p, timer=10.0)
+    phases = [Phase(3.0, 0.015), Phase(3.0, 0.08)]  # 15 req/s (drawn at 20), then 80 req/s (at 100)
+    cal = ServedDelay(0.0, 0.0, 0.25, (20.0, 100.0), (np.array([3.0]), np.array([7.0])))
+    plain, served = simulate(t, p, phases, seed=4), simulate(t, p, phases, seed=4, outside_ms=cal)
+    np.testing.assert_array_equal(plain.batch_start_ms, served.batch_start_ms)  # no hold, no l(b) change: same batches
+    extra = served.response_ms - plain.response_ms
+    for k, outside in ((0, 3.0), (1, 7.0)):
+        pos = (extra[plain.phase == k] - outside) / 0.25  # the position in the batch: 0, 1, 2, …
+        np.testing.assert_allclose(pos, np.round(pos), atol=1e-9)
+        assert pos.min() == pytest.approx(0.0) and 1 <= pos.max() <= p.batch_sizes[-1] - 1
+    held = ServedDelay(2.0, 0.5, 0.0, (20.0,), (np.array([0.0]),),
+                       served_latency_ms={b: 9.0 + 0.1 * b for b in p.batch_sizes})
+    run = simulate(t, p, [Phase(3.0, 0.05)], seed=4, outside_ms=held)
+    assert run.batch_ms.size > 50
+    np.testing.assert_allclose(run.batch_ms, 9.0 + 0.1 * run.batch_size)  # l(b) as that server ran it
+    gaps = run.batch_start_ms[1:] - (run.batch_start_ms[:-1] + run.batch_ms[:-1])
+    assert np.all(gaps >= 2.0 + 0.5 * run.batch_size[:-1] - 1e-9)  # each batch holds the instance a + c·b more
+    with pytest.raises(ValueError, match="ServedDelay"):
+        simulate(t, p, phases, outside_ms="3 ms")
+
+
 def test_phases_give_poisson_counts_and_a_ramp_its_shape():
     ph = [Phase(100.0, 0.2), Phase(100.0, 0.6, 0.0)]
     t, k = arrivals(ph, seed=3)

@@ -21,7 +21,11 @@
   or a draw per response), which the end-to-end times recorded include and the policy's hooks do not see: they get
   each request's time from its arrival to its batch's end, as the batcher's hooks report it (an Autopilot budgets
   the rest as ``overhead_ms``, or with ``served=True`` is told the end-to-end times, as the server integrations
-  tell it theirs).
+  tell it theirs);
+* or ``outside_ms`` is what a real server was measured to add (a :class:`~smdp_batch.model.served.ServedDelay`,
+  ``smdp-batch calibrate``'s file): batches take l(b) as that server ran them and hold the instance a + c·b more,
+  the k-th response of a batch leaves k·r after the first, and each response draws an outside delay from the
+  sample of the calibrated load nearest at or above the traffic's rate at its batch's end.
 
 An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
 ``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
@@ -29,7 +33,7 @@ passed here) and ``solve_in="clock"``, it reads the simulated time, each solve r
 starts it and goes live ``solve_seconds`` of simulated time later: the run is deterministic for a seed, and
 controller designs can be compared on one trace in seconds.  What the simulation leaves out: the host's CPU
 (a solve does not slow the batches beside it, though the Autopilot still leaves them out of l̂(b)), and any
-delay of the server's own beyond ``outside_ms``.
+delay of the server's own beyond ``outside_ms`` (a calibration draws each part independently, at its load).
 
 Units: times in ms (``clock`` in s, as the Autopilot's), energy in mJ, rates in requests per ms.
 """
@@ -176,13 +180,13 @@ class _Events(logging.Handler):
 
 
 def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
-             outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] = 0.0,
+             outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] | Any = 0.0,
              max_wait_ms: float | str | None = "auto", short_batch: str = "auto", per_batch_ms: float = 0.0,
              served: bool = False) -> SimRun:
     """Serve ``phases`` of Poisson traffic with ``policy`` on one simulated instance of ``problem``'s server (its
     service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
-    draws); ``max_wait_ms`` and ``short_batch`` ("serve", "pad-up", or "auto": the table's own): as
+    draws), or a :class:`~smdp_batch.model.served.ServedDelay` (module doc); ``max_wait_ms`` and ``short_batch`` ("serve", "pad-up", or "auto": the table's own): as
     :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``served``: an Autopilot is also told each response's
     end-to-end time (``observe_served``, at its batch's end), as a server integration that records them does.
     ``batch_size`` records the requests of each batch; its time and energy are those of the size it
@@ -203,8 +207,13 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
         raise ValueError(f"max_wait_ms must be 'auto', None or a number of ms ≥ 0, got {max_wait_ms!r}")
     if not (isinstance(per_batch_ms, (int, float)) and math.isfinite(per_batch_ms) and per_batch_ms >= 0):
         raise ValueError(f"per_batch_ms must be a finite number of ms ≥ 0, got {per_batch_ms!r}")
-    if not callable(outside_ms) and not (math.isfinite(float(outside_ms)) and float(outside_ms) >= 0):
-        raise ValueError(f"outside_ms must be a finite number of ms ≥ 0 or a function (rng, n) → ms, got {outside_ms!r}")
+    calibrated: Any = outside_ms if callable(getattr(outside_ms, "outside_at", None)) else None
+    if calibrated is not None:  # l(b) as that server ran it; its a + c·b and k·r below
+        problem = calibrated.apply(problem)
+    elif not callable(outside_ms) and not (isinstance(outside_ms, (int, float)) and math.isfinite(outside_ms)
+                                           and outside_ms >= 0):
+        raise ValueError(f"outside_ms must be a finite number of ms ≥ 0, a function (rng, n) → ms or a ServedDelay "
+                         f"(smdp-batch calibrate's file), got {outside_ms!r}")
     phases = tuple(phases)
     arr, ph_of = arrivals(phases, seed)
     clock = clock or SimClock()
@@ -298,7 +307,14 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             arrive(end)  # the arrivals during the batch
             t = end
             clock.t = t / 1e3
-            extra = outside_ms(rng_o, b) if callable(outside_ms) else np.full(b, float(outside_ms))
+            if calibrated is not None:  # k·r for the k-th of the batch, and a draw at the traffic's rate now
+                ph = phases[k]
+                frac = (t - (ends[k] - ph.seconds * 1e3)) / (ph.seconds * 1e3)
+                rate = ph.rate if ph.end_rate is None else ph.rate + (ph.end_rate - ph.rate) * min(max(frac, 0.0), 1.0)
+                sample = calibrated.outside_at(rate)
+                extra = calibrated.return_ms * np.arange(b) + sample[rng_o.integers(0, sample.size, b)]
+            else:
+                extra = outside_ms(rng_o, b) if callable(outside_ms) else np.full(b, float(outside_ms))
             idx = np.asarray(batch, dtype=np.int64)
             resp[idx] = end - arr[idx] + np.asarray(extra, dtype=np.float64).reshape(b)
             if on_batch is not None:
@@ -312,9 +328,10 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             b_size.append(b)
             b_mj.append(z_of[run_as] * slow[k])
             b_ph.append(k)
-            if per_batch_ms > 0:  # the instance stays busy, unseen: arrivals meanwhile wait for it
-                arrive(t + per_batch_ms)
-                t += per_batch_ms
+            hold = per_batch_ms + (float(calibrated.per_batch_ms(run_as)) if calibrated is not None else 0.0)
+            if hold > 0:  # the instance stays busy, unseen: arrivals meanwhile wait for it
+                arrive(t + hold)
+                t += hold
     finally:
         logger.removeHandler(events)
         logger.setLevel(level)
