@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import time
 
 import numpy as np
@@ -151,8 +152,10 @@ def main() -> None:
     ap.add_argument("--ray-timeout-s", type=float, default=0.0, help="its batch_wait_timeout_s (model time)")
     a = ap.parse_args()
     ray = (a.ray_max, a.ray_timeout_s * a.scale) if a.ray_max else None
-    uvicorn.run(build_app(a.policy, a.scale, a.seed, ray), host="127.0.0.1", port=a.port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    app = build_app(a.policy, a.scale, a.seed, ray)
+    gc.collect()  # the app is built: freeze what is alive, so that a full garbage collection no longer walks it and
+    gc.freeze()  # stops the event loop (docs/how-to/runtime.md)
+    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":
