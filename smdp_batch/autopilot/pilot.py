@@ -41,9 +41,10 @@ is below the live plan's, made for another load), judged by the rollback watch a
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch sizes)
 or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
 run at once and a late result is dropped), and an estimate out of range (λ̂ at or above 98 % of the stable rate
-Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted (:class:`AutopilotMetrics`), logged (JSON). A failed or infeasible solve (or an out-of-range estimate) is retried after
-max(``min_interval_s``, 0.1 s) × 2^(failures in a row), ≤ 300 s; a solve that keeps the live plan backs off the same
-way, 2^(kept in a row), so that stationary noise does not re-solve every ``min_interval_s``; a change of rate ends both.
+Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted and logged (a JSON line). A failed or
+infeasible solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
+≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise does not
+re-solve every ``min_interval_s``; a change of rate ends both.
 A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
 counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
 after it keep a margin of its overshoot (:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap
@@ -115,8 +116,8 @@ class Autopilot:
     the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
     + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen live
     among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
-    ``served``: what the server adds (``ServedDelay.load`` of ``smdp-batch calibrate``'s file): the default solver plans
-    served p99s with it; feed end-to-end times (``observe_served``), ``overhead_ms`` for what even those leave out."""
+    ``served``: what the server adds (``ServedDelay.load`` of ``calibrate``'s file), which the default solver plans
+    served p99s with: feed it end-to-end times (``observe_served``); ``overhead_ms``: what even those leave out."""
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
     _proc: Any  # the solve process (solve_in="process")

@@ -186,8 +186,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     """Serve ``phases`` of Poisson traffic with ``policy`` on one simulated instance of ``problem``'s server (its
     service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
-    draws), or a :class:`~smdp_batch.model.served.ServedDelay` (module doc); ``max_wait_ms`` and ``short_batch`` ("serve", "pad-up", or "auto": the table's own): as
-    :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``served``: an Autopilot is also told each response's
+    draws), or a :class:`~smdp_batch.model.served.ServedDelay` (module doc); ``max_wait_ms`` and ``short_batch``
+    ("serve", "pad-up", or "auto": the table's own): as :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``served``: an Autopilot is also told each response's
     end-to-end time (``observe_served``, at its batch's end), as a server integration that records them does.
     ``batch_size`` records the requests of each batch; its time and energy are those of the size it
     ran as (padded up, where it was)."""
