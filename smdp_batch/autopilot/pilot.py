@@ -28,11 +28,10 @@ kept, not swapped; the default solver also simulates the live plan on the same a
 one saves 2 % of its power); the swap is one reference assignment, and ``decide(n)`` reads that reference once, so
 every batch is decided wholly by one table.
 
-Rollback: after a swap, the response times of the next requests (after ``grace`` of them) are watched in windows of
-``window``; a window whose p99 exceeds SLO − ``overhead_ms``, and the plan it replaced, each by more than ``tolerance``,
-puts that plan back, judged at this load: simulated here (the default solver gives it) plus the excess its last window
-showed over its plan; else its last window.  ``watch`` clean windows later the new plan is the last good.  A plan put
-back that was made for another load (λ̂'s band excludes its λ) is re-planned by a solve due at once, with the margin.
+Rollback: after a swap, the next responses (after ``grace``) are watched in windows of ``window``; one whose p99 exceeds
+SLO − ``overhead_ms`` and the replaced plan's (at this load: simulated by the default solver, plus the excess its last
+window showed; else its last window), each by over ``tolerance``, puts that plan back; ``watch`` clean windows make the
+new one the last good. A plan put back that was made for another load (λ̂'s band excludes its λ) re-plans at once.
 
 When no table meets the target at λ̂ (``infeasible``, retried with the back-off below), the solver's best effort there
 goes live when it has one (:func:`~smdp_batch.autopilot.plan.slo_plan`: the greedy table, when its simulated p99 at λ̂
