@@ -66,7 +66,8 @@ per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile 
 p99s as if the server had taken them: the p99 of its lag behind the send schedule, and its full garbage
 collections (count and longest).  ``--gc freeze`` (the default) freezes this process's heap before each
 setting's load (``gc.freeze()``: ray's, numba's and the package's objects are then left out of every
-collection), as Ray Serve's replicas freeze theirs; ``--gc default`` leaves Python's collector alone.
+collection), as Ray Serve's replicas freeze theirs; ``--gc default`` leaves Python's collector alone (the load
+generator's freeze included: ``SMDP_BATCH_LOADGEN_FREEZE_GC=0``).
 
 ``--simulated`` runs the same trace and settings in the simulator (:mod:`smdp_batch.autopilot.simulated`), on a
 simulated clock, ``--repeats`` seeds: one instance whose batches take the profile's l(b) (the service law of the
@@ -619,6 +620,8 @@ def main() -> int:
                     "client for tens of ms (default); default: Python's collector untouched")
     a = ap.parse_args()
     HEAP["gc"] = a.gc
+    if a.gc == "default":  # the load generator's own freeze too (smdp_batch.integrations.loadgen)
+        os.environ["SMDP_BATCH_LOADGEN_FREEZE_GC"] = "0"
     if a.stationary:
         PHASES[:] = [f"{k + 1} steady" for k in range(5)]
         RATES[:] = [(1, 1)] * 5

@@ -288,6 +288,8 @@ def main() -> int:
                                                       "idle_power_readings_w", "elapsed_s", "libraries", "method")},
                  "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
     out["gc"] = HEAP["gc"] = args.gc
+    if args.gc == "default":  # the load generator's own freeze too (smdp_batch.integrations.loadgen)
+        os.environ["SMDP_BATCH_LOADGEN_FREEZE_GC"] = "0"
     for name in args.only.split(","):
         pilot = None
         if name == "tuned triton":

@@ -43,6 +43,14 @@ def test_the_heap_is_frozen_while_replay_sends_and_given_back_after():
     assert gc.get_freeze_count() == 0  # and given back
 
 
+def test_the_environment_can_leave_the_collector_alone(monkeypatch):
+    gc.unfreeze()
+    monkeypatch.setenv("SMDP_BATCH_LOADGEN_FREEZE_GC", "0")
+    seen: list = []
+    _run(np.arange(5) * 1.0, seen)
+    assert seen == [0] * 5
+
+
 def test_a_heap_the_caller_froze_or_a_collector_it_disabled_is_left_as_it_is():
     gc.unfreeze()
     gc.freeze()

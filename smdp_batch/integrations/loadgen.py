@@ -7,7 +7,8 @@ was sent and answered.  Bounded twice: by the number of arrivals and by ``max_se
 
 While it sends, the process's heap is frozen (:func:`frozen_heap`): a full garbage collection over the libraries'
 objects (numba, ray, torch: 0.05-0.2 s) would stop the sender and every answer's timestamp with it, and land in
-the measured p99 as if the server had taken it.
+the measured p99 as if the server had taken it.  ``SMDP_BATCH_LOADGEN_FREEZE_GC=0`` in the environment leaves the
+collector alone (to measure what it costs).
 
 ``compare(problem, rule, run)`` puts a measured run beside the simulator's prediction for **the same
 stream**: the times the requests were actually sent (or, where the server reports it, reached the batcher),
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import gc
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ class Run:
     notes: dict = field(default_factory=dict)
 
 
+FREEZE_ENV = "SMDP_BATCH_LOADGEN_FREEZE_GC"  # "0": replay leaves the collector alone
 _HEAP = {"depth": 0, "ours": False}
 _HEAP_LOCK = threading.Lock()
 
@@ -63,10 +66,11 @@ def frozen_heap():
     ``gc.collect()``), and are put back on exit (``gc.unfreeze()``): a bounded load's sender then stops for young
     collections only, not for a full one over every library's objects.  Nested and concurrent uses (threads
     included) share one freeze, undone by the last to leave.  A heap the caller froze already, or a collector it
-    disabled, is left as it is."""
+    disabled, is left as it is; so is every heap with ``SMDP_BATCH_LOADGEN_FREEZE_GC=0`` in the environment."""
     with _HEAP_LOCK:
         if _HEAP["depth"] == 0:
-            _HEAP["ours"] = gc.isenabled() and gc.get_freeze_count() == 0
+            _HEAP["ours"] = gc.isenabled() and gc.get_freeze_count() == 0 and \
+                os.environ.get(FREEZE_ENV, "1").strip() != "0"
             if _HEAP["ours"]:
                 gc.collect()
                 gc.freeze()
