@@ -377,6 +377,8 @@ class TritonPythonModel:
         self.stop.set()
         try:
             if hasattr(self.pilot, "metrics"):
+                if self.writer.is_alive():  # its last write first: two writers would race for the one temporary file
+                    self.writer.join(10.0)
                 self.pilot.join(10.0)
                 self._write_metrics()
         finally:
