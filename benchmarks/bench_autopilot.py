@@ -49,8 +49,8 @@ Four settings per server, each on the same arrival times, each planning p99 ≤ 
   every load of the trace at once (0.2, 1 and 3 × λ0, as ``export --load-range`` does): the static setting
   tuned for the whole trace's traffic;
 * ``Triton at X ms`` (Triton and ``--simulated``, ``--static-delays X,Y,…``) — Triton's batcher at max batch 32 and
-  each fixed delay of the grid, and ``Ray at X ms`` (Ray) Ray's ``serve.batch`` at max batch 32 and that
-  ``batch_wait_timeout_s``: the static settings to find the best one in hindsight, the least energy over the trace
+  each fixed delay of the grid, and ``Ray at X ms`` (Ray and ``--simulated``: ``simulate_ray``) Ray's ``serve.batch``
+  at max batch 32 and that ``batch_wait_timeout_s``: the static settings to find the best one in hindsight, the least energy over the trace
   among those within 1 % over the SLO in every phase, against each Autopilot setting of the run (printed after the
   tables; over several runs' ``--json`` files with ``--combine``, for each server the files share);
 * ``λ-bank`` — an AdaptivePolicy over SLO tables solved at 0.2, 0.35, 0.6, 1, 1.7 and 3 × λ0;
@@ -502,7 +502,7 @@ def run_simulated(seconds: float, seeds: range, outside_ms, solve_s: float) -> d
     """The settings in the simulator (module doc): per setting, the rows of each seed and the Autopilot's events."""
     from smdp_batch.autopilot import Autopilot, slo_plan
     from smdp_batch.autopilot.control import TimerControl
-    from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
+    from smdp_batch.autopilot.simulated import Phase, SimClock, simulate, simulate_ray
     from smdp_batch.runtime import PolicyTable
     from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
 
@@ -532,8 +532,11 @@ def run_simulated(seconds: float, seeds: range, outside_ms, solve_s: float) -> d
             fixed = static_batching(name)
             policy = triton_at(fixed[1] / 1e3) if fixed else {"tuned server": triton, "λ-bank": bank,
                                                                "static table": pilot.table}.get(name, pilot)
-            run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms, served=on_triton,
-                           short_batch="pad-up" if name == "tuned server" or fixed else "auto")  # a plan's own form
+            if fixed and name.startswith(STATIC_PREFIX["ray"]):  # Ray's batcher closes batches on its own timer
+                run = simulate_ray(p, phases, fixed[0], fixed[1] / 1e3, seed=seed, outside_ms=outside_ms)
+            else:
+                run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms, served=on_triton,
+                               short_batch="pad-up" if name == "tuned server" or fixed else "auto")  # a plan's own form
             rows.append(run.summary(SLO))
             events.append([e["event"] for e in run.events] if name.startswith("autopilot") else [])
         out[name] = {"rows": rows, "events": events}
@@ -652,13 +655,12 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         for x in grid:
-            for server, prefix in STATIC_PREFIX.items():
+            for prefix in STATIC_PREFIX.values():
                 name = f"{prefix}{x:g} ms"
                 FIXED[name] = x
                 SETTINGS.append(name)
                 KIND[name] = "none"
-                if server == "triton":  # the simulator runs Triton's rule
-                    SIM_SETTINGS.append(name)
+                SIM_SETTINGS.append(name)  # the simulator runs Triton's rule and Ray's (simulate_ray)
     SERVED["path"] = a.served
     if "autopilot on Ray's batcher with the served model" in (a.only or "") and not a.served:
         raise SystemExit("\"autopilot on Ray's batcher with the served model\" needs --served FILE (smdp-batch calibrate's file)")

@@ -124,6 +124,29 @@ def test_a_calibrated_served_delay_adds_its_return_per_position_its_outside_draw
         simulate(t, p, phases, outside_ms="3 ms")
 
 
+def test_rays_batcher_on_the_simulated_clock_answers_as_the_product_simulator_of_rays_rule():
+    """``simulate_ray`` (Ray 2.60's ``serve.batch``: a batch closes on its own timer or at its size, whatever the
+    model does, and closed batches run one at a time) gives every request the response time of the product's
+    ``ray:`` rule (``analysis.simulate.response_times``, a second implementation) on the same arrivals, at loads
+    where the model is free and where it is not; with a timeout of 0 every request is its own batch."""
+    from smdp_batch.analysis.simulate import response_times
+    from smdp_batch.autopilot.simulated import simulate_ray
+    from smdp_batch.baselines.servers import ray_serve
+
+    p = BatchingProblem.basic(rho=0.3, service=Deterministic())
+    for lam, timeout in ((0.05, 20.0), (1.5, 4.0), (3.0, 12.0)):
+        run = simulate_ray(p, [Phase(4.0, lam)], 16, timeout, seed=2)
+        ref = response_times(p, ray_serve(16, timeout / 1e3), run.arrival_ms)
+        np.testing.assert_allclose(run.response_ms, ref, rtol=1e-12, atol=1e-9)
+        assert run.batch_size.max() <= 16 and run.batch_size.sum() == run.arrival_ms.size
+    alone = simulate_ray(p, [Phase(2.0, 0.5)], 16, 0.0, seed=2)
+    assert np.all(alone.batch_size == 1)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        simulate_ray(p, [Phase(1.0, 0.5)], 64, 1.0)
+    with pytest.raises(ValueError, match="timeout_ms"):
+        simulate_ray(p, [Phase(1.0, 0.5)], 8, -1.0)
+
+
 def test_phases_give_poisson_counts_and_a_ramp_its_shape():
     ph = [Phase(100.0, 0.2), Phase(100.0, 0.6, 0.0)]
     t, k = arrivals(ph, seed=3)
@@ -323,12 +346,13 @@ def test_bench_autopilot_finds_the_best_static_setting_in_hindsight(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| 1 steady | Triton at 5 ms |" in run.stdout and "| 4 steady | Triton at 30 ms |" in run.stdout
     assert "slow" not in run.stdout and "best static setting on triton in hindsight over 1 runs" in run.stdout
-    assert "Ray at" not in run.stdout  # the simulator runs Triton's rule
+    assert "| 1 steady | Ray at 5 ms |" in run.stdout  # and Ray's (simulate_ray)
     res = json.loads(out.read_text())
     rows = {k: v["rows"][0] for k, v in res.items() if not k.startswith("_")}
     energy = {k: sum(r["mj_per_request"] * r["requests"] for r in v) / sum(r["requests"] for r in v)
               for k, v in rows.items()}
     assert energy["Triton at 30 ms"] < energy["Triton at 5 ms"]  # the longer delay batches more
+    assert energy["Ray at 30 ms"] < energy["Ray at 5 ms"]
     # --combine over two saved runs with made-up results: the one within 1 % everywhere wins, on each server the
     # runs share (Ray's statics against the Autopilot on Ray's batcher)
     def saved(path, over, ray=True):

@@ -27,6 +27,9 @@
   the k-th response of a batch leaves k·r after the first, and each response draws an outside delay from the
   sample of the calibrated load nearest at or above the traffic's rate at its batch's end.
 
+:func:`simulate_ray` runs Ray Serve 2.60's ``serve.batch`` on the same trace (a batch closes on its own timer or at
+its size, whatever the model does; closed batches run one at a time, in order), which a table cannot express.
+
 An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
 ``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
 passed here) and ``solve_in="clock"``, it reads the simulated time, each solve runs at once in the hook that
@@ -51,7 +54,7 @@ import numpy as np
 from ..runtime.bound import default_max_wait_ms
 from .report import event_fields
 
-__all__ = ["Phase", "SimClock", "SimRun", "arrivals", "simulate"]
+__all__ = ["Phase", "SimClock", "SimRun", "arrivals", "simulate", "simulate_ray"]
 
 #: The most requests one simulation takes (about 100 bytes each with an Autopilot's hooks).
 MAX_REQUESTS = 5_000_000
@@ -166,6 +169,80 @@ class SimRun:
         return rows
 
 
+def _outside(outside_ms: Any, calibrated: Any, rng: np.random.Generator, ph: Phase, end_ms: float, t: float,
+             b: int) -> np.ndarray:
+    """The time outside the batcher (ms) of the b responses of a batch ending at t in phase ``ph`` (ending at
+    ``end_ms``): with a calibration, k·r for the k-th of the batch and a draw at the traffic's rate at t."""
+    if calibrated is None:
+        return np.asarray(outside_ms(rng, b) if callable(outside_ms) else np.full(b, float(outside_ms)), dtype=np.float64)
+    frac = min(max((t - (end_ms - ph.seconds * 1e3)) / (ph.seconds * 1e3), 0.0), 1.0)
+    sample = calibrated.outside_at(ph.rate if ph.end_rate is None else ph.rate + (ph.end_rate - ph.rate) * frac)
+    return calibrated.return_ms * np.arange(b) + sample[rng.integers(0, sample.size, b)]
+
+
+def _calibrated(outside_ms: Any) -> Any:
+    """The ServedDelay ``outside_ms`` is, or None (a number of ms ≥ 0 or a function; anything else refused)."""
+    if callable(getattr(outside_ms, "outside_at", None)):
+        return outside_ms
+    if not callable(outside_ms) and not (isinstance(outside_ms, (int, float)) and math.isfinite(outside_ms)
+                                         and outside_ms >= 0):
+        raise ValueError(f"outside_ms must be a finite number of ms ≥ 0, a function (rng, n) → ms or a ServedDelay "
+                         f"(smdp-batch calibrate's file), got {outside_ms!r}")
+    return None
+
+
+def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, timeout_ms: float, *, seed: int = 0,
+                 outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] | Any = 0.0) -> SimRun:
+    """Ray Serve 2.60's ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` through ``phases``, on the arrivals and
+    draws :func:`simulate` takes for the same seed: a batch opens at its first request and closes ``timeout_ms``
+    later or at ``max_batch_size`` requests, whatever the model does, and the closed batches run one at a time, in
+    order (:func:`smdp_batch.baselines.servers.ray_serve` has the source); each runs as the next of the problem's
+    sizes (padded up).  ``outside_ms`` as for :func:`simulate`."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or \
+            not 1 <= max_batch_size <= max(problem.batch_sizes):
+        raise ValueError(f"max_batch_size must be a whole number in 1..{max(problem.batch_sizes)}, got {max_batch_size!r}")
+    if not (isinstance(timeout_ms, (int, float)) and math.isfinite(timeout_ms) and timeout_ms >= 0):
+        raise ValueError(f"timeout_ms must be a finite number of ms ≥ 0, got {timeout_ms!r}")
+    calibrated = _calibrated(outside_ms)
+    problem = calibrated.apply(problem) if calibrated is not None else problem
+    phases = tuple(phases)
+    arr, ph_of = arrivals(phases, seed)
+    rng_s, rng_o = np.random.default_rng([seed, 1]), np.random.default_rng([seed, 2])
+    ends = np.cumsum([p.seconds * 1e3 for p in phases])
+    sizes = sorted(int(b) for b in problem.batch_sizes)
+    closed: list[tuple[float, int, int]] = []  # (close time ms, first request, count)
+    first, n = 0, 0
+    for i in range(arr.size):  # a batch is set by the arrivals alone
+        if n and arr[i] > arr[first] + timeout_ms:
+            closed.append((float(arr[first]) + timeout_ms, first, n))
+            n = 0
+        if n == 0:
+            first = i
+        n += 1
+        if n == max_batch_size:
+            closed.append((float(arr[i]), first, n))
+            n = 0
+    if n:
+        closed.append((float(arr[first]) + timeout_ms, first, n))
+    resp = np.full(arr.size, math.nan)
+    out: list[list[float]] = [[], [], [], [], []]  # start, ms, size, mJ, phase
+    free = 0.0
+    for close, first, b in closed:
+        start = max(close, free)
+        k = min(int(np.searchsorted(ends, start, side="right")), len(phases) - 1)
+        run_as = next(x for x in sizes if x >= b)
+        dur = float(problem.service.sample(rng_s, float(problem.latency(np.float64(run_as))), 1, run_as)[0]) * \
+            phases[k].slowdown
+        end = start + dur
+        idx = np.arange(first, first + b)
+        resp[idx] = end - arr[idx] + _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], end, b)
+        for col, v in zip(out, (start, dur, b, float(problem.energy(np.float64(run_as))) * phases[k].slowdown, k)):
+            col.append(v)
+        free = end + (float(calibrated.per_batch_ms(run_as)) if calibrated is not None else 0.0)
+    return SimRun(phases, arr, resp, ph_of, np.array(out[0]), np.array(out[1]), np.array(out[2], dtype=np.int64),
+                  np.array(out[3]), np.array(out[4], dtype=np.int64), 0, ())
+
+
 class _Events(logging.Handler):
     """The Autopilot's JSON lines on the ``smdp_batch`` logger, stamped with the simulated time."""
 
@@ -207,13 +284,9 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
         raise ValueError(f"max_wait_ms must be 'auto', None or a number of ms ≥ 0, got {max_wait_ms!r}")
     if not (isinstance(per_batch_ms, (int, float)) and math.isfinite(per_batch_ms) and per_batch_ms >= 0):
         raise ValueError(f"per_batch_ms must be a finite number of ms ≥ 0, got {per_batch_ms!r}")
-    calibrated: Any = outside_ms if callable(getattr(outside_ms, "outside_at", None)) else None
+    calibrated = _calibrated(outside_ms)
     if calibrated is not None:  # l(b) as that server ran it; its a + c·b and k·r below
         problem = calibrated.apply(problem)
-    elif not callable(outside_ms) and not (isinstance(outside_ms, (int, float)) and math.isfinite(outside_ms)
-                                           and outside_ms >= 0):
-        raise ValueError(f"outside_ms must be a finite number of ms ≥ 0, a function (rng, n) → ms or a ServedDelay "
-                         f"(smdp-batch calibrate's file), got {outside_ms!r}")
     phases = tuple(phases)
     arr, ph_of = arrivals(phases, seed)
     clock = clock or SimClock()
@@ -307,14 +380,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             arrive(end)  # the arrivals during the batch
             t = end
             clock.t = t / 1e3
-            if calibrated is not None:  # k·r for the k-th of the batch, and a draw at the traffic's rate now
-                ph = phases[k]
-                frac = (t - (ends[k] - ph.seconds * 1e3)) / (ph.seconds * 1e3)
-                rate = ph.rate if ph.end_rate is None else ph.rate + (ph.end_rate - ph.rate) * min(max(frac, 0.0), 1.0)
-                sample = calibrated.outside_at(rate)
-                extra = calibrated.return_ms * np.arange(b) + sample[rng_o.integers(0, sample.size, b)]
-            else:
-                extra = outside_ms(rng_o, b) if callable(outside_ms) else np.full(b, float(outside_ms))
+            extra = _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], t, b)
             idx = np.asarray(batch, dtype=np.int64)
             resp[idx] = end - arr[idx] + np.asarray(extra, dtype=np.float64).reshape(b)
             if on_batch is not None:
