@@ -24,23 +24,31 @@ DIM, HIDDEN, CLASSES = 256, (2048, 2048), 10
 _SESSION = None
 
 
-def build_model(path: str | None = None, seed: int = 0, threads: int = 1):
-    """The MLP as an ``onnx.ModelProto`` (checked); written to ``path`` when one is given."""
+def build_model(path: str | None = None, seed: int = 0, threads: int = 1, copies: int = 1):
+    """The MLP as an ``onnx.ModelProto`` (checked); written to ``path`` when one is given.  ``copies`` > 1: that many
+    MLPs with weights of their own (seeds ``seed``, ``seed`` + 1, …) on the same input, their logits summed — the
+    work of running the MLP ``copies`` times, as the Autopilot benchmark's heavy variant does (``copies=4``), in one
+    model a server can load."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(seed)
     widths = (DIM, *HIDDEN, CLASSES)
-    nodes, inits, prev = [], [], "x"
-    for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
-        w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
-        b = (0.01 * rng.standard_normal(n_out)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"B{i}")]
-        out = "logits" if i == len(widths) - 2 else f"h{i}"
-        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"B{i}"], [out if out == "logits" else f"g{i}"]))
-        if out != "logits":
-            nodes.append(helper.make_node("Relu", [f"g{i}"], [out]))
-        prev = out
+    nodes, inits, outs = [], [], []
+    for c in range(int(copies)):
+        rng, prev, tag = np.random.default_rng(seed + c), "x", "" if copies == 1 else f"_{c}"
+        for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
+            w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+            b = (0.01 * rng.standard_normal(n_out)).astype(np.float32)
+            inits += [numpy_helper.from_array(w, f"W{i}{tag}"), numpy_helper.from_array(b, f"B{i}{tag}")]
+            last = i == len(widths) - 2
+            out = f"logits{tag}" if last else f"h{i}{tag}"
+            nodes.append(helper.make_node("Gemm", [prev, f"W{i}{tag}", f"B{i}{tag}"], [out if last else f"g{i}{tag}"]))
+            if not last:
+                nodes.append(helper.make_node("Relu", [f"g{i}{tag}"], [out]))
+            prev = out
+        outs.append(prev)
+    if copies > 1:
+        nodes.append(helper.make_node("Sum", outs, ["logits"]))
     graph = helper.make_graph(
         nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", DIM])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES])], inits)
