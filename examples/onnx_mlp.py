@@ -32,6 +32,8 @@ def build_model(path: str | None = None, seed: int = 0, threads: int = 1, copies
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be a whole number ≥ 1, got {copies!r}")
     widths = (DIM, *HIDDEN, CLASSES)
     nodes, inits, outs = [], [], []
     for c in range(int(copies)):

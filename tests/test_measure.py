@@ -230,3 +230,26 @@ def test_onnx_example_end_to_end(tmp_path, monkeypatch, capsys):
     out, metrics = asyncio.run(run())
     assert np.allclose(np.stack(out), expected, rtol=1e-4, atol=1e-4)
     assert metrics.completed == len(items) and metrics.failed == 0
+
+
+def test_the_onnx_example_builds_the_heavy_variant_as_one_model_of_summed_copies():
+    """``build_model(copies=N)``: N MLPs with weights of their own (seeds 0…N−1) on one input, logits summed — what
+    a server loads to run the benchmark's heavy variant (the MLP four times per batch); ``copies=1`` is the MLP."""
+    import onnxruntime as ort
+
+    from examples import onnx_mlp
+
+    def run(model, x):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
+            ["logits"], {"x": x})[0]
+
+    x = onnx_mlp.make_batch(3)
+    two = run(onnx_mlp.build_model(copies=2), x)
+    assert two.shape == (3, onnx_mlp.CLASSES)
+    np.testing.assert_allclose(two, run(onnx_mlp.build_model(seed=0), x) + run(onnx_mlp.build_model(seed=1), x),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(run(onnx_mlp.build_model(copies=1), x), onnx_mlp.infer(x))
+    with pytest.raises(ValueError, match="copies"):
+        onnx_mlp.build_model(copies=0)
