@@ -264,10 +264,10 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     service law, l(b) and ζ(b)); see the module doc.  ``clock``: the :class:`SimClock` an Autopilot was built with
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
     draws), or a :class:`~smdp_batch.model.served.ServedDelay` (module doc); ``max_wait_ms`` and ``short_batch``
-    ("serve", "pad-up", or "auto": the table's own): as :class:`~smdp_batch.runtime.DynamicBatcher` takes them.  ``served``: an Autopilot is also told each response's
-    end-to-end time (``observe_served``, at its batch's end), as a server integration that records them does.
-    ``batch_size`` records the requests of each batch; its time and energy are those of the size it
-    ran as (padded up, where it was)."""
+    ("serve", "pad-up", or "auto": the table's own): as :class:`~smdp_batch.runtime.DynamicBatcher` takes them.
+    ``served``: an Autopilot is also told each response's end-to-end time (``observe_served``, at its batch's end), as
+    a server integration that records them does.  ``batch_size`` records the requests of each batch; its time and
+    energy are those of the size it ran as (padded up, where it was)."""
     from .pilot import Autopilot
 
     if not callable(getattr(policy, "decide", None)):
