@@ -24,7 +24,8 @@ What it does, in one process:
    requests: the client's lag behind its send schedule, the wait in the batcher, the batch's model time, the
    return from batch end to the client) and the served batch time over the profile's; the board's state, read
    from NVML every 50 ms (median SM clock, hottest temperature, mean power, and the share of readings whose
-   clocks its power limit or a thermal slowdown held down), which tells a slower GPU from a slower server.  At the end, the Autopilot's ζ̂(b) from its energy meter
+   clocks its power limit or a thermal slowdown held down), which tells a slower GPU from a slower server; and the
+   process's full garbage collections (count, longest).  At the end, the Autopilot's ζ̂(b) from its energy meter
    beside the profile's ζ(b) — two methods on one counter: the profile runs one size back to back between
    two refreshes (``measure``), the meter fits the live mix of sizes and idle time — and its idle power.
 
@@ -250,7 +251,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gc", choices=("freeze", "default"), default="freeze",
                     help="freeze: gc.freeze() once the model and profile are loaded, so that a full garbage collection "
-                         "no longer scans the framework's heap and stops the event loop (by 100-200 ms with torch); "
+                         "no longer scans the framework's heap and stops the event loop (the likely cause of the 0.1-0.2 s stops "
+                         "seen with torch); "
                          "default: Python's collector untouched")
     ap.add_argument("--json")
     args = ap.parse_args()
