@@ -389,8 +389,9 @@ class Autopilot:
         self._moved("excess")
         return True
 
-    def _moved(self, reason: str) -> None:  # re-plan where the next solve's target left the live plan's (none: the SLO's)
-        if abs(self._target() - self.slo_ms + self.overhead_ms + self._live_excess()) > max(2.0, 0.05 * self.slo_ms):
+    def _moved(self, reason: str, rose: bool = False) -> None:  # re-plan: the next target left the live plan's
+        d = self._target() - self.slo_ms + self.overhead_ms + self._live_excess()  # (a plan without one: the SLO's)
+        if (d if rose else abs(d)) > max(2.0, 0.05 * self.slo_ms):  # rose: only where it went above it
             self._dirty = self._dirty or reason
 
     def _live_excess(self) -> float:
@@ -435,9 +436,8 @@ class Autopilot:
                     elif job.thread is not None:
                         self._abandoned.append(job.thread)
                     self._failed(now, "solve-timeout", seconds=now - job.start)
-                if self._job is None and self._dirty is None and self._margin.at(now) and \
-                        self._target() - self._live.target_ms > max(2.0, 0.05 * self.slo_ms):
-                    self._dirty = "margin"  # the margin decayed: a plan it made too tight re-plans
+                if self._job is None and self._dirty is None and self._margin.at(now):
+                    self._moved("margin", rose=True)  # the margin decayed: a plan it made too tight re-plans
                 if self._job is None and self._dirty is not None and now >= self._not_before:
                     self._start(now)
         except Exception as exc:  # noqa: BLE001 - a hook never stops serving
