@@ -59,6 +59,15 @@ class FakeSolver:
                     5.0, p99, 20.0, True, f"control:{q}")
 
 
+class FreshSolver(FakeSolver):
+    """A new table every call: none of them is one rolled back before (blocked at its load)."""
+
+    def __call__(self, problem, slo_ms, lams):
+        plan = super().__call__(problem, slo_ms, lams)
+        q = 1 + len(self.calls)
+        return replace(plan, table=PolicyTable(control(q), problem.batch_sizes, plan.table.meta), spec=f"control:{q}")
+
+
 def make(solver=None, clock=None, **kw) -> tuple[Autopilot, BatchingProblem]:
     p = BatchingProblem.basic(rho=0.3)
     start = Plan(PolicyTable(control(8), p.batch_sizes, {"inputs": {"lam": p.lam}}), p.lam, None, 8.0, 30.0, 15.0)
@@ -318,13 +327,7 @@ def test_after_a_rollback_the_next_plans_keep_a_margin_halved_by_each_swap_that_
     quarter of the SLO); a swap that then holds through its watch halves that margin and re-plans with it, until
     the target moves by less than max(2 ms, 5 % of the SLO): one rollback must not cost energy for ever (on Ray
     Serve a margin kept the plan at 37.5 of 50 ms through 40 s of steady traffic)."""
-    class Fresh(FakeSolver):  # a new table every call: none of them is the one rolled back (blocked at this load)
-        def __call__(self, problem, slo_ms, lams):
-            plan = super().__call__(problem, slo_ms, lams)
-            q = 1 + len(self.calls)
-            return replace(plan, table=PolicyTable(control(q), problem.batch_sizes, plan.table.meta), spec=f"control:{q}")
-
-    solver = Fresh()
+    solver = FreshSolver()
     ap, p = make(solver, window=200, grace=50, watch=2)
     t, rng = _step(ap, p)
     assert ap.join(10) and ap.metrics.swaps == 1
@@ -363,13 +366,7 @@ def test_the_margin_after_a_rollback_also_halves_with_time_and_re_plans_a_plan_i
     m.raise_to(1.0, 130.0, cap_ms=12.5)  # a smaller overshoot keeps the larger margin
     assert m.ms == pytest.approx(3.125) and m.at(130.0 + 15 * 5) == 0.0  # under 0.1 ms: gone
 
-    class Fresh(FakeSolver):
-        def __call__(self, problem, slo_ms, lams):
-            plan = super().__call__(problem, slo_ms, lams)
-            q = 1 + len(self.calls)
-            return replace(plan, table=PolicyTable(control(q), problem.batch_sizes, plan.table.meta), spec=f"control:{q}")
-
-    clock, solver = Clock(), Fresh()
+    clock, solver = Clock(), FreshSolver()
     ap, p = make(solver, clock=clock, window=200, grace=50, watch=2)
     t, rng = _step(ap, p)
     assert ap.join(10) and ap.metrics.swaps == 1
