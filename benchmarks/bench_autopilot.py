@@ -64,8 +64,8 @@ Triton's own batcher the model does not see the queue, so NaN), the mean batch s
 per request: ζ(b) of the CPU profile (constant 60 W × latency) at the profile size a batch of b pads up to,
 × 1.5 in phase 4 (the slowdown runs the CPU 1.5× as long); and the client's own stops, which land in its
 p99s as if the server had taken them: the p99 of its lag behind the send schedule, and its full garbage
-collections (count and longest).  ``--gc freeze`` (the default) freezes this process's heap before each
-setting's load (``gc.freeze()``: ray's, numba's and the package's objects are then left out of every
+collections (count and longest).  ``--gc freeze`` (the default) freezes this process's heap while each
+setting's load runs (``gc.freeze()``: ray's, numba's and the package's objects are then left out of every
 collection), as Ray Serve's replicas freeze theirs; ``--gc default`` leaves Python's collector alone (the load
 generator's freeze included: ``SMDP_BATCH_LOADGEN_FREEZE_GC=0``).
 
@@ -140,17 +140,35 @@ SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batc
                 "static table"]  # --simulated
 
 
-HEAP = {"gc": "freeze"}  # --gc: freeze this process's heap before each setting's load, or leave the collector alone
+def gc_option(ap: argparse.ArgumentParser) -> None:
+    """``--gc``, for both Autopilot benchmarks (:func:`use_gc` applies it)."""
+    ap.add_argument("--gc", choices=("freeze", "default"), default="freeze", help="freeze (default): this process's "
+                    "heap is frozen while each setting's load runs (the load generator's frozen_heap), so that a full "
+                    "garbage collection no longer walks the libraries' objects and stops the client and its event "
+                    "loop (33-45 ms with ray's; likely the 0.1-0.2 s stops seen with torch); default: Python's "
+                    "collector untouched")
+
+
+def use_gc(mode: str) -> None:
+    """``--gc default``: the load generator leaves the collector alone (``loadgen.FREEZE_ENV``); ``freeze``: as it is."""
+    from smdp_batch.integrations.loadgen import FREEZE_ENV
+
+    if mode == "default":
+        os.environ[FREEZE_ENV] = "0"
 
 
 class FullCollections:
     """Python's full (generation-2) garbage collections in this process while open (``with``): ``pauses``, each
     (``time.time()`` s at its end, ms).  Each one stops the whole process, the client and whatever else runs in
-    it; with a large heap (ray, numba, torch) for 0.05-0.2 s, in whichever phase it falls."""
+    it; with a large heap (ray, numba, torch) for 0.05-0.2 s, in whichever phase it falls.  While open, the heap is
+    frozen (:func:`smdp_batch.integrations.loadgen.frozen_heap`; not with ``--gc default``)."""
 
     def __init__(self):
+        from smdp_batch.integrations.loadgen import frozen_heap
+
         self.pauses: list[tuple[float, float]] = []
         self._began = 0.0
+        self._frozen = frozen_heap()
 
     def _on(self, what: str, info: dict) -> None:
         if what == "start":
@@ -159,14 +177,13 @@ class FullCollections:
             self.pauses.append((time.time(), (time.perf_counter() - self._began) * 1e3))
 
     def __enter__(self) -> FullCollections:
-        if HEAP["gc"] == "freeze":  # what is alive now (libraries, model, trace) is left out of every collection
-            gc.collect()
-            gc.freeze()
+        self._frozen.__enter__()  # what is alive now (libraries, model, trace) is left out of every collection
         gc.callbacks.append(self._on)
         return self
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on)
+        self._frozen.__exit__(*exc)
 
     def within(self, t_lo: float, t_hi: float) -> list[float]:
         """The pauses (ms) that ended in [t_lo, t_hi) (``time.time()`` s)."""
@@ -530,11 +547,11 @@ def run_simulated(seconds: float, seeds: range, outside_ms, solve_s: float) -> d
                               control=TimerControl(target_share=0.005) if on_triton else name != "autopilot, open loop",
                               family="triton" if on_triton else "smdp", learn=on_triton)
             fixed = static_batching(name)
-            policy = triton_at(fixed[1] / 1e3) if fixed else {"tuned server": triton, "λ-bank": bank,
-                                                               "static table": pilot.table}.get(name, pilot)
             if fixed and name.startswith(STATIC_PREFIX["ray"]):  # Ray's batcher closes batches on its own timer
                 run = simulate_ray(p, phases, fixed[0], fixed[1] / 1e3, seed=seed, outside_ms=outside_ms)
             else:
+                policy = triton_at(fixed[1] / 1e3) if fixed else {"tuned server": triton, "λ-bank": bank,
+                                                                   "static table": pilot.table}.get(name, pilot)
                 run = simulate(policy, p, phases, seed=seed, clock=clock, outside_ms=outside_ms, served=on_triton,
                                short_batch="pad-up" if name == "tuned server" or fixed else "auto")  # a plan's own form
             rows.append(run.summary(SLO))
@@ -618,13 +635,9 @@ def main() -> int:
     ap.add_argument("--sim-outside-ms", type=float, default=5.0, help="--simulated: each response's time outside "
                     "the batcher (ms)")
     ap.add_argument("--sim-solve-seconds", type=float, default=2.0, help="--simulated: a solve's simulated time (s)")
-    ap.add_argument("--gc", choices=("freeze", "default"), default=HEAP["gc"], help="freeze: gc.freeze() this "
-                    "process's heap before each setting's load, so that a full garbage collection no longer stops the "
-                    "client for tens of ms (default); default: Python's collector untouched")
+    gc_option(ap)
     a = ap.parse_args()
-    HEAP["gc"] = a.gc
-    if a.gc == "default":  # the load generator's own freeze too (smdp_batch.integrations.loadgen)
-        os.environ["SMDP_BATCH_LOADGEN_FREEZE_GC"] = "0"
+    use_gc(a.gc)
     if a.stationary:
         PHASES[:] = [f"{k + 1} steady" for k in range(5)]
         RATES[:] = [(1, 1)] * 5

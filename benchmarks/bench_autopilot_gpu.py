@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from bench_autopilot import HEAP, LAM0, PHASES, FullCollections, p99_ci, trace  # noqa: E402
+from bench_autopilot import LAM0, PHASES, FullCollections, gc_option, p99_ci, trace, use_gc  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher, PolicyTable  # noqa: E402
 
@@ -140,7 +140,7 @@ def profile(model: Model, args, path: str):
 
 async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counter) -> dict:
     """Replay the trace into a DynamicBatcher; per-request latency, batches, and the counter at phase edges."""
-    from smdp_batch.integrations.loadgen import replay
+    from smdp_batch.integrations.loadgen import replay, send_lag_ms
 
     batches: list = []  # (size, start s, end s) of every batch
     start = np.full(len(arr), np.nan)  # each request's batch start and end (time.time() s)
@@ -184,7 +184,7 @@ async def serve(model: Model, policy, wait, arr, phase, seconds, counter: Counte
         sampler.join()
     model.slow = False
     return {"sent": sent, "done": done, "start": start, "end": end, "batches": batches, "edges": edges,
-            "errors": errors, "scheduled": (arr - arr[0]) / 1e3 + np.nanmin(sent), "board": board,
+            "errors": errors, "lag_ms": send_lag_ms(sent, arr, 1.0), "board": board,
             "gc": collections}
 
 
@@ -199,7 +199,7 @@ def summarise(run: dict, phase, slo: float, lat_profile, counter_ok: bool) -> li
     behind its send schedule, the wait in the batcher (sent → its batch starts), the model (the batch's time) and
     the return (batch end → the client has the answer); the served l(b) over the profile's, batch-weighted."""
     lat = (run["done"] - run["sent"]) * 1e3
-    lag = (run["sent"] - run["scheduled"]) * 1e3
+    lag = run["lag_ms"]
     wait, model, back = ((run["start"] - run["sent"]) * 1e3, (run["end"] - run["start"]) * 1e3,
                          (run["done"] - run["end"]) * 1e3)
     rows = []
@@ -249,11 +249,7 @@ def main() -> int:
     ap.add_argument("--phase-seconds", type=float, default=12.0)
     ap.add_argument("--only", default="autopilot,tuned triton,static table")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gc", choices=("freeze", "default"), default="freeze",
-                    help="freeze: gc.freeze() once the model and profile are loaded, so that a full garbage collection "
-                         "no longer scans the framework's heap and stops the event loop (the likely cause of the 0.1-0.2 s stops "
-                         "seen with torch); "
-                         "default: Python's collector untouched")
+    gc_option(ap)
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.backend == "numpy" and args.width == 8192:
@@ -289,9 +285,8 @@ def main() -> int:
                  "measure": {k: meta.get(k) for k in ("energy_source", "energy_method", "idle_power_w",
                                                       "idle_power_readings_w", "elapsed_s", "libraries", "method")},
                  "lam0": lam0, "slo_ms": slo, "tuned": rule.spec, "settings": {}}
-    out["gc"] = HEAP["gc"] = args.gc
-    if args.gc == "default":  # the load generator's own freeze too (smdp_batch.integrations.loadgen)
-        os.environ["SMDP_BATCH_LOADGEN_FREEZE_GC"] = "0"
+    out["gc"] = args.gc
+    use_gc(args.gc)
     for name in args.only.split(","):
         pilot = None
         if name == "tuned triton":
