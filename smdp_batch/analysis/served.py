@@ -6,12 +6,16 @@ server reports it (our Triton and Ray Serve stand-ins do, a plain HTTP endpoint 
 served it, its position in that batch, and the batch's compute start and end.  :func:`fit_served` turns
 the runs at several loads into a :class:`~smdp_batch.model.served.ServedDelay`:
 
-1. **Per-batch time a + c·b.**  For consecutive batches k, k + 1 where batch k + 1 was due when batch k's
+1. **Per-batch time a + c·b.**  In runs that carried their load (every request answered, no growing queue),
+   for consecutive batches k, k + 1 where batch k + 1 was due when batch k's
    compute ended (its first request had reached the batcher, or been sent where the server does not say when
-   it reached it, more than the rule's delay + 1 ms before, or it was full),
+   it reached it, more than the rule's delay + 1 ms before, or it was full with its last request in 1 ms before),
    the gap (start of k + 1 − end of k) is the instance's own time between batches: handing k's responses
    back, freeing the instance, forming and dispatching k + 1.  Least squares of the gap on k's size; a
-   negative slope or intercept is taken as 0 (a + c·b ≥ 0).
+   negative slope or intercept is taken as 0 (a + c·b ≥ 0); pairs at one size alone give a flat a, measured
+   there.  A setting that waits long between light loads rarely leaves a batch waiting, so a calibration also
+   sends bursts of requests at once (``probe`` runs: :func:`~smdp_batch.integrations.calibrate.calibration_runs`),
+   whose full batches follow each other back to back.
 2. **l(b) as served**: the mean compute time of each executed size that ran at least 5 batches.
 3. **The outside delay.**  A request's time splits exactly into the leg to the batcher, the batcher's part
    (to the end of its batch's compute) and the return leg after it.  The return leg, less the position term,
@@ -32,9 +36,12 @@ the runs at several loads into a :class:`~smdp_batch.model.served.ServedDelay`:
    samples pooled and their mean shortfall), so that the plan holds at the calibrated loads.
 6. **How far a new run may land** (``new_run_share``): with several runs at a load (repetitions, or runs of
    several settings, each replayed with its own), log(each run's measured p99 ÷ its plan with the load's
-   pooled sample); their deviations about their load's mean, pooled over the loads, give σ between runs
-   (1.4826 × the median absolute deviation, so that one run a stall of the host caught does not set it), and
-   exp(1.96·σ·√(1 + 1/R)) − 1 the 95 % half-width for one new run, as a share of its p99 (a host slower for a
+   pooled sample); their deviations about their load's mean, pooled over the loads where every run kept up (7:
+   answered, no growing queue, the batcher keeping its rule), give
+   σ between runs (1.4826 × the median absolute deviation, so that one run a stall of the host caught does not
+   set it), and exp(t·σ·√(1 + 1/R)) − 1 the 95 % prediction half-width for one new run (t: Student's 97.5 %
+   quantile on the Σ(R − 1) degrees of freedom σ rests on, 3.18 for two runs at three loads, since σ from a
+   few runs is itself uncertain), as a share of its p99 (a host slower for a
    while stretches responses in proportion, so the share carries to settings of other p99), never less than
    the calmest run's own p99 interval (a moving-block bootstrap over its sends, :func:`p99_halfwidth`), which
    alone is used with one run per load.  Every served percentile's interval adds that share of itself.
@@ -54,9 +61,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from ..errors import InputError
-from ..model.served import ServedDelay, as_served, batch_positions
+from ..model.served import PER_BATCH_MIN_PAIRS, ServedDelay, as_served, batch_positions, floor_ms
 
 __all__ = ["CalibrationRun", "fit_served", "p99_halfwidth"]
 
@@ -71,8 +79,10 @@ class CalibrationRun:
     each request was sent against its schedule.  ``entered_ms``: when each request reached the batcher, where
     the server reports it (Ray Serve's replica does; Triton's Python backend does not).  ``rule``: the setting
     the run was served with, where runs of several settings are fitted together (a calibration, then the run of
-    the setting planned from it).  ``deployment``: which deployment of the server ran it (a fresh one per repeat of
-    a calibration: :func:`~smdp_batch.integrations.calibrate.calibration_runs`); the fit counts them.
+    the setting planned from it).  ``probe``: bursts of requests sent at once, not a load: the fit reads only its
+    back-to-back batches (a + c·b), and only its unanswered requests make it void (its queue grows by design).
+    ``deployment``: which deployment of the server ran it (a fresh one per repeat of a calibration:
+    :func:`~smdp_batch.integrations.calibrate.calibration_runs`); the fit counts them.
     """
 
     lam_per_s: float
@@ -88,32 +98,40 @@ class CalibrationRun:
     entered_ms: np.ndarray | None = None  # when each request reached the server's batcher, where it says
     rule: object = None  # the setting this run was served with (None: the one given to fit_served)
     deployment: str = ""  # which deployment of the server ran it (runs of one deployment share its path's state)
+    probe: bool = False  # bursts sent at once to keep batches back to back: read for a + c·b only (module doc, 1)
 
 
 def _delay_ms(rule) -> float:
     return float(rule.delay) if math.isfinite(getattr(rule, "delay", math.inf)) else 0.0
 
 
-def _per_batch(runs, rules) -> tuple[float, float, int]:
+def _per_batch(runs, rules) -> tuple[float, float, int, list[int]]:
+    """(a, c, the number of back-to-back pairs, the sizes they were measured at) (module doc, 1)."""
     xs, ys = [], []
     for run, rule in zip(runs, rules):
-        if run.batch_of is None or not run.batch_times:
-            continue
+        if run.batch_of is None or not run.batch_times or _fell_behind(run):
+            continue  # a run the server did not keep up with: its gaps are its stalls, not the instance's own time
         delay_ms, maxb = _delay_ms(rule), int(rule.maxb)
         first: dict[int, float] = {}
+        last: dict[int, float] = {}
         reached = run.sent_ms if run.entered_ms is None else run.entered_ms
         for i, k in enumerate(run.batch_of):
             if k >= 0 and math.isfinite(reached[i]):
                 first[int(k)] = min(first.get(int(k), math.inf), float(reached[i]))
+                last[int(k)] = max(last.get(int(k), -math.inf), float(reached[i]))
         ks = sorted(run.batch_times, key=lambda k: run.batch_times[k][0])
         for k0, k1 in zip(ks, ks[1:]):
             e0, s1 = run.batch_times[k0][1], run.batch_times[k1][0]
-            due = run.batches[k1][0] >= maxb or first.get(k1, math.inf) + delay_ms + 1.0 < e0
+            # due when k0 ended: full with its last request in 1 ms before (sent, where the server does not say), or
+            # its first request's delay run out; a full batch whose requests came after k0 ended waited for them
+            due = (run.batches[k1][0] >= maxb and last.get(k1, math.inf) + 1.0 < e0) \
+                or first.get(k1, math.inf) + delay_ms + 1.0 < e0
             if due and s1 >= e0:
                 xs.append(float(run.batches[k0][0]))
                 ys.append(s1 - e0)
-    if len(xs) < 5:
-        return 0.0, 0.0, len(xs)
+    at = sorted({int(x) for x in xs})
+    if len(xs) < PER_BATCH_MIN_PAIRS:
+        return 0.0, 0.0, len(xs), at
     x, y = np.asarray(xs), np.asarray(ys)
     if np.ptp(x) > 0:
         c, a = np.polyfit(x, y, 1)
@@ -123,7 +141,18 @@ def _per_batch(runs, rules) -> tuple[float, float, int]:
         c, a = 0.0, float(np.mean(y))
     if a < 0:
         a, c = 0.0, float(max((x @ y) / (x @ x), 0.0))
-    return float(a), float(c), len(xs)
+    return float(a), float(c), len(xs), at
+
+
+def _fell_behind(run: CalibrationRun) -> str:
+    """Why a run plainly did not carry its load, or "": requests unanswered or failed, or its queue grew."""
+    lat = run.latency_ms
+    answered = int(np.isfinite(lat).sum())
+    if answered < lat.size or run.errors:
+        return f"{lat.size - answered} of {lat.size} requests were not answered"
+    if not run.probe and _growing(lat[np.argsort(run.sent_ms, kind="stable")]):
+        return f"its queue grew: response times rose to a p99 of {np.percentile(lat, 99):.4g} ms"
+    return ""
 
 
 def _growing(lat: np.ndarray) -> bool:
@@ -157,18 +186,21 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     ``rule``: the server rule (or table) the runs were served with, where a run does not name its own.  Several
     runs at one load (repetitions, or runs of several settings) are pooled there: their outside samples, their
     shortfalls (the mean moves the sample up) and, from the runs' spread about their plans, how far the p99 of
-    a new run may land from its plan on this host.  ``slo_ms``: a load whose outside p99 alone reaches it is not
-    carried.  ``warmup``: the share of each run's first (and last) requests left out.
+    a new run may land from its plan on this host.  ``slo_ms``: a load where the fastest response alone (l(b_min)
+    as served plus the outside delay: :func:`~smdp_batch.model.served.floor_ms`) reaches it at p99 is not carried.
+    ``warmup``: the share of each run's first (and last) requests left out.  ``probe`` runs feed a + c·b only.
     """
     from ..baselines.servers import ServerRule, table_rule
 
+    probes = [r for r in runs if r.probe]
+    runs = sorted((r for r in runs if not r.probe), key=lambda r: r.lam_per_s)
     if not runs:
-        raise InputError("calibration: no runs to fit")
-    runs = sorted(runs, key=lambda r: r.lam_per_s)
+        raise InputError("calibration: no runs at a load to fit")
     as_rule = lambda x: x if isinstance(x, ServerRule) else table_rule(x, problem.batch_sizes)  # noqa: E731
     rule = as_rule(rule)
-    rules = [rule if run.rule is None else as_rule(run.rule) for run in runs]
-    a, c, pairs = _per_batch(runs, rules)
+    rule_of = lambda run: rule if run.rule is None else as_rule(run.rule)  # noqa: E731
+    rules = [rule_of(run) for run in runs]
+    a, c, pairs, at = _per_batch([*runs, *probes], [*rules, *map(rule_of, probes)])
     per_batch = lambda s: a + c * s  # noqa: E731
     served_lat: dict[int, list[float]] = {}
     for run in runs:
@@ -188,7 +220,7 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
     groups: dict[float, list[int]] = {}
     for i, run in enumerate(runs):
         groups.setdefault(round(run.lam_per_s, 6), []).append(i)
-    outside, gaps, dev = [], [], []
+    outside, gaps, devs = [], [], []
     for g in groups.values():
         es = [each[i] for i in g]
         gaps.append(max(float(np.mean([e["shortfall"] for e in es])), 0.0))
@@ -198,19 +230,34 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
         # host (a stall in one run, other jobs), beyond what one run's own requests show.  A host that is slower
         # for a while stretches a response in proportion, so the spread carries to settings of other p99
         d = [math.log(each[i]["p99_ms_window"] / _plan_p99(parts[i], r, o, seed, runs[i].lam_per_s)) for i in g]
-        if len(g) > 1:  # about the load's mean, whose deviations have variance σ²·(R − 1)/R
-            dev += [(x - float(np.mean(d))) / math.sqrt((len(g) - 1) / len(g)) for x in d]
-    # σ between runs (of the log p99), robust to one run that a stall of the host caught (its load is then one of
-    # several): 1.4826 × the median absolute deviation, pooled over the loads
-    between = 1.4826 * float(np.median(np.abs(dev))) if dev else math.nan
-    stats, carried, still = [], None, True
-    for g, o, gap in zip(groups.values(), outside, gaps):
-        rs, es = [runs[i] for i in g], [each[i] for i in g]
+        # about the load's mean, whose deviations have variance σ²·(R − 1)/R
+        devs.append([(x - float(np.mean(d))) / math.sqrt((len(g) - 1) / len(g)) for x in d] if len(g) > 1 else [])
+    whys = []
+    for g, o in zip(groups.values(), outside):
+        es = [each[i] for i in g]
         why = next((e["why"] for e in es if e["why"]), None)
         if why and len(es) > 1:
             why = f"{why} (in {sum(bool(e['why']) for e in es)} of its {len(es)} runs)"
-        elif why is None and slo_ms is not None and np.percentile(o, 99) >= slo_ms:
-            why = f"the server's own path alone took p99 {np.percentile(o, 99):.4g} ms ≥ the SLO {slo_ms:g} ms"
+        elif why is None and slo_ms is not None and (floor := floor_ms(served_problem, "p99", o)) >= slo_ms:
+            # what compare and export refuse: no setting can meet the SLO at this load (the fastest response alone)
+            why = (f"the server's own path and the fastest batch alone (l({served_problem.bmin}) = "
+                   f"{float(served_problem.latency_ms()[0]):.4g} ms as served) take p99 {floor:.4g} ms ≥ the SLO "
+                   f"{slo_ms:g} ms")
+        whys.append(why)
+    # σ between runs (of the log p99), robust to one run that a stall of the host caught (its load is then one of
+    # several): 1.4826 × the median absolute deviation, pooled over the loads where every run kept up (a run whose
+    # queue grew, at its own pace in each, or whose batcher fell behind its rule says nothing of a plan's room; a
+    # load refused only because the fastest response alone reaches the SLO still shows how runs differ)
+    use = [d for d, g in zip(devs, groups.values()) if d and not any(each[i]["why"] for i in g)] or \
+        [d for d in devs if d]
+    dev = [x for d in use for x in d]
+    between = 1.4826 * float(np.median(np.abs(dev))) if dev else math.nan
+    # a new run's 95 % prediction interval, with σ estimated on df = Σ(R − 1) degrees of freedom: Student's t
+    # quantile, not the normal's 1.96 (two runs at each of three loads give df = 3, t = 3.18)
+    t95 = float(student_t.ppf(0.975, sum(len(d) - 1 for d in use))) if dev else math.nan
+    stats, carried, still = [], None, True
+    for g, o, gap, why in zip(groups.values(), outside, gaps, whys):
+        rs, es = [runs[i] for i in g], [each[i] for i in g]
         still = still and why is None
         if still:
             carried = rs[0].lam_per_s
@@ -219,11 +266,12 @@ def fit_served(problem, rule, runs: list[CalibrationRun], *, slo_ms: float | Non
         spread = min((e["p99_halfwidth_ms"] / e["p99_ms_window"] for e in es if math.isfinite(e["p99_halfwidth_ms"])),
                      default=math.nan)
         if dev:
-            apart = math.expm1(1.96 * between * math.sqrt(1.0 + 1.0 / len(es)))
+            apart = math.expm1(t95 * between * math.sqrt(1.0 + 1.0 / len(es)))
             spread = apart if math.isnan(spread) else max(apart, spread)
+        spread = min(spread, 10.0)  # 1000 %: beyond it a plan has no room anyway (the file's bound)
         stats.append(_load_stats(rs, es, parts, g, gap, o, why, spread))
     src = dict(source or {})
-    src.update({"per_batch_pairs": pairs, "setting": rule.spec})
+    src.update({"per_batch_pairs": pairs, "per_batch_sizes": at, "setting": rule.spec})
     if dev:
         src["runs_per_load"] = max(len(g) for g in groups.values())
     tags = {r.deployment for r in runs if r.deployment}
@@ -257,12 +305,8 @@ def _one_run(run: CalibrationRun, part, r: float, seed: int) -> dict:
     # loop (p99 of the excess 6 ms against a mean of 0.4 on Ray Serve, 2 cores) is planned for by the tail gap
     leg = max(float(np.median(meas - sim)), 0.0) if inbound is None else 0.0
     slow = float(meas.mean()) > 1.15 * (float(sim.mean()) + leg) + 1.0
-    why = ""
-    if answered < run.latency_ms.size or run.errors:
-        why = f"{run.latency_ms.size - answered} of {run.latency_ms.size} requests were not answered"
-    elif _growing(in_order):
-        why = f"its queue grew: response times rose to a p99 of {np.percentile(lat, 99):.4g} ms"
-    elif slow:
+    why = _fell_behind(run)
+    if not why and slow:
         why = (f"the server's batcher took {meas.mean():.4g} ms on average (p99 {m99:.4g} ms) where its rule on "
                f"the model takes {sim.mean() + shift:.4g} ms (p99 {s99:.4g} ms) "
                f"(end-to-end p99 {np.percentile(lat, 99):.4g} ms): the host does not keep up"

@@ -88,6 +88,7 @@ from ..baselines.servers import (ServerRule, ray_serve, server_padding, table_ti
 from ..errors import InputError
 from ..limits import usable_cpus
 from ..model.problem import BatchingProblem
+from ..model.served import floor_ms
 from .delay_search import largest_delay as _largest_delay
 from .loads import load_grid
 from .slo_answer import (_CI, DEFAULT_SETTINGS, FAMILIES, METRICS, RULE_FAMILIES, SLO, LoadResult, Setting, SLOAnswer,
@@ -454,12 +455,9 @@ def _reach(chk: _Checker) -> dict | None:
 
 
 def served_floor_ms(problem: BatchingProblem, metric: str, lam: float, served) -> float:
-    """The least ``metric`` ("mean" or "p<q>") any setting reaches at λ (req/ms) on the calibrated server, ms: a
-    request served at once, alone, in a batch of the smallest size (l(b_min) of ``problem``, which carries l(b) as
-    served) plus the outside delay measured at the load (its metric over the calibration sample)."""
-    o = served.outside_at(lam)
-    return float(problem.latency_ms()[0]) + (float(np.mean(o)) if metric == "mean"
-                                              else float(np.percentile(o, float(metric[1:]))))
+    """The least ``metric`` ("mean" or "p<q>") any setting reaches at λ (req/ms) on the calibrated server, ms
+    (:func:`~smdp_batch.model.served.floor_ms` with the outside delay measured at the load)."""
+    return floor_ms(problem, metric, served.outside_at(lam))
 
 
 def _check_served_reachable(problem: BatchingProblem, slo: SLO, lams: list[float], served) -> None:

@@ -35,7 +35,8 @@ __all__ = ["calibrate_cmd"]
 @option("--load-range", type=Range(per="s"), required=True,
         help="The loads to run, req/s: its low end, its geometric middle and its high end (e.g. 150:450).")
 @option("--slo-p99-ms", "slo_p99_ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), required=True,
-        help="The p99 bound the plans will meet: a load where the server's own path alone reaches it is not carried.")
+        help="The p99 bound the plans will meet: a load where the fastest response alone (the smallest batch at once, "
+             "plus what the server adds) reaches it is not carried.")
 @option("--model", "onnx", type=InputFile(), default=None, show_default="a stand-in sleeping l(b)",
         help="An ONNX model (input [N, D] float32) each batch runs on the CPU instead of the stand-in, which sleeps "
              "l(b) as a GPU would run it without taking the CPU.")
@@ -124,8 +125,8 @@ def calibrate_cmd(server, setting, url, body_file, load_range, slo_p99_ms, onnx,
         lines.append(f"  next        smdp-batch compare {scenario} --slo-p99-ms {slo_p99_ms:g} {rng} "
                      f"--served {shlex.quote(output)}")
     else:
-        lines.append("  next        the server's own path carried none of these loads on this host; calibrate at "
-                     "lower loads")
+        lines.append(f"  next        the server's own path did not carry the lowest load, {loads[0]:g} req/s, on this "
+                     "host (the plans rest on the carried loads from the lowest up); calibrate at lower loads")
     emit(d, as_json, "\n".join(lines))
 
 

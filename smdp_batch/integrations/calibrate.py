@@ -34,9 +34,21 @@ from ..errors import InputError
 from ..extras import require
 from ..model.served import ServedDelay
 
-__all__ = ["calibrate", "calibration_runs", "SERVERS", "server_setting"]
+__all__ = ["calibrate", "calibration_runs", "SERVERS", "server_setting", "burst_arrivals", "PROBE_BURSTS"]
 
 SERVERS = ("triton", "ray", "http")
+#: bursts of 3·Bmax requests sent at once after each deployment's loads, one after the other has drained: full
+#: batches back to back, whose gaps are the instance's own time per batch (a setting that waits long at light loads
+#: rarely leaves a batch waiting when the one before ends, and a + c·b would go unmeasured)
+PROBE_BURSTS = 6
+
+
+def burst_arrivals(maxb: int, delay_ms: float, l_max_ms: float, bursts: int = PROBE_BURSTS) -> np.ndarray:
+    """Send times (ms) of ``bursts`` bursts of 3·``maxb`` requests at once, each 2 × (three batches of l(Bmax) =
+    ``l_max_ms`` + the delay) + 50 ms after the one before, so that it has drained on a host twice as slow as the
+    profile."""
+    gap = 2.0 * (3.0 * l_max_ms + delay_ms) + 50.0
+    return np.repeat(np.arange(bursts) * gap, 3 * int(maxb)).astype(np.float64)
 
 
 def server_setting(rule, server: str) -> tuple[int, float, tuple[int, ...]]:
@@ -54,7 +66,7 @@ def server_setting(rule, server: str) -> tuple[int, float, tuple[int, ...]]:
                      f"--to {server} writes), not {getattr(rule, 'spec', rule)!r}")
 
 
-def _to_run(lam_per_s: float, run, server: str) -> CalibrationRun:
+def _to_run(lam_per_s: float, run, server: str, probe: bool = False) -> CalibrationRun:
     n = run.latency_ms.size
     if server == "triton":  # the run's clock is the client's: arrival = sent, latency = sent → answered
         sent, lat, entered = run.arrival_ms, run.latency_ms, None
@@ -65,7 +77,8 @@ def _to_run(lam_per_s: float, run, server: str) -> CalibrationRun:
     times = {k: (a - zero, b - zero) for k, (a, b) in run.batch_times.items()}
     return CalibrationRun(lam_per_s, sent - zero, np.asarray(lat, dtype=np.float64), run.batch_of,
                           run.notes.get("position", np.full(n, -1)), run.batches, times, run.notes.get("lag_ms"),
-                          run.errors, run.wall_s, None if entered is None else np.asarray(entered) - zero)
+                          run.errors, run.wall_s, None if entered is None else np.asarray(entered) - zero,
+                          probe=probe)
 
 
 def _idle_power() -> float | None:
@@ -112,7 +125,7 @@ def calibrate(problem, rule, loads_per_s, *, slo_ms: float | None = None, seed: 
               **run_options) -> ServedDelay:
     """Run ``rule`` on the real ``server`` at each load (req/s) at real speed and fit what it adds (module doc):
     :func:`calibration_runs` (``run_options``: its keywords), then :func:`~smdp_batch.analysis.served.fit_served`
-    with ``slo_ms`` (a load whose outside delay alone reaches it is not carried).  ``earlier``: runs of earlier
+    with ``slo_ms`` (a load where the fastest response alone reaches it is not carried).  ``earlier``: runs of earlier
     calibrations on the same server and loads (of other settings, each run naming its own), pooled with these."""
     runs, source, idle = calibration_runs(problem, rule, loads_per_s, seed=seed, **run_options)
     return fit_served(problem, rule, [*earlier, *runs], slo_ms=slo_ms, seed=seed, idle_power_w=idle, source=source)
@@ -159,19 +172,32 @@ def calibration_runs(problem, rule, loads_per_s, *, server: str = "triton", onnx
     idle = _idle_power()
     runs: list[CalibrationRun] = []
     t0 = time.time()
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
+    bursts = burst_arrivals(maxb, delay_ms, lat[max(b for b in lat if b <= maxb)])
+    warm = poisson_arrivals(0.1 * loads[0] / 1000.0, 20, np.random.default_rng(seed))  # connections, a first batch
+
+    def deployment(k: int, run_load: Callable, name: str) -> None:
+        """Deployment k's runs: each load in turn (module doc, *Repeats*), then the bursts."""
+        run_load(warm)
+        for x, arr in streams[k * len(loads):(k + 1) * len(loads)]:
+            say(f"calibrating {name} at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
+            runs.append(_to_run(x, run_load(arr), server))
+        say(f"calibrating {name}: {PROBE_BURSTS} bursts of {3 * maxb} requests at once (the time between batches)")
+        runs.append(_to_run(0.0, run_load(bursts), server, probe=True))
+        for run in runs[-len(loads) - 1:]:
+            run.deployment = f"{server}@{date}#{k}"
+
     if server == "http":
         runs = _http_runs(url, body, streams, max_seconds, say)
+        for run in runs:  # one deployment, yours
+            run.deployment = f"{server}@{date}#0"
     elif server == "triton":
         from .triton import ModelSpec, TritonServer, run_load
 
         spec = ModelSpec(maxb, delay_ms * 1000.0, pref, lat, pad_to, problem.instances, onnx_path)
         for k in range(int(repeats)):  # a deployment per repeat (module doc, *Repeats*)
             with TritonServer({"calibrate": spec}, 1.0) as srv:
-                run_load(srv, "calibrate", poisson_arrivals(0.1 * loads[0] / 1000.0, 20, np.random.default_rng(seed)),
-                         max_seconds=max_seconds)  # warm the path: connections, the stub's first batch
-                for x, arr in streams[k * len(loads):(k + 1) * len(loads)]:
-                    say(f"calibrating Triton at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
-                    runs.append(_to_run(x, run_load(srv, "calibrate", arr, max_seconds=max_seconds), server))
+                deployment(k, lambda arr, srv=srv: run_load(srv, "calibrate", arr, max_seconds=max_seconds), "Triton")
     else:
         from .ray_serve import RayServe, stub_deployment
         from .ray_serve import run_load as ray_run_load
@@ -180,18 +206,14 @@ def calibration_runs(problem, rule, loads_per_s, *, server: str = "triton", onnx
             with RayServe(num_cpus=num_cpus) as rs:
                 h = rs.deploy(stub_deployment("calibrate", lat, 1.0, serve_batch=(maxb, delay_ms / 1000.0),
                                               pad_to=pad_to, onnx_path=onnx_path), "calibrate")
-                ray_run_load(h, poisson_arrivals(0.1 * loads[0] / 1000.0, 20, np.random.default_rng(seed)), 1.0,
-                             max_seconds=max_seconds)
-                for x, arr in streams[k * len(loads):(k + 1) * len(loads)]:
-                    say(f"calibrating Ray Serve at {x:g} req/s: {arr.size} requests, about {arr[-1] / 1000.0:.3g} s")
-                    runs.append(_to_run(x, ray_run_load(h, arr, 1.0, max_seconds=max_seconds), server))
+                deployment(k, lambda arr, h=h: ray_run_load(h, arr, 1.0, max_seconds=max_seconds), "Ray Serve")
     model = url if server == "http" else onnx_path or "stand-in sleeping l(b)"
     source = {"server": server, "model": model, "setting": rule.spec,
               "time_scale": 1.0, "requests_per_load": int(requests), "runs_per_load": int(repeats), "seed": int(seed),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "seconds": round(time.time() - t0, 2),
+              "date": date, "seconds": round(time.time() - t0, 2),
               "idle_power": "read from the energy counter" if idle is not None else "no energy counter here"}
-    per = len(loads) if server != "http" else len(runs)  # an HTTP endpoint is one deployment, yours
-    for i, run in enumerate(runs):
+    if server != "http":
+        source["probe_bursts"] = PROBE_BURSTS * int(repeats)
+    for run in runs:
         run.rule = rule
-        run.deployment = f"{server}@{source['date']}#{i // max(per, 1)}"
     return runs, source, idle

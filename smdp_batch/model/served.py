@@ -37,13 +37,15 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["ServedDelay", "as_served", "batch_positions", "FORMAT", "VERSION"]
+__all__ = ["ServedDelay", "as_served", "batch_positions", "floor_ms", "FORMAT", "VERSION", "PER_BATCH_MIN_PAIRS"]
 
 FORMAT = "smdp-batch served-delay"
 VERSION = 1
 _MAX_BYTES = 64 * 1024 * 1024
 _MAX_SAMPLE = 1_000_000
 _MAX_MS = 1e6  # no part of a served delay beyond 1000 s is a measurement
+#: a + c·b is fitted from at least this many back-to-back batch pairs; with fewer it is 0 + 0·b, not measured
+PER_BATCH_MIN_PAIRS = 5
 
 
 def as_served(problem, served_latency_ms: dict):
@@ -64,6 +66,15 @@ def as_served(problem, served_latency_ms: dict):
     latency = "table:" + ",".join(f"{b}={v:.9g}" for b, v in zip(sizes, new))
     carried = problem.max_lam * float(lat[-1]) / float(new[-1])  # the stable rate with l(Bmax) as served
     return problem.replace(latency=latency, lam=problem.lam if problem.lam < carried else 0.5 * carried)
+
+
+def floor_ms(problem, metric: str, outside: np.ndarray) -> float:
+    """The least ``metric`` ("mean" or "p<q>") any setting reaches on a server that adds the outside delays
+    ``outside`` (ms), ms: a request served at once, alone, in a batch of the smallest size (l(b_min) of
+    ``problem``, which carries l(b) as served) plus that metric of the outside delay."""
+    o = np.asarray(outside, dtype=np.float64)
+    return float(problem.latency_ms()[0]) + (float(np.mean(o)) if metric == "mean"
+                                              else float(np.percentile(o, float(metric[1:]))))
 
 
 def batch_positions(done: np.ndarray) -> np.ndarray:
@@ -232,11 +243,20 @@ class ServedDelay:
         hw = [100.0 * float(h) for h in got if isinstance(h, (int, float)) and math.isfinite(h)]
         spread = ""
         if hw and len(hw) == len(got):
-            lo, hi = f"{min(hw):.2g}", f"{max(hw):.2g}"
+            pct = lambda v: f"{v:.0f}" if v >= 100 else f"{v:.2g}"  # noqa: E731  (1000 %, not 1e+03 %)
+            lo, hi = pct(min(hw)), pct(max(hw))
             spread = (f"; a run's p99 lands within ± {lo if lo == hi else f'{lo}–{hi}'} % of its plan (95 %, "
                       + _between(self.source) + ")")
-        return (f"per batch {self.a_ms:.3g} + {self.c_ms:.3g}·b ms, {self.return_ms:.3g} ms per position, "
-                f"outside delay {outs}{grow}{carried}{spread}")
+        pairs, at = self.source.get("per_batch_pairs"), self.source.get("per_batch_sizes")
+        bursts = " (the bursts' too)" if self.source.get("probe_bursts") else ""
+        if isinstance(pairs, int) and pairs < PER_BATCH_MIN_PAIRS and self.a_ms == self.c_ms == 0.0:
+            per = (f"per batch not measured ({pairs} batches were waiting when the one before ended{bursts}: a setting "
+                   "that keeps the instance busier than this one is planned without it; calibrate that setting too)")
+        elif isinstance(at, list) and len(at) == 1:
+            per = f"per batch {self.a_ms:.3g} ms (measured at b = {at[0]} only: taken at every size)"
+        else:
+            per = f"per batch {self.a_ms:.3g} + {self.c_ms:.3g}·b ms"
+        return f"{per}, {self.return_ms:.3g} ms per position, outside delay {outs}{grow}{carried}{spread}"
 
     # ------------------------------------------------------------------ files
     def as_dict(self) -> dict:
