@@ -46,9 +46,10 @@ def standin_ms(b: int) -> float:
     return 2.0 + 0.5 * b
 
 
-def problem(lam: float, repeat: int = 1):
+def problem(lam: float, repeat: int = 1, profile: str | None = None):
     """The ONNX MLP as a batching problem at rate ``lam`` (1/ms); ``repeat`` = HEAVY: the heavy variant; STANDIN:
-    the GPU-like stand-in (l(b) = 2 + 0.5·b ms, ζ(b) = 60 W × l(b), deterministic)."""
+    the GPU-like stand-in (l(b) = 2 + 0.5·b ms, ζ(b) = 60 W × l(b), deterministic).  ``profile``: a profile CSV
+    measured on this host (``smdp-batch measure``), in place of the shipped one."""
     from smdp_batch.model.problem import BatchingProblem
 
     if repeat == STANDIN:
@@ -57,7 +58,7 @@ def problem(lam: float, repeat: int = 1):
             return "table:" + ",".join(f"{b}={v:g}" for b, v in zip(SIZES, vals))
 
         return BatchingProblem(float(lam), batch_sizes=SIZES, latency=table(lat), energy=table(STANDIN_W * x for x in lat))
-    path = PROFILES[repeat]
+    path = profile or PROFILES[repeat]
     return BatchingProblem(float(lam), batch_sizes=SIZES, latency=f"csv:{path}", energy=f"csv:{path}")
 
 
@@ -96,7 +97,7 @@ def make_infer(slow_file: str | None = None, slow: float = 1.5, repeat: int = 1)
 
 def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, slow_file: str | None = None,
          min_samples: int = 200, bank_factors=(0.2, 0.35, 0.6, 1.0, 1.7, 3.0), overhead_ms: float = 0.0,
-         repeat: int = 1, served_path: str | None = None):
+         repeat: int = 1, served_path: str | None = None, profile: str | None = None):
     """``(infer, policy)`` built in the calling (server) process; see the module docstring.  ``overhead_ms``:
     the part of the SLO left to the transport outside the server: every table plans p99 ≤ SLO − overhead_ms."""
     import logging
@@ -107,7 +108,7 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     infer = make_infer(slow_file, repeat=repeat)
     if kind == "none":
         return infer, None
-    p = problem(lam, repeat)
+    p = problem(lam, repeat, profile)
     if kind == "bank":
         from smdp_batch.runtime.bank import AdaptivePolicy, PolicyBank
 
@@ -128,3 +129,44 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     if kind == "static":
         return infer, pilot.table
     return infer, pilot
+
+
+def served_speed(m, profile_ms) -> tuple[float, float] | None:
+    """The least and greatest l̂(b) ÷ l(b) of the profile ``profile_ms`` over the sizes that ran ≥ 5 batches: how fast
+    the model ran while served (``m``: the Autopilot's metrics, a dict or ``AutopilotMetrics``); None if none ran."""
+    get = m.get if isinstance(m, dict) else (lambda k: getattr(m, k, None))
+    ratio = [e / p for e, p, c in zip(get("latency_hat_ms") or (), profile_ms, get("batches") or ()) if c >= 5]
+    return (min(ratio), max(ratio)) if ratio else None
+
+
+def why_missed(m, lam: float, slo_ms: float, overhead_ms: float, mean_batch: float, repeat: int = 1,
+               profile: str | None = None) -> str:
+    """One plain line on why a phase put more than 1 % of its requests over the SLO, from what the run measured:
+    ``m`` the Autopilot's metrics (a dict, as the servers hand them back, or ``AutopilotMetrics``), ``mean_batch``
+    the phase's mean executed batch (NaN: not known), ``profile`` the profile CSV measured on this host that the
+    first table was planned on (None: the shipped one)."""
+    import math
+
+    get = m.get if isinstance(m, dict) else (lambda k: getattr(m, k, None))
+    why = []
+    speed = served_speed(m, problem(lam, repeat, profile).latency_ms())
+    if speed is not None and speed[1] > 1.2:
+        x = lambda v: f"{v:.2g}" if v < 100 else f"{v:.0f}"  # noqa: E731  (120, not 1.2e+02)
+        where = (f"{os.path.relpath(PROFILES.get(repeat, PROFILE), ROOT)}, measured on another machine" if profile is None
+                 else "measured on this host alone: the client, the server and the model share its cores")
+        why.append(f"the model ran at {x(speed[0])}–{x(speed[1])} × the profile its first table was planned on "
+                   f"({where})")
+    if get("infeasible"):
+        why.append(f"{get('infeasible')} solve(s) found no table that meets the SLO at the rate and batch times "
+                   "measured")
+    if mean_batch >= 0.8 * max(SIZES):
+        why.append(f"batches ran nearly full (mean {mean_batch:.1f} of {max(SIZES)}): the host did not keep up")
+    inside = get("observed_p99_ms")
+    if get("responses_from") != "served" and isinstance(inside, (int, float)) and math.isfinite(inside) \
+            and inside > slo_ms - overhead_ms:  # (told the end-to-end times, its p99 is not the batcher's alone)
+        why.append(f"the server's batcher alone took p99 {inside:.0f} ms, beyond the SLO less the {overhead_ms:g} ms "
+                   f"left to the rest (the client, the server and the model share this host's {os.cpu_count()} "
+                   "cores)")
+    return "; ".join(why) or (f"the time outside the server's batcher took more than the {overhead_ms:g} ms left to "
+                              "it (OVERHEAD_MS)")
+

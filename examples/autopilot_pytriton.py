@@ -23,6 +23,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from examples.autopilot_common import why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 
 OVERHEAD_MS = 10.0
@@ -48,8 +49,11 @@ def main() -> None:
     lat = (done - sent) * 1e3
     for k, (name, lam, _) in enumerate(PHASES):
         sel = phase == k
+        over, mean_batch = float(np.mean(np.nan_to_num(lat[sel], nan=np.inf) > SLO)), sizes[sel & (sizes > 0)].mean()
         print(f"{name:8s} λ {lam:.2f}/ms: {sel.sum()} requests, observed p99 {np.nanpercentile(lat[sel], 99):.1f} ms "
-              f"(SLO {SLO:g} ms), mean batch {sizes[sel & (sizes > 0)].mean():.2f}")
+              f"(SLO {SLO:g} ms), {100 * over:.1f} % over, mean batch {mean_batch:.2f}")
+        if over > 0.01:  # say why, plainly
+            print(f"         missed: {why_missed(m, LAM, SLO, OVERHEAD_MS, mean_batch)}")
     print(f"errors {errors}; swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}; "
           f"λ̂ {m['lam_hat'] if m['lam_hat'] is not None else math.nan:.3f}/ms; live table {m['live_table']}: "
           f"planned at λ {m['planned_lam']:.3f}/ms, "

@@ -126,6 +126,29 @@ def test_a_1_5x_slowdown_re_solves_with_the_measured_curve():
     assert len(solver.calls) == 1
 
 
+def test_a_rate_step_found_during_a_solve_is_solved_for_when_it_ends_without_another_request():
+    """A service re-solve (a 1.5× slowdown) runs while the rate steps up 1.6×; the traffic then pauses.  The step is
+    solved for as soon as the first solve ends, not at the next request (a CI run: the only swap went to the old rate, 7 s of solve
+    having outlasted the step, and no request came after it to start the next)."""
+    solver = FakeSolver("hang")
+    ap, p = make(solver, solve_in="thread")
+    rng = np.random.default_rng(2)
+    t = feed(ap, p.lam, 300, rng)
+    l = p.latency_ms()
+    for _ in range(8):  # a slowdown: the service re-solve starts and hangs
+        b = int(rng.integers(1, 33))
+        ap.observe_batch(b, 1.5 * l[b - 1] * 1e-3 * rng.gamma(100, 0.01), True)
+    assert len(solver.calls) == 1
+    feed(ap, 1.6 * p.lam, 600, rng, t)  # the step, while that solve runs; then no more requests
+    assert len(solver.calls) == 1
+    solver.release.set()
+    for _ in range(50):
+        if ap.join(10) and len(solver.calls) == 2:
+            break
+    assert len(solver.calls) == 2 and solver.calls[1][2][0] == pytest.approx(1.6 * p.lam, rel=0.15)
+    assert ap.metrics.swaps == 2 and ap.plan.lam == pytest.approx(1.6 * p.lam, rel=0.15)
+
+
 # ------------------------------------------------------------------ guards
 def _step(ap, p, seed=3):
     rng = np.random.default_rng(seed)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from smdp_batch.errors import InputError
 from smdp_batch.model.problem import BatchingProblem
 from smdp_batch.runtime import PolicyTable
 from smdp_batch.autopilot import Autopilot, Plan, RateChange
@@ -405,6 +406,27 @@ def test_a_server_plan_is_the_servers_batcher_at_the_delay_the_slo_search_finds_
         assert low.timer_ms > 0.0
     with pytest.raises(ValueError, match="family"):
         Autopilot(p, SLO, PolicyTable(control(16), p.batch_sizes), family="tgi", solve_in="thread", energy_meter=None)
+
+
+@pytest.mark.parametrize("family", ["ray", "smdp"])
+def test_a_live_plan_that_cannot_carry_the_load_is_replaced_by_the_best_effort_not_a_failed_solve(family):
+    """After a rollback at a load the live plan cannot carry (its queue grows there: Ray at timeout 0 serves batches
+    of one; a table that serves one at a time), an unreachable target gets the best effort, never an error: the
+    live rule's p99 there is unbounded, so any effort that keeps up is better."""
+    from smdp_batch.analysis.simulate import simulate
+    from smdp_batch.autopilot.plan import server_rule, server_table, slo_plan
+
+    p = BatchingProblem.basic(rho=0.5)
+    l1 = float(p.latency_ms()[0])
+    assert p.lam * l1 > 1.0  # batches of one cannot keep up
+    if family == "ray":
+        live = Plan(server_table(p, "ray", 0.0, p.lam, "ray:max=32,timeout_s=0"), p.lam, 0.0)
+    else:
+        live = Plan(PolicyTable(np.minimum(np.arange(p.bmax + 1), 1), p.batch_sizes), p.lam, None)
+    with pytest.raises(InputError):
+        simulate(p, server_rule(live, p), requests=5000, seed=0)
+    got = slo_plan(p, 0.5 * l1, [p.lam], family=family, incumbent=live, requests=5000)
+    assert got is not None and not got.meets and "best effort" in got.spec and math.isfinite(got.p99_ms)
 
 
 def test_a_tighter_plan_rolled_back_gives_back_its_excess_and_rests_the_learning():

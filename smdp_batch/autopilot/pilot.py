@@ -17,7 +17,7 @@ the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), th
 ``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by
 more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the Autopilot builds the problem at
 λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with a time budget, at most once per
-``min_interval_s``, **in a lower-priority child process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with
+``min_interval_s`` (a change found during a solve as soon as it ends), **in a lower-priority child process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with
 ``solve_in="thread"``, the default for a solver you pass).  The default solver is the SLO optimiser
 (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer whose simulated p99
 plus its 95 % half-width meets the *target* at λ̂ and at both edges of λ̂'s one-σ band).  The target is SLO −
@@ -512,6 +512,7 @@ class Autopilot:
             job.out = out  # poll() hands it over once solve_seconds of the clock have passed
         else:
             self._finish(job, out, time.perf_counter() - t0)
+            self.poll()  # a change found while it ran is solved for now, not at the next request (module doc)
 
     def _valid(self, plan: Any) -> bool:
         """A plan of known batch sizes with planned metrics in range (:meth:`Plan.fault`)."""
@@ -590,8 +591,7 @@ class Autopilot:
             c["late_results"], solve_s, live.id, live.lam, live.mean_ms, live.p99_ms, live.power_w,
             self.max_wait_ms, self.rate.rate, self.rate.band(), tuple(float(x) for x in self.service.latency_ms()),
             p99, self.rate.rejected + self.service.rejected + self.energy.rejected + self._hook_errors, event, p50,
-            self.sizes,
-            batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
+            self.sizes, batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
             self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
             source, math.nan if power is None else power[0], 1.0 if self.control is None else self.control.scale,
             "served" if self._served else "batcher")

@@ -174,7 +174,8 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
 def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: str = "smdp",
                  served: Any = None) -> Plan | None:
     """The setting that waits least at ``problem.lam``, as a plan that does not meet its target, if its simulated
-    p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals; else None.
+    p99 (served, with ``served``) is below the live rule's (``current``, None: none) on the same arrivals — a live rule
+    whose queue grows at this load has none, and any effort that keeps up beats it; else None.
     For "smdp" the greedy table (serve the largest allowed size ≤ n at once, no timer); for a server's batcher the
     delay of least simulated p99 among l(Bmax) × (0, 1/8, 1/4, 1/2, 1, 2): Ray's window does not close on a free
     model, so at timeout 0 every request is a batch of one, which a load above 1/l(1) cannot be served with (Triton's
@@ -198,12 +199,19 @@ def _best_effort(problem: Any, current: Any, requests: int, seed: int, family: s
         table = server_table(problem, family, timer, problem.lam, spec)
     else:
         rule = np.asarray(parse_policy("greedy", problem.batch_sizes, problem.bmax), dtype=np.int64)
-        best, spec = simulate(problem, rule, requests=requests, seed=seed, served=served), "greedy (best effort)"
+        try:
+            best, spec = simulate(problem, rule, requests=requests, seed=seed, served=served), "greedy (best effort)"
+        except InputError:  # not even serving the most at once carries this load: no effort helps
+            return None
         table, timer = PolicyTable(rule, sizes, {"inputs": {"lam": problem.lam}, "max_wait_ms": None, "setting": spec,
                                                  "short_batch": "serve"}), None
-    if current is not None and not best.percentiles["p99_ms"] < simulate(problem, current, requests=requests, seed=seed,
-                                                                        served=served).percentiles["p99_ms"]:
-        return None
+    if current is not None:
+        try:
+            live = simulate(problem, current, requests=requests, seed=seed, served=served).percentiles["p99_ms"]
+        except InputError:  # the live rule cannot carry this load (its queue grows): any stable effort is better
+            live = math.inf
+        if not best.percentiles["p99_ms"] < live:
+            return None
     return Plan(table, problem.lam, timer, best.mean_latency_ms, best.percentiles["p99_ms"], best.mean_power_w,
                 False, spec)
 

@@ -272,6 +272,8 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             if not hasattr(self.pilot, "join"):
                 return None
             await asyncio.to_thread(self.pilot.join, 30.0)
+            if live_knobs:  # a solve that ended in the wait swapped the plan: its timer goes onto Ray's batcher now,
+                self.apply()  # not at the next arrival, so that the knob reported is the one in force
             extra = {"batch_wait_timeout_ms": self.timeout_ms, "knob_changes": self.knob_changes} if live_knobs else {}
             return {**dataclasses.asdict(self.pilot.metrics), **extra}
 
