@@ -10,7 +10,10 @@ and sits in a 50 ms polling loop, so it acts at once:
 
 1. it forwards the signal to the child, whose handler (:func:`smdp_batch.cli.main`) unwinds every
    ``finally``, removes the temporary files of its outputs (:mod:`smdp_batch.files`) and exits 130 / 143
-   with its one line, skipping the interpreter's teardown (whose finalizers could print after it);
+   with its one line, skipping the interpreter's teardown (whose finalizers could print after it); it records
+   its exit code in the journal before that line and keeps the interrupted traceback to the exit, so that what
+   the signal left half built is never freed (it crashed the process after the line) and no crash after the
+   line can make the parent print it again;
 2. if the child is still running :data:`GRACE_S` seconds later (stuck in a compiled call), the parent
    kills it and its descendants, removes the temporary files and folders the child recorded in its
    journal (a pipe: :func:`smdp_batch.files.journal`), prints the line and exits 130 / 143 itself.
@@ -22,6 +25,7 @@ missing (Windows) the command runs in this process, with the in-process handlers
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -37,7 +41,7 @@ _LINES: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "termina
 
 
 def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
-    from .files import JOURNAL_ENV, Terminated, quiet_interrupts
+    from .files import JOURNAL_ENV, Terminated, outcome, quiet_interrupts
 
     received: list[int] = []
 
@@ -61,15 +65,20 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
         from .cli import main as run  # the imports take a moment: a signal here must not print a traceback
 
         code = run(argv)
-    except KeyboardInterrupt:  # during the imports, or between the command's own handlers and its return
-        code = _say(signal.SIGINT)
-    except Terminated:
-        code = _say(signal.SIGTERM)
-    except Exception as e:
-        if received:  # the signal, turned into an error of its own by an extension's import (numba's
-            code = _say(received[0])  # _devicearray: ImportError, no chain): still the signal's outcome
-        else:  # a broken installation (the command line cannot even be imported): one line
-            code = _internal(e)
+    except BaseException as e:
+        # a signal during the imports, or between the command's own handlers and its return; or the signal turned
+        # into an error of its own by an extension's import (numba's _devicearray: ImportError, no chain)
+        signum = (signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM if isinstance(e, Terminated)
+                  else received[0] if received else None)
+        if signum is None:
+            if not isinstance(e, Exception):
+                raise
+            code = _internal(e)  # a broken installation (the command line cannot even be imported): one line
+        else:
+            held = e  # noqa: F841 - kept to the exit (os._exit): freeing it may crash (see cli._hold)
+            gc.disable()
+            outcome(128 + int(signum))  # the supervisor learns the outcome before anything can crash
+            code = _say(signum)
     for s in _LINES:  # the command is done (its outputs in place, or none): a signal now changes nothing
         signal.signal(s, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):
@@ -77,7 +86,7 @@ def _child(journal_fd: int, argv: list[str] | None, mask) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    _mark_done(journal_fd, code)
+    outcome(code)  # should the teardown hang or crash, the command still exits with this code
     if code in (128 + int(signal.SIGINT), 128 + int(signal.SIGTERM)):
         _leave_now(code)
     return code
@@ -101,15 +110,6 @@ def _leave_now(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
-
-
-def _mark_done(journal_fd: int, code) -> None:
-    """Tell the supervisor the command finished with ``code``: should the interpreter's teardown hang or
-    crash (a half-imported extension after an interrupt), the command still exits with that code."""
-    try:
-        os.write(journal_fd, f"={int(code) if isinstance(code, int) else 0}\0".encode())
-    except OSError:
-        pass
 
 
 def _internal(e: BaseException) -> int:

@@ -41,7 +41,7 @@ from .errors import InputError
 
 __all__ = ["Target", "check_output", "check_output_dir", "same_file", "check_collisions", "validate_outputs",
            "OutputPlan", "current_plan",
-           "atomic_outputs", "atomic_output", "Terminated", "quiet_interrupts", "journal", "JOURNAL_ENV"]
+           "atomic_outputs", "atomic_output", "Terminated", "quiet_interrupts", "journal", "outcome", "JOURNAL_ENV"]
 
 #: set by the console entry (:mod:`smdp_batch.console`) in the process that runs a command: ``"PID:FD"``
 JOURNAL_ENV = "SMDP_BATCH_JOURNAL"
@@ -337,18 +337,34 @@ def _unlink(path: str) -> None:
     journal("-", path)
 
 
+def _journal_fd() -> int | None:
+    """The journal's descriptor where this process is the console's command process (see :func:`journal`)."""
+    pid, _, fd = os.environ.get(JOURNAL_ENV, "").partition(":")
+    return int(fd) if pid.isdigit() and fd.isdigit() and int(pid) == os.getpid() else None
+
+
 def journal(op: str, path: str) -> None:
     """Tell the console's supervisor about a temporary file (``+`` created, ``-`` gone) or a created folder
     (``d``), so that it can remove them if it must kill this process; a no-op elsewhere.
 
     The journal is a pipe named by :data:`JOURNAL_ENV` as ``PID:FD``; only that process writes to it
     (a subprocess inheriting the variable does not own the descriptor)."""
-    spec = os.environ.get(JOURNAL_ENV, "")
-    pid, _, fd = spec.partition(":")
-    if not (pid.isdigit() and fd.isdigit() and int(pid) == os.getpid()):
-        return
-    with contextlib.suppress(OSError):
-        os.write(int(fd), f"{op}{os.path.abspath(path)}\0".encode("utf-8", "surrogateescape"))
+    fd = _journal_fd()
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, f"{op}{os.path.abspath(path)}\0".encode("utf-8", "surrogateescape"))
+
+
+def outcome(code: int) -> bool:
+    """Tell the console's supervisor the command's exit code (``=CODE``), as soon as it is decided: should the
+    process crash afterwards (a finalizer of an object a signal left half built), the supervisor still ends
+    with that code and does not print the command's last line a second time.  Whether this process is the
+    console's command process (False elsewhere: nothing is written)."""
+    fd = _journal_fd()
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, f"={int(code)}\0".encode())
+    return fd is not None
 
 
 _PLANS: list[OutputPlan] = []

@@ -14,6 +14,7 @@ An old option spelling still works and prints one line ``smdp-batch: warning: â€
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -22,7 +23,7 @@ import click
 
 from .. import __version__
 from ..errors import InputError
-from ..files import Terminated, atomic_outputs, quiet_interrupts
+from ..files import Terminated, atomic_outputs, outcome, quiet_interrupts
 from .calibrate import calibrate_cmd
 from .export import export_cmd
 from .fit import fit_arrivals_cmd
@@ -117,6 +118,21 @@ def _signalled(exc: BaseException | None) -> int | None:
     return None
 
 
+#: the exception of the last interrupted command, kept: freeing its traceback runs the finalizers of what the signal
+#: left half built (an LLVM module in numba's compiler), which can crash the process (glibc: "double free") after
+#: the command's last line
+_HELD: list[BaseException] = []
+
+
+def _hold(e: BaseException, code: int) -> None:
+    """Keep ``e`` alive and record the outcome ``code`` for the console's supervisor before the last line is
+    printed; in the console's command process, which leaves with ``os._exit`` (never freeing ``e``), the cyclic
+    garbage collector stops too, so that nothing half built is finalized on the way out."""
+    _HELD[:] = [e]
+    if outcome(code):
+        gc.disable()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (errors: one line on stderr, code 2)."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -145,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if code is None:
             return _failed(e)
         if plan is None or not plan.committed:
+            _hold(e, code)
             click.echo(f"smdp-batch: {'interrupted' if code == 128 + int(signal.SIGINT) else 'terminated'}", err=True)
             return code
         rc = 0  # the signal waited for the final renames: the command had finished, its outputs are complete
