@@ -279,8 +279,10 @@ def test_a_hanging_call_is_stopped_by_the_budget(work, capsys, fn, make, stop, w
     assert sizes_in(out) == [b for b in (1, 2, 4, 8, 16) if b < stop]
     d = json.loads(stdout)
     assert d["stopped_at"] == stop and f"{where} timed out after 1.5 s" in d["failure"], d
-    (w,) = warning_lines(err)
-    assert "timed out after 1.5 s" in w
+    # the time-out's warning; beside it at most the one on noisy sizes (2 repeats of a call of microseconds, on a
+    # loaded CI host: a CV above 25 %)
+    w, *noisy = sorted(warning_lines(err), key=lambda x: "timed out" not in x)
+    assert "timed out after 1.5 s" in w and len(noisy) <= 1 and all("(CV)" in x for x in noisy), err
     gone(work / "PID")
     no_temporaries(work)
 

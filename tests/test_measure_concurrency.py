@@ -42,6 +42,7 @@ def _factors(m) -> tuple[float, ...]:
     return tuple(m.meta["concurrency"]["latency"])
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_a_device_that_runs_one_call_at_a_time_takes_k_times_as_long():
     """Per size S_k ≈ k.  k callers on such a device serve exactly as many batches as k − 1, so the spec takes S_k at
     its bound k·S_{k−1}/(k − 1) while the threads' overhead stays within the slack, and otherwise (a loaded
@@ -64,6 +65,7 @@ def test_a_device_that_runs_one_call_at_a_time_takes_k_times_as_long():
     assert m.batch.size == 10  # the profile's rows are the runs alone
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_a_device_with_room_for_every_caller_does_not_slow_down():
     m = measure(_roomy, sizes=(2, 8), warmup=1, repeats=5, concurrency=3, progress=False)
     assert all(x == pytest.approx(1.0, abs=0.15) for x in _factors(m))
@@ -132,6 +134,7 @@ def test_bad_concurrency_on_the_command_line_is_one_line(value, capsys, tmp_path
     assert len(err) == 1 and "--concurrency" in err[0]
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_the_command_prints_the_factors_and_the_spec_to_solve_with(tmp_path, monkeypatch, capsys):
     """Through the child process: a device with two slots, each call twice as long beside another (S₂ = 2 is the
     bound itself, so S₂ is set by the sleeps, not the threads' overhead: 1.5 here)."""

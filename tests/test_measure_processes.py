@@ -15,7 +15,8 @@ from smdp_batch.cli import main
 from smdp_batch.errors import InputError
 from smdp_batch.measure import measure
 
-_SLEEP = "time.sleep(0.0025 * len(batch) + 0.02)"  # 20–40 ms a call: a loaded machine's wake-ups stay small
+_SLEEP = "time.sleep(0.005 * len(batch) + 0.05)"  # 60–90 ms a call: a helper process woken a few ms late (the
+# slow CI host, after a server test's processes) stays within the 10 % the factors are judged to (20–40 ms did not)
 
 
 def _module(tmp_path, monkeypatch, name: str, body: str) -> str:
@@ -38,6 +39,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_one_slot_shared_by_processes_takes_k_times_as_long_and_each_caller_is_a_process(tmp_path, monkeypatch):
     fn = _module(tmp_path, monkeypatch, "oneslot",
                  "def infer(batch):\n    with open(os.path.join(HERE, 'pids'), 'a') as p:\n"
@@ -56,6 +58,7 @@ def test_one_slot_shared_by_processes_takes_k_times_as_long_and_each_caller_is_a
     assert m.batch.size == 10  # the profile's rows are the runs alone
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_a_lock_of_each_process_serialises_threads_but_not_processes(tmp_path, monkeypatch):
     """What the GIL does to pure-Python code, without depending on the machine's cores: threads of one process
     take turns (S₂ ≈ 2), processes each have their own (S₂ ≈ 1)."""
@@ -123,6 +126,7 @@ def test_processes_need_a_named_function_and_a_known_word():
         measure("x:y", sizes=(1,), callers="processes")
 
 
+@pytest.mark.exclusive  # a ratio of sleeps timed at two moments: a neighbour's load between them moves it
 def test_the_command_runs_callers_in_processes_and_says_so(tmp_path, monkeypatch, capsys):
     fn = _module(tmp_path, monkeypatch, "cmdlock",
                  f"L = threading.Lock()\n\ndef infer(batch):\n    with L:\n        {_SLEEP}\n")
