@@ -85,6 +85,27 @@ def test_a_slow_ramp_the_change_test_misses_still_re_solves():
     assert ap.plan.lam == pytest.approx(1.6 * p.lam, rel=0.15)
 
 
+def test_join_waits_for_the_solve_a_change_found_during_a_solve_starts():
+    gate = threading.Event()
+
+    class Gated(FakeSolver):  # the first solve waits for the gate, the next one takes 0.3 s
+        def __call__(self, problem, slo_ms, lams):
+            if not self.calls:
+                gate.wait(10)
+            else:
+                time.sleep(0.3)
+            return super().__call__(problem, slo_ms, lams)
+
+    solver = Gated()
+    ap, p = make(solver, solve_in="thread")
+    ap._trigger("service")
+    _at(ap, p.lam, 200, 7)  # a hook starts the first solve once λ̂ is known
+    assert ap.metrics.solves == 1 and not ap.join(0.05)
+    ap._trigger("service")  # a change found while it runs
+    gate.set()  # its end starts the second at once; join waits for that one too
+    assert ap.join(10) and len(solver.calls) == 2 and ap.metrics.solves == 2
+
+
 # ------------------------------------------------------------------ which service drifts matter
 def _drift(ap, p, factor: float, n: int = 40):
     l = p.latency_ms()

@@ -163,8 +163,7 @@ class Autopilot:
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
         self.control, self._breach = TimerControl() if control is True else control or None, BreachTest()
-        self.sizes = tuple(problem.batch_sizes)
-        self.rate = rate or RateChange()
+        self.sizes, self.rate = tuple(problem.batch_sizes), rate or RateChange()
         self.service = service or ServiceEstimator(self.sizes, problem.latency_ms())
         self.energy = energy or EnergyEstimator(self.sizes, problem.energy_mj())
         self.meter, self.energy_tol = open_meter(energy_meter, self.sizes, problem), float(energy_tol)
@@ -172,8 +171,7 @@ class Autopilot:
         self._metered, self._clock, self._tlast, self._offset = 0, clock, -math.inf, 0.0  # batches metered; the clock
         self._lock = threading.RLock()
         self._job: Job | None = None  # the solve in flight
-        self._solve_end = -math.inf  # when the latest solve ended (s): batches overlapping a solve teach nothing
-        self.overlapped = 0  # batches left out of l̂(b) because a solve ran while they did
+        self._solve_end, self.overlapped = -math.inf, 0  # the latest solve's end (s); batches beside a solve (not learned)
         self._abandoned: list[threading.Thread] = []  # thread mode: at most max_threads (pruned when they end)
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
@@ -182,8 +180,7 @@ class Autopilot:
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
         self._unlearned, self._rest_until = 0, -math.inf  # responses since the excess was learned; its rest (clock s)
-        self._index = {b: i for i, b in enumerate(self.sizes)}
-        self._batches = [0] * len(self.sizes)  # executed batches per size (the metrics' histogram)
+        self._index, self._batches = {b: i for i, b in enumerate(self.sizes)}, [0] * len(self.sizes)  # batches per size
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
         self._good_p99 = math.nan  # the p99 of the latest window judged under the last good plan (ms)
         self._excess, self._arrivals, self._margin = 0.0, 0, Margin()  # learned excess (ms); arrivals since a λ̂ check
@@ -412,7 +409,7 @@ class Autopilot:
 
     def _trigger(self, reason: str) -> None:
         with self._lock:
-            self._dirty = reason if self._dirty is None else self._dirty
+            self._dirty = self._dirty or reason
 
     def _count(self, key: str | None, event: str, level: int = logging.INFO, **info: Any) -> None:
         if key is not None:
@@ -480,8 +477,7 @@ class Autopilot:
         if job.energy is not None:  # and the energy's too
             self._zeta_ref = np.asarray(job.energy, dtype=np.float64)
         if self.solve_in == "clock":
-            self._work(job)
-            return
+            return self._work(job)
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
         job.thread.start()
 
@@ -570,9 +566,13 @@ class Autopilot:
                     timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the solve in flight (tests, shutdown); True when none is left running."""
-        if (job := self._job) is not None and job.thread is not None:
-            job.thread.join(timeout)
+        """Wait up to ``timeout`` s for the solves in flight (tests, shutdown), one a solve's end starts for a change
+        found while it ran included; True when none is left running."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while (job := self._job) is not None and job.thread is not None:  # (clock mode: no thread to wait for)
+            job.thread.join(None if end is None else max(end - time.monotonic(), 0.0))
+            if job.thread.is_alive() or self._job is job:
+                break  # timed out
         return self._job is None
 
     # ------------------------------------------------------------------ metrics
