@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from smdp_batch.autopilot.energy_meter import EnergyMeter, PowerRegression, open_meter
+from smdp_batch.autopilot.plan import Job
 
 SIZES = (1, 2, 4, 8)
 IDLE_W = 80.0
@@ -177,8 +178,7 @@ def test_the_autopilot_plans_with_the_metered_energy():
     assert m.energy_source == "test counter" and m.idle_power_w == 50.0
     assert m.energy_hat_mj == pytest.approx(300.0 * np.array(m.latency_hat_ms))
     lat = np.array(m.latency_hat_ms)
-    job = type("J", (), {"lams": [prob.lam], "latency": lat, "energy": ap._energy_hat(lat)})()  # as _start makes it
-    solved = ap._problem(job)
+    solved = Job(0.0, "energy", lat, [prob.lam], 50.0, ap._energy_hat(lat)).problem(prob)  # as _start makes it
     assert solved.energy_mj() == pytest.approx(300.0 * np.array(m.latency_hat_ms))
     ap.close()
     assert meter.closed

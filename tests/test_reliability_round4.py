@@ -200,7 +200,7 @@ def test_a_plan_out_of_range_never_goes_live():
                       energy_meter=None)
     negative = Plan(table, p.lam, 5.0, mean_ms=3.0, p99_ms=10.0, power_w=-5.0)
     ap, _ = _pilot()
-    assert not ap._valid(negative) and not ap._valid(Plan(table, 0.0, 5.0, 3.0, 10.0, 30.0))
+    assert not Plan.usable(negative, ap.sizes) and not Plan.usable(Plan(table, 0.0, 5.0, 3.0, 10.0, 30.0), ap.sizes)
     with pytest.raises(ValueError, match="the SLO optimiser's limit"):
         Autopilot(p, 2e6, Plan(table, p.lam), solver=lambda *a: None, solve_in="thread", energy_meter=None)
 

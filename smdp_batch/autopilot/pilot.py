@@ -10,13 +10,15 @@ a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the
   :class:`~smdp_batch.autopilot.estimators.EnergyEstimator` (used while the meter has no estimate);
 * ``observe_response(ms)`` (the batcher's view, entry → batch end; one time or a batch's list) feeds the responses
   seen: the closed loop, the rollback watch, the excess; ``observe_served(ms)`` (end-to-end times, the server's
-  record of entry → answer sent, or the client's) replaces that view from its first call.
+  record of entry → answer sent, or the client's) replaces that view from its first call; told with ``batch_ms``, the
+  same requests' batcher view, it learns their difference, the outside delay, per load (:mod:`.outside`): plans add it.
 
 When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band leaves
 the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
 ``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by
-more than ``energy_tol`` (20 %) at a size that ran, or the learned excess moves, the Autopilot builds the problem at
-λ̂ with the l̂(b) curve (ζ̂(b) where energy is measured) and re-solves it with a time budget, at most once per
+more than ``energy_tol`` (20 %) at a size that ran, the learned excess moves, or the learned outside delay's p99 at λ̂
+moves by max(2 ms, 5 % of the SLO), the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy
+is measured; the default solver: the outside delay learned at each planned load) and re-solves it with a time budget, at most once per
 ``min_interval_s`` (a change found during a solve as soon as it ends), **in a lower-priority child process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with
 ``solve_in="thread"``, the default for a solver you pass).  The default solver is the SLO optimiser
 (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer whose simulated p99
@@ -78,6 +80,7 @@ from .energy_meter import open_meter
 from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _size_arg
 from .control import BreachTest, Margin, TimerControl
 from .hooks import never_raises as _never_raises
+from .outside import OutsideLearner
 from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
 from .report import EVENT_PREFIX, AutopilotMetrics
 from .responses import Responses, response_times
@@ -116,7 +119,9 @@ class Autopilot:
     + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen live
     among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
     ``served``: what the server adds (``ServedDelay.load`` of ``calibrate``'s file), which the default solver plans
-    served p99s with: feed it end-to-end times (``observe_served``); ``overhead_ms``: what even those leave out."""
+    served p99s with: feed it end-to-end times (``observe_served``); ``overhead_ms``: what even those leave out.
+    ``learn_outside``: learn the outside delay per load from ``observe_served(ms, batch_ms)``'s pairs and plan with it
+    (:mod:`~smdp_batch.autopilot.outside`; a calibration's loads it does not cover stay as calibrated)."""
 
     _previous: Plan | None  # the plan a swap replaced, while its watch runs
     _proc: Any  # the solve process (solve_in="process")
@@ -130,7 +135,7 @@ class Autopilot:
                  watch: int = 3, min_interval_s: float = 5.0, max_threads: int = 2,
                  clock: Callable[[], float] = time.monotonic, energy_meter: Any = "auto", energy_tol: float = 0.2,
                  solve_seconds: float = 1.0, control: bool | TimerControl = True, family: str = "smdp",
-                 served: Any = None):
+                 served: Any = None, learn_outside: bool = True):
         slo = _num(slo_p99_ms)
         if not (math.isfinite(slo) and slo > 0):
             raise ValueError(f"slo_p99_ms must be a finite number of ms > 0, got {slo_p99_ms!r}")
@@ -159,6 +164,7 @@ class Autopilot:
         self.solver, self.family, self.served = solver or slo_plan, family, served
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
         self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
+        self.learn_outside = bool(learn_outside)
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
@@ -179,6 +185,8 @@ class Autopilot:
         self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
+        self._outside, self._plan_served = OutsideLearner(served), served  # learned; what the next solve plans with
+        self._outside.planning([problem.lam])
         self._unlearned, self._rest_until = 0, -math.inf  # responses since the excess was learned; its rest (clock s)
         self._index, self._batches = {b: i for i, b in enumerate(self.sizes)}, [0] * len(self.sizes)  # batches per size
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
@@ -196,7 +204,7 @@ class Autopilot:
             except SolveProcessError as exc:
                 self.solve_in, fallback = "thread", str(exc)[:200]
         solved = self._initial(args) if table is None else None
-        if table is None and (solved is None or not self._usable(solved, self._target())):
+        if table is None and (solved is None or not Plan.usable(solved, self.sizes, self._target())):
             raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
         plan = Plan.given(table, problem.lam) if solved is None else replace(solved, target_ms=self._target())
         self._live: Plan = replace(plan, id=next(_IDS))
@@ -213,7 +221,7 @@ class Autopilot:
 
     def _solver(self, incumbent: Plan | None) -> Callable[..., Any]:  # the default solver knows the live plan and family
         return self.solver if self.solver is not slo_plan else functools.partial(
-            slo_plan, incumbent=incumbent, family=self.family, served=self.served)
+            slo_plan, incumbent=incumbent, family=self.family, served=self._plan_served)
 
     def close(self) -> None:
         """End the solve process (if any); the live table keeps serving, and no further solve starts."""
@@ -316,11 +324,18 @@ class Autopilot:
             self._responses(ms)
 
     @_never_raises
-    def observe_served(self, ms: Any) -> None:
+    def observe_served(self, ms: Any, batch_ms: Any = None) -> None:
         """End-to-end response times (ms), one or a list, as the server recorded them (entry → answer sent) or the
         client did.  From the first call on they replace the batcher's view in the closed loop, the rollback
-        watch, the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out."""
+        watch, the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out.
+        ``batch_ms``: the same requests' batcher view (entry → batch end; a list: one batch's, in FIFO order):
+        their difference is the outside delay, learned per load (:mod:`.outside`) and planned with."""
         self._served = True
+        if batch_ms is not None and self.learn_outside:
+            with self._lock:
+                self._outside.observe(self.rate.rate, batch_ms, ms, isinstance(ms, (list, tuple, np.ndarray)))
+                if self._outside.moved(self.rate.rate, max(2.0, 0.05 * self.slo_ms)):
+                    self._dirty = self._dirty or "outside"
         self._responses(ms)
 
     def _responses(self, ms: Any) -> None:  # a value that is not a time in [0, 10 × the optimiser's limit]: left out
@@ -474,20 +489,13 @@ class Autopilot:
         self._last_start = now
         self._not_before = now + self.min_interval_s
         self.service.rebase(latency)  # drift is now measured from the curve this solve uses
+        self._plan_served = self._outside.planning(lams)
         if job.energy is not None:  # and the energy's too
             self._zeta_ref = np.asarray(job.energy, dtype=np.float64)
         if self.solve_in == "clock":
             return self._work(job)
         job.thread = threading.Thread(target=self._work, args=(job,), name="smdp-autopilot-solve", daemon=True)
         job.thread.start()
-
-    def _problem(self, job: Job) -> Any:
-        from ..model.curves import Table
-
-        changes: dict[str, Any] = {"lam": job.lams[0], "latency": Table(self.sizes, tuple(map(float, job.latency)))}
-        if job.energy is not None:
-            changes["energy"] = Table(self.sizes, tuple(map(float, job.energy)))
-        return self.problem.replace(**changes)
 
     def _energy_hat(self, latency: np.ndarray) -> np.ndarray | None:
         """ζ̂(b) (mJ): the energy meter's (once it has fitted enough intervals), else the readings given to
@@ -498,7 +506,7 @@ class Autopilot:
     def _work(self, job: Job) -> None:
         t0 = time.perf_counter()
         try:
-            args = (self._problem(job), job.target, job.lams)
+            args = (job.problem(self.problem), job.target, job.lams)
             solver = self._solver(self._live)
             proc = self._proc
             out: Any = proc.call(solver, *args) if proc is not None else solver(*args)
@@ -509,16 +517,6 @@ class Autopilot:
         else:
             self._finish(job, out, time.perf_counter() - t0)
             self.poll()  # a change found while it ran is solved for now, not at the next request (module doc)
-
-    def _valid(self, plan: Any) -> bool:
-        """A plan of known batch sizes with planned metrics in range (:meth:`Plan.fault`)."""
-        if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable):
-            return False
-        return set(plan.table.batch_sizes) <= set(self.sizes) and plan.fault(planned=True) is None
-
-    def _usable(self, plan: Any, target: float) -> bool:
-        """A valid plan that meets ``target``."""
-        return self._valid(plan) and plan.meets and plan.p99_ms <= target * (1 + 1e-9)
 
     def _finish(self, job: Job, out: Any, seconds: float) -> None:
         with self._lock:
@@ -532,13 +530,13 @@ class Autopilot:
                 self._failed(now, "solve-timeout", seconds=seconds)
             elif isinstance(out, BaseException):
                 self._failed(now, "solve-error", error=str(out)[:200], reason=job.reason)
-            elif out is None or (self._valid(out) and not out.meets):
+            elif out is None or (Plan.usable(out, self.sizes) and not out.meets):
                 # nothing meets the target at λ̂; a best-effort plan (the least p99 found there) still goes live
                 self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason,
                              best_effort=None if out is None else out.spec)
                 if out is not None and not _same(out, self._live):
                     self._swap(out, job, seconds, "best_effort", "best-effort")
-            elif not self._usable(out, job.target):
+            elif not Plan.usable(out, self.sizes, job.target):
                 self._failed(now, "solve-unusable", reason=job.reason)
             elif self._is_blocked(out) or _same(out, self._live):  # the live plan stays: back off (module doc)
                 self._fails, self._kept = 0, self._kept + 1
@@ -583,6 +581,7 @@ class Autopilot:
             live, c, batches = self._live, dict(self._c), tuple(self._batches)
             p50, p99 = self._resp.percentiles((50, 99))
             solve_s, event, excess, target = self._last_solve_s, self._event, self._excess, self._target()
+            outside = self._outside.p99_at(self.rate.rate or self._live.lam) if self._outside.learned() else math.nan
         zeta = self._energy_hat(self.service.latency_ms())
         power = None if self.meter is None else self.meter.power_w()
         source = "model" if zeta is None else "observe_energy" if power is None else self.meter.name
@@ -594,7 +593,7 @@ class Autopilot:
             self.sizes, batches, tuple(float(x) for x in (self.energy.energy_mj() if zeta is None else zeta)), excess,
             self.overhead_ms, target, self.solve_in, c["kept"], c["best_effort"],
             source, math.nan if power is None else power[0], 1.0 if self.control is None else self.control.scale,
-            "served" if self._served else "batcher")
+            "served" if self._served else "batcher", outside, self._outside.return_ms)
 
     def __repr__(self) -> str:
         return f"<Autopilot table {self._live.id} at λ = {self._live.lam:.4g}/ms, p99 SLO {self.slo_ms:g} ms>"

@@ -51,6 +51,15 @@ class Plan:
                 return f"{name} = {getattr(self, name)!r} (planned times and power are finite and ≥ 0)"
         return None
 
+    @staticmethod
+    def usable(plan: Any, sizes: tuple, target: float | None = None) -> bool:
+        """Whether ``plan`` is a Plan of batch sizes among ``sizes`` with planned metrics in range (:meth:`fault`)
+        and, given a ``target`` (ms), meets it."""
+        if not isinstance(plan, Plan) or not isinstance(plan.table, PolicyTable) or plan.fault(planned=True) or \
+                not set(plan.table.batch_sizes) <= set(sizes):
+            return False
+        return target is None or (plan.meets and plan.p99_ms <= target * (1 + 1e-9))
+
     @classmethod
     def given(cls, table: Any, lam: float) -> "Plan":
         """The plan of a table given as is (a :class:`Plan`, or a PolicyTable serving at its own λ or else ``lam``,
@@ -237,3 +246,13 @@ class Job:
         self.start, self.reason, self.latency, self.lams, self.target = start, reason, latency, lams, target
         self.energy = energy  # ζ̂(b) for this solve (None: the model's)
         self.out: Any = RUNNING  # solve_in="clock": the result, handed over solve_seconds after the start
+
+    def problem(self, base: Any) -> Any:
+        """``base`` (the Autopilot's problem) at this solve's λ̂, with its l̂(b) and ζ̂(b) (where measured)."""
+        from ..model.curves import Table
+
+        sizes = tuple(base.batch_sizes)
+        changes: dict[str, Any] = {"lam": self.lams[0], "latency": Table(sizes, tuple(map(float, self.latency)))}
+        if self.energy is not None:
+            changes["energy"] = Table(sizes, tuple(map(float, self.energy)))
+        return base.replace(**changes)

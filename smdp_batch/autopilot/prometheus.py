@@ -60,6 +60,9 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "autopilot_timer_scale": ("gauge", "1", "the closed loop's multiplier on the live plan's timer (1: as planned)"),
     "autopilot_responses_end_to_end": ("gauge", "1", "1: the responses judged are end-to-end times (observe_served); "
                                        "0: the batcher's view, entry → batch end"),
+    "autopilot_outside_p99_seconds": ("gauge", "s", "the outside delay's p99 learned at λ̂: end-to-end less the batcher's "
+                                      "view (NaN before a rate bin holds enough)"),
+    "autopilot_outside_return_seconds": ("gauge", "s", "the return per position in a batch, learned with the outside delay"),
     "autopilot_slo_p99_seconds": ("gauge", "s", "the p99 response-time SLO"),
     "autopilot_overhead_seconds": ("gauge", "s", "the given overhead budget: the SLO's share outside the response times the Autopilot is told"),
     "autopilot_excess_seconds": ("gauge", "s", "the learned excess: observed p99 less the live plan's planned p99"),
@@ -140,6 +143,8 @@ class AutopilotCollector:
         yield gauge("autopilot_timer_seconds", _s(m.timer_ms))
         yield gauge("autopilot_timer_scale", m.timer_scale)
         yield gauge("autopilot_responses_end_to_end", float(m.responses_from == "served"))
+        yield gauge("autopilot_outside_p99_seconds", _s(m.outside_p99_ms))
+        yield gauge("autopilot_outside_return_seconds", _s(m.outside_return_ms))
         yield gauge("autopilot_slo_p99_seconds", _s(self.autopilot.slo_ms))
         yield gauge("autopilot_overhead_seconds", _s(m.overhead_ms))
         yield gauge("autopilot_excess_seconds", _s(m.excess_ms))

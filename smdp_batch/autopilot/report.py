@@ -121,3 +121,5 @@ class AutopilotMetrics:
     idle_power_w: float = math.nan  # the energy meter's idle power estimate (W)
     timer_scale: float = 1.0  # the closed loop's multiplier on the live plan's timer (timer_ms is the product)
     responses_from: str = "batcher"  # whose response times it judges: the batcher's hook, or "served" (end-to-end)
+    outside_p99_ms: float = math.nan  # the outside delay's p99 learned at λ̂ (end-to-end less the batcher's view)
+    outside_return_ms: float = 0.0  # the return per position in a batch, learned with it (ms)

@@ -387,8 +387,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                 on_batch(run_as, dur / 1e3, True)
             if on_response is not None:
                 on_response(end - arr[idx])
-            if on_served is not None:
-                on_served(resp[idx])
+            if on_served is not None:  # an Autopilot is told its batcher's view beside (the outside delay learned)
+                on_served(resp[idx], end - arr[idx]) if isinstance(policy, Autopilot) else on_served(resp[idx])
             b_start.append(end - dur)
             b_ms.append(dur)
             b_size.append(b)

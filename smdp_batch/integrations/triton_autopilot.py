@@ -336,7 +336,7 @@ class TritonPythonModel:
     async def _one(self, request) -> None:
         import triton_python_backend_utils as pb_utils
 
-        t_in = time.time()
+        t_in, t1 = time.time(), None
         sender = request.get_response_sender()
         try:
             x = _as_array(pb_utils.get_input_tensor_by_name(request, "x"))
@@ -348,8 +348,9 @@ class TritonPythonModel:
         except Exception as exc:  # noqa: BLE001 - the request gets an error answer
             resp = pb_utils.InferenceResponse(error=pb_utils.TritonError(repr(exc)[:300]))
         sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        if self.tell is not None:  # the server's record, entry → answer sent: the Autopilot's responses
-            self.tell((time.time() - t_in) * 1e3)
+        if self.tell is not None:  # the server's record, entry → answer sent: the Autopilot's responses; beside it
+            t_out = time.time()  # the batcher's view (entry → batch end): the outside delay it learns per load
+            self.tell((t_out - t_in) * 1e3, batch_ms=None if t1 is None else (t1 - t_in) * 1e3)
 
     async def _all(self, requests) -> None:
         await asyncio.gather(*(self._one(r) for r in requests))

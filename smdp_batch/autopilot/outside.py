@@ -1,0 +1,209 @@
+"""The server's outside delay, learned online: what each response spends beyond the batcher's view, per load.
+
+A served plan (:mod:`smdp_batch.model.served`) adds to the batch model's response — wait + batch — the time the
+server spends outside it: the front end and hand-offs, each response's return (the k-th of a batch leaves about k·r
+after the first where the server answers a batch's requests one at a time), the legs to the client.  ``smdp-batch
+calibrate`` measures it before serving; while serving, an integration that knows both times of a request — the
+batcher's (entry → batch end) and the end-to-end one (entry → answer sent, or the client's send → answer) — tells the
+Autopilot both (``Autopilot.observe_served(ms, batch_ms=…)``), and this estimator learns the difference
+
+    o = end-to-end − batcher's view   (ms, per request)
+
+at the traffic's rate when it was served, so that a plan at another load draws the delay measured there, as a
+calibration's does:
+
+* **per load**: o is kept in bins of the estimated rate λ̂, each a factor 1.25 wide (geometric), the latest
+  :data:`BIN_SIZE` per bin; a bin is used once it holds :data:`MIN_SAMPLES` (its p99 then rests on a few dozen
+  values above it).  A front end that is CPU-bound adds more at a higher load, and a rate step lands in another bin
+  rather than being averaged with the old one.
+* **per position**: where a batch's requests are told together in FIFO order, the return per position r is the
+  least-squares slope of o on the position k within each batch, o − ō_b = r·(k − k̄_b) (the batch's own mean taken
+  out, so that a load or a batch size that raises every response's o does not enter r); r ≥ 0, fitted from
+  :data:`MIN_BATCHES` batches of two or more.  The bins then hold o − r·k, and a plan adds r·k by the position each
+  request takes in its simulated batch (a larger batch returns its last request later).  Told one request at a time
+  (no positions), the bins hold o whole (the positions' part drawn as a load's average) and r is 0, or the
+  calibration's r where one was given: then the positions' part counts twice, on the safe side.
+
+:meth:`OutsideLearner.model` hands the planner a :class:`~smdp_batch.model.served.ServedDelay`: the learned loads
+(each bin's centre) with their samples, r, and from a calibration given to the Autopilot its per-batch time a + c·b
+and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples).  numpy only;
+not thread-safe by itself (the Autopilot holds its lock around every call).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OutsideLearner", "BIN_RATIO", "BIN_SIZE", "MIN_SAMPLES", "MIN_BATCHES"]
+
+BIN_RATIO = 1.25  #: the rate bins' width: λ̂ within a factor 1.25
+BIN_SIZE = 4000  #: the latest outside delays kept per bin
+MIN_SAMPLES = 300  #: a bin is planned with once it holds this many
+MIN_BATCHES = 50  #: batches of two or more before the return per position is fitted (else 0, or the calibration's)
+_MOST_MS = 1e6  # a difference beyond ±1000 s is not a measurement (ServedDelay's own bound)
+
+
+class _Ring:
+    """The latest ``size`` values of one rate bin: outside delay (ms), position, the rate λ̂ it came at (req/s)."""
+
+    def __init__(self, size: int):
+        self.o, self.k, self.lam, self.n, self.i = np.empty(size), np.zeros(size), np.zeros(size), 0, 0
+
+    def add(self, o: np.ndarray, k: np.ndarray, lam: float) -> None:
+        o, k = o[-self.o.size:], k[-self.o.size:]
+        idx = (self.i + np.arange(o.size)) % self.o.size
+        self.o[idx], self.k[idx], self.lam[idx] = o, k, lam
+        self.i, self.n = (self.i + o.size) % self.o.size, min(self.n + o.size, self.o.size)
+
+    def values(self, r: float) -> np.ndarray:
+        return np.sort(self.o[:self.n] - r * self.k[:self.n])
+
+
+def _mix(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
+    """The quantile average (1 − w)·Q_a + w·Q_b of two sorted samples, on :data:`BIN_SIZE` levels at most."""
+    u = (np.arange(n := min(max(a.size, b.size), BIN_SIZE)) + 0.5) / n
+    return (1.0 - w) * np.quantile(a, u) + w * np.quantile(b, u)
+
+
+class OutsideLearner:
+    """The outside delay per rate bin and the return per position, learned from (batcher's view, end-to-end) pairs
+    (module doc).  ``base``: a calibration (:class:`~smdp_batch.model.served.ServedDelay`) whose per-batch time, carried
+    load and uncovered loads the learned model keeps; None: a + c·b = 0, nothing refused."""
+
+    def __init__(self, base: Any = None):
+        self.base = base
+        self._bins: dict[int, _Ring] = {}
+        self._sxy = self._sxx = 0.0  # Σ (k − k̄)(o − ō), Σ (k − k̄)² over batches of two or more
+        self.batches = 0  # batches of two or more told with their positions
+        self.pairs = 0  # requests learned from
+        self.rejected = 0  # pairs left out (not finite, or beyond ±1000 s, or no rate yet)
+        self._checked, self._planned = 0, math.nan  # pairs at the last check of moved(); the p99 the last solve drew
+
+    def observe(self, lam_per_ms: float | None, batch_ms: Any, served_ms: Any, positions: bool) -> None:
+        """One batch's requests (``positions``: in FIFO order, the k-th at position k) or any responses (one, or a
+        list with unknown positions): their batcher's view and end-to-end times (ms), at rate λ̂ (1/ms)."""
+        try:
+            b = np.asarray(batch_ms, dtype=np.float64).ravel()
+            s = np.asarray(served_ms, dtype=np.float64).ravel()
+        except (TypeError, ValueError, OverflowError):
+            self.rejected += 1
+            return
+        if b.size != s.size or lam_per_ms is None or not (math.isfinite(lam_per_ms) and lam_per_ms > 0):
+            self.rejected += max(b.size, s.size, 1)
+            return
+        o = s - b
+        ok = np.isfinite(o) & (np.abs(o) <= _MOST_MS) & np.isfinite(b) & (b >= 0)
+        k = np.arange(o.size, dtype=np.float64) if positions else np.zeros(o.size)
+        if not ok.all():
+            self.rejected += int((~ok).sum())
+            o, k, positions = o[ok], k[ok], False  # a gap breaks the positions
+        if o.size == 0:
+            return
+        if positions and o.size >= 2:
+            dk, do = k - k.mean(), o - o.mean()
+            self._sxy += float(dk @ do)
+            self._sxx += float(dk @ dk)
+            self.batches += 1
+        per_s = lam_per_ms * 1e3
+        key = round(math.log(per_s) / math.log(BIN_RATIO))
+        ring = self._bins.get(key)
+        if ring is None:
+            ring = self._bins[key] = _Ring(BIN_SIZE)
+        ring.add(o, k, per_s)
+        self.pairs += int(o.size)
+
+    @property
+    def return_ms(self) -> float:
+        """r, ms per position: fitted once :data:`MIN_BATCHES` batches came with positions, else the calibration's
+        (0 without one)."""
+        if self.batches < MIN_BATCHES or self._sxx <= 0:
+            return 0.0 if self.base is None else float(self.base.return_ms)
+        return max(self._sxy / self._sxx, 0.0)
+
+    def points(self) -> list[tuple[float, np.ndarray]]:
+        """(load in req/s, sorted outside delays less r·k, ms), by load: every bin holding :data:`MIN_SAMPLES` at
+        the mean λ̂ of its values, and the calibration's loads that lie in no such bin."""
+        return [(x, self._values(src)) for x, src in self._points()]
+
+    def _points(self) -> list[tuple[float, Any]]:  # (load, its ring or the calibration's sample): values sorted lazily
+        got = [(float(ring.lam[:ring.n].mean()), ring, key) for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
+        pts: list[tuple[float, Any]] = [(x, ring) for x, ring, _ in got]
+        if self.base is not None:
+            edges = [(BIN_RATIO ** (key - 0.5), BIN_RATIO ** (key + 0.5)) for _, _, key in got]
+            pts += [(x, o) for x, o in zip(self.base.loads_per_s, self.base.outside_ms)
+                    if not any(lo <= x < hi for lo, hi in edges)]
+        return sorted(pts, key=lambda p: p[0])
+
+    def _values(self, src: Any) -> np.ndarray:
+        if not isinstance(src, _Ring):
+            return src
+        return src.values(0.0 if self.batches < MIN_BATCHES else self.return_ms)  # a calibration's r is not in them
+
+    def sample_at(self, lam_per_ms: float) -> np.ndarray | None:
+        """The outside delays (ms, sorted) at λ (1/ms): between two points, their quantile average weighted by
+        log-load; beyond them, the nearest point's; None without points."""
+        pts, x = self._points(), float(lam_per_ms) * 1e3
+        if not pts:
+            return None
+        j = int(np.searchsorted([p[0] for p in pts], x))
+        if j == 0 or j == len(pts):
+            return self._values(pts[min(j, len(pts) - 1)][1])
+        (x0, a), (x1, b) = pts[j - 1], pts[j]
+        return _mix(self._values(a), self._values(b), math.log(x / x0) / math.log(x1 / x0))
+
+    def learned(self) -> bool:
+        """Whether a bin holds :data:`MIN_SAMPLES` (before that, plans use the calibration, or no outside delay)."""
+        return any(ring.n >= MIN_SAMPLES for ring in self._bins.values())
+
+    def p99_at(self, lam_per_ms: float) -> float:
+        """The outside delay's p99 (ms) a plan at λ (1/ms) draws (0 without a model)."""
+        sample = self.sample_at(lam_per_ms)
+        return 0.0 if sample is None else float(np.percentile(sample, 99))
+
+    def planning(self, lams: list[float]) -> Any:
+        """The model a solve at the loads ``lams`` (1/ms, the first its λ̂) plans with (:meth:`model`);
+        :meth:`moved` is judged from its p99 at λ̂."""
+        self._planned = self.p99_at(lams[0])
+        return self.model(lams)
+
+    def moved(self, lam_per_ms: float | None, tol_ms: float) -> bool:
+        """Whether, every 100 pairs, the p99 a plan at λ would draw left the last :meth:`planning`'s by > ``tol_ms``."""
+        if lam_per_ms is None or self.pairs < self._checked + 100:
+            return False
+        self._checked = self.pairs
+        return abs(self.p99_at(lam_per_ms) - self._planned) > tol_ms
+
+    def model(self, lams: list[float]) -> Any:
+        """The :class:`~smdp_batch.model.served.ServedDelay` a plan at the loads ``lams`` (1/ms) uses: the calibration
+        while no bin is full enough (None without one); else a point at each load with :meth:`sample_at`'s delays
+        (and the statistics of the calibrated load each would have used), beside the calibration's own loads."""
+        from ..model.served import ServedDelay
+
+        base = self.base
+        if not self.learned():
+            return base
+        per_s = sorted({float(x) * 1e3 for x in lams})
+        pts: dict[float, tuple[np.ndarray, dict]] = {}
+        for x in per_s:
+            sample = self.sample_at(x / 1e3)
+            pts[x] = (np.zeros(1) if sample is None else sample, self._stats_at(x))  # (learned: never None)
+        if base is not None:  # its loads keep their samples and statistics (what it refuses, and why)
+            for i, (x, o) in enumerate(zip(base.loads_per_s, base.outside_ms)):
+                if all(abs(x / y - 1.0) > 1e-9 for y in per_s):
+                    pts[x] = (o, base.stats[i] if i < len(base.stats) else {})
+        loads = sorted(pts)
+        samples, stats = tuple(pts[x][0] for x in loads), tuple(pts[x][1] for x in loads)
+        source = {"outside": f"learned online from {self.pairs} responses"}
+        if base is None:
+            return ServedDelay(0.0, 0.0, self.return_ms, tuple(loads), samples, stats=stats, source=source)
+        return replace(base, return_ms=self.return_ms, loads_per_s=tuple(loads), outside_ms=samples, stats=stats,
+                       source={**base.source, **source})
+
+    def _stats_at(self, per_s: float) -> dict:  # the statistics of the calibrated load a plan at per_s would use
+        base = self.base
+        i = -1 if base is None else base.index_at(per_s / 1e3)
+        return base.stats[i] if base is not None and i < len(base.stats) else {}

@@ -1,0 +1,129 @@
+"""The outside delay learned online (smdp_batch.autopilot.outside): the difference of the end-to-end and the batcher's
+times per rate bin, the return per position from batches told in order, the quantile average between loads, a
+calibration's loads kept, bad input left out; the Autopilot re-plans when it moves, and on the simulated clock a
+front end that slows with load is planned with."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from smdp_batch.autopilot import Autopilot
+from smdp_batch.autopilot.outside import BIN_SIZE, MIN_BATCHES, MIN_SAMPLES, OutsideLearner
+from smdp_batch.autopilot.simulated import Phase, SimClock, simulate
+from smdp_batch.model.problem import BatchingProblem
+from smdp_batch.model.served import ServedDelay
+
+from test_autopilot import SLO, FakeSolver, make
+
+
+def _feed(ol: OutsideLearner, lam: float, outside, batches: int, b: int, rng, r: float = 0.0) -> None:
+    """``batches`` batches of ``b`` told in FIFO order at rate λ (1/ms): outside = draw + r·k for the k-th."""
+    for _ in range(batches):
+        batch = rng.uniform(5.0, 30.0, b)
+        ol.observe(lam, batch, batch + outside(rng, b) + r * np.arange(b), positions=True)
+
+
+def test_the_difference_is_learned_per_rate_bin_with_the_return_per_position():
+    rng = np.random.default_rng(0)
+    ol = OutsideLearner()
+    assert ol.model([0.5]) is None and ol.p99_at(0.5) == 0.0 and not ol.learned()
+    _feed(ol, 0.5, lambda g, n: 2.0 + g.exponential(1.0, n), 60, 8, rng, r=0.4)
+    _feed(ol, 2.0, lambda g, n: 8.0 + g.exponential(3.0, n), 60, 8, rng, r=0.4)
+    assert ol.learned() and ol.batches == 120 >= MIN_BATCHES and ol.pairs == 960
+    assert ol.return_ms == pytest.approx(0.4, abs=0.1)  # the slope within batches, not the loads' difference
+    (x0, lo), (x1, hi) = ol.points()
+    assert x0 == pytest.approx(500.0) and x1 == pytest.approx(2000.0)
+    assert np.percentile(lo, 99) == pytest.approx(2.0 + 1.0 * math.log(100), rel=0.25)  # Exp's p99: mean·ln 100
+    assert np.percentile(hi, 99) == pytest.approx(8.0 + 3.0 * math.log(100), rel=0.25)
+    assert np.all(np.diff(lo) >= 0)  # sorted, as ServedDelay keeps its samples
+    m = ol.model([2.0, 1.6, 2.5])
+    assert isinstance(m, ServedDelay) and m.loads_per_s == pytest.approx((1600.0, 2000.0, 2500.0))
+    assert m.return_ms == pytest.approx(ol.return_ms) and m.a_ms == 0.0 and m.c_ms == 0.0
+    assert np.array_equal(m.outside_at(2.5), hi)  # beyond the points: the nearest one's
+
+
+def test_between_two_loads_the_delays_are_their_quantile_average_by_log_load():
+    ol = OutsideLearner()
+    for lam, v in ((1.0, 4.0), (4.0, 10.0)):
+        for _ in range(MIN_SAMPLES):
+            ol.observe(lam, [1.0], [1.0 + v], positions=False)
+    assert ol.return_ms == 0.0 and ol.batches == 0  # told one at a time: no positions
+    assert np.allclose(ol.sample_at(2.0), 7.0)  # the geometric middle: half-way
+    assert np.allclose(ol.sample_at(0.1), 4.0) and np.allclose(ol.sample_at(40.0), 10.0)
+    assert ol.p99_at(2.0) == pytest.approx(7.0)
+
+
+def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batch_time():
+    base = ServedDelay(1.5, 0.2, 0.3, (100.0, 1000.0), (np.full(50, 3.0), np.full(50, 20.0)), carried_per_s=1000.0,
+                       stats=({"why": "x"}, {"new_run_share": 0.01}), source={"server": "triton"})
+    ol = OutsideLearner(base)
+    assert ol.model([0.1]) is base and ol.return_ms == 0.3  # before a bin fills: the calibration itself
+    for _ in range(MIN_SAMPLES):
+        ol.observe(0.1, [2.0], [7.0], positions=False)  # 100 req/s: 5 ms, where the calibration said 3
+    pts = ol.points()
+    assert [x for x, _ in pts] == pytest.approx([100.0, 1000.0]) and np.allclose(pts[0][1], 5.0)
+    m = ol.model([0.5])
+    assert (m.a_ms, m.c_ms, m.return_ms, m.carried_per_s) == (1.5, 0.2, 0.3, 1000.0)
+    assert m.loads_per_s == pytest.approx((100.0, 500.0, 1000.0))
+    assert np.allclose(m.outside_at(0.5), 5.0 + 15.0 * math.log(5.0) / math.log(10.0))
+    assert m.stats[1] == {"new_run_share": 0.01}  # the calibrated load a plan at 500/s would have used
+    assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
+
+
+def test_bad_pairs_are_left_out_and_never_raise():
+    ol = OutsideLearner()
+    ol.observe(None, [1.0], [2.0], positions=False)  # no rate yet
+    ol.observe(0.5, [1.0, 2.0], [2.0], positions=True)  # sizes differ
+    ol.observe(0.5, ["x"], [2.0], positions=False)
+    ol.observe(math.inf, [1.0], [2.0], positions=False)
+    ol.observe(0.5, [1.0, math.nan, 3.0], [2.0, 5.0, 1e9], positions=True)  # one kept; the gap breaks positions
+    assert ol.pairs == 1 and ol.batches == 0 and ol.rejected == 7
+    for _ in range(BIN_SIZE + 10):  # the ring keeps the latest BIN_SIZE
+        ol.observe(0.5, [0.0], [1.0], positions=False)
+    assert ol.points()[0][1].size == BIN_SIZE
+
+
+def test_the_autopilot_re_plans_when_the_learned_outside_delay_moves_and_not_when_told_not_to_learn():
+    for learn in (True, False):
+        solver = FakeSolver()
+        ap, p = make(solver, learn_outside=learn)
+        t = 0.0
+        rng = np.random.default_rng(3)
+        for _ in range(400):
+            t += rng.exponential(1.0 / p.lam)
+            ap.observe_arrival(t)
+        assert ap.metrics.solves == 0 and math.isnan(ap.metrics.outside_p99_ms)
+        for _ in range(MIN_BATCHES + 10):  # (a bin fills at MIN_SAMPLES pairs; r is fitted from MIN_BATCHES batches)
+            batch = rng.uniform(5.0, 20.0, 10)
+            ap.observe_served(batch + 6.0 + np.arange(10) * 0.5, batch_ms=batch)  # 6 ms + 0.5 ms per position
+        ap.observe_arrival(t + 1.0)  # the next hook starts the re-solve
+        assert ap.join(10) and (ap.metrics.solves >= 1) == learn
+        if learn:
+            assert solver.calls and ap.metrics.last_event in ("swap", "kept")
+            assert ap.metrics.outside_p99_ms == pytest.approx(6.0, abs=0.2)
+            assert ap.metrics.outside_return_ms == pytest.approx(0.5)
+        else:
+            assert math.isnan(ap.metrics.outside_p99_ms)
+
+
+def test_on_the_simulated_clock_a_front_end_that_slows_with_load_is_planned_with():
+    """The server's outside delay grows with load (p99 6.7 ms at λ0, 22 ms at 3·λ0).  Planning with it, the
+    Autopilot's plans carry it (the live plan's planned p99 is the served one) and every phase holds 1 %."""
+    p = BatchingProblem.basic(rho=0.2)
+    lam, rng = p.lam, np.random.default_rng(0)
+    true = ServedDelay(0.0, 0.0, 0.0, (lam * 1e3, 2 * lam * 1e3, 3 * lam * 1e3),
+                       tuple(m + rng.exponential(s, 5000) for m, s in ((2, 1), (5, 2), (9, 3))))
+    clock = SimClock()
+    ap = Autopilot(p, SLO, clock=clock, solve_in="clock", energy_meter=None, min_interval_s=2.0)
+    run = simulate(ap, p, [Phase(15.0, lam), Phase(15.0, 3 * lam), Phase(15.0, 2 * lam)], seed=1, clock=clock,
+                   served=True, outside_ms=true)
+    rows = run.summary(SLO)
+    assert all(r["over_slo"] <= 0.01 for r in rows), rows
+    m = ap.metrics
+    assert m.outside_p99_ms == pytest.approx(float(np.percentile(true.outside_ms[1], 99)), rel=0.2)
+    assert m.outside_return_ms == pytest.approx(0.0, abs=0.05)  # this server returns a batch at once
+    assert any(e["event"] == "swap" and e["reason"] == "outside" for e in run.events)
+    assert m.planned_p99_ms > 25.0  # the plan's p99 is the served one: its batcher's part alone is ≤ the timer + l(b)
