@@ -8,8 +8,8 @@ and a swap to a table planned near the new rate.  No tight timings (a loaded 2-c
 """
 
 import asyncio
-import math
 import functools
+import math
 import time
 
 import numpy as np
