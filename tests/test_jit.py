@@ -175,9 +175,14 @@ def test_kernel_stamps_carry_the_digest_of_every_kernel_file(tmp_path):
 
 
 _STATS = """
-import json, sys
+import json
+import numpy as np
 from smdp_batch.solvers import banded, pi
-pi.warm_up_pi()
+m = pi._tiny_model()  # banded's kernel alone on a tiny model (PI's whole warm-up compiled twice the CPU)
+pol, rows = pi._initial_policy(m), np.arange(m.n_states)
+ok, g, h = banded.evaluate_policy_banded(pol, m.costs()[rows, pol], m.sojourn_rows()[0, pol], m.P, m.SF, m.klo, m.khi,
+                                         m.actions, m.s_max)
+assert ok
 print(json.dumps([sum(banded.evaluate_policy_banded.stats.cache_hits.values()),
                   sum(banded.evaluate_policy_banded.stats.cache_misses.values())]))
 """
