@@ -1,6 +1,6 @@
 """The outside delay learned online against the closed loop alone, on the simulated clock.
 
-    python benchmarks/bench_outside.py                  # 3 seeds (about 2 minutes on 2 cores)
+    python benchmarks/bench_outside.py                  # 3 seeds (about 3 minutes on 2 cores)
     python benchmarks/bench_outside.py --seeds 0 --steep
 
 A server whose front end slows with load: each response spends, after its batch ends, 2 + Exp(1) ms at λ0,
