@@ -265,8 +265,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     (``solve_in="clock"``); ``outside_ms``: each response's time outside the batcher (ms, or ``f(rng, n)`` → n
     draws), or a :class:`~smdp_batch.model.served.ServedDelay` (module doc); ``max_wait_ms`` and ``short_batch``
     ("serve", "pad-up", or "auto": the table's own): as :class:`~smdp_batch.runtime.DynamicBatcher` takes them.
-    ``served``: an Autopilot is also told each response's end-to-end time (``observe_served``, at its batch's end), as
-    a server integration that records them does.  ``batch_size`` records the requests of each batch; its time and
+    ``served``: an Autopilot is also told each response's end-to-end time (``observe_served``, at its batch's end,
+    with the batch's view beside it: the outside delay it learns), as a server integration that records them does.  ``batch_size`` records the requests of each batch; its time and
     energy are those of the size it ran as (padded up, where it was)."""
     from .pilot import Autopilot
 

@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import gc
 import importlib
+import inspect
 import json
 import math
 import os
@@ -305,6 +306,7 @@ class TritonPythonModel:
         else:
             self.batched = table_batch(self.pilot, max_wait_ms=wait)(self._batch)
         self.tell = getattr(self.pilot, "observe_served", None)
+        self.pairs = self.tell is not None and "batch_ms" in inspect.signature(self.tell).parameters  # (an Autopilot)
         self.stop = threading.Event()
         self.writer = threading.Thread(target=self._write_loop, daemon=True, name="autopilot-metrics")
         if hasattr(self.pilot, "metrics"):
@@ -350,7 +352,10 @@ class TritonPythonModel:
         sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if self.tell is not None:  # the server's record, entry → answer sent: the Autopilot's responses; beside it
             t_out = time.time()  # the batcher's view (entry → batch end): the outside delay it learns per load
-            self.tell((t_out - t_in) * 1e3, batch_ms=None if t1 is None else (t1 - t_in) * 1e3)
+            if self.pairs and t1 is not None:
+                self.tell((t_out - t_in) * 1e3, batch_ms=(t1 - t_in) * 1e3)
+            else:
+                self.tell((t_out - t_in) * 1e3)
 
     async def _all(self, requests) -> None:
         await asyncio.gather(*(self._one(r) for r in requests))
