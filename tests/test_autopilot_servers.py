@@ -61,7 +61,7 @@ def check_step_plan(planned_lam: float, lam: float, slo: float, events: list | N
     if rolled and planned_lam <= 1.5 * lam:
         assert all(e["observed_p99_ms"] > 1.1 * slo for e in rolled), why
         # the plan for the step went live by a swap, or re-planned the live one in place ("kept": the same table and
-        # timer at the new λ, as a Ray timer plan that did not move does; a starved CI host then rolled it back)
+        # timer at the new λ, as a Ray timer plan that did not move does; a starved host then rolled it back)
         assert any(e["event"] in ("swap", "kept") and e.get("lam", 0.0) > 1.5 * lam for e in events or ()), why
     else:
         assert planned_lam > 1.5 * lam, why

@@ -606,7 +606,7 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     # a refusal must rest on what was measured at that load; a plan must hold
     assert all("does not carry" in r and "calibrated at" in r for r in refusals), refusals
     # an answer with no setting names the least p99 reached, at which load, by what setting, near the bound: the least
-    # at each load may come from different settings, none meeting every load (CI: 24.14 ms against 24.25 at the top)
+    # at each load may come from different settings, none meeting every load (measured: 24.14 ms against 24.25 at the top)
     assert all(r.get("metric") == "p99" and r["value_ms"] + r["ci_ms"] > 0.9 * slo and r["setting"]
                and any(abs(r["lam"] - x) < 1e-12 for x in lams) for r in unmet), unmet
     # a plan was checked live, or every attempt was refused or left unmet with figures
