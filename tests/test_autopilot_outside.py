@@ -127,3 +127,20 @@ def test_on_the_simulated_clock_a_front_end_that_slows_with_load_is_planned_with
     assert m.outside_return_ms == pytest.approx(0.0, abs=0.05)  # this server returns a batch at once
     assert any(e["event"] == "swap" and e["reason"] == "outside" for e in run.events)
     assert m.planned_p99_ms > 25.0  # the plan's p99 is the served one: its batcher's part alone is ≤ the timer + l(b)
+
+
+def test_only_a_hook_that_takes_the_batcher_view_is_told_it():
+    from smdp_batch.autopilot.hooks import served_hook
+    from smdp_batch.runtime import PolicyTable
+
+    ap, p = make(FakeSolver())
+    assert served_hook(ap) == (ap.observe_served, True) and served_hook(object()) == (None, False)
+
+    class Told(PolicyTable):  # a policy of the user's whose hook takes end-to-end times alone
+        def observe_served(self, ms):
+            self.seen = getattr(self, "seen", 0) + np.size(ms)
+
+    table = Told(np.minimum(np.arange(64), 8), p.batch_sizes)
+    assert served_hook(table)[1] is False
+    run = simulate(table, p, [Phase(2.0, p.lam)], served=True, outside_ms=3.0)
+    assert table.seen == run.response_ms.size > 0

@@ -7,10 +7,18 @@ Autopilot's ``_hook_errors``) and logged as one JSON line, and serving goes on w
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from typing import Any, Callable
 
-__all__ = ["never_raises"]
+__all__ = ["never_raises", "served_hook"]
+
+
+def served_hook(policy: Any) -> tuple[Callable[..., None] | None, bool]:
+    """The policy's ``observe_served`` (None without one) and whether it takes the batcher's view beside the
+    end-to-end times (``batch_ms``: the Autopilot's, which learns the outside delay from the pair)."""
+    tell = getattr(policy, "observe_served", None)
+    return tell, tell is not None and "batch_ms" in inspect.signature(tell).parameters
 
 
 def never_raises(hook: Callable[..., None]) -> Callable[..., None]:

@@ -146,9 +146,10 @@ class OutsideLearner:
     def sample_at(self, lam_per_ms: float) -> np.ndarray | None:
         """The outside delays (ms, sorted) at λ (1/ms): between two points, their quantile average weighted by
         log-load; beyond them, the nearest point's; None without points."""
-        pts, x = self._points(), float(lam_per_ms) * 1e3
-        if not pts:
-            return None
+        pts = self._points()
+        return self._sample(pts, float(lam_per_ms) * 1e3) if pts else None
+
+    def _sample(self, pts: list[tuple[float, Any]], x: float) -> np.ndarray:  # sample_at on the points, at x req/s
         j = int(np.searchsorted([p[0] for p in pts], x))
         if j == 0 or j == len(pts):
             return self._values(pts[min(j, len(pts) - 1)][1])
@@ -186,11 +187,8 @@ class OutsideLearner:
         base = self.base
         if not self.learned():
             return base
-        per_s = sorted({float(x) * 1e3 for x in lams})
-        pts: dict[float, tuple[np.ndarray, dict]] = {}
-        for x in per_s:
-            sample = self.sample_at(x / 1e3)
-            pts[x] = (np.zeros(1) if sample is None else sample, self._stats_at(x))  # (learned: never None)
+        per_s, have = sorted({float(x) * 1e3 for x in lams}), self._points()  # (learned: a bin is among them)
+        pts = {x: (self._sample(have, x), self._stats_at(x)) for x in per_s}
         if base is not None:  # its loads keep their samples and statistics (what it refuses, and why)
             for i, (x, o) in enumerate(zip(base.loads_per_s, base.outside_ms)):
                 if all(abs(x / y - 1.0) > 1e-9 for y in per_s):

@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..runtime.bound import default_max_wait_ms
+from .hooks import served_hook
 from .report import event_fields
 
 __all__ = ["Phase", "SimClock", "SimRun", "arrivals", "simulate", "simulate_ray"]
@@ -320,7 +321,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     on_arrival = getattr(policy, "observe_arrival", None)
     on_batch = getattr(policy, "observe_batch", None)
     on_response = getattr(policy, "observe_response", None)
-    on_served = getattr(policy, "observe_served", None) if served else None
+    on_served, pairs = served_hook(policy) if served else (None, False)
     on_timer = getattr(policy, "poll", None)
     N = arr.size
     resp = np.full(N, math.nan)
@@ -382,13 +383,14 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             clock.t = t / 1e3
             extra = _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], t, b)
             idx = np.asarray(batch, dtype=np.int64)
-            resp[idx] = end - arr[idx] + np.asarray(extra, dtype=np.float64).reshape(b)
+            view = end - arr[idx]  # the batcher's: arrival → batch end
+            resp[idx] = view + np.asarray(extra, dtype=np.float64).reshape(b)
             if on_batch is not None:
                 on_batch(run_as, dur / 1e3, True)
             if on_response is not None:
-                on_response(end - arr[idx])
+                on_response(view)
             if on_served is not None:  # an Autopilot is told its batcher's view beside (the outside delay learned)
-                on_served(resp[idx], end - arr[idx]) if isinstance(policy, Autopilot) else on_served(resp[idx])
+                on_served(resp[idx], batch_ms=view) if pairs else on_served(resp[idx])
             b_start.append(end - dur)
             b_ms.append(dur)
             b_size.append(b)

@@ -33,7 +33,6 @@ import asyncio
 import dataclasses
 import gc
 import importlib
-import inspect
 import json
 import math
 import os
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autopilot.hooks import served_hook
 from ..autopilot.report import EventLog
 from ..errors import InputError
 from ..extras import require
@@ -305,8 +305,7 @@ class TritonPythonModel:
             self.batched = table_batch(autopilot=self.pilot, max_wait_ms=wait, served=False)(self._batch)
         else:
             self.batched = table_batch(self.pilot, max_wait_ms=wait)(self._batch)
-        self.tell = getattr(self.pilot, "observe_served", None)
-        self.pairs = self.tell is not None and "batch_ms" in inspect.signature(self.tell).parameters  # (an Autopilot)
+        self.tell, self.pairs = served_hook(self.pilot)
         self.stop = threading.Event()
         self.writer = threading.Thread(target=self._write_loop, daemon=True, name="autopilot-metrics")
         if hasattr(self.pilot, "metrics"):
