@@ -303,8 +303,9 @@ async def with_slowdown(load, slow_file: str, seconds: float):
 
 
 async def told_replay(h, x, arr, max_seconds: float):
-    """``replay`` through ``h`` that tells the replica the client's response times every 0.25 s
-    (``observe_client``): the Autopilot then judges what the client sees."""
+    """``replay`` through ``h`` that tells the replica the client's response times with their request ids every
+    0.25 s (``observe_client``): the Autopilot then judges what the client sees, and learns the outside delay
+    from each time beside the request's batcher view."""
     from smdp_batch.integrations.loadgen import replay
 
     told: list = []
@@ -312,7 +313,7 @@ async def told_replay(h, x, arr, max_seconds: float):
     async def send(j):
         t0 = time.perf_counter()
         r = await h.remote(j, x)
-        told.append((time.perf_counter() - t0) * 1e3)
+        told.append(((time.perf_counter() - t0) * 1e3, j))
         return r
 
     async def tell():
@@ -320,7 +321,7 @@ async def told_replay(h, x, arr, max_seconds: float):
             await asyncio.sleep(0.25)
             if told:
                 batch, told[:] = list(told), []
-                h.observe_client.remote(batch)
+                h.observe_client.remote([ms for ms, _ in batch], [j for _, j in batch])
 
     teller = asyncio.ensure_future(tell())
     try:

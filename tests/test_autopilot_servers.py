@@ -115,6 +115,7 @@ def _ray_step(arr, name: str, make, live_knobs: bool = False, then=None) -> dict
     assert max(b for b, _, _ in batches) > 1  # it batched
     _check_swap(out["m"], _replica_rates(out["entered"], arr.size), out["events"])
     assert out["m"]["responses_from"] == "served"  # the replica's record (entry → answer) reached it
+    assert 0.0 <= out["m"]["outside_p99_ms"] < math.inf  # and beside it the batcher's view: the outside delay learned
     return out
 
 
@@ -130,17 +131,20 @@ def test_ray_serve_autopilot_swaps_after_a_rate_step_and_answers_every_request_o
 @pytest.mark.servers
 def test_ray_serve_autopilot_sets_rays_own_batch_timeout_live_after_a_rate_step():
     """``live_knobs=True``: Ray's ``serve.batch`` forms the batches and the Autopilot (family "ray") retimes it;
-    a client's own times, once told (``observe_client``), replace the replica's record."""
+    a client's own times, once told (``observe_client``), replace the replica's record; told with their request
+    ids, each beside its batcher view, they teach the outside delay the client's legs."""
     from smdp_batch.integrations.triton_autopilot import sleep_pilot
 
     def told(h):
-        h.observe_client.remote([77.0] * 500).result(timeout_s=60)
+        n = len(_arrivals(3))
+        h.observe_client.remote([77.0] * 500, list(range(n - 500, n))).result(timeout_s=60)
         h.remote(0, 0.0).result(timeout_s=60)  # whose own time is no longer told
         return h.metrics.remote().result(timeout_s=60)
 
     out = _ray_step(_arrivals(3), "knobs", functools.partial(sleep_pilot, **PILOT, family="ray"), True, told)
     m, batches = out["m"], out["batches"]
     assert out["then"]["observed_p99_ms"] == pytest.approx(77.0)
+    assert 20.0 < out["then"]["outside_p99_ms"] < math.inf  # 77 ms less batcher views of a few tens of ms
     allowed = set(m["batch_sizes"])  # every batch of a size it plans with was told to it
     assert sum(m["batches"]) == sum(b in allowed for b, _, _ in batches)
     assert m["knob_changes"] >= 1 and m["batch_wait_timeout_ms"] == pytest.approx(m["timer_ms"])  # applied live

@@ -99,6 +99,25 @@ def test_the_router_sends_to_the_largest_delay_at_or_below_the_timer_and_tells_t
         BankRouter(pilot, {"m2": 2000})
 
 
+class _PairPilot(_Pilot):
+    """An Autopilot's ``observe_served``, which takes the batcher's view beside each time."""
+
+    def observe_served(self, ms, batch_ms=None):
+        self.served.append((ms, batch_ms))
+
+
+def test_the_router_tells_the_batchers_view_beside_the_clients_time_to_a_pilot_that_takes_it():
+    plain, pairs = _Pilot(timer=9.0), _PairPilot(timer=9.0)
+    members = {"m0": 0, "m8": 8000}
+    BankRouter(plain, members).answered(12.5, 10.0)  # a pilot whose observe_served(ms) takes one time
+    assert plain.served == [12.5]
+    router = BankRouter(pairs, members)
+    router.answered(12.5, 10.0)
+    router.answered(13.0, math.nan)  # no batch end came with the answer: the time alone
+    router.answered(14.0)
+    assert pairs.served == [(12.5, 10.0), (13.0, None), (14.0, None)]
+
+
 @pytest.mark.slow
 @pytest.mark.servers
 def test_a_bank_on_the_real_triton_follows_a_rate_step_and_answers_every_request_once():
@@ -146,6 +165,7 @@ def test_a_bank_on_the_real_triton_follows_a_rate_step_and_answers_every_request
     assert sum(b for b, _, _, _ in logged) == arr.size  # every request in exactly one batch, on some member
     assert sum(m.batches) == len(logged)  # every batch told to the Autopilot once
     assert m.responses_from == "served" and m.swaps >= 1, m
+    assert 0.0 <= m.outside_p99_ms < math.inf, m  # the return leg (answer less batch end), learned at the load
     lines = events.lines()
     check_step_plan(pilot.plan.lam, lam, slo, lines, (m, lines))  # or a rollback a starved host justified
     assert pilot.plan.table.meta["family"] == "triton"

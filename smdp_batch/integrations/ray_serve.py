@@ -184,10 +184,16 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
     ``time.time()`` seconds of every batch; ``handle.autopilot_events.remote()`` the Autopilot's event lines
     (swaps, rollbacks, failures: the JSON lines it logs on the ``smdp_batch`` logger, the latest 1000).  The
     Autopilot judges each request's replica entry → answer time, or, once a client calls
-    ``handle.observe_client.remote(ms_list)`` with the times it measured, those instead.
+    ``handle.observe_client.remote(ms_list)`` with the times it measured, those instead.  Beside each time it is
+    told the request's batcher view (replica entry → its batch's end), and learns their difference, the outside
+    delay, per load (``Autopilot.observe_served(ms, batch_ms)``): from the replica's record, the hand-back alone;
+    from a client that names its requests (``observe_client.remote(ms_list, ids)``, the ids it called with), every
+    leg through the handle and Ray's router as well.
     """
     import dataclasses
     import inspect
+
+    from ..autopilot.hooks import served_hook
 
     serve = require("ray.serve", "autopilot_deployment")
 
@@ -198,7 +204,8 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             infer, self.pilot = make()
             self.log: list = []
             self.served: collections.deque = collections.deque(maxlen=200_000)
-            self.tell = getattr(self.pilot, "observe_served", None)
+            self.tell, self.pairs = served_hook(self.pilot)
+            self.views: dict = {}  # request id → its batcher view (ms), for a client's times told with their ids
             self.knob_changes, self.timeout_ms = 0, math.nan  # live_knobs: timeouts set on Ray's batcher; the last
             self.client_told = False  # whether the client tells its own times (observe_client)
             is_async = inspect.iscoroutinefunction(infer)
@@ -207,8 +214,9 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 t0 = time.time()
                 xs = [x for _, x in items]
                 out = await infer(xs) if is_async else await asyncio.to_thread(infer, xs)
-                self.log.append((len(items), t0, time.time()))
-                return [(i, len(items), y) for (i, _), y in zip(items, out)]
+                t1 = time.time()
+                self.log.append((len(items), t0, t1))
+                return [(i, len(items), y, t1) for (i, _), y in zip(items, out)]  # the batch's end: __call__'s
 
             async def run_knobs(items: list) -> list:  # Ray's batch, told to the Autopilot; then its timer applied
                 t0, ok = time.monotonic(), False
@@ -250,19 +258,44 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             if live_knobs:
                 self.pilot.observe_arrival(time.monotonic() * 1e3)
                 self.apply()
-            out = await self.batched((i, x))
+            i, b, y, t_end = await self.batched((i, x))
             t_out = time.time()
             self.served.append((i, t_in, t_out))
-            if self.tell is not None and not self.client_told:  # the replica's record, entry → answer
+            if self.tell is None:
+                return i, b, y
+            view = (t_end - t_in) * 1e3  # the batcher's view: replica entry → batch end
+            if self.pairs and _hashable(i):  # kept for the client's time of this request (observe_client)
+                self.views[i] = view
+                if len(self.views) > _VIEWS_KEPT:  # the oldest goes (dicts keep insertion order)
+                    del self.views[next(iter(self.views))]
+            if self.client_told:
+                pass
+            elif self.pairs:  # the replica's record, entry → answer, and beside it the batcher's view
+                self.tell((t_out - t_in) * 1e3, batch_ms=view)
+            else:
                 self.tell((t_out - t_in) * 1e3)
-            return out
+            return i, b, y
 
-        def observe_client(self, ms: list) -> None:
+        def observe_client(self, ms: list, ids: list | None = None) -> None:
             """Response times the client measured (ms, send → answer): from the first call on they are the
-            Autopilot's responses instead of the replica's own record (``observe_served``)."""
-            if self.tell is not None:
-                self.client_told = True
+            Autopilot's responses instead of the replica's own record (``observe_served``).  ``ids``: the request
+            ids the client called with, one per time: each time is then told beside that request's batcher view
+            (replica entry → batch end, kept for the latest 20 000 requests answered), so that the outside delay
+            learned takes in the client's legs."""
+            if self.tell is None:
+                return
+            self.client_told = True
+            if ids is None or not self.pairs:
                 self.tell(ms)
+                return
+            if len(ids) != len(ms):
+                raise InputError(f"observe_client: {len(ms)} times and {len(ids)} ids; give one id per time")
+            for t, i in zip(ms, ids):
+                view = self.views.pop(i, None) if _hashable(i) else None
+                if view is None:
+                    self.tell(t)
+                else:
+                    self.tell(t, batch_ms=view)
 
         def served_times(self) -> list:
             """(request id, entered, answered) in ``time.time()`` s, the latest 200 000: the server's view."""
@@ -284,6 +317,18 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             return self.events.lines()
 
     return AutopilotModel.bind()  # type: ignore[attr-defined]  # added by serve.deployment
+
+
+#: Batcher views an autopilot deployment keeps for a client's times told with their request ids (the latest).
+_VIEWS_KEPT = 20_000
+
+def _hashable(x: Any) -> bool:
+    """Whether a request id can key the batcher views (a list cannot; its time is then told alone)."""
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 #: Ray's switch for its single-machine mode: with it off, every Ray process takes 127.0.0.1 as the node's address

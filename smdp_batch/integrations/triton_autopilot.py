@@ -163,8 +163,9 @@ def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float =
     """Send request i at arrivals_ms[i]·scale ms over one gRPC stream; (sent_s, done_s, sizes, errors).
 
     ``router``: a :class:`~smdp_batch.integrations.triton_bank.BankRouter` (``name`` None): each request goes to
-    the member it names at the send, and its send → answer time is told to it at the answer (a request that fails
-    is counted in ``errors``, not told: the Autopilot judges answered requests).
+    the member it names at the send, and its send → answer time is told to it at the answer, beside its send →
+    batch end (the member's clock, this host's) (a request that fails is counted in ``errors``, not told: the
+    Autopilot judges answered requests).
 
     ``make_input(i)`` gives request i's input (a float32 vector, default a zero of dim 1); ``sizes[i]`` is the
     batch size that served it (0: not answered).  A response for an id not sent, or a second one, is an error.
@@ -201,8 +202,9 @@ def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float =
                     if error is not None:
                         fut.set_exception(RuntimeError(str(error)))
                     else:
-                        info = result.as_numpy("info").reshape(-1)
-                        fut.set_result((int(info[0]), result.as_numpy("y"), tuple(info[3:5]) if info.size >= 5 else None))
+                        info = result.as_numpy("info").reshape(-1)  # b, batch start, batch end[, entered, answered]
+                        fut.set_result((int(info[0]), result.as_numpy("y"), tuple(info[3:5]) if info.size >= 5 else None,
+                                        float(info[2]) if info.size >= 3 else math.nan))
 
             stream = client.stream_infer(requests())
             task = asyncio.ensure_future(reader(stream))
@@ -210,7 +212,7 @@ def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float =
             models = getattr(server, "models", {})
 
             async def send(i: int):
-                t0 = time.perf_counter()
+                t0, t_wall = time.perf_counter(), time.time()
                 model = name if router is None else router.sent()
                 x = np.zeros(1, np.float32) if make_input is None else np.asarray(make_input(i), np.float32)
                 batched = getattr(models.get(model), "triton_batching", None) is not None  # a leading batch dim
@@ -220,8 +222,8 @@ def run_load(server: TritonServer, name: str | None, arrivals_ms, scale: float =
                 fut = pending[str(i)] = asyncio.get_running_loop().create_future()
                 await queue.put({"model_name": model, "inputs": [inp], "request_id": str(i)})
                 out = await asyncio.wait_for(fut, 60.0)
-                if router is not None:
-                    router.answered((time.perf_counter() - t0) * 1e3)
+                if router is not None:  # beside the send → answer time, the batcher's view: send → its batch's end
+                    router.answered((time.perf_counter() - t0) * 1e3, (out[3] - t_wall) * 1e3)
                 return out
 
             out = await replay(send, arrivals_ms, scale, max_seconds)

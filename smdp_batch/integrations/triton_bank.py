@@ -21,7 +21,9 @@ the client sees:
 
 * each send is an arrival (``observe_arrival``, the client's monotonic clock);
 * each answer's send → answer time is a response (``observe_served``): the time the SLO is about, so the
-  Autopilot's ``overhead_ms`` is only what lies beyond the client (0 for a client on the same host);
+  Autopilot's ``overhead_ms`` is only what lies beyond the client (0 for a client on the same host); beside it the
+  request's send → batch end (the member's answer carries its batch's end), whose difference, the return leg, the
+  Autopilot learns per load (the send leg stays inside the batcher's view here: Triton's queue is not seen);
 * each batch a member ran is a batch (``observe_batch``: size and model time, read from the members' batch
   logs every ``poll_s``), for l̂(b) and the slowdown test.
 
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autopilot.hooks import served_hook
 from ..errors import InputError
 from .triton_autopilot import AutopilotModelSpec
 
@@ -108,6 +111,7 @@ class BankRouter:
         self.current: str | None = None  # the member the last request went to
         self._offsets = dict.fromkeys(self.names, 0)  # bytes of each member's batch log read so far
         self._last_poll = -math.inf
+        self._pairs = served_hook(pilot)[1]  # whether the Autopilot takes the batcher's view beside the time
 
     def member(self) -> str:
         """The member for the next request: the largest delay at or below the timer in force (no timer: the largest)."""
@@ -127,9 +131,14 @@ class BankRouter:
         self.poll()
         return name
 
-    def answered(self, ms: float) -> None:
-        """A request's send → answer time at the client (ms): the Autopilot's response."""
-        self.pilot.observe_served(ms)
+    def answered(self, ms: float, batch_ms: float | None = None) -> None:
+        """A request's send → answer time at the client (ms): the Autopilot's response.  ``batch_ms``: its send →
+        batch end (the member's batch log clock against the client's: one host), told beside it where the
+        Autopilot takes it, so that it learns the return leg per load (``observe_served(ms, batch_ms)``)."""
+        if batch_ms is not None and self._pairs and math.isfinite(batch_ms):
+            self.pilot.observe_served(ms, batch_ms=batch_ms)
+        else:
+            self.pilot.observe_served(ms)
 
     def poll(self, force: bool = False) -> None:
         """Tell the Autopilot the batches the members ran since the last poll (at most every ``poll_s``)."""
