@@ -416,6 +416,26 @@ def test_the_margin_after_a_rollback_also_halves_with_time_and_re_plans_a_plan_i
     assert ap.metrics.swaps == 3 and ap.plan.target_ms == pytest.approx(0.875 * SLO)
 
 
+def test_the_margin_decays_while_solves_are_due_too():
+    """The margin's decay is read whatever is due: while solves kept being asked for (infeasible at the tighter
+    target, retried), the target stayed at the margin of the rollback for a minute on Ray Serve (37.5 of 50 ms from
+    a 12.5 ms margin, never decayed, every retry infeasible)."""
+    clock, solver = Clock(), FreshSolver()
+    ap, p = make(solver, clock=clock, window=200, grace=50, watch=2)
+    t, rng = _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)  # rolled back, margin SLO/4
+    assert ap.metrics.rollbacks == 1
+    assert ap.join(10) and ap._dirty is None
+    calls = len(solver.calls)
+    clock.t += 15.0  # one half-life
+    ap._trigger("service")  # a solve is due: the one it starts has half the margin, and it is the only one
+    feed(ap, 3 * p.lam, 5, rng, t)
+    assert ap.join(10) and [c[1] for c in solver.calls[calls:]] == [pytest.approx(0.875 * SLO)]
+    assert ap.metrics.target_p99_ms == pytest.approx(0.875 * SLO)
+
+
 def test_a_rollback_to_a_plan_made_for_another_load_re_solves_at_once_with_the_margin():
     """The plan put back was made for the load before a 3× step.  Once the load ends (or a replica stops being
     polled) no arrival would ask for a solve again, and the server would keep a plan for a third of its traffic: the

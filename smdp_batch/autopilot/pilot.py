@@ -448,7 +448,8 @@ class Autopilot:
                     elif job.thread is not None:
                         self._abandoned.append(job.thread)
                     self._failed(now, "solve-timeout", seconds=now - job.start)
-                if self._job is None and self._dirty is None and self._margin.at(now):
+                margin = self._margin.at(now)  # decayed to now, whatever is due: the next solve's target reads it
+                if self._job is None and self._dirty is None and margin:
                     self._moved("margin", rose=True)  # the margin decayed: a plan it made too tight re-plans
                 if self._job is None and self._dirty is not None and now >= self._not_before:
                     self._start(now)
