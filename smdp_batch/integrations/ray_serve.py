@@ -268,12 +268,11 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 self.views[i] = view
                 if len(self.views) > _VIEWS_KEPT:  # the oldest goes (dicts keep insertion order)
                     del self.views[next(iter(self.views))]
-            if self.client_told:
-                pass
-            elif self.pairs:  # the replica's record, entry → answer, and beside it the batcher's view
-                self.tell((t_out - t_in) * 1e3, batch_ms=view)
-            else:
-                self.tell((t_out - t_in) * 1e3)
+            if not self.client_told:  # the replica's record, entry → answer, and beside it the batcher's view
+                if self.pairs:
+                    self.tell((t_out - t_in) * 1e3, batch_ms=view)
+                else:
+                    self.tell((t_out - t_in) * 1e3)
             return i, b, y
 
         def observe_client(self, ms: list, ids: list | None = None) -> None:
@@ -321,6 +320,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
 
 #: Batcher views an autopilot deployment keeps for a client's times told with their request ids (the latest).
 _VIEWS_KEPT = 20_000
+
 
 def _hashable(x: Any) -> bool:
     """Whether a request id can key the batcher views (a list cannot; its time is then told alone)."""
