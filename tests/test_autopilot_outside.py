@@ -73,6 +73,26 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
 
 
+def test_at_the_loads_learned_the_spread_between_deployments_is_left_out_of_the_plans_interval():
+    """A calibration's ``new_run_share`` says how far another deployment's p99 may land from its plan (± 39 % on a
+    starved host); added to every plan's interval it kept an Autopilot that had measured its own deployment's delays
+    at a client p99 of 30-35 ms against 50 on Ray Serve.  Where a bin was learned it is left out; elsewhere kept."""
+    spread = {"why": "x", "new_run_share": 0.4}
+    base = ServedDelay(0.0, 0.0, 0.0, (100.0, 1000.0), (np.full(50, 3.0), np.full(50, 20.0)),
+                       stats=(spread, {"new_run_share": 0.3}))
+    ol = OutsideLearner(base)
+    for _ in range(MIN_SAMPLES):
+        ol.observe(0.1, [2.0], [7.0], positions=False)  # learned at 100 req/s
+    m = ol.model([0.1, 0.12, 0.5])  # λ̂ and the edge of its band, a bin's width from it; a load of no bin
+    assert m.loads_per_s == pytest.approx((100.0, 120.0, 500.0, 1000.0))
+    assert m.stats[0] == {"why": "x"}  # 100/s: the bin learned, planned without the spread
+    assert m.stats[1] == {}  # 120/s: the calibrated 1 000/s's statistics, its spread left out too
+    assert m.stats[2] == {"new_run_share": 0.3}  # 500/s: far from the bin, the calibrated load's, spread and all
+    assert m.halfwidth(0.1, 99.0, 40.0) < 1.0 <= 0.4 * 40.0 <= base.halfwidth(0.1, 99.0, 40.0)
+    assert m.halfwidth(0.5, 99.0, 40.0) >= 0.3 * 40.0
+    assert base.stats[0] is spread and spread["new_run_share"] == 0.4  # the calibration itself untouched
+
+
 def test_bad_pairs_are_left_out_and_never_raise():
     ol = OutsideLearner()
     ol.observe(None, [1.0], [2.0], positions=False)  # no rate yet

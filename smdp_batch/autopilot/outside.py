@@ -26,7 +26,9 @@ calibration's does:
 
 :meth:`OutsideLearner.model` hands the planner a :class:`~smdp_batch.model.served.ServedDelay`: the learned loads
 (each bin's centre) with their samples, r, and from a calibration given to the Autopilot its per-batch time a + c·b
-and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples).  numpy only;
+and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples).  A calibration's
+spread between deployments (how far another deployment's p99 may land from its plan, which a plan adds to its interval)
+is left out at the loads learned here: they were measured on the deployment being planned.  numpy only;
 not thread-safe by itself (the Autopilot holds its lock around every call).
 """
 
@@ -201,7 +203,15 @@ class OutsideLearner:
         return replace(base, return_ms=self.return_ms, loads_per_s=tuple(loads), outside_ms=samples, stats=stats,
                        source={**base.source, **source})
 
-    def _stats_at(self, per_s: float) -> dict:  # the statistics of the calibrated load a plan at per_s would use
+    def _stats_at(self, per_s: float) -> dict:
+        """The statistics of the calibrated load a plan at ``per_s`` (req/s) would use; within a bin's width of the
+        loads learned here (a plan also checks the edges of λ̂'s band) without the spread between deployments
+        (``new_run_share``): that spread says where another deployment's p99 may land, and this one's delays were
+        measured on the deployment being planned."""
         base = self.base
         i = -1 if base is None else base.index_at(per_s / 1e3)
-        return base.stats[i] if base is not None and i < len(base.stats) else {}
+        st = base.stats[i] if base is not None and i < len(base.stats) else {}
+        keys = [key for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
+        if keys and BIN_RATIO ** (min(keys) - 1.5) <= per_s < BIN_RATIO ** (max(keys) + 1.5):
+            st = {k: v for k, v in st.items() if k != "new_run_share"}
+        return st
