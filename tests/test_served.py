@@ -43,6 +43,21 @@ def test_a_constant_outside_delay_shifts_every_percentile_by_itself():
     assert two.mean_power_w == bare.mean_power_w  # the outside delay holds no instance
 
 
+def test_a_stream_drawn_at_a_calibrated_load_draws_that_loads_delay_though_its_own_rate_runs_a_little_high():
+    """The SLO search simulates samples drawn at each load (``tail="continue"``): a stream whose own rate ran 1 %
+    above a calibrated load drew the next load's outside delay (a plan at 15/s drew the 26/s delays about half the
+    time).  A given trace (``tail="end"``) keeps its own rate."""
+    p = BatchingProblem(lam=0.1, **STANDIN)
+    rule = parse_rule("triton:max=16,delay_us=0", p)
+    sd = _sd(outside=[np.full(50, 1.0), np.full(50, 30.0)], loads=(100.0, 200.0))
+    arr = poisson_arrivals(0.1, 5000, np.random.default_rng(0))
+    arr = arr * ((arr.size - 1) / (arr[-1] - arr[0]) / 0.101)  # its own rate 1 % above the problem's
+    bare = simulate(p, rule, arrivals=arr, seed=1, tail="continue").mean_latency_ms
+    sample = simulate(p, rule, arrivals=arr, seed=1, tail="continue", served=sd).mean_latency_ms
+    trace = simulate(p, rule, arrivals=arr, seed=1, tail="end", served=sd).mean_latency_ms
+    assert sample == pytest.approx(bare + 1.0, abs=0.05) and trace > bare + 29.0
+
+
 def test_a_per_batch_time_is_a_longer_batch_on_a_deterministic_law():
     p = BatchingProblem(lam=0.6, **STANDIN)
     longer = p.replace(latency="affine:0.6,2.8")  # l(b) + 0.8 + 0.1·b

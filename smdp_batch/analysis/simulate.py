@@ -368,7 +368,8 @@ def simulate(
     ``served``: a :class:`~smdp_batch.model.served.ServedDelay`, what the real server adds: each batch of b holds
     its instance a + c·b ms beyond its draw, the k-th response of a batch (k = 0, 1, …) leaves k·r ms after the
     first, and every response gets an independent draw of the outside delay measured at the calibrated load
-    nearest at or above the stream's rate (:meth:`~smdp_batch.model.served.ServedDelay.add_to`); the figures are then
+    nearest at or above the stream's rate (given arrivals with ``tail="continue"`` within 5 % of the problem's rate:
+    the problem's) (:meth:`~smdp_batch.model.served.ServedDelay.add_to`); the figures are then
     the served response times, their intervals widened by the calibration sample's own (``halfwidth``).
     """
     t0 = time.perf_counter()
@@ -439,7 +440,9 @@ def simulate(
         bounds[-1] = last  # unserved requests carried no energy: only the last group's end moves
     if served is not None:
         lam_run = problem.lam if arrivals is None else (n_req - 1) / max(float(arr[-1] - arr[0]), 1e-300)
-        served.add_to(arr[:last], resp[:last], lam_run, seed)
+        if arrivals is not None and go_on and abs(lam_run / problem.lam - 1.0) < _SAMPLE_RATE_TOL:
+            lam_run = problem.lam  # a sample drawn at the problem's rate (the SLO search's streams): the load it is
+        served.add_to(arr[:last], resp[:last], lam_run, seed)  # for, not its own rate a little above or below
     r = resp[w:last]
     a = arr[w:last]
     _check_stable(rule, r, a)
@@ -484,6 +487,10 @@ def simulate(
         timer_batches=int(state[7]) if math.isfinite(state[7]) else None,
     )
 
+
+#: A stream given with ``tail="continue"`` whose own rate is within this share of the problem's is a sample drawn at the
+#: problem's rate: the served delay is drawn at that load (a calibrated load it is planned at, not the next one up).
+_SAMPLE_RATE_TOL = 0.05
 
 #: Arrivals the continuation of a stream starts with (``tail="continue"``); four times more while they run out.
 CONTINUATION = 1024
