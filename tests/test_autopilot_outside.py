@@ -67,9 +67,10 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     assert [x for x, _ in pts] == pytest.approx([100.0, 1000.0]) and np.allclose(pts[0][1], 5.0)
     m = ol.model([0.5])
     assert (m.a_ms, m.c_ms, m.return_ms, m.carried_per_s) == (1.5, 0.2, 0.3, 1000.0)
-    assert m.loads_per_s == pytest.approx((100.0, 500.0, 1000.0))
+    assert m.loads_per_s == pytest.approx((500.0, 1000.0))  # the calibrated 100/s, which a bin covers, is gone: a
+    # simulation at 500/s whose stream ran a little low would otherwise draw its calibrated delays, not the learned
     assert np.allclose(m.outside_at(0.5), 5.0 + 15.0 * math.log(5.0) / math.log(10.0))
-    assert m.stats[1] == {"new_run_share": 0.01}  # the calibrated load a plan at 500/s would have used
+    assert m.stats[0] == {"new_run_share": 0.01}  # the calibrated load a plan at 500/s would have used
     assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
 
 
@@ -88,6 +89,7 @@ def test_at_the_loads_learned_the_spread_between_deployments_is_left_out_of_the_
     assert m.stats[0] == {"why": "x"}  # 100/s: the bin learned, planned without the spread
     assert m.stats[1] == {}  # 120/s: the calibrated 1 000/s's statistics, its spread left out too
     assert m.stats[2] == {"new_run_share": 0.3}  # 500/s: far from the bin, the calibrated load's, spread and all
+    assert m.stats[3] == {"new_run_share": 0.3}  # the calibration's own 1 000/s, which no bin covers, as it was
     assert m.halfwidth(0.1, 99.0, 40.0) < 1.0 <= 0.4 * 40.0 <= base.halfwidth(0.1, 99.0, 40.0)
     assert m.halfwidth(0.5, 99.0, 40.0) >= 0.3 * 40.0
     assert base.stats[0] is spread and spread["new_run_share"] == 0.4  # the calibration itself untouched

@@ -132,13 +132,18 @@ class OutsideLearner:
         return [(x, self._values(src)) for x, src in self._points()]
 
     def _points(self) -> list[tuple[float, Any]]:  # (load, its ring or the calibration's sample): values sorted lazily
-        got = [(float(ring.lam[:ring.n].mean()), ring, key) for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
-        pts: list[tuple[float, Any]] = [(x, ring) for x, ring, _ in got]
+        pts: list[tuple[float, Any]] = [(float(ring.lam[:ring.n].mean()), ring) for ring in self._bins.values()
+                                        if ring.n >= MIN_SAMPLES]
         if self.base is not None:
-            edges = [(BIN_RATIO ** (key - 0.5), BIN_RATIO ** (key + 0.5)) for _, _, key in got]
-            pts += [(x, o) for x, o in zip(self.base.loads_per_s, self.base.outside_ms)
-                    if not any(lo <= x < hi for lo, hi in edges)]
+            pts += [(x, o) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
         return sorted(pts, key=lambda p: p[0])
+
+    def _covered(self, per_s: float, widen: float = 0.0) -> bool:
+        """Whether ``per_s`` (req/s) lies in a learned bin (``widen``: or that many bin widths beyond the outermost)."""
+        keys = [key for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
+        if widen == 0.0:
+            return any(BIN_RATIO ** (k - 0.5) <= per_s < BIN_RATIO ** (k + 0.5) for k in keys)
+        return bool(keys) and BIN_RATIO ** (min(keys) - 0.5 - widen) <= per_s < BIN_RATIO ** (max(keys) + 0.5 + widen)
 
     def _values(self, src: Any) -> np.ndarray:
         if not isinstance(src, _Ring):
@@ -191,10 +196,10 @@ class OutsideLearner:
             return base
         per_s, have = sorted({float(x) * 1e3 for x in lams}), self._points()  # (learned: a bin is among them)
         pts = {x: (self._sample(have, x), self._stats_at(x)) for x in per_s}
-        if base is not None:  # its loads keep their samples and statistics (what it refuses, and why)
-            for i, (x, o) in enumerate(zip(base.loads_per_s, base.outside_ms)):
-                if all(abs(x / y - 1.0) > 1e-9 for y in per_s):
-                    pts[x] = (o, base.stats[i] if i < len(base.stats) else {})
+        if base is not None:  # its loads no bin covers keep their samples and statistics (what it refuses, and why);
+            for i, (x, o) in enumerate(zip(base.loads_per_s, base.outside_ms)):  # one a bin covers would be drawn, in
+                if all(abs(x / y - 1.0) > 1e-9 for y in per_s) and not self._covered(x):  # place of the learned, by a
+                    pts[x] = (o, base.stats[i] if i < len(base.stats) else {})  # simulation whose rate ran a bit high
         loads = sorted(pts)
         samples, stats = tuple(pts[x][0] for x in loads), tuple(pts[x][1] for x in loads)
         source = {"outside": f"learned online from {self.pairs} responses"}
@@ -211,7 +216,6 @@ class OutsideLearner:
         base = self.base
         i = -1 if base is None else base.index_at(per_s / 1e3)
         st = base.stats[i] if base is not None and i < len(base.stats) else {}
-        keys = [key for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
-        if keys and BIN_RATIO ** (min(keys) - 1.5) <= per_s < BIN_RATIO ** (max(keys) + 1.5):
+        if self._covered(per_s, widen=1.0):
             st = {k: v for k, v in st.items() if k != "new_run_share"}
         return st
