@@ -376,6 +376,19 @@ def test_after_a_rollback_the_next_plans_keep_a_margin_halved_by_each_swap_that_
     assert ap.join(10) and ap.metrics.swaps == 4 and ap.metrics.solves == 4
 
 
+def _rolled_back():
+    """An Autopilot on a synthetic clock whose swap after a 3× step broke the SLO and was rolled back (margin SLO/4):
+    (autopilot, problem, clock, solver, last arrival, generator)."""
+    clock, solver = Clock(), FreshSolver()
+    ap, p = make(solver, clock=clock, window=200, grace=50, watch=2)
+    t, rng = _step(ap, p)
+    assert ap.join(10) and ap.metrics.swaps == 1
+    ap.observe_response([10.0] * 50)
+    ap.observe_response([10.0] * 190 + [80.0] * 10)
+    assert ap.metrics.rollbacks == 1 and ap.metrics.target_p99_ms == pytest.approx(0.75 * SLO)
+    return ap, p, clock, solver, t, rng
+
+
 def test_the_margin_after_a_rollback_also_halves_with_time_and_re_plans_a_plan_it_made_too_tight():
     """A rollback's margin also halves every 15 s of the clock (at low loads a watch takes minutes, and one overshoot
     says little about the traffic after it: on Ray Serve one hiccup at a step's onset kept the plans 6-12 ms tighter
@@ -389,13 +402,7 @@ def test_the_margin_after_a_rollback_also_halves_with_time_and_re_plans_a_plan_i
     m.raise_to(1.0, 130.0, cap_ms=12.5)  # a smaller overshoot keeps the larger margin
     assert m.ms == pytest.approx(3.125) and m.at(130.0 + 15 * 5) == 0.0  # under 0.1 ms: gone
 
-    clock, solver = Clock(), FreshSolver()
-    ap, p = make(solver, clock=clock, window=200, grace=50, watch=2)
-    t, rng = _step(ap, p)
-    assert ap.join(10) and ap.metrics.swaps == 1
-    ap.observe_response([10.0] * 50)
-    ap.observe_response([10.0] * 190 + [80.0] * 10)  # rolled back, margin SLO/4
-    assert ap.metrics.rollbacks == 1 and ap.metrics.target_p99_ms == pytest.approx(0.75 * SLO)
+    ap, p, clock, solver, t, rng = _rolled_back()
     clock.t += 60.0
     calls = len(solver.calls)
     ap.poll()  # the plan put back was made for the SLO: nothing to re-plan, however the margin decays
@@ -420,13 +427,7 @@ def test_the_margin_decays_while_solves_are_due_too():
     """The margin's decay is read whatever is due: while solves kept being asked for (infeasible at the tighter
     target, retried), the target stayed at the margin of the rollback for a minute on Ray Serve (37.5 of 50 ms from
     a 12.5 ms margin, never decayed, every retry infeasible)."""
-    clock, solver = Clock(), FreshSolver()
-    ap, p = make(solver, clock=clock, window=200, grace=50, watch=2)
-    t, rng = _step(ap, p)
-    assert ap.join(10) and ap.metrics.swaps == 1
-    ap.observe_response([10.0] * 50)
-    ap.observe_response([10.0] * 190 + [80.0] * 10)  # rolled back, margin SLO/4
-    assert ap.metrics.rollbacks == 1
+    ap, p, clock, solver, t, rng = _rolled_back()
     assert ap.join(10) and ap._dirty is None
     calls = len(solver.calls)
     clock.t += 15.0  # one half-life
