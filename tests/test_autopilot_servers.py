@@ -115,7 +115,6 @@ def _ray_step(arr, name: str, make, live_knobs: bool = False, then=None) -> dict
     assert max(b for b, _, _ in batches) > 1  # it batched
     _check_swap(out["m"], _replica_rates(out["entered"], arr.size), out["events"])
     assert out["m"]["responses_from"] == "served"  # the replica's record (entry → answer) reached it
-    assert 0.0 <= out["m"]["outside_p99_ms"] < math.inf  # and beside it the batcher's view: the outside delay learned
     return out
 
 

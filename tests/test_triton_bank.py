@@ -165,10 +165,14 @@ def test_a_bank_on_the_real_triton_follows_a_rate_step_and_answers_every_request
     assert sum(b for b, _, _, _ in logged) == arr.size  # every request in exactly one batch, on some member
     assert sum(m.batches) == len(logged)  # every batch told to the Autopilot once
     assert m.responses_from == "served" and m.swaps >= 1, m
-    assert 0.0 <= m.outside_p99_ms < math.inf, m  # the return leg (answer less batch end), learned at the load
     lines = events.lines()
     check_step_plan(pilot.plan.lam, lam, slo, lines, (m, lines))  # or a rollback a starved host justified
     assert pilot.plan.table.meta["family"] == "triton"
     st = router.stats()
     assert sum(st["sent_to"].values()) == arr.size and len(st["sent_to"]) >= 2, st  # re-timed onto another member
-    assert st["current"] == router.member()  # the member the timer in force names
+    now, t = router.member(), pilot.max_wait_ms  # the member the timer in force names (a plan may have gone live
+    k = router.names.index(now)  # after the last send: an outside delay learned late re-plans)
+    if t is None:
+        assert k + 1 == len(router.names), now  # no timer: the largest delay
+    else:
+        assert router.delays_ms[k] <= t + 1e-9 and (k + 1 == len(router.names) or router.delays_ms[k + 1] > t), (now, t)
