@@ -74,6 +74,21 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
 
 
+def test_a_load_learned_beyond_the_calibrations_carried_load_is_carried():
+    """The server answered at the loads learned: a plan there is not refused for the calibration's carried load
+    (a path that did not keep up shows as delays no plan meets); above the learned bins the refusal stands."""
+    base = ServedDelay(0.0, 0.0, 0.0, (100.0, 200.0, 400.0), (np.full(50, 3.0),) * 3, carried_per_s=200.0,
+                       stats=({}, {}, {"why": "its queue grew"}))
+    ol = OutsideLearner(base)
+    assert base.beyond(0.3) and ol.model([0.3]) is base  # nothing learned: the calibration refuses 300/s
+    for _ in range(MIN_SAMPLES):
+        ol.observe(0.3, [2.0], [6.0], positions=False)  # the server answered at 300 req/s
+    m = ol.model([0.3, 0.33])
+    assert m.beyond(0.3) is None and m.beyond(0.33) is None and 300.0 < m.carried_per_s < 400.0
+    assert m.beyond(0.5)  # beyond the learned bin, where the calibration's 400/s did not carry
+    assert base.carried_per_s == 200.0
+
+
 def test_at_the_loads_learned_the_spread_between_deployments_is_left_out_of_the_plans_interval():
     """A calibration's ``new_run_share`` says how far another deployment's p99 may land from its plan (± 39 % on a
     starved host); added to every plan's interval it kept an Autopilot that had measured its own deployment's delays

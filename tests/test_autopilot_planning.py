@@ -366,6 +366,24 @@ def test_the_default_solver_plans_served_p99s_with_a_calibration_and_keeps_its_o
         Autopilot(p, SLO, served="served.json", solve_in="thread")
 
 
+def test_an_edge_of_the_band_beyond_the_load_the_path_carried_is_left_out_not_the_plan():
+    """A step to near the calibration's carried load puts the upper edge of λ̂'s band beyond it; refusing there
+    refused the plan at λ̂ too, and the best effort that took its place (Ray's timeout 0) served batches of one
+    (measured on real Ray Serve: mean batch 1.17 against a fixed timeout's 1.67).  The edge is left out; λ̂ itself
+    beyond the carried load is still refused."""
+    from smdp_batch.autopilot.plan import slo_plan
+    from smdp_batch.model.served import ServedDelay
+
+    p = BatchingProblem.basic(rho=0.3)
+    x = p.lam * 1e3  # req/s
+    outside = ServedDelay(0.0, 0.0, 0.0, (0.5 * x, x, 2.0 * x), (np.full(50, 3.0),) * 3, carried_per_s=1.05 * x,
+                          stats=({}, {}, {"why": "its queue grew"}))
+    plan = slo_plan(p, SLO, [p.lam, 1.2 * p.lam], requests=5_000, family="ray", served=outside)
+    assert plan is not None and plan.meets and plan.lam == p.lam and plan.timer_ms > 0.0
+    beyond = slo_plan(p.replace(lam=1.2 * p.lam), SLO, [1.2 * p.lam], requests=5_000, family="ray", served=outside)
+    assert beyond is not None and not beyond.meets  # λ̂ beyond: the best effort, as before
+
+
 def test_rollback_needs_the_new_plan_to_do_worse_than_the_one_it_replaced():
     ap, p = make(FakeSolver(), window=200, grace=0)
     _at(ap, p.lam, 300, 12)

@@ -26,7 +26,9 @@ calibration's does:
 
 :meth:`OutsideLearner.model` hands the planner a :class:`~smdp_batch.model.served.ServedDelay`: the learned loads
 (each bin's centre) with their samples, r, and from a calibration given to the Autopilot its per-batch time a + c·b
-and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples).  A calibration's
+and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples; the carried load
+rises to the top of the highest learned bin, since the server answered there: a path that did not keep up shows as
+delays no plan meets, not as a refusal).  A calibration's
 spread between deployments (how far another deployment's p99 may land from its plan, which a plan adds to its interval)
 is left out at the loads learned here: they were measured on the deployment being planned.  numpy only;
 not thread-safe by itself (the Autopilot holds its lock around every call).
@@ -205,8 +207,12 @@ class OutsideLearner:
         source = {"outside": f"learned online from {self.pairs} responses"}
         if base is None:
             return ServedDelay(0.0, 0.0, self.return_ms, tuple(loads), samples, stats=stats, source=source)
+        carried = base.carried_per_s  # the server answered every learned load: its path carried it
+        top = BIN_RATIO ** (max(k for k, ring in self._bins.items() if ring.n >= MIN_SAMPLES) + 0.5)
+        if carried is not None and top > carried:
+            carried = top
         return replace(base, return_ms=self.return_ms, loads_per_s=tuple(loads), outside_ms=samples, stats=stats,
-                       source={**base.source, **source})
+                       carried_per_s=carried, source={**base.source, **source})
 
     def _stats_at(self, per_s: float) -> dict:
         """The statistics of the calibrated load a plan at ``per_s`` (req/s) would use; within a bin's width of the

@@ -139,7 +139,11 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
 
     ``served``: a :class:`~smdp_batch.model.served.ServedDelay` (``smdp-batch calibrate``'s file): every setting's
     p99 is then the served one, what the server adds beyond the batch drawn into each response, as ``compare
-    --served`` plans; its l(b) as served is left out, since ``problem`` carries the Autopilot's own l̂(b)."""
+    --served`` plans; its l(b) as served is left out, since ``problem`` carries the Autopilot's own l̂(b).  A load
+    of ``lams`` after the first that the server's own path did not carry (``served.beyond``) is left out: no setting
+    of the batcher changes what the path carries, and refusing there would refuse the plan at ``lams[0]`` too (at a
+    step to near the carried load, the edge of λ̂'s band lies beyond it, and the best effort that took its place
+    served batches of one)."""
     from ..analysis.slo import optimise
     from ..limits import SLO_MAX_MS
 
@@ -147,6 +151,7 @@ def slo_plan(problem: Any, slo_ms: float, lams: list[float], *, requests: int = 
         raise InputError(f"family must be one of {', '.join(PLAN_FAMILIES)}, got {family!r}")
     if served is not None:
         served = replace(served, served_latency_ms={})
+        lams = [lams[0]] + [x for x in lams[1:] if not served.beyond(x)]  # (docstring)
     current = None if incumbent is None else server_rule(incumbent, problem)
     try:
         ans = optimise(problem.replace(lam=max(lams)), {"p99": slo_ms, "mean": SLO_MAX_MS}, list(lams),
