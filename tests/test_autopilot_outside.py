@@ -171,13 +171,21 @@ def test_only_a_hook_that_takes_the_batcher_view_is_told_it():
     from smdp_batch.runtime import PolicyTable
 
     ap, p = make(FakeSolver())
-    assert served_hook(ap) == (ap.observe_served, True) and served_hook(object()) == (None, False)
+    tell, pairs = served_hook(ap)
+    assert pairs and served_hook(object()) == (None, False)
+    tell([30.0, 31.0], batch_ms=[10.0, 11.0])  # one batch's pair reaches the learner (no λ̂ yet: left out there);
+    tell(30.0)  # a time alone is a response only
+    assert ap._outside.pairs + ap._outside.rejected == 2 and ap._seen == 3
 
     class Told(PolicyTable):  # a policy of the user's whose hook takes end-to-end times alone
         def observe_served(self, ms):
             self.seen = getattr(self, "seen", 0) + np.size(ms)
 
     table = Told(np.minimum(np.arange(64), 8), p.batch_sizes)
-    assert served_hook(table)[1] is False
+    told, pairs = served_hook(table)
+    assert pairs is False
+    told([5.0, 6.0], batch_ms=[1.0, 2.0])  # the batcher's view is dropped for a one-argument hook
+    assert table.seen == 2
+    table.seen = 0
     run = simulate(table, p, [Phase(2.0, p.lam)], served=True, outside_ms=3.0)
     assert table.seen == run.response_ms.size > 0

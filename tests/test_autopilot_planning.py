@@ -366,6 +366,27 @@ def test_the_default_solver_plans_served_p99s_with_a_calibration_and_keeps_its_o
         Autopilot(p, SLO, served="served.json", solve_in="thread")
 
 
+def test_with_no_room_at_the_start_it_serves_its_best_effort_and_retries():
+    """A calibration made on a noisy host (a new run's p99 within ± 172 % of its plan, measured on Ray Serve) leaves
+    no setting room at the start; the Autopilot used to refuse to start (and with it the server's deployment).  It
+    starts at its best effort, counted and logged as an infeasible solve, and retries: the delays it learns on its
+    own deployment are planned without that spread."""
+    from smdp_batch.model.served import ServedDelay
+
+    p = BatchingProblem.basic(rho=0.3)
+    x = p.lam * 1e3
+    noisy = ServedDelay(0.0, 0.0, 0.0, (x,), (np.full(50, 15.0),), stats=({"new_run_share": 1.72},))
+    ap = Autopilot(p, SLO, served=noisy, solve_in="thread", family="ray")
+    try:
+        m = ap.metrics
+        assert not ap.plan.meets and "best effort" in ap.plan.spec and ap.plan.timer_ms is not None
+        assert m.infeasible == 1 and m.best_effort == 1 and ap._dirty == "retry"
+    finally:
+        ap.close()
+    with pytest.raises(ValueError, match="no best effort"):
+        Autopilot(p, SLO, solver=FakeSolver("none"))
+
+
 def test_an_edge_of_the_band_beyond_the_load_the_path_carried_is_left_out_not_the_plan():
     """A step to near the calibration's carried load puts the upper edge of λ̂'s band beyond it; refusing there
     refused the plan at λ̂ too, and the best effort that took its place (Ray's timeout 0) served batches of one

@@ -15,10 +15,23 @@ __all__ = ["never_raises", "served_hook"]
 
 
 def served_hook(policy: Any) -> tuple[Callable[..., None] | None, bool]:
-    """The policy's ``observe_served`` (None without one) and whether it takes the batcher's view beside the
-    end-to-end times (``batch_ms``: the Autopilot's, which learns the outside delay from the pair)."""
-    tell = getattr(policy, "observe_served", None)
-    return tell, tell is not None and "batch_ms" in inspect.signature(tell).parameters
+    """``(tell, pairs)``: ``tell(ms, batch_ms=None)`` passes end-to-end times (ms) to the policy's ``observe_served``
+    (None without one), with the batcher's view beside them where given and where the hook takes it; ``pairs``:
+    whether it does (the Autopilot's, which learns the outside delay from the pair; a user's one-argument hook is
+    told the times alone)."""
+    hook = getattr(policy, "observe_served", None)
+    if hook is None:
+        return None, False
+    if "batch_ms" not in inspect.signature(hook).parameters:
+        return lambda ms, batch_ms=None: hook(ms), False
+
+    def tell(ms: Any, batch_ms: Any = None) -> None:
+        if batch_ms is None:
+            hook(ms)
+        else:
+            hook(ms, batch_ms=batch_ms)
+
+    return tell, True
 
 
 def never_raises(hook: Callable[..., None]) -> Callable[..., None]:

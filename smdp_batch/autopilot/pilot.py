@@ -13,22 +13,22 @@ a :class:`~smdp_batch.runtime.PolicyTable` and its timer — and learns from the
   record of entry → answer sent, or the client's) replaces that view from its first call; told with ``batch_ms``, the
   same requests' batcher view, it learns their difference, the outside delay, per load (:mod:`.outside`): plans add it.
 
-When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band leaves
-the live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
-``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by
-more than ``energy_tol`` (20 %) at a size that ran, the learned excess moves, or the learned outside delay's p99 at λ̂
-moves by max(2 ms, 5 % of the SLO), the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy
-is measured; the default solver: the outside delay learned at each planned load) and re-solves it with a time budget, at most once per
-``min_interval_s`` (a change found during a solve as soon as it ends), **in a lower-priority child process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with
-``solve_in="thread"``, the default for a solver you pass).  The default solver is the SLO optimiser
-(:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the least-power SMDP table + timer whose simulated p99
-plus its 95 % half-width meets the *target* at λ̂ and at both edges of λ̂'s one-σ band).  The target is SLO −
-``overhead_ms`` (the share of the SLO spent outside the response times it is told: network, client) − the learned excess (with
-``learn=True``: the p99 of the latest responses less the p99 planned for them, smoothed and capped at half the SLO).
-The new plan goes live only if it meets the target with finite planned metrics (the same table and timer again is
-kept, not swapped; the default solver also simulates the live plan on the same arrivals and keeps it unless the new
-one saves 2 % of its power); the swap is one reference assignment, and ``decide(n)`` reads that reference once, so
-every batch is decided wholly by one table.
+When the rate estimator declares a change (and its post-change estimate has ``min_samples`` gaps), λ̂'s band leaves the
+live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
+``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by more
+than ``energy_tol`` (20 %) at a size that ran, the learned excess moves, or the learned outside delay's p99 at λ̂ moves
+by max(2 ms, 5 % of the SLO), the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is
+measured; the default solver: the outside delay learned at each planned load) and re-solves it with a time budget, at
+most once per ``min_interval_s`` (a change found during a solve as soon as it ends), **in a lower-priority child
+process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
+pass). The default solver is the SLO optimiser (:func:`smdp_batch.analysis.slo.optimise`, family ``smdp``: the
+least-power SMDP table + timer whose simulated p99 plus its 95 % half-width meets the *target* at λ̂ and at both edges
+of λ̂'s one-σ band). The target is SLO − ``overhead_ms`` (the share of the SLO spent outside the response times it is
+told: network, client) − the learned excess (with ``learn=True``: the p99 of the latest responses less the p99 planned
+for them, smoothed and capped at half the SLO). The new plan goes live only if it meets the target with finite planned
+metrics (the same table and timer again is kept, not swapped; the default solver also simulates the live plan on the
+same arrivals and keeps it unless the new one saves 2 % of its power); the swap is one reference assignment, and
+``decide(n)`` reads that reference once, so every batch is decided wholly by one table.
 
 Rollback: after a swap, the next responses (after ``grace``) are watched in windows of ``window``; one whose p99 exceeds
 SLO − ``overhead_ms`` and the replaced plan's (at this load: simulated by the default solver, plus the excess its last
@@ -37,7 +37,8 @@ new one the last good. A plan put back that was made for another load (λ̂'s ba
 
 When no table meets the target at λ̂ (``infeasible``, retried with the back-off below), the solver's best effort there
 goes live when it has one (:func:`~smdp_batch.autopilot.plan.slo_plan`: the greedy table, when its simulated p99 at λ̂
-is below the live plan's, made for another load), judged by the rollback watch as any swap.
+is below the live plan's, made for another load), judged by the rollback watch as any swap; so does the initial solve's
+(a calibration's spread may leave no room until this deployment's delays are learned); no answer at all: ValueError.
 
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch sizes)
 or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
@@ -45,20 +46,20 @@ run at once and a late result is dropped), and an estimate out of range (λ̂ at
 Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted and logged (a JSON line). A failed or
 infeasible solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
 ≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise does not
-re-solve every ``min_interval_s``; a change of rate ends both.
-A plan rolled back is not swapped in again while solves plan it within 25 % of the load it failed at (``blocked``,
-counted with the kept; the last 8): swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans
-after it keep a margin of its overshoot (:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap
-that holds and every 15 s), each move of the target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned
-tighter than the plan put back (a learned excess): its smaller batches raised what no plan models (a host short of
-CPU), so the excess returns to that plan's, unlearned for 30 s. The solve clock (``clock``, s) is made monotone (a step
-back: no time passed); with ``solve_in="clock"`` a solve takes ``solve_seconds`` of it (:mod:`.simulated`'s mode).
+re-solve every ``min_interval_s``; a change of rate ends both. A plan rolled back is not swapped in again while solves
+plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8): swap, fail, roll back was
+a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its overshoot
+(:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap that holds and every 15 s), each move of the
+target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned tighter than the plan put back (a learned
+excess): its smaller batches raised what no plan models (a host short of CPU), so the excess returns to that plan's,
+unlearned for 30 s. The solve clock (``clock``, s) is made monotone (a step back: no time passed); with
+``solve_in="clock"`` a solve takes ``solve_seconds`` of it (:mod:`.simulated`'s mode).
 
-The hooks never raise.  Importing this module needs numpy only; the default solver imports the analysis (numba, scipy)
-in the solve process, the first plan's too (a full garbage collection over numba's objects stalled serving 50-70 ms).
-One idea, the Autopilot's state machine: hooks, solve schedule, plans and rollback watch share one state under one
-lock, and a batch is decided by one read of the live plan; the rest stands beside it (responses, estimators, energy
-meter, plan and solver, solve process, metrics).
+The hooks never raise. Importing this module needs numpy only; the default solver imports the analysis (numba, scipy) in
+the solve process, the first plan's too (a full garbage collection over numba's objects stalled serving 50-70 ms). One
+idea, the Autopilot's state machine: hooks, solve schedule, plans and rollback watch share one state under one lock, and
+a batch is decided by one read of the live plan; the rest stands beside it (responses, estimators, energy meter, plan
+and solver, solve process, metrics).
 """
 
 from __future__ import annotations
@@ -103,21 +104,20 @@ _EXCESS_REST_S = 30.0  # after a tighter plan is rolled back, the excess is not 
 class Autopilot:
     """A self-re-solving policy for :class:`~smdp_batch.runtime.DynamicBatcher` (module docstring).
 
-    ``problem``: the :class:`~smdp_batch.model.problem.BatchingProblem` (λ, 𝓑, l(b), ζ(b), service law);
-    ``slo_p99_ms``: the p99 response-time SLO (ms).  ``table``: the initial table (a PolicyTable or a
-    :class:`Plan`); default: solved now by ``solver`` at ``problem.lam``.  ``solver(problem, slo_ms, lams)``
-    returns a :class:`Plan` or None (default :func:`slo_plan`); ``budget_s``: its time budget (s).
-    ``overhead_ms``: the part of the SLO spent outside the response times it is told (network, proxy, client), ms.
-    ``solve_in``: ``"process"`` (a child at ``nice`` +10, SCHED_IDLE on Linux; the default with the default
-    solver), ``"thread"`` (the default with a given ``solver``, which then need not be picklable) or ``"clock"``
-    (the solve runs at once in the hook that starts it, and its result goes live ``solve_seconds`` of ``clock``
-    later: the simulated-clock mode of :mod:`~smdp_batch.autopilot.simulated`).  ``close()`` ends the child.
-    ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is one), None, or
-    a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`).  ``control``: the closed loop on
-    the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`; True:
-    the default one; False: the plans' timers as solved).  ``family``: what the default solver plans, "smdp" (a table
-    + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen live
-    among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
+    ``problem``: the :class:`~smdp_batch.model.problem.BatchingProblem` (λ, 𝓑, l(b), ζ(b), service law); ``slo_p99_ms``:
+    the p99 response-time SLO (ms). ``table``: the initial table (a PolicyTable or a :class:`Plan`); default: solved now
+    by ``solver`` at ``problem.lam``. ``solver(problem, slo_ms, lams)`` returns a :class:`Plan` or None (default
+    :func:`slo_plan`); ``budget_s``: its time budget (s). ``overhead_ms``: the part of the SLO spent outside the
+    response times it is told (network, proxy, client), ms. ``solve_in``: ``"process"`` (a child at ``nice`` +10,
+    SCHED_IDLE on Linux; the default with the default solver), ``"thread"`` (the default with a given ``solver``, which
+    then need not be picklable) or ``"clock"`` (the solve runs at once in the hook that starts it, and its result goes
+    live ``solve_seconds`` of ``clock`` later: the simulated-clock mode of :mod:`~smdp_batch.autopilot.simulated`).
+    ``close()`` ends the child. ``energy_meter``: ``"auto"`` (NVML's energy counter of the process's GPU where there is
+    one), None, or a meter of your own (:func:`~smdp_batch.autopilot.energy_meter.open_meter`). ``control``: the closed
+    loop on the share of responses over SLO − ``overhead_ms`` (a :class:`~smdp_batch.autopilot.control.TimerControl`;
+    True: the default one; False: the plans' timers as solved). ``family``: what the default solver plans, "smdp" (a
+    table + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen
+    live among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
     ``served``: what the server adds (``ServedDelay.load`` of ``calibrate``'s file), which the default solver plans
     served p99s with: feed it end-to-end times (``observe_served``); ``overhead_ms``: what even those leave out.
     ``learn_outside``: learn the outside delay per load from ``observe_served(ms, batch_ms)``'s pairs and plan with it
@@ -161,10 +161,9 @@ class Autopilot:
         if solve_in not in (None, "process", "thread", "clock"):
             raise ValueError(f"solve_in must be 'process', 'thread', 'clock' or None, got {solve_in!r}")
         self.problem, self.slo_ms = problem, slo
-        self.solver, self.family, self.served = solver or slo_plan, family, served
+        self.solver, self.family, self.served, self.learn_outside = solver or slo_plan, family, served, bool(learn_outside)
         self.budget_s, self.tolerance, self.min_interval_s = float(budget_s), float(tolerance), float(min_interval_s)
         self.overhead_ms, self.rate_tol, self.learn = float(overhead_ms), float(rate_tol), bool(learn)
-        self.learn_outside = bool(learn_outside)
         self.service_tol_ms = 0.05 * slo if service_tol_ms is None else float(service_tol_ms)
         self.min_samples, self.window, self.grace, self.watch = int(min_samples), int(window), int(grace), int(watch)
         self.max_threads, self.solve_seconds = int(max_threads), float(solve_seconds)
@@ -204,11 +203,16 @@ class Autopilot:
             except SolveProcessError as exc:
                 self.solve_in, fallback = "thread", str(exc)[:200]
         solved = self._initial(args) if table is None else None
-        if table is None and (solved is None or not Plan.usable(solved, self.sizes, self._target())):
-            raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms (initial solve)")
+        effort = table is None and isinstance(solved, Plan) and Plan.usable(solved, self.sizes) and not solved.meets
+        if table is None and not effort and not Plan.usable(solved, self.sizes, self._target()):
+            raise ValueError(f"no table meets p99 ≤ {self._target():g} ms at λ = {problem.lam:.6g}/ms and the solver "
+                             "gave no best effort (initial solve)")
         plan = Plan.given(table, problem.lam) if solved is None else replace(solved, target_ms=self._target())
         self._live: Plan = replace(plan, id=next(_IDS))
         self._good, self._previous = self._live, None
+        if effort:  # counted and retried as a re-solve's: what is learned while serving may leave room (module doc)
+            self._c["best_effort"] += 1
+            self._failed(self._now(), "infeasible", "infeasible", reason="start", best_effort=self._live.spec)
         if fallback is not None:
             self._count(None, "solve-in-thread", logging.WARNING, error=fallback)
 
@@ -306,11 +310,8 @@ class Autopilot:
 
     def _energy_moved(self) -> bool:
         """Whether the meter's ζ̂(b) left the last solve's curve by more than ``energy_tol`` at a size that ran."""
-        zeta = self.meter.energy_mj(self.service.latency_ms())
-        if zeta is None:
-            return False
-        ran = np.asarray(self._batches) > 0
-        return bool(np.any(ran & (np.abs(zeta - self._zeta_ref) > self.energy_tol * self._zeta_ref)))
+        ran, zeta = np.asarray(self._batches) > 0, self.meter.energy_mj(self.service.latency_ms())
+        return zeta is not None and bool(np.any(ran & (np.abs(zeta - self._zeta_ref) > self.energy_tol * self._zeta_ref)))
 
     @_never_raises
     def observe_energy(self, b: Any, mj: Any) -> None:
@@ -346,8 +347,7 @@ class Autopilot:
             self._resp.add(vals, self._live.p99_ms)
             if self.control is not None:
                 self.control.add(vals, self.slo_ms - self.overhead_ms)
-            self._seen += k
-            self._unlearned += k
+            self._seen, self._unlearned = self._seen + k, self._unlearned + k
             if self._watching and self._seen > self.grace and self._breach.add(  # the sequential test: judge now
                     vals[-(self._seen - self.grace):], self.slo_ms - self.overhead_ms):
                 self._window_done(self._resp.p99(self._breach.n))

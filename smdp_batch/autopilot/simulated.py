@@ -321,7 +321,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
     on_arrival = getattr(policy, "observe_arrival", None)
     on_batch = getattr(policy, "observe_batch", None)
     on_response = getattr(policy, "observe_response", None)
-    on_served, pairs = served_hook(policy) if served else (None, False)
+    on_served = served_hook(policy)[0] if served else None
     on_timer = getattr(policy, "poll", None)
     N = arr.size
     resp = np.full(N, math.nan)
@@ -390,7 +390,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             if on_response is not None:
                 on_response(view)
             if on_served is not None:  # an Autopilot is told its batcher's view beside (the outside delay learned)
-                on_served(resp[idx], batch_ms=view) if pairs else on_served(resp[idx])
+                on_served(resp[idx], batch_ms=view)
             b_start.append(end - dur)
             b_ms.append(dur)
             b_size.append(b)

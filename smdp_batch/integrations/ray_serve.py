@@ -269,10 +269,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
                 if len(self.views) > _VIEWS_KEPT:  # the oldest goes (dicts keep insertion order)
                     del self.views[next(iter(self.views))]
             if not self.client_told:  # the replica's record, entry → answer, and beside it the batcher's view
-                if self.pairs:
-                    self.tell((t_out - t_in) * 1e3, batch_ms=view)
-                else:
-                    self.tell((t_out - t_in) * 1e3)
+                self.tell((t_out - t_in) * 1e3, batch_ms=view)
             return i, b, y
 
         def observe_client(self, ms: list, ids: list | None = None) -> None:
@@ -290,11 +287,7 @@ def autopilot_deployment(name: str, make: Callable[[], tuple], *, max_wait_ms: f
             if len(ids) != len(ms):
                 raise InputError(f"observe_client: {len(ms)} times and {len(ids)} ids; give one id per time")
             for t, i in zip(ms, ids):
-                view = self.views.pop(i, None) if _hashable(i) else None
-                if view is None:
-                    self.tell(t)
-                else:
-                    self.tell(t, batch_ms=view)
+                self.tell(t, batch_ms=self.views.pop(i, None) if _hashable(i) else None)
 
         def served_times(self) -> list:
             """(request id, entered, answered) in ``time.time()`` s, the latest 200 000: the server's view."""

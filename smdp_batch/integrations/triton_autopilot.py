@@ -307,7 +307,7 @@ class TritonPythonModel:
             self.batched = table_batch(autopilot=self.pilot, max_wait_ms=wait, served=False)(self._batch)
         else:
             self.batched = table_batch(self.pilot, max_wait_ms=wait)(self._batch)
-        self.tell, self.pairs = served_hook(self.pilot)
+        self.tell = served_hook(self.pilot)[0]
         self.stop = threading.Event()
         self.writer = threading.Thread(target=self._write_loop, daemon=True, name="autopilot-metrics")
         if hasattr(self.pilot, "metrics"):
@@ -353,10 +353,7 @@ class TritonPythonModel:
         sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if self.tell is not None:  # the server's record, entry → answer sent: the Autopilot's responses; beside it
             t_out = time.time()  # the batcher's view (entry → batch end): the outside delay it learns per load
-            if self.pairs and t1 is not None:
-                self.tell((t_out - t_in) * 1e3, batch_ms=(t1 - t_in) * 1e3)
-            else:
-                self.tell((t_out - t_in) * 1e3)
+            self.tell((t_out - t_in) * 1e3, batch_ms=None if t1 is None else (t1 - t_in) * 1e3)
 
     async def _all(self, requests) -> None:
         await asyncio.gather(*(self._one(r) for r in requests))

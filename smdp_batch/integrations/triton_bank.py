@@ -111,7 +111,7 @@ class BankRouter:
         self.current: str | None = None  # the member the last request went to
         self._offsets = dict.fromkeys(self.names, 0)  # bytes of each member's batch log read so far
         self._last_poll = -math.inf
-        self._pairs = served_hook(pilot)[1]  # whether the Autopilot takes the batcher's view beside the time
+        self._tell = served_hook(pilot)[0]  # the time, with the batcher's view beside it where the Autopilot takes it
 
     def member(self) -> str:
         """The member for the next request: the largest delay at or below the timer in force (no timer: the largest)."""
@@ -135,10 +135,8 @@ class BankRouter:
         """A request's send → answer time at the client (ms): the Autopilot's response.  ``batch_ms``: its send →
         batch end (the member's batch log clock against the client's: one host), told beside it where the
         Autopilot takes it, so that it learns the return leg per load (``observe_served(ms, batch_ms)``)."""
-        if batch_ms is not None and self._pairs and math.isfinite(batch_ms):
-            self.pilot.observe_served(ms, batch_ms=batch_ms)
-        else:
-            self.pilot.observe_served(ms)
+        if self._tell is not None:
+            self._tell(ms, batch_ms=batch_ms if batch_ms is not None and math.isfinite(batch_ms) else None)
 
     def poll(self, force: bool = False) -> None:
         """Tell the Autopilot the batches the members ran since the last poll (at most every ``poll_s``)."""
