@@ -60,7 +60,8 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     base = ServedDelay(1.5, 0.2, 0.3, (100.0, 1000.0), (np.full(50, 3.0), np.full(50, 20.0)), carried_per_s=1000.0,
                        stats=({"why": "x"}, {"new_run_share": 0.01}), source={"server": "triton"})
     ol = OutsideLearner(base)
-    assert ol.model([0.1]) is base and ol.return_ms == 0.3  # before a bin fills: the calibration itself
+    first = ol.model([0.1])  # before a bin fills: the calibration (less its spread)
+    assert all(map(np.array_equal, first.outside_ms, base.outside_ms)) and ol.return_ms == 0.3
     for _ in range(MIN_SAMPLES):
         ol.observe(0.1, [2.0], [7.0], positions=False)  # 100 req/s: 5 ms, where the calibration said 3
     pts = ol.points()
@@ -70,7 +71,7 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     assert m.loads_per_s == pytest.approx((500.0, 1000.0))  # the calibrated 100/s, which a bin covers, is gone: a
     # simulation at 500/s whose stream ran a little low would otherwise draw its calibrated delays, not the learned
     assert np.allclose(m.outside_at(0.5), 5.0 + 15.0 * math.log(5.0) / math.log(10.0))
-    assert m.stats[0] == {"new_run_share": 0.01}  # the calibrated load a plan at 500/s would have used
+    assert m.stats[0] == {}  # the calibrated load a plan at 500/s would have used (less its spread)
     assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
 
 
@@ -80,7 +81,7 @@ def test_a_load_learned_beyond_the_calibrations_carried_load_is_carried():
     base = ServedDelay(0.0, 0.0, 0.0, (100.0, 200.0, 400.0), (np.full(50, 3.0),) * 3, carried_per_s=200.0,
                        stats=({}, {}, {"why": "its queue grew"}))
     ol = OutsideLearner(base)
-    assert base.beyond(0.3) and ol.model([0.3]) is base  # nothing learned: the calibration refuses 300/s
+    assert base.beyond(0.3) and ol.model([0.3]).beyond(0.3)  # nothing learned: the calibration refuses 300/s
     for _ in range(MIN_SAMPLES):
         ol.observe(0.3, [2.0], [6.0], positions=False)  # the server answered at 300 req/s
     m = ol.model([0.3, 0.33])
@@ -89,24 +90,24 @@ def test_a_load_learned_beyond_the_calibrations_carried_load_is_carried():
     assert base.carried_per_s == 200.0
 
 
-def test_at_the_loads_learned_the_spread_between_deployments_is_left_out_of_the_plans_interval():
-    """A calibration's ``new_run_share`` says how far another deployment's p99 may land from its plan (± 39 % on a
-    starved host); added to every plan's interval it kept an Autopilot that had measured its own deployment's delays
-    at a client p99 of 30-35 ms against 50 on Ray Serve.  Where a bin was learned it is left out; elsewhere kept."""
+def test_the_spread_between_deployments_is_left_out_of_every_plan_learned_or_not():
+    """A calibration's ``new_run_share`` says how far another deployment's p99 may land from its plan (± 172 % on a
+    noisy host).  Added to the Autopilot's plans it kept a client p99 of 30-35 ms against 50 on Ray Serve where bins
+    were learned, and left no room at all where none was yet (Ray's timeout 0 through a whole phase).  The Autopilot
+    watches its own deployment: the spread is left out everywhere, the calibration sample's own interval kept."""
     spread = {"why": "x", "new_run_share": 0.4}
-    base = ServedDelay(0.0, 0.0, 0.0, (100.0, 1000.0), (np.full(50, 3.0), np.full(50, 20.0)),
+    base = ServedDelay(0.0, 0.0, 0.0, (100.0, 1000.0), (np.linspace(2.0, 4.0, 50), np.full(50, 20.0)),
                        stats=(spread, {"new_run_share": 0.3}))
     ol = OutsideLearner(base)
+    first = ol.model([0.1])  # nothing learned: the calibration, less its spread
+    assert first.stats == ({"why": "x"}, {}) and np.array_equal(first.outside_ms[0], base.outside_ms[0])
+    assert 0.0 < first.halfwidth(0.1, 99.0, 40.0) < 1.0 <= 0.4 * 40.0 <= base.halfwidth(0.1, 99.0, 40.0)
     for _ in range(MIN_SAMPLES):
         ol.observe(0.1, [2.0], [7.0], positions=False)  # learned at 100 req/s
     m = ol.model([0.1, 0.12, 0.5])  # λ̂ and the edge of its band, a bin's width from it; a load of no bin
     assert m.loads_per_s == pytest.approx((100.0, 120.0, 500.0, 1000.0))
-    assert m.stats[0] == {"why": "x"}  # 100/s: the bin learned, planned without the spread
-    assert m.stats[1] == {}  # 120/s: the calibrated 1 000/s's statistics, its spread left out too
-    assert m.stats[2] == {"new_run_share": 0.3}  # 500/s: far from the bin, the calibrated load's, spread and all
-    assert m.stats[3] == {"new_run_share": 0.3}  # the calibration's own 1 000/s, which no bin covers, as it was
-    assert m.halfwidth(0.1, 99.0, 40.0) < 1.0 <= 0.4 * 40.0 <= base.halfwidth(0.1, 99.0, 40.0)
-    assert m.halfwidth(0.5, 99.0, 40.0) >= 0.3 * 40.0
+    assert m.stats == ({"why": "x"}, {}, {}, {})  # every load: the calibrated load's statistics, no spread
+    assert m.halfwidth(0.5, 99.0, 40.0) < 0.3 * 40.0
     assert base.stats[0] is spread and spread["new_run_share"] == 0.4  # the calibration itself untouched
 
 

@@ -28,10 +28,16 @@ calibration's does:
 (each bin's centre) with their samples, r, and from a calibration given to the Autopilot its per-batch time a + c·b
 and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples; the carried load
 rises to the top of the highest learned bin, since the server answered there: a path that did not keep up shows as
-delays no plan meets, not as a refusal).  A calibration's
-spread between deployments (how far another deployment's p99 may land from its plan, which a plan adds to its interval)
-is left out at the loads learned here: they were measured on the deployment being planned.  numpy only;
-not thread-safe by itself (the Autopilot holds its lock around every call).
+delays no plan meets, not as a refusal).
+
+A calibration's spread between deployments (``new_run_share``: how far another deployment's p99 may land from its plan,
+which ``export`` and ``compare`` add to a setting's interval) is left out of every plan, learned load or not: it is
+what a static setting deployed elsewhere must allow for with nothing watching it, and the Autopilot watches the one
+deployment it serves (its closed loop tightens the timer within a window of 100 responses, its rollback watch judges
+every swap).  Kept, with ± 172 % on a noisy host, it left no setting room at any load not learned yet, and the
+Autopilot served Ray's timeout 0 (batches of one) through the first phase and a ramp.  The calibration sample's own
+uncertainty (the bootstrap of its percentiles) stays in every plan's interval.  numpy only; not thread-safe by itself
+(the Autopilot holds its lock around every call).
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ class OutsideLearner:
     load and uncovered loads the learned model keeps; None: a + c·b = 0, nothing refused."""
 
     def __init__(self, base: Any = None):
-        self.base = base
+        self.base = None if base is None else replace(base, stats=tuple(  # module doc: the Autopilot's own deployment
+            {k: v for k, v in st.items() if k != "new_run_share"} for st in base.stats))
         self._bins: dict[int, _Ring] = {}
         self._sxy = self._sxx = 0.0  # Σ (k − k̄)(o − ō), Σ (k − k̄)² over batches of two or more
         self.batches = 0  # batches of two or more told with their positions
@@ -140,12 +147,10 @@ class OutsideLearner:
             pts += [(x, o) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
         return sorted(pts, key=lambda p: p[0])
 
-    def _covered(self, per_s: float, widen: float = 0.0) -> bool:
-        """Whether ``per_s`` (req/s) lies in a learned bin (``widen``: or that many bin widths beyond the outermost)."""
-        keys = [key for key, ring in self._bins.items() if ring.n >= MIN_SAMPLES]
-        if widen == 0.0:
-            return any(BIN_RATIO ** (k - 0.5) <= per_s < BIN_RATIO ** (k + 0.5) for k in keys)
-        return bool(keys) and BIN_RATIO ** (min(keys) - 0.5 - widen) <= per_s < BIN_RATIO ** (max(keys) + 0.5 + widen)
+    def _covered(self, per_s: float) -> bool:
+        """Whether ``per_s`` (req/s) lies in a learned bin."""
+        return any(BIN_RATIO ** (k - 0.5) <= per_s < BIN_RATIO ** (k + 0.5)
+                   for k, ring in self._bins.items() if ring.n >= MIN_SAMPLES)
 
     def _values(self, src: Any) -> np.ndarray:
         if not isinstance(src, _Ring):
@@ -215,13 +220,7 @@ class OutsideLearner:
                        carried_per_s=carried, source={**base.source, **source})
 
     def _stats_at(self, per_s: float) -> dict:
-        """The statistics of the calibrated load a plan at ``per_s`` (req/s) would use; within a bin's width of the
-        loads learned here (a plan also checks the edges of λ̂'s band) without the spread between deployments
-        (``new_run_share``): that spread says where another deployment's p99 may land, and this one's delays were
-        measured on the deployment being planned."""
+        """The statistics of the calibrated load a plan at ``per_s`` (req/s) would use (:meth:`ServedDelay.index_at`)."""
         base = self.base
         i = -1 if base is None else base.index_at(per_s / 1e3)
-        st = base.stats[i] if base is not None and i < len(base.stats) else {}
-        if self._covered(per_s, widen=1.0):
-            st = {k: v for k, v in st.items() if k != "new_run_share"}
-        return st
+        return base.stats[i] if base is not None and i < len(base.stats) else {}

@@ -184,8 +184,8 @@ class Autopilot:
         self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
-        self._outside, self._plan_served = OutsideLearner(served), served  # learned; what the next solve plans with
-        self._outside.planning([problem.lam])
+        self._outside = OutsideLearner(served)  # learned, and what the next solve plans with (:mod:`.outside`)
+        self._plan_served = self._outside.planning([problem.lam])
         self._unlearned, self._rest_until = 0, -math.inf  # responses since the excess was learned; its rest (clock s)
         self._index, self._batches = {b: i for i, b in enumerate(self.sizes)}, [0] * len(self.sizes)  # batches per size
         self._seen, self._windows, self._watching, self._watch_ok = 0, 0, False, 0  # responses, windows since a swap
