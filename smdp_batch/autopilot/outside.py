@@ -13,9 +13,10 @@ at the traffic's rate when it was served, so that a plan at another load draws t
 calibration's does:
 
 * **per load**: o is kept in bins of the estimated rate λ̂, each a factor 1.25 wide (geometric), the latest
-  :data:`BIN_SIZE` per bin; a bin is used once it holds :data:`MIN_SAMPLES` (its p99 then rests on a few dozen
-  values above it).  A front end that is CPU-bound adds more at a higher load, and a rate step lands in another bin
-  rather than being averaged with the old one.
+  :data:`BIN_SIZE` per bin; a bin is used once it holds :data:`MIN_SAMPLES` (three of its values then lie above its
+  p99; a plan's interval carries that p99's bootstrap width, ``ServedDelay.halfwidth``).  A front end that is
+  CPU-bound adds more at a higher load, and a rate step lands in another bin rather than being averaged with the old
+  one.
 * **per position**: where a batch's requests are told together in FIFO order, the return per position r is the
   least-squares slope of o on the position k within each batch, o − ō_b = r·(k − k̄_b) (the batch's own mean taken
   out, so that a load or a batch size that raises every response's o does not enter r); r ≥ 0, fitted from

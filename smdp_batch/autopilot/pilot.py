@@ -38,7 +38,7 @@ new one the last good. A plan put back that was made for another load (λ̂'s ba
 When no table meets the target at λ̂ (``infeasible``, retried with the back-off below), the solver's best effort there
 goes live when it has one (:func:`~smdp_batch.autopilot.plan.slo_plan`: the greedy table, when its simulated p99 at λ̂
 is below the live plan's, made for another load), judged by the rollback watch as any swap; so does the initial solve's
-(a calibration's spread may leave no room until this deployment's delays are learned); no answer at all: ValueError.
+(a calibration's outside delay may leave no room until this deployment's is learned); no answer at all: ValueError.
 
 Guards: a solver that raises, returns nothing usable (NaN metrics, a table not meeting the target, unknown batch sizes)
 or runs past ``budget_s`` (a child process is killed; a thread cannot be, so it is abandoned, at most ``max_threads``
@@ -118,8 +118,8 @@ class Autopilot:
     True: the default one; False: the plans' timers as solved). ``family``: what the default solver plans, "smdp" (a
     table + timer), "ray" (Ray Serve's batcher, its timeout set live) or "triton" (Triton's batcher, its delay chosen
     live among loaded models: :mod:`~smdp_batch.integrations.triton_bank`): :func:`~smdp_batch.autopilot.plan.slo_plan`.
-    ``served``: what the server adds (``ServedDelay.load`` of ``calibrate``'s file), which the default solver plans
-    served p99s with: feed it end-to-end times (``observe_served``); ``overhead_ms``: what even those leave out.
+    ``served``: what the server adds (``ServedDelay.load`` of ``calibrate``'s file, less its spread between deployments),
+    which the default solver plans served p99s with: feed it end-to-end times (``observe_served``).
     ``learn_outside``: learn the outside delay per load from ``observe_served(ms, batch_ms)``'s pairs and plan with it
     (:mod:`~smdp_batch.autopilot.outside`; a calibration's loads it does not cover stay as calibrated)."""
 
