@@ -70,7 +70,8 @@ def test_a_calibration_keeps_its_loads_outside_the_learned_bins_and_its_per_batc
     assert (m.a_ms, m.c_ms, m.return_ms, m.carried_per_s) == (1.5, 0.2, 0.3, 1000.0)
     assert m.loads_per_s == pytest.approx((500.0, 1000.0))  # the calibrated 100/s, which a bin covers, is gone: a
     # simulation at 500/s whose stream ran a little low would otherwise draw its calibrated delays, not the learned
-    assert np.allclose(m.outside_at(0.5), 5.0 + 15.0 * math.log(5.0) / math.log(10.0))
+    f = 5.0 / 3.0  # this deployment's delay against the calibration's, where both are known: its calibrated 1 000/s
+    assert np.allclose(m.outside_at(0.5), 5.0 + (20.0 * f - 5.0) * math.log(5.0) / math.log(10.0))  # scales by it
     assert m.stats[0] == {}  # the calibrated load a plan at 500/s would have used (less its spread)
     assert "learned online" in m.source["outside"] and m.source["server"] == "triton"
 
@@ -109,6 +110,29 @@ def test_the_spread_between_deployments_is_left_out_of_every_plan_learned_or_not
     assert m.stats == ({"why": "x"}, {}, {}, {})  # every load: the calibrated load's statistics, no spread
     assert m.halfwidth(0.5, 99.0, 40.0) < 0.3 * 40.0
     assert base.stats[0] is spread and spread["new_run_share"] == 0.4  # the calibration itself untouched
+
+
+def test_a_calibrated_load_not_learned_yet_is_scaled_by_this_deployments_factor():
+    """A calibration is another deployment's (on Ray Serve its outside p99 was 27.4 ms at 15/s where the Autopilot's
+    own deployment learned 11-20 ms, and plans at loads not learned yet drew the 27.4): its loads no bin covers are
+    scaled by the geometric mean of learned p99 ÷ calibrated p99 over the learned bins, within [1/3, 3]."""
+    from smdp_batch.autopilot.outside import FACTOR_MIN
+
+    base = ServedDelay(0.0, 0.0, 0.0, (100.0, 1000.0), (np.full(50, 10.0), np.full(50, 20.0)))
+    ol = OutsideLearner(base)
+    assert np.allclose(ol.sample_at(1.0), 20.0)  # nothing learned: as calibrated
+    for _ in range(MIN_SAMPLES):
+        ol.observe(0.1, [2.0], [7.0], positions=False)  # 5 ms at 100/s, where the calibration said 10
+    assert np.allclose(ol.sample_at(1.0), 10.0)  # 1 000/s, not learned: 20 × 0.5
+    assert np.allclose(ol.model([0.5]).outside_at(1.0), 10.0)  # what a plan draws there, too
+    for _ in range(MIN_SAMPLES):
+        ol.observe(0.4, [2.0], [2.0 + 2.0 * (10.0 + 10.0 * math.log(4.0) / math.log(10.0))], positions=False)
+    # learned at 400/s at 2 × the calibration's there (its quantile average by log-load): factors 0.5 and 2, mean 1
+    assert np.allclose(ol.sample_at(1.0), 20.0)
+    slow = OutsideLearner(base)
+    for _ in range(MIN_SAMPLES):
+        slow.observe(0.1, [0.0], [100.0], positions=False)  # 10 × the calibration: taken at 3 at most
+    assert np.allclose(slow.sample_at(1.0), 20.0 / FACTOR_MIN)
 
 
 def test_bad_pairs_are_left_out_and_never_raise():

@@ -31,6 +31,14 @@ and carried load (the calibrated loads the learned bins do not cover keep their 
 rises to the top of the highest learned bin, since the server answered there: a path that did not keep up shows as
 delays no plan meets, not as a refusal).
 
+**Between deployments.**  A calibration was measured on another deployment, at another time: on a noisy 2-core host
+its outside p99 at 15 requests/s was 27.4 ms where the Autopilot's own deployment learned 11-20 ms, and every plan at a
+load not learned yet drew the calibration's and ran a 5-11 ms timer for a phase.  So the calibration's samples at the
+loads no bin covers are scaled by this deployment's factor, the geometric mean over the learned bins of their p99 ÷
+the calibration's p99 at the same load (its samples there by the same quantile average by log-load), within [1/3, 3]
+(:data:`FACTOR_MIN`): the multiplicative effect of a deployment that ``calibrate``'s spread between runs also models
+(log of a run's p99 ÷ its plan).  Before a bin is learned the factor is 1 (the calibration as measured).
+
 A calibration's spread between deployments (``new_run_share``: how far another deployment's p99 may land from its plan,
 which ``export`` and ``compare`` add to a setting's interval) is left out of every plan, learned load or not: it is
 what a static setting deployed elsewhere must allow for with nothing watching it, and the Autopilot watches the one
@@ -49,12 +57,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OutsideLearner", "BIN_RATIO", "BIN_SIZE", "MIN_SAMPLES", "MIN_BATCHES"]
+__all__ = ["OutsideLearner", "BIN_RATIO", "BIN_SIZE", "FACTOR_MIN", "MIN_SAMPLES", "MIN_BATCHES"]
 
 BIN_RATIO = 1.25  #: the rate bins' width: λ̂ within a factor 1.25
 BIN_SIZE = 4000  #: the latest outside delays kept per bin
 MIN_SAMPLES = 300  #: a bin is planned with once it holds this many
 MIN_BATCHES = 50  #: batches of two or more before the return per position is fitted (else 0, or the calibration's)
+FACTOR_MIN = 1.0 / 3.0  #: this deployment's outside delay against the calibration's is taken within [1/3, 3]
 _MOST_MS = 1e6  # a difference beyond ±1000 s is not a measurement (ServedDelay's own bound)
 
 
@@ -138,15 +147,27 @@ class OutsideLearner:
 
     def points(self) -> list[tuple[float, np.ndarray]]:
         """(load in req/s, sorted outside delays less r·k, ms), by load: every bin holding :data:`MIN_SAMPLES` at
-        the mean λ̂ of its values, and the calibration's loads that lie in no such bin."""
+        the mean λ̂ of its values, and the calibration's loads that lie in no such bin (× this deployment's factor)."""
         return [(x, self._values(src)) for x, src in self._points()]
 
     def _points(self) -> list[tuple[float, Any]]:  # (load, its ring or the calibration's sample): values sorted lazily
         pts: list[tuple[float, Any]] = [(float(ring.lam[:ring.n].mean()), ring) for ring in self._bins.values()
                                         if ring.n >= MIN_SAMPLES]
         if self.base is not None:
-            pts += [(x, o) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
+            f = self._factor(pts)
+            pts += [(x, o * f) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
         return sorted(pts, key=lambda p: p[0])
+
+    def _factor(self, learned: list[tuple[float, Any]]) -> float:
+        """This deployment's outside delay against the calibration's (module doc): the geometric mean over the learned
+        bins of their p99 ÷ the calibration's p99 at the same load, within [1/3, 3]; 1 with no bin or no calibration."""
+        if self.base is None:
+            return 1.0
+        cal = list(zip(self.base.loads_per_s, self.base.outside_ms))
+        logs = [math.log(mine / theirs) for x, ring in learned
+                if (mine := float(np.percentile(self._values(ring), 99))) > 0
+                and (theirs := float(np.percentile(self._sample(cal, x), 99))) > 0]
+        return float(np.clip(math.exp(sum(logs) / len(logs)), FACTOR_MIN, 1.0 / FACTOR_MIN)) if logs else 1.0
 
     def _covered(self, per_s: float) -> bool:
         """Whether ``per_s`` (req/s) lies in a learned bin."""
@@ -204,10 +225,11 @@ class OutsideLearner:
             return base
         per_s, have = sorted({float(x) * 1e3 for x in lams}), self._points()  # (learned: a bin is among them)
         pts = {x: (self._sample(have, x), self._stats_at(x)) for x in per_s}
-        if base is not None:  # its loads no bin covers keep their samples and statistics (what it refuses, and why);
-            for i, (x, o) in enumerate(zip(base.loads_per_s, base.outside_ms)):  # one a bin covers would be drawn, in
-                if all(abs(x / y - 1.0) > 1e-9 for y in per_s) and not self._covered(x):  # place of the learned, by a
-                    pts[x] = (o, base.stats[i] if i < len(base.stats) else {})  # simulation whose rate ran a bit high
+        if base is not None:  # its loads no bin covers keep their samples (× the factor) and statistics (what it
+            scaled = dict(have)  # refuses, and why); one a bin covers would be drawn, in place of the learned, by a
+            for i, x in enumerate(base.loads_per_s):  # simulation whose rate ran a bit high
+                if all(abs(x / y - 1.0) > 1e-9 for y in per_s) and not self._covered(x):
+                    pts[x] = (scaled[x], base.stats[i] if i < len(base.stats) else {})
         loads = sorted(pts)
         samples, stats = tuple(pts[x][0] for x in loads), tuple(pts[x][1] for x in loads)
         source = {"outside": f"learned online from {self.pairs} responses"}
