@@ -27,7 +27,7 @@ calibration's does:
 
 :meth:`OutsideLearner.model` hands the planner a :class:`~smdp_batch.model.served.ServedDelay`: the learned loads
 (each bin's centre) with their samples, r, and from a calibration given to the Autopilot its per-batch time a + c·b
-and carried load (the calibrated loads the learned bins do not cover keep their calibrated samples; the carried load
+and carried load (the calibrated loads the learned bins do not cover keep their samples, scaled as below; the carried load
 rises to the top of the highest learned bin, since the server answered there: a path that did not keep up shows as
 delays no plan meets, not as a refusal).
 
