@@ -151,8 +151,7 @@ class OutsideLearner:
         return [(x, self._values(src)) for x, src in self._points()]
 
     def _points(self) -> list[tuple[float, Any]]:  # (load, its ring or the calibration's sample): values sorted lazily
-        pts: list[tuple[float, Any]] = [(float(ring.lam[:ring.n].mean()), ring) for ring in self._bins.values()
-                                        if ring.n >= MIN_SAMPLES]
+        pts: list[tuple[float, Any]] = [(float(ring.lam[:ring.n].mean()), ring) for ring in self._full().values()]
         if self.base is not None:
             f = self._factor(pts)
             pts += [(x, o * f) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
@@ -171,8 +170,11 @@ class OutsideLearner:
 
     def _covered(self, per_s: float) -> bool:
         """Whether ``per_s`` (req/s) lies in a learned bin."""
-        return any(BIN_RATIO ** (k - 0.5) <= per_s < BIN_RATIO ** (k + 0.5)
-                   for k, ring in self._bins.items() if ring.n >= MIN_SAMPLES)
+        return any(BIN_RATIO ** (k - 0.5) <= per_s < BIN_RATIO ** (k + 0.5) for k in self._full())
+
+    def _full(self) -> dict[int, _Ring]:
+        """The bins planned with: those holding :data:`MIN_SAMPLES`, by key."""
+        return {k: ring for k, ring in self._bins.items() if ring.n >= MIN_SAMPLES}
 
     def _values(self, src: Any) -> np.ndarray:
         if not isinstance(src, _Ring):
@@ -194,7 +196,7 @@ class OutsideLearner:
 
     def learned(self) -> bool:
         """Whether a bin holds :data:`MIN_SAMPLES` (before that, plans use the calibration, or no outside delay)."""
-        return any(ring.n >= MIN_SAMPLES for ring in self._bins.values())
+        return bool(self._full())
 
     def p99_at(self, lam_per_ms: float) -> float:
         """The outside delay's p99 (ms) a plan at λ (1/ms) draws (0 without a model)."""
@@ -226,17 +228,17 @@ class OutsideLearner:
         per_s, have = sorted({float(x) * 1e3 for x in lams}), self._points()  # (learned: a bin is among them)
         pts = {x: (self._sample(have, x), self._stats_at(x)) for x in per_s}
         if base is not None:  # its loads no bin covers keep their samples (× the factor) and statistics (what it
-            scaled = dict(have)  # refuses, and why); one a bin covers would be drawn, in place of the learned, by a
-            for i, x in enumerate(base.loads_per_s):  # simulation whose rate ran a bit high
-                if all(abs(x / y - 1.0) > 1e-9 for y in per_s) and not self._covered(x):
-                    pts[x] = (scaled[x], base.stats[i] if i < len(base.stats) else {})
+            kept = {x: o for x, o in have if not isinstance(o, _Ring)}  # refuses, and why); one a bin covers would be
+            for i, x in enumerate(base.loads_per_s):  # drawn, in place of the learned, by a simulation whose rate ran
+                if x in kept and all(abs(x / y - 1.0) > 1e-9 for y in per_s):  # a bit high (_points left it out)
+                    pts[x] = (kept[x], base.stats[i] if i < len(base.stats) else {})
         loads = sorted(pts)
         samples, stats = tuple(pts[x][0] for x in loads), tuple(pts[x][1] for x in loads)
         source = {"outside": f"learned online from {self.pairs} responses"}
         if base is None:
             return ServedDelay(0.0, 0.0, self.return_ms, tuple(loads), samples, stats=stats, source=source)
         carried = base.carried_per_s  # the server answered every learned load: its path carried it
-        top = BIN_RATIO ** (max(k for k, ring in self._bins.items() if ring.n >= MIN_SAMPLES) + 0.5)
+        top = BIN_RATIO ** (max(self._full()) + 0.5)
         if carried is not None and top > carried:
             carried = top
         return replace(base, return_ms=self.return_ms, loads_per_s=tuple(loads), outside_ms=samples, stats=stats,
