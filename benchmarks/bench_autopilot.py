@@ -74,8 +74,11 @@ simulated clock, ``--repeats`` seeds: one instance whose batches take the profil
 problem: deterministic) × 1.5 in phase 4, each response ``--sim-outside-ms`` more (the server's and the client's
 own time; with ``--served FILE``, what that calibration measured instead: l(b) as served, a + c·b per batch, the
 return per position and the outside delay of the load), each Autopilot solve ``--sim-solve-seconds`` of simulated time; beside the four settings, the
-Autopilot without its closed loop (``control=False``), and the Autopilot on Triton's batcher (its plans Triton's
-rule run as a table + timer, told the end-to-end times as the bank's client is).  The tuned server rule is Triton's
+Autopilot without its closed loop (``control=False``), the Autopilot on Triton's batcher (its plans Triton's
+rule run as a table + timer, told the end-to-end times as the bank's client is), and the Autopilot on Ray's
+batcher (``simulate_ray`` with the Autopilot setting the timeout live, as ``live_knobs=True`` does: planning p99 ≤
+SLO − ``--overhead-ms``; with ``--served``, also ``with the served model``: planning with that calibration, no
+budget, told the end-to-end times, as the real setting of that name).  The tuned server rule is Triton's
 batcher there: serve 32 at once, else everything waiting once the oldest has waited the tuned delay, padded up to
 the next profiled size (``short_batch="pad-up"``).  No server,
 no CPU contention: what the ranking of the settings owes to the model and the traffic alone.
@@ -136,8 +139,9 @@ KIND = {"autopilot": "autopilot", "autopilot on Ray's batcher": "autopilot-ray",
 PHASES = ["1 steady", "2 step 3×", "3 ramp → 0.2×", "4 slow 1.5×", "5 steady"]
 RATES = [(1, 1), (3, 3), (3, 0.2), (1, 1), (1, 1)]  # × λ0 at each phase's start and end
 SLOW = {"phase": 3}  # the phase whose batches run 1.5× as long (None: --stationary)
-SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batcher", "tuned server", "λ-bank",
-                "static table"]  # --simulated
+SIM_SETTINGS = ["autopilot", "autopilot, open loop", "autopilot on Triton's batcher", "autopilot on Ray's batcher",
+                "autopilot on Ray's batcher with the served model", "tuned server", "λ-bank",
+                "static table"]  # --simulated (the served model's only with --served)
 
 
 def gc_option(ap: argparse.ArgumentParser) -> None:
@@ -543,12 +547,17 @@ def run_simulated(seconds: float, seeds: range, outside_ms, solve_s: float) -> d
         for seed in seeds:
             clock = SimClock()
             on_triton = name == "autopilot on Triton's batcher"  # told the end-to-end times, as the bank's client
-            pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=0.0 if on_triton else OVERHEAD["ms"],
+            on_ray = name.startswith("autopilot on Ray's batcher")  # sets Ray's timeout live, as the real deployment
+            modelled = name == "autopilot on Ray's batcher with the served model"  # planning with --served's model
+            pilot = Autopilot(p, SLO, min_samples=100, overhead_ms=0.0 if on_triton or modelled else OVERHEAD["ms"],
                               solve_in="clock", clock=clock, solve_seconds=solve_s, energy_meter=None,
                               control=TimerControl(target_share=0.005) if on_triton else name != "autopilot, open loop",
-                              family="triton" if on_triton else "smdp", learn=on_triton)
+                              family="triton" if on_triton else "ray" if on_ray else "smdp", learn=on_triton,
+                              served=outside_ms if modelled else None)
             fixed = static_batching(name)
-            if fixed and name.startswith(STATIC_PREFIX["ray"]):  # Ray's batcher closes batches on its own timer
+            if on_ray:
+                run = simulate_ray(p, phases, max(p.batch_sizes), pilot, seed=seed, clock=clock, outside_ms=outside_ms)
+            elif fixed and name.startswith(STATIC_PREFIX["ray"]):  # Ray's batcher closes batches on its own timer
                 run = simulate_ray(p, phases, fixed[0], fixed[1] / 1e3, seed=seed, outside_ms=outside_ms)
             else:
                 policy = triton_at(fixed[1] / 1e3) if fixed else {"tuned server": triton, "λ-bank": bank,
@@ -678,6 +687,8 @@ def main() -> int:
     SERVED["path"] = a.served
     if "autopilot on Ray's batcher with the served model" in (a.only or "") and not a.served:
         raise SystemExit("\"autopilot on Ray's batcher with the served model\" needs --served FILE (smdp-batch calibrate's file)")
+    if not a.served:  # the simulator's Autopilot plans with the model of the calibration it serves with
+        SIM_SETTINGS.remove("autopilot on Ray's batcher with the served model")
     OVERHEAD["ms"], LAM0["per_ms"], MODEL["repeat"] = a.overhead_ms, a.lam, {"heavy": HEAVY, "standin": STANDIN}.get(
         a.model, 1)
     from smdp_batch.errors import InputError
@@ -714,7 +725,8 @@ def main() -> int:
         res = run_simulated(a.phase_seconds, range(a.seed, a.seed + a.repeats), outside, a.sim_solve_seconds)
         print(sim_table(res, outside, a.sim_solve_seconds))
         if FIXED:
-            print(hindsight([{k: {"rows": res[k]["rows"][i]} for k in SIM_SETTINGS} for i in range(a.repeats)]))
+            print(hindsight([{k: {"rows": res[k]["rows"][i]} for k in SIM_SETTINGS} for i in range(a.repeats)],
+                            "the simulated clock"))
         print(f"\n{time.perf_counter() - t0:.0f} s in all")
         if a.json:
             with open(a.json, "w") as f:

@@ -1,6 +1,6 @@
 """The Autopilot's closed loop (smdp_batch.autopilot.control): the integral law on the share of responses over the
 limit, its dead band, its bounds and the retimed table the batcher reads; and, on the simulated clock, a slowdown
-the plans cannot answer held by the timer alone."""
+the plans cannot answer held by the timer alone, in our batcher and in Ray's own."""
 
 from __future__ import annotations
 
@@ -138,6 +138,28 @@ def test_told_the_end_to_end_times_the_loop_holds_the_slo_the_batchers_view_cann
     assert ap_blind.metrics.responses_from == "batcher" and ap_blind.metrics.observed_p99_ms < 32.0
     assert np.mean(told > SLO) <= 0.01 and ap_told.metrics.timer_scale < 0.9
     assert ap_told.metrics.responses_from == "served" and ap_told.metrics.observed_p99_ms > 35.0
+
+
+def test_on_rays_own_batcher_the_loop_sets_a_shorter_timeout_live_and_holds_the_unplanned_outside_delay():
+    """The loop on Ray's batcher (``simulate_ray``: batches close on the timeout in force as they open, whatever the
+    model does): planned with no budget for 9 ms + Exp(2 ms) outside it, the plan's own timeout leaves a third of
+    the requests over the SLO; the loop, told the end-to-end times, shortens the timeout until at most 1 % are."""
+    from smdp_batch.autopilot import slo_plan
+    from smdp_batch.autopilot.simulated import simulate_ray
+
+    p = BatchingProblem.basic(rho=0.2, service=Deterministic())
+    first = slo_plan(p, SLO, [p.lam], family="ray", requests=5000)
+    over = {}
+    for ctl in (False, True):
+        clock = SimClock()
+        ap = Autopilot(p, SLO, first, solver=lambda *a, **k: None, clock=clock, solve_in="clock", energy_meter=None,
+                       control=ctl)
+        run = simulate_ray(p, [Phase(40.0, p.lam)], 32, ap, seed=7, clock=clock,
+                           outside_ms=lambda rng, n: 9.0 + rng.exponential(2.0, n))
+        over[ctl] = np.mean(run.response_ms[run.arrival_ms > 15_000.0] > SLO)
+    assert over[False] > 0.2 and ap.plan.spec == first.spec and ap.metrics.swaps == 0  # no solve: the loop alone
+    assert over[True] <= 0.01 and ap.metrics.timer_scale < 0.8
+    assert ap.max_wait_ms == pytest.approx(first.timer_ms * ap.metrics.timer_scale)
 
 
 def test_served_times_replace_the_batchers_view_from_their_first_call():

@@ -147,6 +147,51 @@ def test_rays_batcher_on_the_simulated_clock_answers_as_the_product_simulator_of
         simulate_ray(p, [Phase(1.0, 0.5)], 8, -1.0)
 
 
+class _Stepped(Autopilot):
+    """An Autopilot whose timer in force is 5 ms before 3 s of simulated time and 20 ms from then on."""
+
+    @property
+    def max_wait_ms(self):
+        return 5.0 if self._clock() < 3.0 else 20.0
+
+
+def test_an_autopilot_on_rays_batcher_sets_the_timeout_each_batch_reads_as_it_opens():
+    """``simulate_ray(..., autopilot)``: Ray's batcher reads ``batch_wait_timeout_s`` as a batch opens.  An Autopilot
+    whose timer never moves (no solver, no loop) answers every request as the fixed timeout does, draw for draw; a
+    timer stepped from 5 to 20 ms at 3 s closes each batch on the timer in force at its first request; the
+    Autopilot hears of every arrival and batch, and of each response's end-to-end time beside its batcher view."""
+    from smdp_batch.autopilot.simulated import simulate_ray
+
+    p = BatchingProblem.basic(rho=0.2, service="gamma:11")
+    first = slo_plan(p, SLO, [p.lam], family="ray", requests=5000)
+    phases = [Phase(6.0, p.lam)]
+    clock = SimClock()
+    ap = Autopilot(p, SLO, first, solver=lambda *a, **k: None, clock=clock, solve_in="clock", energy_meter=None,
+                   control=False)
+    run = simulate_ray(p, phases, 32, ap, seed=3, clock=clock, outside_ms=4.0)
+    fixed = simulate_ray(p, phases, 32, first.timer_ms, seed=3, outside_ms=4.0)
+    np.testing.assert_array_equal(run.response_ms, fixed.response_ms)
+    m = ap.metrics
+    assert m.responses_from == "served" and m.observed_p99_ms == pytest.approx(
+        np.percentile(run.response_ms[-500:], 99), rel=0.05)
+    assert sum(m.batches) == run.batch_size.size  # every size Ray formed is one the profile has
+
+    clock = SimClock()
+    ap = _Stepped(p, SLO, first, solver=lambda *a, **k: None, clock=clock, solve_in="clock", energy_meter=None)
+    low = [Phase(6.0, 0.02)]  # 20 requests/s: batches close on their timer, the model is free
+    run = simulate_ray(p, low, 32, ap, seed=1, clock=clock)
+    firsts = run.arrival_ms[np.concatenate([[0], np.cumsum(run.batch_size)[:-1]])]
+    wait = run.batch_start_ms - firsts
+    np.testing.assert_allclose(wait, np.where(firsts < 3000.0, 5.0, 20.0), atol=1e-9)
+    with pytest.raises(ValueError, match="family='ray'"):
+        clock = SimClock()
+        own = Autopilot(p, SLO, slo_plan(p, SLO, [p.lam], requests=5000), solver=lambda *a, **k: None, clock=clock,
+                        solve_in="clock", energy_meter=None)  # a table + timer: Ray's batcher cannot run it
+        simulate_ray(p, phases, 32, own, clock=clock)
+    with pytest.raises(ValueError, match="solve_in='clock'"):
+        simulate_ray(p, phases, 32, ap)
+
+
 def test_phases_give_poisson_counts_and_a_ramp_its_shape():
     ph = [Phase(100.0, 0.2), Phase(100.0, 0.6, 0.0)]
     t, k = arrivals(ph, seed=3)

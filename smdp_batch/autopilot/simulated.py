@@ -28,7 +28,9 @@
   sample of the calibrated load nearest at or above the traffic's rate at its batch's end.
 
 :func:`simulate_ray` runs Ray Serve 2.60's ``serve.batch`` on the same trace (a batch closes on its own timer or at
-its size, whatever the model does; closed batches run one at a time, in order), which a table cannot express.
+its size, whatever the model does; closed batches run one at a time, in order), which a table cannot express: at a
+fixed timeout, or with an Autopilot planning Ray's batcher that sets the timeout live, as the Ray Serve integration
+does.
 
 An Autopilot's hooks are called at their simulated times: ``observe_arrival`` at each arrival,
 ``observe_batch`` and ``observe_response`` at each batch's end.  Built with ``clock=SimClock()`` (the same object
@@ -43,11 +45,12 @@ Units: times in ms (``clock`` in s, as the Autopilot's), energy in mJ, rates in 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -192,56 +195,105 @@ def _calibrated(outside_ms: Any) -> Any:
     return None
 
 
-def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, timeout_ms: float, *, seed: int = 0,
-                 outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] | Any = 0.0) -> SimRun:
+def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, timeout_ms: Any, *, seed: int = 0,
+                 outside_ms: float | Callable[[np.random.Generator, int], np.ndarray] | Any = 0.0,
+                 clock: SimClock | None = None) -> SimRun:
     """Ray Serve 2.60's ``@serve.batch(max_batch_size, batch_wait_timeout_s)`` through ``phases``, on the arrivals and
     draws :func:`simulate` takes for the same seed: a batch opens at its first request and closes ``timeout_ms``
     later or at ``max_batch_size`` requests, whatever the model does, and the closed batches run one at a time, in
     order (:func:`smdp_batch.baselines.servers.ray_serve` has the source); each runs as the next of the problem's
-    sizes (padded up).  ``outside_ms`` as for :func:`simulate`."""
+    sizes (padded up).  ``outside_ms`` as for :func:`simulate`.
+
+    ``timeout_ms`` is the timeout (ms), or an Autopilot planning Ray's batcher (``family="ray"``, built with
+    ``solve_in="clock"`` and ``clock=SimClock()``, that clock passed here) that sets it live, as
+    ``autopilot_deployment(live_knobs=True)`` does: each batch waits for the timer in force when its first request
+    came (Ray reads ``batch_wait_timeout_s`` as a batch opens); the Autopilot hears of each arrival, of each batch
+    of a profiled size when it ends, and of each response's end-to-end time beside its batcher view (first request
+    in → batch end), at its batch's end (the deployment's client tells them every quarter second)."""
+    from .pilot import Autopilot
+
     if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or \
             not 1 <= max_batch_size <= max(problem.batch_sizes):
         raise ValueError(f"max_batch_size must be a whole number in 1..{max(problem.batch_sizes)}, got {max_batch_size!r}")
-    if not (isinstance(timeout_ms, (int, float)) and math.isfinite(timeout_ms) and timeout_ms >= 0):
-        raise ValueError(f"timeout_ms must be a finite number of ms ≥ 0, got {timeout_ms!r}")
+    pilot = timeout_ms if isinstance(timeout_ms, Autopilot) else None
+    if pilot is not None:
+        _check_clock(pilot, clock)
+        if pilot.plan.table.meta.get("family") != "ray" or pilot.max_wait_ms is None:
+            raise ValueError("an Autopilot sets Ray's batch_wait_timeout_s when it plans Ray's batcher (family='ray')")
+    elif not (isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and math.isfinite(timeout_ms)
+              and timeout_ms >= 0):
+        raise ValueError(f"timeout_ms must be a finite number of ms ≥ 0 or an Autopilot planning Ray's batcher, "
+                         f"got {timeout_ms!r}")
     calibrated = _calibrated(outside_ms)
     problem = calibrated.apply(problem) if calibrated is not None else problem
     phases = tuple(phases)
     arr, ph_of = arrivals(phases, seed)
+    clock = clock or SimClock()
     rng_s, rng_o = np.random.default_rng([seed, 1]), np.random.default_rng([seed, 2])
     ends = np.cumsum([p.seconds * 1e3 for p in phases])
     sizes = sorted(int(b) for b in problem.batch_sizes)
-    closed: list[tuple[float, int, int]] = []  # (close time ms, first request, count)
-    first, n = 0, 0
-    for i in range(arr.size):  # a batch is set by the arrivals alone
-        if n and arr[i] > arr[first] + timeout_ms:
-            closed.append((float(arr[first]) + timeout_ms, first, n))
-            n = 0
-        if n == 0:
-            first = i
-        n += 1
-        if n == max_batch_size:
-            closed.append((float(arr[i]), first, n))
-            n = 0
-    if n:
-        closed.append((float(arr[first]) + timeout_ms, first, n))
-    resp = np.full(arr.size, math.nan)
+    told = set(pilot.batch_sizes) if pilot is not None else set()  # the sizes the Autopilot hears of (its profile's)
+    tell = served_hook(pilot)[0] if pilot is not None else None
+    timeout = float(pilot.max_wait_ms) if pilot is not None else float(timeout_ms)  # the setting in force (ms)
+    N = arr.size
+    resp = np.full(N, math.nan)
     out: list[list[float]] = [[], [], [], [], []]  # start, ms, size, mJ, phase
-    free = 0.0
-    for close, first, b in closed:
-        start = max(close, free)
-        k = min(int(np.searchsorted(ends, start, side="right")), len(phases) - 1)
-        run_as = next(x for x in sizes if x >= b)
-        dur = float(problem.service.sample(rng_s, float(problem.latency(np.float64(run_as))), 1, run_as)[0]) * \
-            phases[k].slowdown
-        end = start + dur
-        idx = np.arange(first, first + b)
-        resp[idx] = end - arr[idx] + _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], end, b)
-        for col, v in zip(out, (start, dur, b, float(problem.energy(np.float64(run_as))) * phases[k].slowdown, k)):
-            col.append(v)
-        free = end + (float(calibrated.per_batch_ms(run_as)) if calibrated is not None else 0.0)
+    waiting: deque[tuple[float, int, int]] = deque()  # closed batches: (close time ms, first request, count)
+    first, n, close_at = 0, 0, math.inf  # the open batch
+    running: tuple[float, float, int, int, int, int] | None = None  # (start, ms, first, count, size run as, phase)
+    free, i = 0.0, 0  # when the model is next free (ms); the next arrival
+
+    def run_next() -> None:  # the oldest closed batch starts once the model is free
+        nonlocal running
+        if running is None and waiting:
+            close, a, b = waiting.popleft()
+            start = max(close, free)
+            k = min(int(np.searchsorted(ends, start, side="right")), len(phases) - 1)
+            run_as = next(x for x in sizes if x >= b)
+            dur = float(problem.service.sample(rng_s, float(problem.latency(np.float64(run_as))), 1, run_as)[0]) * \
+                phases[k].slowdown
+            running = (start, dur, a, b, run_as, k)
+
+    with _events(clock) as events:
+        while i < N or n or waiting or running is not None:
+            t_arr = float(arr[i]) if i < N else math.inf
+            t_end = running[0] + running[1] if running is not None else math.inf
+            if n and close_at < t_arr and close_at <= t_end:  # the open batch's timer (a request on it still joins)
+                waiting.append((close_at, first, n))
+                n = 0
+                run_next()
+            elif t_arr <= t_end:
+                clock.t = t_arr / 1e3
+                if pilot is not None:
+                    pilot.observe_arrival(t_arr)
+                    timeout = float(pilot.max_wait_ms or timeout)
+                if n == 0:
+                    first, close_at = i, t_arr + timeout
+                n += 1
+                i += 1
+                if n == max_batch_size:
+                    waiting.append((t_arr, first, n))
+                    n = 0
+                    run_next()
+            else:
+                start, dur, a, b, run_as, k = running
+                clock.t = t_end / 1e3
+                idx = np.arange(a, a + b)
+                view = t_end - arr[idx]
+                resp[idx] = view + _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], t_end, b)
+                for col, v in zip(out, (start, dur, b, float(problem.energy(np.float64(run_as))) * phases[k].slowdown,
+                                        k)):
+                    col.append(v)
+                if pilot is not None:
+                    if b in told:  # a size the profile has (Ray forms any size ≤ its maximum; as the deployment)
+                        pilot.observe_batch(b, dur / 1e3, True)
+                    if tell is not None:
+                        tell(resp[idx], batch_ms=view)
+                free = t_end + (float(calibrated.per_batch_ms(run_as)) if calibrated is not None else 0.0)
+                running = None
+                run_next()
     return SimRun(phases, arr, resp, ph_of, np.array(out[0]), np.array(out[1]), np.array(out[2], dtype=np.int64),
-                  np.array(out[3]), np.array(out[4], dtype=np.int64), 0, ())
+                  np.array(out[3]), np.array(out[4], dtype=np.int64), 0, tuple(events.lines))
 
 
 class _Events(logging.Handler):
@@ -255,6 +307,28 @@ class _Events(logging.Handler):
         fields = event_fields(record.getMessage())
         if fields is not None:
             self.lines.append({"t_s": self.clock(), **fields})
+
+
+@contextlib.contextmanager
+def _events(clock: Callable[[], float]) -> Iterator[_Events]:
+    """The Autopilot's events while a simulation runs (the ``smdp_batch`` logger at INFO at least, then as it was)."""
+    events = _Events(clock)
+    logger = logging.getLogger("smdp_batch")
+    level = logger.level
+    logger.addHandler(events)
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    try:
+        yield events
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
+
+
+def _check_clock(pilot: Any, clock: SimClock | None) -> None:
+    if pilot.solve_in != "clock" or clock is None or pilot._clock is not clock:
+        raise ValueError("an Autopilot runs in the simulator when built with solve_in='clock' and clock=SimClock(), "
+                         "that same clock passed here: a solve in a thread or process would race the simulated time")
 
 
 def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 0, clock: SimClock | None = None,
@@ -273,9 +347,8 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
 
     if not callable(getattr(policy, "decide", None)):
         raise TypeError("policy must have a decide(n) method (an Autopilot, a PolicyTable, an AdaptivePolicy)")
-    if isinstance(policy, Autopilot) and (policy.solve_in != "clock" or clock is None or policy._clock is not clock):
-        raise ValueError("an Autopilot runs in the simulator when built with solve_in='clock' and clock=SimClock(), "
-                         "that same clock passed here: a solve in a thread or process would race the simulated time")
+    if isinstance(policy, Autopilot):
+        _check_clock(policy, clock)
     if short_batch not in ("serve", "pad-up", "auto"):
         raise ValueError(f"short_batch must be 'serve', 'pad-up' or 'auto', got {short_batch!r}")
     if isinstance(max_wait_ms, str) and max_wait_ms != "auto":
@@ -338,13 +411,7 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
                 on_arrival(float(arr[i]))
             i += 1
 
-    events = _Events(clock)
-    logger = logging.getLogger("smdp_batch")
-    level = logger.level
-    logger.addHandler(events)
-    if not logger.isEnabledFor(logging.INFO):
-        logger.setLevel(logging.INFO)
-    try:
+    with _events(clock) as events:
         while i < N or q:
             if not q:
                 t = max(t, float(arr[i]))
@@ -400,8 +467,5 @@ def simulate(policy: Any, problem: Any, phases: Sequence[Phase], *, seed: int = 
             if hold > 0:  # the instance stays busy, unseen: arrivals meanwhile wait for it
                 arrive(t + hold)
                 t += hold
-    finally:
-        logger.removeHandler(events)
-        logger.setLevel(level)
     return SimRun(phases, arr, resp, ph_of, np.array(b_start), np.array(b_ms), np.array(b_size, dtype=np.int64),
                   np.array(b_mj), np.array(b_ph, dtype=np.int64), n_forced, tuple(events.lines))
