@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.autopilot_common import SIZES, make, problem, served_speed, why_missed  # noqa: E402
+from examples.autopilot_common import SIZES, make, measure_here, problem, served_speed, why_missed  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher  # noqa: E402
 
@@ -51,17 +51,6 @@ async def phase(batcher, lam_per_ms: float, seconds: float, rng) -> list[float]:
         t_next += rng.exponential(1.0 / (lam_per_ms * 1000.0))
     await asyncio.gather(*tasks)
     return times
-
-
-def measure_here(folder: str) -> str:
-    """The MLP timed on this host at each size (``smdp-batch measure``'s API, about a second), written as the
-    profile CSV the first table is planned on: the shipped profile was measured on another machine, and a host
-    slower than it (measured: 6–7 × on one) breaks the first table's SLO until the Autopilot's first re-solve."""
-    from examples import onnx_mlp
-    from smdp_batch.measure import measure
-
-    m = measure(onnx_mlp.infer, onnx_mlp.make_batch, SIZES, warmup=5, repeats=20, power_w=60.0, progress=False)
-    return m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
 
 
 async def main() -> None:

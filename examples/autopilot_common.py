@@ -131,6 +131,16 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     return infer, pilot
 
 
+def measure_here(folder: str) -> str:
+    """The MLP timed on this host at each size (``smdp-batch measure``'s API, about a second), written as the
+    profile CSV the first table is planned on: the shipped profile was measured on another machine, and a host
+    slower than it (measured: 6–7 × on one) breaks the first table's SLO until the Autopilot's first re-solve."""
+    from smdp_batch.measure import measure
+
+    m = measure(onnx_mlp.infer, onnx_mlp.make_batch, SIZES, warmup=5, repeats=20, power_w=60.0, progress=False)
+    return m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
+
+
 def served_speed(m, profile_ms) -> tuple[float, float] | None:
     """The least and greatest l̂(b) ÷ l(b) of the profile ``profile_ms`` over the sizes that ran ≥ 5 batches: how fast
     the model ran while served (``m``: the Autopilot's metrics, a dict or ``AutopilotMetrics``); None if none ran."""

@@ -2,7 +2,8 @@
 
     python examples/autopilot_pytriton.py       # about 30 s with Triton's start-up
 
-Triton's own dynamic batcher is off: the model (decoupled, ``async def execute``) takes single requests and
+It first times the MLP on this host (``smdp-batch measure``'s API, about a second) and plans the first table on that
+profile, as ``examples/autopilot_asyncio.py`` does.  Triton's own dynamic batcher is off: the model (decoupled, ``async def execute``) takes single requests and
 puts them into one DynamicBatcher whose table is an Autopilot, built in Triton's Python-backend process by
 ``examples.autopilot_common:make`` (see :mod:`smdp_batch.integrations.triton_autopilot` for why).  The client
 streams Poisson traffic over gRPC: λ = 0.1 requests/ms (100/s) for 5 s, then 3× that for 10 s.  Printed: the
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -23,7 +26,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import why_missed  # noqa: E402
+from examples.autopilot_common import SIZES, measure_here, problem, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 
 OVERHEAD_MS = 10.0
@@ -32,8 +35,13 @@ from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, Autopil
 
 def main() -> None:
     arr, phase = arrivals(np.random.default_rng(0))
+    folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
+    here = measure_here(folder)  # the first table is planned on the MLP as this host runs it
+    shipped, own = problem(LAM).latency_ms(), problem(LAM, profile=here).latency_ms()
+    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
+          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
     spec = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "autopilot", "lam": LAM, "slo_p99_ms": SLO,
-                                                                "overhead_ms": OVERHEAD_MS},
+                                                                "overhead_ms": OVERHEAD_MS, "profile": here},
                               dim=256, out_dim=10, sys_path=(ROOT,))
     with AutopilotTriton({"onnx": spec}) as srv:
         sent, done, sizes, errors = run_load(srv, "onnx", arr, make_input=lambda i: np.zeros(256, np.float32))
@@ -53,12 +61,13 @@ def main() -> None:
         print(f"{name:8s} λ {lam:.2f}/ms: {sel.sum()} requests, observed p99 {np.nanpercentile(lat[sel], 99):.1f} ms "
               f"(SLO {SLO:g} ms), {100 * over:.1f} % over, mean batch {mean_batch:.2f}")
         if over > 0.01:  # say why, plainly
-            print(f"         missed: {why_missed(m, LAM, SLO, OVERHEAD_MS, mean_batch)}")
+            print(f"         missed: {why_missed(m, LAM, SLO, OVERHEAD_MS, mean_batch, profile=here)}")
     print(f"errors {errors}; swaps {m['swaps']}, rollbacks {m['rollbacks']}, failed solves {m['failed_solves']}; "
           f"λ̂ {m['lam_hat'] if m['lam_hat'] is not None else math.nan:.3f}/ms; live table {m['live_table']}: "
           f"planned at λ {m['planned_lam']:.3f}/ms, "
           f"p99 {m['planned_p99_ms']:.1f} ms, P̄ {m['planned_power_w']:.2f} W; the model's observed p99 "
           f"{m['observed_p99_ms']:.1f} ms")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

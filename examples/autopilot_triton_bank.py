@@ -8,21 +8,24 @@ the ONNX MLP is loaded once per delay of a grid (0, then 4 … 40 ms), each copy
 (``family="triton"``), and a ``BankRouter`` sends each request to the copy at the largest delay at or below its
 timer, telling it each send, each answer's time as this client sees it (so no ``overhead_ms``: the excess over the
 plan is learned, ``learn=True``) and each batch the copies ran.  Traffic: Poisson at 100 requests/s for 5 s, then
-300/s for 10 s, p99 SLO 50 ms.  Printed: the Autopilot's events, the observed p99 per phase, the requests each
+300/s for 10 s, p99 SLO 50 ms.  The first plan is made on the MLP as this host runs it (timed first with
+``smdp-batch measure``'s API, about a second).  Printed: the Autopilot's events, the observed p99 per phase, the requests each
 delay served, and the member switches.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import problem, why_missed  # noqa: E402
+from examples.autopilot_common import SIZES, measure_here, problem, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 from smdp_batch.autopilot import Autopilot, EventLog  # noqa: E402
 from smdp_batch.autopilot.control import TimerControl  # noqa: E402
@@ -32,12 +35,17 @@ from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank
 
 def main() -> None:
     arr, phase = arrivals(np.random.default_rng(0))
+    folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
+    here = measure_here(folder)  # the first plan is made on the MLP as this host runs it
+    shipped, own = problem(LAM).latency_ms(), problem(LAM, profile=here).latency_ms()
+    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
+          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
     model = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "none"}, dim=256, out_dim=10,
                                sys_path=(ROOT,))  # (infer, None): the plain model, batched by Triton
     delays = bank_delays_us(4.0, 40.0, 12)
     members = bank_models(model, 32, delays)
     events = EventLog()
-    pilot = Autopilot(problem(LAM), SLO, min_samples=100, family="triton", learn=True, energy_meter=None,
+    pilot = Autopilot(problem(LAM, profile=here), SLO, min_samples=100, family="triton", learn=True, energy_meter=None,
                       control=TimerControl(target_share=0.005))
     try:
         with AutopilotTriton(members) as srv:
@@ -58,11 +66,13 @@ def main() -> None:
         print(f"{name:8s} λ {lam:.2f}/ms: {sel.sum()} requests, observed p99 {np.nanpercentile(lat[sel], 99):.1f} ms "
               f"(SLO {SLO:g} ms), {100 * over:.1f} % over")
         if over > 0.01:  # say why, plainly (the bank's plans are Triton's own batcher: no batcher view of ours)
-            print(f"         missed: {why_missed(pilot.metrics, LAM, SLO, 0.0, sizes[sel & (sizes > 0)].mean())}")
+            mean_batch = sizes[sel & (sizes > 0)].mean()
+            print(f"         missed: {why_missed(pilot.metrics, LAM, SLO, 0.0, mean_batch, profile=here)}")
     st, m = router.stats(), pilot.metrics
     used = ", ".join(f"{int(n.rpartition('_')[2]) / 1000:g} ms: {c}" for n, c in st["sent_to"].items())
     print(f"errors {errors}; swaps {m.swaps}, rollbacks {m.rollbacks}, failed solves {m.failed_solves}; "
           f"member switches {st['switches']}; requests per delay: {used}")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
