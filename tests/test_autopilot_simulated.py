@@ -148,17 +148,19 @@ def test_rays_batcher_on_the_simulated_clock_answers_as_the_product_simulator_of
 
 
 class _Stepped(Autopilot):
-    """An Autopilot whose timer in force is 5 ms before 3 s of simulated time and 20 ms from then on."""
+    """An Autopilot whose timer in force is 5 ms before 2 s of simulated time, 0 until 4 s (Ray's batches of one),
+    then 20 ms."""
 
     @property
     def max_wait_ms(self):
-        return 5.0 if self._clock() < 3.0 else 20.0
+        t = self._clock()
+        return 5.0 if t < 2.0 else 0.0 if t < 4.0 else 20.0
 
 
 def test_an_autopilot_on_rays_batcher_sets_the_timeout_each_batch_reads_as_it_opens():
     """``simulate_ray(..., autopilot)``: Ray's batcher reads ``batch_wait_timeout_s`` as a batch opens.  An Autopilot
     whose timer never moves (no solver, no loop) answers every request as the fixed timeout does, draw for draw; a
-    timer stepped from 5 to 20 ms at 3 s closes each batch on the timer in force at its first request; the
+    timer stepped from 5 ms to 0 and then to 20 ms closes each batch on the timer in force at its first request; the
     Autopilot hears of every arrival and batch, and of each response's end-to-end time beside its batcher view."""
     from smdp_batch.autopilot.simulated import simulate_ray
 
@@ -182,7 +184,8 @@ def test_an_autopilot_on_rays_batcher_sets_the_timeout_each_batch_reads_as_it_op
     run = simulate_ray(p, low, 32, ap, seed=1, clock=clock)
     firsts = run.arrival_ms[np.concatenate([[0], np.cumsum(run.batch_size)[:-1]])]
     wait = run.batch_start_ms - firsts
-    np.testing.assert_allclose(wait, np.where(firsts < 3000.0, 5.0, 20.0), atol=1e-9)
+    np.testing.assert_allclose(wait, np.select([firsts < 2000.0, firsts < 4000.0], [5.0, 0.0], 20.0), atol=1e-9)
+    assert np.all(run.batch_size[(firsts >= 2000.0) & (firsts < 4000.0)] == 1)
     with pytest.raises(ValueError, match="family='ray'"):
         clock = SimClock()
         own = Autopilot(p, SLO, slo_plan(p, SLO, [p.lam], requests=5000), solver=lambda *a, **k: None, clock=clock,

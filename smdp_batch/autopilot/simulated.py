@@ -266,7 +266,8 @@ def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, tim
                 clock.t = t_arr / 1e3
                 if pilot is not None:
                     pilot.observe_arrival(t_arr)
-                    timeout = float(pilot.max_wait_ms or timeout)
+                    live = pilot.max_wait_ms  # (a timeout of 0 is a setting: Ray's batches of one)
+                    timeout = timeout if live is None else float(live)
                 if n == 0:
                     first, close_at = i, t_arr + timeout
                 n += 1
