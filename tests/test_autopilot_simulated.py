@@ -361,17 +361,19 @@ def test_the_autopilot_benchmark_runs_its_simulated_trace_and_refuses_an_unknown
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_autopilot.py"
     run = subprocess.run([sys.executable, str(script), "--simulated", "--lam", "0.05", "--phase-seconds", "2",
-                          "--repeats", "1", "--only", "autopilot, open loop,autopilot on Triton's batcher,tuned server"],
+                          "--repeats", "1", "--only",
+                          "autopilot, open loop,autopilot on Triton's batcher,autopilot on Ray's batcher,tuned server"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| 5 steady | autopilot, open loop |" in run.stdout and "| 1 steady | tuned server |" in run.stdout
     assert "| 5 steady | autopilot on Triton's batcher |" in run.stdout
+    assert "| 5 steady | autopilot on Ray's batcher |" in run.stdout  # Ray's own batcher, its timeout set live
     assert "| 1 steady | static table |" not in run.stdout
     bad = subprocess.run([sys.executable, str(script), "--simulated", "--only", "autopilot,nonsense"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "--only: unknown setting 'nonsense'; valid: autopilot; autopilot, open loop; autopilot on Triton's batcher; "
-        "tuned server; λ-bank; static table"]
+        "autopilot on Ray's batcher; tuned server; λ-bank; static table"]
     grid = subprocess.run([sys.executable, str(script), "--simulated", "--bank", "8:48"],
                           capture_output=True, text=True, timeout=120)
     assert grid.returncode == 2 and grid.stderr.strip().splitlines() == [
@@ -393,7 +395,7 @@ def test_bench_autopilot_finds_the_best_static_setting_in_hindsight(tmp_path):
                           "--stationary", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| 1 steady | Triton at 5 ms |" in run.stdout and "| 4 steady | Triton at 30 ms |" in run.stdout
-    assert "slow" not in run.stdout and "best static setting on triton in hindsight over 1 runs" in run.stdout
+    assert "slow" not in run.stdout and "best static setting on the simulated clock in hindsight over 1 runs" in run.stdout
     assert "| 1 steady | Ray at 5 ms |" in run.stdout  # and Ray's (simulate_ray)
     res = json.loads(out.read_text())
     rows = {k: v["rows"][0] for k, v in res.items() if not k.startswith("_")}
