@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.autopilot_common import SIZES, make, measure_here, problem, served_speed, why_missed  # noqa: E402
+from examples.autopilot_common import make, measure_here, problem, served_speed, why_missed  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher  # noqa: E402
 
@@ -56,9 +56,6 @@ async def phase(batcher, lam_per_ms: float, seconds: float, rng) -> list[float]:
 async def main() -> None:
     folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
     here = measure_here(folder)
-    shipped, own = problem(LAM).latency_ms(), problem(LAM, profile=here).latency_ms()
-    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
-          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
     infer, pilot = make("autopilot", LAM, SLO, overhead_ms=OVERHEAD_MS, profile=here)
     gc.collect()  # the model and the Autopilot are built: freeze what is alive, so that a full garbage collection
     gc.freeze()  # no longer walks it and stops the event loop (docs/how-to/runtime.md)
@@ -84,7 +81,7 @@ async def main() -> None:
           f"λ̂ {m.lam_hat if m.lam_hat is not None else math.nan:.3f}/ms; "
           f"live table {m.live_table}: planned at λ {m.planned_lam:.3f}/ms, p99 {m.planned_p99_ms:.1f} ms, "
           f"P̄ {m.planned_power_w:.2f} W; observed p99 of the last responses {m.observed_p99_ms:.1f} ms")
-    speed = served_speed(m, own)  # how fast the model ran while served against the profile measured here
+    speed = served_speed(m, problem(LAM, profile=here).latency_ms())  # how fast the model ran while served against the profile measured here
     print(f"served, the model ran at {'?' if speed is None else f'{speed[0]:.2g}–{speed[1]:.2g}'} × its profile "
           "measured here (l̂(b) ÷ l(b), sizes that ran ≥ 5 batches)")
     for name in missed:  # say why, plainly

@@ -133,12 +133,16 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
 
 def measure_here(folder: str) -> str:
     """The MLP timed on this host at each size (``smdp-batch measure``'s API, about a second), written as the
-    profile CSV the first table is planned on: the shipped profile was measured on another machine, and a host
+    profile CSV the first table is planned on (its path returned; one line printed against the shipped profile): the shipped profile was measured on another machine, and a host
     slower than it (measured: 6–7 × on one) breaks the first table's SLO until the Autopilot's first re-solve."""
     from smdp_batch.measure import measure
 
     m = measure(onnx_mlp.infer, onnx_mlp.make_batch, SIZES, warmup=5, repeats=20, power_w=60.0, progress=False)
-    return m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
+    here = m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
+    shipped, own = problem(0.1).latency_ms(), problem(0.1, profile=here).latency_ms()
+    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
+          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
+    return here
 
 
 def served_speed(m, profile_ms) -> tuple[float, float] | None:

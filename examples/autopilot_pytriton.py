@@ -26,7 +26,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import SIZES, measure_here, problem, why_missed  # noqa: E402
+from examples.autopilot_common import measure_here, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 
 OVERHEAD_MS = 10.0
@@ -34,12 +34,16 @@ from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, Autopil
 
 
 def main() -> None:
-    arr, phase = arrivals(np.random.default_rng(0))
     folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
+    try:
+        run(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(folder: str) -> None:
+    arr, phase = arrivals(np.random.default_rng(0))
     here = measure_here(folder)  # the first table is planned on the MLP as this host runs it
-    shipped, own = problem(LAM).latency_ms(), problem(LAM, profile=here).latency_ms()
-    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
-          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
     spec = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "autopilot", "lam": LAM, "slo_p99_ms": SLO,
                                                                 "overhead_ms": OVERHEAD_MS, "profile": here},
                               dim=256, out_dim=10, sys_path=(ROOT,))
@@ -67,7 +71,6 @@ def main() -> None:
           f"planned at λ {m['planned_lam']:.3f}/ms, "
           f"p99 {m['planned_p99_ms']:.1f} ms, P̄ {m['planned_power_w']:.2f} W; the model's observed p99 "
           f"{m['observed_p99_ms']:.1f} ms")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import SIZES, measure_here, problem, why_missed  # noqa: E402
+from examples.autopilot_common import measure_here, problem, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 from smdp_batch.autopilot import Autopilot, EventLog  # noqa: E402
 from smdp_batch.autopilot.control import TimerControl  # noqa: E402
@@ -34,12 +34,16 @@ from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank
 
 
 def main() -> None:
-    arr, phase = arrivals(np.random.default_rng(0))
     folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
+    try:
+        run(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(folder: str) -> None:
+    arr, phase = arrivals(np.random.default_rng(0))
     here = measure_here(folder)  # the first plan is made on the MLP as this host runs it
-    shipped, own = problem(LAM).latency_ms(), problem(LAM, profile=here).latency_ms()
-    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
-          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
     model = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "none"}, dim=256, out_dim=10,
                                sys_path=(ROOT,))  # (infer, None): the plain model, batched by Triton
     delays = bank_delays_us(4.0, 40.0, 12)
@@ -72,7 +76,6 @@ def main() -> None:
     used = ", ".join(f"{int(n.rpartition('_')[2]) / 1000:g} ms: {c}" for n, c in st["sent_to"].items())
     print(f"errors {errors}; swaps {m.swaps}, rollbacks {m.rollbacks}, failed solves {m.failed_solves}; "
           f"member switches {st['switches']}; requests per delay: {used}")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
