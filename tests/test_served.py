@@ -601,6 +601,7 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
     refusals: list[str] = []
     unmet: list[dict] = []
     planned = measured = []
+    checked = None
     attempts = 3
     for attempt in range(attempts):
         sd = calibrate(p, answer().best["triton-preferred"].rule, loads, requests=1000, seed=attempt, slo_ms=slo)
@@ -614,6 +615,7 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
             unmet.append(a.reach or {})  # answer says how close the best setting came; calibrate again
             continue
         check = calibrate(p, s.rule, loads, requests=1000, seed=100 + attempt, slo_ms=slo)
+        checked = s.rule.spec  # the setting run live (a later attempt may find none)
         planned = [x.metrics["p99"] for x in s.loads if round(x.lam * 1e3, 6) in {round(v, 6) for v in loads}]
         measured = [st["p99_ms"] for st in check.stats]
         if all(m <= slo for m in measured) and all(_lands(m, q) for m, q in zip(measured, planned)):
@@ -626,8 +628,8 @@ def test_a_calibrated_triton_setting_holds_its_p99_live_at_real_speed():
                and any(abs(r["lam"] - x) < 1e-12 for x in lams) for r in unmet), unmet
     # a plan was checked live, or every attempt was refused or left unmet with figures
     assert measured or len(refusals) + len(unmet) == attempts, (refusals, unmet)
-    assert all(m <= slo for m in measured), (s.rule.spec, planned, measured)
-    assert all(_lands(m, q) for m, q in zip(measured, planned)), (planned, measured)
+    assert all(m <= slo for m in measured), (checked, planned, measured)
+    assert all(_lands(m, q) for m, q in zip(measured, planned)), (checked, planned, measured, unmet)
 
 
 def _lands(measured: float, planned: float) -> bool:

@@ -234,7 +234,7 @@ def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, tim
     sizes = sorted(int(b) for b in problem.batch_sizes)
     told = set(pilot.batch_sizes) if pilot is not None else set()  # the sizes the Autopilot hears of (its profile's)
     tell = served_hook(pilot)[0] if pilot is not None else None
-    timeout = float(pilot.max_wait_ms) if pilot is not None else float(timeout_ms)  # the setting in force (ms)
+    timeout = float(pilot.max_wait_ms or 0.0) if pilot is not None else float(timeout_ms)  # the setting in force (ms)
     N = arr.size
     resp = np.full(N, math.nan)
     out: list[list[float]] = [[], [], [], [], []]  # start, ms, size, mJ, phase
@@ -277,11 +277,12 @@ def simulate_ray(problem: Any, phases: Sequence[Phase], max_batch_size: int, tim
                     n = 0
                     run_next()
             else:
+                assert running is not None  # (the loop runs while something waits; a closed batch starts at once)
                 start, dur, a, b, run_as, k = running
                 clock.t = t_end / 1e3
                 idx = np.arange(a, a + b)
                 view = t_end - arr[idx]
-                resp[idx] = view + _outside(outside_ms, calibrated, rng_o, phases[k], ends[k], t_end, b)
+                resp[idx] = view + _outside(outside_ms, calibrated, rng_o, phases[k], float(ends[k]), t_end, b)
                 for col, v in zip(out, (start, dur, b, float(problem.energy(np.float64(run_as))) * phases[k].slowdown,
                                         k)):
                     col.append(v)
