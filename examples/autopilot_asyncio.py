@@ -17,15 +17,13 @@ import asyncio
 import gc
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples.autopilot_common import make, measure_here, problem, served_speed, why_missed  # noqa: E402
+from examples.autopilot_common import make, problem, profile_here, served_speed, why_missed  # noqa: E402
 
 from smdp_batch.runtime import DynamicBatcher  # noqa: E402
 
@@ -54,8 +52,11 @@ async def phase(batcher, lam_per_ms: float, seconds: float, rng) -> list[float]:
 
 
 async def main() -> None:
-    folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
-    here = measure_here(folder)
+    with profile_here() as here:  # the first table is planned on the MLP as this host runs it
+        await run(here)
+
+
+async def run(here: str) -> None:
     infer, pilot = make("autopilot", LAM, SLO, overhead_ms=OVERHEAD_MS, profile=here)
     gc.collect()  # the model and the Autopilot are built: freeze what is alive, so that a full garbage collection
     gc.freeze()  # no longer walks it and stops the event loop (docs/how-to/runtime.md)
@@ -86,7 +87,6 @@ async def main() -> None:
           "measured here (l̂(b) ÷ l(b), sizes that ran ≥ 5 batches)")
     for name in missed:  # say why, plainly
         print(f"missed in {name}: {why_missed(m, LAM, SLO, OVERHEAD_MS, math.nan, profile=here)}")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

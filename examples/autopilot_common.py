@@ -23,9 +23,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 import time
+from typing import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -131,18 +134,21 @@ def make(kind: str = "autopilot", lam: float = 0.1, slo_p99_ms: float = 50.0, sl
     return infer, pilot
 
 
-def measure_here(folder: str) -> str:
+@contextlib.contextmanager
+def profile_here() -> Iterator[str]:
     """The MLP timed on this host at each size (``smdp-batch measure``'s API, about a second), written as the
-    profile CSV the first table is planned on (its path returned; one line printed against the shipped profile): the shipped profile was measured on another machine, and a host
-    slower than it (measured: 6–7 × on one) breaks the first table's SLO until the Autopilot's first re-solve."""
+    profile CSV the first table is planned on: yields its path (one line printed against the shipped profile) and
+    removes it on leaving.  The shipped profile was measured on another machine, and a host slower than it
+    (measured: 6–7 × on one) breaks the first table's SLO until the Autopilot's first re-solve."""
     from smdp_batch.measure import measure
 
-    m = measure(onnx_mlp.infer, onnx_mlp.make_batch, SIZES, warmup=5, repeats=20, power_w=60.0, progress=False)
-    here = m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
-    shipped, own = problem(0.1).latency_ms(), problem(0.1, profile=here).latency_ms()
-    print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
-          f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
-    return here
+    with tempfile.TemporaryDirectory(prefix="smdp-autopilot-example-") as folder:
+        m = measure(onnx_mlp.infer, onnx_mlp.make_batch, SIZES, warmup=5, repeats=20, power_w=60.0, progress=False)
+        here = m.write(os.path.join(folder, "onnx_mlp_here.csv"))[0]
+        shipped, own = problem(0.1).latency_ms(), problem(0.1, profile=here).latency_ms()
+        print(f"measured here: l(b) {', '.join(f'{x:.2f}' for x in own)} ms at b = {', '.join(map(str, SIZES))} "
+              f"({min(own / shipped):.2g}–{max(own / shipped):.2g} × the shipped profile)")
+        yield here
 
 
 def served_speed(m, profile_ms) -> tuple[float, float] | None:

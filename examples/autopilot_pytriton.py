@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -26,7 +24,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import measure_here, why_missed  # noqa: E402
+from examples.autopilot_common import profile_here, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 
 OVERHEAD_MS = 10.0
@@ -34,16 +32,12 @@ from smdp_batch.integrations.triton_autopilot import AutopilotModelSpec, Autopil
 
 
 def main() -> None:
-    folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
-    try:
-        run(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with profile_here() as here:  # the first plan is made on the MLP as this host runs it
+        run(here)
 
 
-def run(folder: str) -> None:
+def run(here: str) -> None:
     arr, phase = arrivals(np.random.default_rng(0))
-    here = measure_here(folder)  # the first table is planned on the MLP as this host runs it
     spec = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "autopilot", "lam": LAM, "slo_p99_ms": SLO,
                                                                 "overhead_ms": OVERHEAD_MS, "profile": here},
                               dim=256, out_dim=10, sys_path=(ROOT,))

@@ -16,16 +16,14 @@ delay served, and the member switches.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.autopilot_common import measure_here, problem, why_missed  # noqa: E402
+from examples.autopilot_common import problem, profile_here, why_missed  # noqa: E402
 from examples.autopilot_ray import LAM, PHASES, SLO, arrivals  # noqa: E402
 from smdp_batch.autopilot import Autopilot, EventLog  # noqa: E402
 from smdp_batch.autopilot.control import TimerControl  # noqa: E402
@@ -34,16 +32,12 @@ from smdp_batch.integrations.triton_bank import BankRouter, bank_delays_us, bank
 
 
 def main() -> None:
-    folder = tempfile.mkdtemp(prefix="smdp-autopilot-example-")
-    try:
-        run(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with profile_here() as here:  # the first plan is made on the MLP as this host runs it
+        run(here)
 
 
-def run(folder: str) -> None:
+def run(here: str) -> None:
     arr, phase = arrivals(np.random.default_rng(0))
-    here = measure_here(folder)  # the first plan is made on the MLP as this host runs it
     model = AutopilotModelSpec("examples.autopilot_common:make", {"kind": "none"}, dim=256, out_dim=10,
                                sys_path=(ROOT,))  # (infer, None): the plain model, batched by Triton
     delays = bank_delays_us(4.0, 40.0, 12)
