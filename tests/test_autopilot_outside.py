@@ -135,6 +135,39 @@ def test_a_calibrated_load_not_learned_yet_is_scaled_by_this_deployments_factor(
     assert np.allclose(slow.sample_at(1.0), 20.0 / FACTOR_MIN)
 
 
+def test_a_stall_of_the_host_is_planned_with_while_recent_and_forgotten_a_minute_later():
+    """A second in which every response waits (a stall of the host) puts ~1.5 % of a bin's delays far out.  On a real
+    Ray Serve run a bin kept it for its whole 4 000 delays, and through the deployment factor every unlearned load
+    drew it: no setting had room at the next step.  Told the time, a bin plans with its last MAX_AGE_S seconds (at
+    least its latest MIN_SAMPLES): the stall counts while it is recent and is gone a minute later, at its own load and
+    at the loads the factor scales."""
+    from smdp_batch.autopilot.outside import FACTOR_MIN, MAX_AGE_S
+
+    base = ServedDelay(0.0, 0.0, 0.0, (30.0, 100.0), (np.full(50, 4.0), np.full(50, 8.0)))
+    ol, rng, t = OutsideLearner(base), np.random.default_rng(5), 0.0
+
+    def serve(seconds: float, outside) -> None:  # 30 requests/s told one at a time, each with its outside delay
+        nonlocal t
+        for _ in range(int(30 * seconds)):
+            t += 1.0 / 30.0
+            ol.observe(0.03, [10.0], [10.0 + outside()], positions=False, now_s=t)
+
+    serve(60.0, lambda: rng.uniform(3.0, 5.0))
+    quiet, unlearned = ol.p99_at(0.03), ol.p99_at(0.1)
+    assert quiet < 5.0 and unlearned < 10.0  # 30/s learned at the calibration's 4 ms: the factor is about 1
+    serve(1.0, lambda: 300.0)  # the stall
+    serve(10.0, lambda: rng.uniform(3.0, 5.0))
+    assert ol.p99_at(0.03) == 300.0  # recent: planned with, here and (the factor at its cap) at the unlearned load
+    assert ol.p99_at(0.1) == pytest.approx(8.0 / FACTOR_MIN)
+    ol.planning([0.03])  # a plan drew it
+    serve(MAX_AGE_S, lambda: rng.uniform(3.0, 5.0))
+    assert ol.p99_at(0.03) == pytest.approx(quiet, abs=0.2) and ol.p99_at(0.1) == pytest.approx(unlearned, rel=0.05)
+    assert abs(ol.points()[0][1].size - 30 * MAX_AGE_S) <= 1  # the last minute's, of the ring's BIN_SIZE
+    assert ol.moved(0.03, 2.0)  # and the Autopilot re-plans when it has gone
+    ol.observe(0.3, [10.0], [15.0], positions=False, now_s=t + 600.0)  # the traffic left for another load: the bin
+    assert ol.points()[0][1].size == MIN_SAMPLES  # keeps its latest MIN_SAMPLES, what was last learned there
+
+
 def test_bad_pairs_are_left_out_and_never_raise():
     ol = OutsideLearner()
     ol.observe(None, [1.0], [2.0], positions=False)  # no rate yet

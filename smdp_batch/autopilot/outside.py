@@ -17,6 +17,12 @@ calibration's does:
   p99; a plan's interval carries that p99's bootstrap width, ``ServedDelay.halfwidth``).  A front end that is
   CPU-bound adds more at a higher load, and a rate step lands in another bin rather than being averaged with the old
   one.
+* **recent**: told the time (``now_s``), a bin plans with its delays of the last :data:`MAX_AGE_S` seconds (at least
+  its latest :data:`MIN_SAMPLES`, so that a load the traffic left keeps what was last learned there).  A stall of the
+  host — a second in which every response waits — puts about 1 % of a bin's delays far out: kept for the bin's whole
+  4 000 (over two minutes at 30 requests/s) it held that bin's p99 up, and through the deployment factor below every
+  unlearned load's, long after it passed; on a real Ray Serve run the plan at a rate step then found no setting with
+  room and served timeout 0.  A host that stalls every minute keeps a stall in every window, and plans allow for it.
 * **per position**: where a batch's requests are told together in FIFO order, the return per position r is the
   least-squares slope of o on the position k within each batch, o − ō_b = r·(k − k̄_b) (the batch's own mean taken
   out, so that a load or a batch size that raises every response's o does not enter r); r ≥ 0, fitted from
@@ -57,30 +63,42 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OutsideLearner", "BIN_RATIO", "BIN_SIZE", "FACTOR_MIN", "MIN_SAMPLES", "MIN_BATCHES"]
+__all__ = ["OutsideLearner", "BIN_RATIO", "BIN_SIZE", "FACTOR_MIN", "MAX_AGE_S", "MIN_SAMPLES", "MIN_BATCHES"]
 
 BIN_RATIO = 1.25  #: the rate bins' width: λ̂ within a factor 1.25
 BIN_SIZE = 4000  #: the latest outside delays kept per bin
 MIN_SAMPLES = 300  #: a bin is planned with once it holds this many
+MAX_AGE_S = 60.0  #: a bin plans with its delays of the last minute (at least its latest MIN_SAMPLES): module doc
 MIN_BATCHES = 50  #: batches of two or more before the return per position is fitted (else 0, or the calibration's)
 FACTOR_MIN = 1.0 / 3.0  #: this deployment's outside delay against the calibration's is taken within [1/3, 3]
 _MOST_MS = 1e6  # a difference beyond ±1000 s is not a measurement (ServedDelay's own bound)
 
 
 class _Ring:
-    """The latest ``size`` values of one rate bin: outside delay (ms), position, the rate λ̂ it came at (req/s)."""
+    """The latest ``size`` values of one rate bin: outside delay (ms), position, the rate λ̂ it came at (req/s) and
+    when (s; NaN: not told)."""
 
     def __init__(self, size: int):
         self.o, self.k, self.lam, self.n, self.i = np.empty(size), np.zeros(size), np.zeros(size), 0, 0
+        self.t = np.full(size, np.nan)
 
-    def add(self, o: np.ndarray, k: np.ndarray, lam: float) -> None:
+    def add(self, o: np.ndarray, k: np.ndarray, lam: float, t: float) -> None:
         o, k = o[-self.o.size:], k[-self.o.size:]
         idx = (self.i + np.arange(o.size)) % self.o.size
-        self.o[idx], self.k[idx], self.lam[idx] = o, k, lam
+        self.o[idx], self.k[idx], self.lam[idx], self.t[idx] = o, k, lam, t
         self.i, self.n = (self.i + o.size) % self.o.size, min(self.n + o.size, self.o.size)
 
-    def values(self, r: float) -> np.ndarray:
-        return np.sort(self.o[:self.n] - r * self.k[:self.n])
+    def latest(self, since: float) -> np.ndarray:
+        """The slots planned with: those told at ``since`` (s) or later, at least the latest :data:`MIN_SAMPLES`
+        (all of them for ``since`` = −∞)."""
+        if since == -math.inf:
+            return np.arange(self.n)
+        m = min(max(int(np.count_nonzero(self.t[:self.n] >= since)), MIN_SAMPLES), self.n)
+        return (self.i - 1 - np.arange(m)) % self.o.size  # told in time order: the latest m slots end before i
+
+    def values(self, r: float, since: float) -> np.ndarray:
+        j = self.latest(since)
+        return np.sort(self.o[j] - r * self.k[j])
 
 
 def _mix(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
@@ -103,10 +121,14 @@ class OutsideLearner:
         self.pairs = 0  # requests learned from
         self.rejected = 0  # pairs left out (not finite, or beyond ±1000 s, or no rate yet)
         self._checked, self._planned = 0, math.nan  # pairs at the last check of moved(); the p99 the last solve drew
+        self._now = -math.inf  # the latest time told (s): bins plan with their delays since MAX_AGE_S before it
 
-    def observe(self, lam_per_ms: float | None, batch_ms: Any, served_ms: Any, positions: bool) -> None:
+    def observe(self, lam_per_ms: float | None, batch_ms: Any, served_ms: Any, positions: bool,
+                now_s: float | None = None) -> None:
         """One batch's requests (``positions``: in FIFO order, the k-th at position k) or any responses (one, or a
-        list with unknown positions): their batcher's view and end-to-end times (ms), at rate λ̂ (1/ms)."""
+        list with unknown positions): their batcher's view and end-to-end times (ms), at rate λ̂ (1/ms), told at
+        ``now_s`` (s, a clock that does not step back; None: no age is kept, every bin plans with its latest
+        :data:`BIN_SIZE`)."""
         try:
             b = np.asarray(batch_ms, dtype=np.float64).ravel()
             s = np.asarray(served_ms, dtype=np.float64).ravel()
@@ -134,7 +156,10 @@ class OutsideLearner:
         ring = self._bins.get(key)
         if ring is None:
             ring = self._bins[key] = _Ring(BIN_SIZE)
-        ring.add(o, k, per_s)
+        t = math.nan
+        if now_s is not None and math.isfinite(now_s):
+            t = self._now = max(self._now, float(now_s))
+        ring.add(o, k, per_s, t)
         self.pairs += int(o.size)
 
     @property
@@ -151,7 +176,9 @@ class OutsideLearner:
         return [(x, self._values(src)) for x, src in self._points()]
 
     def _points(self) -> list[tuple[float, Any]]:  # (load, its ring or the calibration's sample): values sorted lazily
-        pts: list[tuple[float, Any]] = [(float(ring.lam[:ring.n].mean()), ring) for ring in self._full().values()]
+        since = self._now - MAX_AGE_S
+        pts: list[tuple[float, Any]] = [(float(ring.lam[ring.latest(since)].mean()), ring)
+                                        for ring in self._full().values()]
         if self.base is not None:
             f = self._factor(pts)
             pts += [(x, o * f) for x, o in zip(self.base.loads_per_s, self.base.outside_ms) if not self._covered(x)]
@@ -179,7 +206,8 @@ class OutsideLearner:
     def _values(self, src: Any) -> np.ndarray:
         if not isinstance(src, _Ring):
             return src
-        return src.values(0.0 if self.batches < MIN_BATCHES else self.return_ms)  # a calibration's r is not in them
+        r = 0.0 if self.batches < MIN_BATCHES else self.return_ms  # a calibration's r is not in them
+        return src.values(r, self._now - MAX_AGE_S)
 
     def sample_at(self, lam_per_ms: float) -> np.ndarray | None:
         """The outside delays (ms, sorted) at λ (1/ms): between two points, their quantile average weighted by

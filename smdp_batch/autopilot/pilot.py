@@ -327,14 +327,14 @@ class Autopilot:
     @_never_raises
     def observe_served(self, ms: Any, batch_ms: Any = None) -> None:
         """End-to-end response times (ms), one or a list, as the server recorded them (entry → answer sent) or the
-        client did.  From the first call on they replace the batcher's view in the closed loop, the rollback
-        watch, the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out.
-        ``batch_ms``: the same requests' batcher view (entry → batch end; a list: one batch's, in FIFO order):
-        their difference is the outside delay, learned per load (:mod:`.outside`) and planned with."""
+        client did.  From the first call on they replace the batcher's view in the closed loop, the rollback watch,
+        the learned excess and ``observed_p99_ms``; ``overhead_ms`` is then what these times leave out.  ``batch_ms``:
+        the same requests' batcher view (entry → batch end; a list: one batch's, in FIFO order): their difference is
+        the outside delay, learned per load and age (:mod:`.outside`) and planned with."""
         self._served = True
         if batch_ms is not None and self.learn_outside:
             with self._lock:
-                self._outside.observe(self.rate.rate, batch_ms, ms, isinstance(ms, (list, tuple, np.ndarray)))
+                self._outside.observe(self.rate.rate, batch_ms, ms, isinstance(ms, (list, tuple, np.ndarray)), self._now())
                 if self._outside.moved(self.rate.rate, max(2.0, 0.05 * self.slo_ms)):
                     self._dirty = self._dirty or "outside"
         self._responses(ms)
