@@ -47,12 +47,13 @@ Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted an
 infeasible solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
 ≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise does not
 re-solve every ``min_interval_s``; a change of rate ends both. A plan rolled back is not swapped in again while solves
-plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8): swap, fail, roll back was
-a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its overshoot
-(:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap that holds and every 15 s), each move of the
-target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned tighter than the plan put back (a learned
-excess): its smaller batches raised what no plan models (a host short of CPU), so the excess returns to that plan's,
-unlearned for 30 s. The solve clock (``clock``, s) is made monotone (a step back: no time passed); with
+plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8; a best effort neither):
+swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its
+overshoot (:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap that holds and every 15 s), each
+move of the target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned tighter (a learned excess) or timed
+shorter than the plan put back: its smaller batches raised what no plan models (a host short of CPU), so the excess
+returns to that plan's, unlearned for 30 s, and a shorter timer bars every plan as short at that load
+(:class:`~.plan.Blocked`). The solve clock (``clock``, s) is made monotone (a step back: no time passed); with
 ``solve_in="clock"`` a solve takes ``solve_seconds`` of it (:mod:`.simulated`'s mode).
 
 The hooks never raise. Importing this module needs numpy only; the default solver imports the analysis (numba, scipy) in
@@ -82,7 +83,7 @@ from .estimators import EnergyEstimator, RateChange, ServiceEstimator, _num, _si
 from .control import BreachTest, Margin, TimerControl
 from .hooks import never_raises as _never_raises
 from .outside import OutsideLearner
-from .plan import PLAN_FAMILIES, RUNNING, Job, Plan, _same, slo_plan
+from .plan import PLAN_FAMILIES, RUNNING, Blocked, Job, Plan, _same, shorter_timer, slo_plan
 from .report import EVENT_PREFIX, AutopilotMetrics
 from .responses import Responses, response_times
 from ..runtime.table import PolicyTable
@@ -92,7 +93,7 @@ __all__ = ["Autopilot", "AutopilotMetrics", "Plan", "slo_plan"]
 log = logging.getLogger("smdp_batch")
 _IDS = itertools.count(1)
 _RETRY_MAX_S = 300.0
-_BLOCK_BAND, _BLOCK_MAX, _MARGIN_MAX = 0.25, 8, 0.25  # module doc: blocked band and count, margin cap (× SLO)
+_MARGIN_MAX = 0.25  # module doc: the margin's cap (× SLO − overhead)
 _RATE_CHECK_EVERY = 64  # arrivals between two checks of λ̂ against the plan's λ
 _LEARN_RATE_TOL = 0.25  # the excess is learned only while λ̂ is within 25 % of the live plan's λ
 _LEARN_EVERY, _LEARN_MIN = 100, 200  # responses between two updates of the excess; in the ring before the first
@@ -181,7 +182,7 @@ class Autopilot:
         self._dirty: str | None = None
         self._not_before, self._last_start = -math.inf, -math.inf  # next solve allowed; the latest started (s)
         self._fails, self._kept = 0, 0  # solves in a row that failed / kept the live plan (each doubles the next wait)
-        self._blocked: list[tuple[Plan, float, float]] = []  # plans rolled back, each with the rates it may not return at
+        self._blocked = Blocked()  # plans rolled back, each with the rates it may not return at
         self._resp = Responses(self.window)  # the latest response times, each with the p99 planned for it
         self._served = False  # whether end-to-end times come (observe_served): then the batcher's view is left out
         self._outside = OutsideLearner(served)  # learned, and what the next solve plans with (:mod:`.outside`)
@@ -371,9 +372,9 @@ class Autopilot:
             if p99 > limit and worse and self._previous is not None:
                 back = self._live = self._good = self._previous  # the plan put back
                 self._previous, self._seen, self._windows, self._watching = None, 0, 0, False
-                lo, hi = live.lam / (1.0 + _BLOCK_BAND), live.lam * (1.0 + _BLOCK_BAND)
-                self._blocked = [b for b in self._blocked if not _same(b[0], live)][-(_BLOCK_MAX - 1):] + [(live, lo, hi)]
-                if live.target_ms < back.target_ms:  # planned tighter, did worse: what no plan models grew as batches shrank
+                lo, hi = self._blocked.add(live, floor=shorter_timer(live, back))
+                if live.target_ms < back.target_ms or shorter_timer(live, back):  # did worse with smaller batches: what
+                    # no plan models grew as they shrank (module doc)
                     self._excess = min(self._excess, self._live_excess())  # the plan put back is live
                     self._rest_until = self._now() + _EXCESS_REST_S
                 else:
@@ -535,11 +536,11 @@ class Autopilot:
                 # nothing meets the target at λ̂; a best-effort plan (the least p99 found there) still goes live
                 self._failed(now, "infeasible", "infeasible", lams=job.lams, target_ms=job.target, reason=job.reason,
                              best_effort=None if out is None else out.spec)
-                if out is not None and not _same(out, self._live):
+                if out is not None and not _same(out, self._live) and out not in self._blocked:
                     self._swap(out, job, seconds, "best_effort", "best-effort")
             elif not Plan.usable(out, self.sizes, job.target):
                 self._failed(now, "solve-unusable", reason=job.reason)
-            elif self._is_blocked(out) or _same(out, self._live):  # the live plan stays: back off (module doc)
+            elif out in self._blocked or _same(out, self._live):  # the live plan stays: back off (module doc)
                 self._fails, self._kept = 0, self._kept + 1
                 self._not_before = max(self._not_before, job.start + self._backoff(self._kept))
                 if not _same(out, self._live):  # rolled back at this load before
@@ -551,9 +552,6 @@ class Autopilot:
             else:
                 self._fails = self._kept = 0
                 self._swap(out, job, seconds)
-
-    def _is_blocked(self, out: Plan) -> bool:  # a plan rolled back before, planned within its blocked band
-        return any(lo <= out.lam <= hi and _same(out, b) for b, lo, hi in self._blocked)
 
     def _swap(self, out: Plan, job: Job, seconds: float, key: str = "swaps", event: str = "swap") -> None:
         self._previous, self._live = self._good, replace(out, id=next(_IDS), target_ms=job.target)

@@ -1,6 +1,7 @@
-"""The Autopilot's plans: a table and its timer with the metrics planned for them (:class:`Plan`), and the
+"""The Autopilot's plans: a table and its timer with the metrics planned for them (:class:`Plan`), the
 default solver that makes one (:func:`slo_plan`, the SLO optimiser's least-power SMDP table + timer; when no
-table meets the target at the estimated load, the best effort there), and a solve in flight (:class:`Job`).
+table meets the target at the estimated load, the best effort there), the plans rolled back that may not return
+(:class:`Blocked`), and a solve in flight (:class:`Job`).
 
 Importing this module needs numpy only; :func:`slo_plan` imports the analysis (numba, scipy) when it runs.
 """
@@ -19,7 +20,7 @@ from ..limits import RATE_MAX, RATE_MIN
 from ..runtime.table import PolicyTable
 from .estimators import _num as num  # a real number as a float, NaN for anything else
 
-__all__ = ["PLAN_FAMILIES", "Plan", "server_rule", "server_table", "slo_plan"]
+__all__ = ["PLAN_FAMILIES", "Blocked", "Plan", "server_rule", "server_table", "slo_plan"]
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,39 @@ def _same(a: Plan, b: Plan) -> bool:
     ta, tb = a.table, b.table
     return (ta.batch_sizes == tb.batch_sizes and a.timer_ms == b.timer_ms and ta.policy.shape == tb.policy.shape
             and bool(np.array_equal(ta.policy, tb.policy)))
+
+
+def shorter_timer(a: Plan, b: Plan, or_equal: bool = False) -> bool:
+    """Whether ``a`` batches on the same sizes as ``b`` with a shorter timer (smaller batches; ``or_equal``: or as
+    short)."""
+    if a.timer_ms is None or b.timer_ms is None or a.table.batch_sizes != b.table.batch_sizes:
+        return False
+    return a.timer_ms <= b.timer_ms if or_equal else a.timer_ms < b.timer_ms
+
+
+class Blocked:
+    """Plans rolled back, each barred within ``band`` (25 %) of the load it failed at; the latest ``most`` (8).
+
+    A plan whose timer was shorter than the plan put back (:func:`shorter_timer`) bars more: every plan on the same
+    sizes with a timer as short or shorter, at those loads (a floor on the timer).  It did worse with smaller
+    batches, so what no plan models grew as they shrank (a host short of CPU, where each batch's work competes with
+    the server's own path), and a plan shorter still would do worse again: on real Ray Serve with a CPU-bound model a
+    plan at a 3× step learned a large outside delay, planned 2.9 ms and then 7.5 ms where 27 ms ran, was rolled back,
+    and the plans after it went on down to timeout 0 with a client p99 of 100 ms."""
+
+    def __init__(self, band: float = 0.25, most: int = 8):
+        self.band, self.most = float(band), int(most)
+        self._items: list[tuple[Plan, float, float, bool]] = []  # (plan, lowest, highest load, a floor)
+
+    def add(self, plan: Plan, floor: bool = False) -> tuple[float, float]:
+        """Bar ``plan`` (and, with ``floor``, every plan as short: class doc) near its load; the band (1/ms)."""
+        lo, hi = plan.lam / (1.0 + self.band), plan.lam * (1.0 + self.band)
+        self._items = [x for x in self._items if not _same(x[0], plan)][-(self.most - 1):] + [(plan, lo, hi, floor)]
+        return lo, hi
+
+    def __contains__(self, out: Plan) -> bool:
+        return any(lo <= out.lam <= hi and (_same(out, b) or floor and shorter_timer(out, b, or_equal=True))
+                   for b, lo, hi, floor in self._items)
 
 
 RUNNING = object()  # a job's result while its solve runs
