@@ -47,7 +47,7 @@ Bmax/l̂(Bmax)) never stop serving: the live plan stays, the event is counted an
 infeasible solve (or an out-of-range estimate) is retried after max(``min_interval_s``, 0.1 s) × 2^(failures in a row),
 ≤ 300 s; a solve that keeps the live plan backs off the same way, 2^(kept in a row), so that stationary noise does not
 re-solve every ``min_interval_s``; a change of rate ends both. A plan rolled back is not swapped in again while solves
-plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8; a best effort neither):
+plan it within 25 % of the load it failed at (``blocked``, counted with the kept; the last 8), nor as a best effort:
 swap, fail, roll back was a cycle (8 swaps, 6 rollbacks in one run); and the plans after it keep a margin of its
 overshoot (:class:`~.control.Margin`, ≤ 25 % of SLO − overhead; halved by each swap that holds and every 15 s), each
 move of the target by over max(2 ms, 5 % of the SLO) a re-plan — unless it planned tighter (a learned excess) or timed
