@@ -181,7 +181,12 @@ def test_bad_pairs_are_left_out_and_never_raise():
     assert ol.points()[0][1].size == BIN_SIZE
 
 
-def test_the_autopilot_re_plans_when_the_learned_outside_delay_moves_and_not_when_told_not_to_learn():
+def test_the_autopilot_re_plans_when_the_learned_outside_delay_moves_and_not_when_told_not_to_learn(caplog):
+    """... and each swap's event says what the plan drew: l̂(b) and the outside p99 at λ̂ (a real run's failure
+    could not be told apart without them: a slowdown found late, or the delays of a slow minute)."""
+    from smdp_batch.autopilot.report import event_fields
+
+    caplog.set_level("INFO", logger="smdp_batch")
     for learn in (True, False):
         solver = FakeSolver()
         ap, p = make(solver, learn_outside=learn)
@@ -200,6 +205,9 @@ def test_the_autopilot_re_plans_when_the_learned_outside_delay_moves_and_not_whe
             assert solver.calls and ap.metrics.last_event in ("swap", "kept")
             assert ap.metrics.outside_p99_ms == pytest.approx(6.0, abs=0.2)
             assert ap.metrics.outside_return_ms == pytest.approx(0.5)
+            swaps = [e for r in caplog.records if (e := event_fields(r.getMessage())) and e["event"] == "swap"]
+            assert swaps and swaps[-1]["latency_ms"] == pytest.approx(list(solver.calls[-1][0].latency_ms()), abs=1e-3)
+            assert swaps[-1]["outside_p99_ms"] == pytest.approx(6.0, abs=0.2)
         else:
             assert math.isnan(ap.metrics.outside_p99_ms)
 

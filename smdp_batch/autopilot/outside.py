@@ -237,6 +237,11 @@ class OutsideLearner:
         self._planned = self.p99_at(lams[0])
         return self.model(lams)
 
+    @property
+    def planned_p99_ms(self) -> float | None:
+        """The outside delay's p99 (ms) at λ̂ that the last :meth:`planning` drew; None before one drew any."""
+        return round(self._planned, 3) if math.isfinite(self._planned) and self._planned > 0 else None
+
     def moved(self, lam_per_ms: float | None, tol_ms: float) -> bool:
         """Whether, every 100 pairs, the p99 a plan at λ would draw left the last :meth:`planning`'s by > ``tol_ms``."""
         if lam_per_ms is None or self.pairs < self._checked + 100:

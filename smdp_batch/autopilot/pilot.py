@@ -560,7 +560,8 @@ class Autopilot:
         if self.control is not None:
             self.control.swapped()
         self._count(key, event, reason=job.reason, lam=out.lam, p99_ms=out.p99_ms, power_w=out.power_w,
-                    timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec)
+                    timer_ms=out.timer_ms, target_ms=job.target, seconds=round(seconds, 4), setting=out.spec,
+                    latency_ms=[round(float(x), 3) for x in job.latency], outside_p99_ms=self._outside.planned_p99_ms)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` s for the solves in flight (tests, shutdown), one a solve's end starts for a change
