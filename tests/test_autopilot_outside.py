@@ -168,6 +168,30 @@ def test_a_stall_of_the_host_is_planned_with_while_recent_and_forgotten_a_minute
     assert ol.points()[0][1].size == MIN_SAMPLES  # keeps its latest MIN_SAMPLES, what was last learned there
 
 
+def test_a_stationary_minute_does_not_re_plan_on_its_p99s_own_noise_but_a_real_move_does():
+    """A minute's p99 at 15 requests/s rests on 9 values above it: from one check to the next it moves by a few ms
+    with nothing changed (2.7 re-plans in five stationary minutes on the simulated clock, where 4 000 delays per bin
+    had given none).  A move re-plans only beyond the sample's own 95 % interval for its p99 as well as the
+    tolerance; a real one (the same delays 50 % longer) still does, within a minute."""
+    ol, rng, t = OutsideLearner(), np.random.default_rng(11), 0.0
+
+    def serve(seconds: float, scale: float) -> int:  # 15 requests/s; how many checks found a move
+        nonlocal t
+        moves = 0
+        for _ in range(int(15 * seconds)):
+            t += 1.0 / 15.0
+            ol.observe(0.015, [10.0], [10.0 + scale * (2.0 + rng.exponential(3.0))], positions=False, now_s=t)
+            if ol.moved(0.015, 2.0):
+                moves += 1
+                ol.planning([0.015])  # as the Autopilot's re-solve does
+        return moves
+
+    serve(30.0, 1.0)
+    ol.planning([0.015])
+    assert serve(300.0, 1.0) == 0  # five stationary minutes
+    assert serve(60.0, 1.5) >= 1  # the delays grow by half (p99 ≈ 16 → 24 ms): found
+
+
 def test_bad_pairs_are_left_out_and_never_raise():
     ol = OutsideLearner()
     ol.observe(None, [1.0], [2.0], positions=False)  # no rate yet

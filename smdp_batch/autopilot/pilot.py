@@ -17,7 +17,7 @@ When the rate estimator declares a change (and its post-change estimate has ``mi
 live plan's λ by more than ``rate_tol`` (a ramp the change test misses), the service estimator drifts by at least
 ``service_tol_ms`` at some size (or at a high load), the energy meter's ζ̂(b) leaves the curve of the last solve by more
 than ``energy_tol`` (20 %) at a size that ran, the learned excess moves, or the learned outside delay's p99 at λ̂ moves
-by max(2 ms, 5 % of the SLO), the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is
+by max(2 ms, 5 % of the SLO) beyond its noise, the Autopilot builds the problem at λ̂ with the l̂(b) curve (ζ̂(b) where energy is
 measured; the default solver: the outside delay learned at each planned load) and re-solves it with a time budget, at
 most once per ``min_interval_s`` (a change found during a solve as soon as it ends), **in a lower-priority child
 process** (:mod:`~smdp_batch.autopilot.solve_process`; a thread with ``solve_in="thread"``, the default for a solver you
