@@ -171,7 +171,7 @@ def test_a_stall_of_the_host_is_planned_with_while_recent_and_forgotten_a_minute
 def test_a_stationary_minute_does_not_re_plan_on_its_p99s_own_noise_but_a_real_move_does():
     """A minute's p99 at 15 requests/s rests on 9 values above it: from one check to the next it moves by a few ms
     with nothing changed (2.7 re-plans in five stationary minutes on the simulated clock, where 4 000 delays per bin
-    had given none).  A move re-plans only beyond the sample's own 95 % interval for its p99 as well as the
+    had given none).  A move re-plans only beyond the sample's own 99.9 % interval for its p99 as well as the
     tolerance; a real one (the same delays 50 % longer) still does, within a minute."""
     ol, rng, t = OutsideLearner(), np.random.default_rng(11), 0.0
 
