@@ -359,10 +359,9 @@ def test_a_shorter_timer_rolled_back_bars_every_plan_as_short_at_that_load_and_r
 
     answers = iter([plan(5.0), plan(3.0), plan(5.0), plan(2.0, meets=False), plan(10.0)])
     clock = Clock()
-    start = replace(plan(20.0), lam=p.lam)
-    ap = Autopilot(p, SLO, start, solver=lambda problem, slo_ms, lams: next(answers), clock=clock, min_interval_s=0.0,
-                   rate_tol=10.0, window=200, grace=50)
-    start = ap.plan
+    ap = Autopilot(p, SLO, replace(plan(20.0), lam=p.lam), solver=lambda problem, slo_ms, lams: next(answers),
+                   clock=clock, min_interval_s=0.0, rate_tol=10.0, window=200, grace=50)
+    start = ap.plan  # the 20 ms plan, as the Autopilot holds it
     t, rng = _step(ap, p)
     assert ap.join(10) and ap.metrics.swaps == 1 and ap.plan.timer_ms == 5.0
     ap.observe_response([10.0] * 50)

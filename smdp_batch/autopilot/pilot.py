@@ -372,9 +372,10 @@ class Autopilot:
             if p99 > limit and worse and self._previous is not None:
                 back = self._live = self._good = self._previous  # the plan put back
                 self._previous, self._seen, self._windows, self._watching = None, 0, 0, False
-                lo, hi = self._blocked.add(live, floor=shorter_timer(live, back))
-                if live.target_ms < back.target_ms or shorter_timer(live, back):  # did worse with smaller batches: what
-                    # no plan models grew as they shrank (module doc)
+                shorter = shorter_timer(live, back)
+                lo, hi = self._blocked.add(live, floor=shorter)
+                if live.target_ms < back.target_ms or shorter:  # did worse with smaller batches: what no plan models
+                    # grew as they shrank (module doc)
                     self._excess = min(self._excess, self._live_excess())  # the plan put back is live
                     self._rest_until = self._now() + _EXCESS_REST_S
                 else:
