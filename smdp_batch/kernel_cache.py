@@ -36,7 +36,7 @@ __all__ = ["KERNEL_MODULES", "kernel_digest", "njit"]
 
 #: The modules (relative to the package folder) that hold numba kernels; tests check the list is complete.
 KERNEL_MODULES = (
-    "analysis/quantiles.py", "analysis/sim_kernels.py", "analysis/sim_replicas.py", "llm/binsim.py", "model/arrivals.py", "model/map_likelihood.py", "model/map_truncation.py",
+    "analysis/power_floor.py", "analysis/quantiles.py", "analysis/sim_kernels.py", "analysis/sim_replicas.py", "llm/binsim.py", "model/arrivals.py", "model/map_likelihood.py", "model/map_truncation.py",
     "solvers/banded.py", "solvers/geometric.py", "solvers/geometric_sums.py", "solvers/kernels.py", "solvers/map_pi.py", "solvers/pi_compiled.py",
     "solvers/rvi.py",
 )

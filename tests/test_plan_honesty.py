@@ -91,21 +91,63 @@ def test_the_power_identity_behind_the_floor_holds_in_the_simulator():
         assert r.mean_power_w == pytest.approx(idle + p.lam * (z4 - idle * l4) / 4, rel=5e-3)
 
 
-def test_the_floor_is_a_brute_force_minimum_and_lies_below_every_answer():
+def _floor_by_hand(p, lam, t_unit, bound, share, idle):
+    """The floor as its module doc defines it, request by request in plain loops (O(n²)): for each request, each
+    size's window and the most arrivals any [a, a + w] holds, a an arrival in [t_r − w, t_r]."""
+    t = [(u - t_unit[0]) / lam for u in t_unit]
+    lat, zeta, sizes = p.latency_ms(), p.energy_mj(), list(p.batch_sizes)
+    x = [float(zeta[i] - idle * lat[i]) for i in range(len(sizes))]
+    free = min(min(xi / b, xi) for xi, b in zip(x, sizes))
+    costs = []
+    for tr in t:
+        best = math.inf
+        for i, b in enumerate(sizes):
+            w = bound - float(lat[i])  # deterministic batch times
+            if w < 0:
+                continue
+            m = max(sum(1 for ti in t if ta <= ti <= ta + w) for ta in t if tr - w <= ta <= tr)
+            best = min(best, x[i] / min(b, m) if x[i] >= 0 else x[i])
+        costs.append(best)
+    costs.sort()
+    drop = math.floor(share * len(costs))
+    mean = (sum(costs[: len(costs) - drop]) + drop * free) / len(costs)
+    return p.instances * idle + (len(t) - 1) / t[-1] * mean
+
+
+def test_the_floor_is_the_per_request_bound_computed_by_hand():
+    p = BatchingProblem.basic(rho=0.5, batch_sizes=tuple(range(1, 13)))
+    unit = np.cumsum(np.random.default_rng(4).exponential(1.0, 300))
+    for lam, bound, idle in ((p.lam, 6.0, 0.0), (p.lam, 9.0, 10.0), (0.2, 8.0, 0.0)):
+        got, _ = power_floor(p, lam, [("p95", bound)], idle, unit)
+        assert got == pytest.approx(_floor_by_hand(p, lam, unit, bound, 0.05, idle), rel=1e-12)
+    assert math.isnan(power_floor(p, p.lam, [("p99", 1.0)], 0.0, unit)[0])  # l(1) = 1.36 ms: nothing finishes
+
+
+@pytest.mark.parametrize("idle", [0.0, 10.0])
+def test_no_setting_that_meets_the_slo_draws_less_than_the_floor_at_a_light_load_or_a_busy_one(idle):
+    """At 3..9 req/s and p99 ≤ 20 ms a batch of two forms by chance now and then: a floor over the sizes that fill
+    on average (one, there) lay 5 % above the answer, which took '4 900 %' of the saving."""
     p = BatchingProblem.basic(rho=0.5)
-    lat, zeta, sizes = p.latency_ms(), p.energy_mj(), np.asarray(p.batch_sizes)
-    for idle in (0.0, 10.0, 30.0):
-        best = min((idle + p.lam * (zeta[i] - idle * lat[i]) / b, b) for i, b in enumerate(sizes)
-                   if p.lam * lat[i] / b < 1 and (b - 1) / (2 * p.lam) + lat[i] <= 15.0)
-        floor, size = power_floor(p, p.lam, 15.0, idle)
-        assert floor == pytest.approx(best[0], rel=1e-12) and size == best[1]
-        ans = optimise(p, SLO.of({"p99": 15.0}), requests=5000, idle_power_w=idle)
-        assert ans.floor_w() <= ans.recommended.power_w + ans.recommended.power_ci  # the answer is simulated
+    for lams, bound in (([0.003, 0.006, 0.009], 20.0), ([p.lam], 12.6)):
+        ans = optimise(p, SLO.of({"p99": bound}), lams, requests=20_000, idle_power_w=idle)
+        floor = ans.floor_w()
+        for s in [*ans.best.values(), *ans.defaults]:
+            if s is not None and s.meets:
+                assert s.power_w + s.power_ci >= floor, s.spec
         share, against = ans.captured()
-        assert against == "triton:max=32,delay_us=0"
-        if idle < 30:  # at 30 W idle the board draws less busy than idle: waiting saves nothing, and None says so
-            assert 0 < share <= 1.05
+        assert against == "triton:max=32,delay_us=0" and 0 < share <= 1.0
     assert captured_share(40.0, 40.0, 40.0) is None and captured_share(40.0, 35.0, 30.0) == pytest.approx(0.5)
+
+
+def test_a_bound_on_the_mean_and_a_trace_give_a_floor_below_the_answer():
+    p = BatchingProblem.basic(rho=0.5)
+    bursty = np.cumsum(np.random.default_rng(2).exponential(1.0, 20_000) * np.repeat([0.2, 1.8], 10_000)[
+        np.random.default_rng(3).permutation(20_000)])
+    for arrivals in (None, bursty):
+        ans = optimise(p, SLO.of({"mean": 6.0}), requests=20_000, arrivals=arrivals)
+        rec = ans.recommended
+        assert 0 < ans.floor_w() <= rec.power_w + rec.power_ci
+        assert ans.floor_w() > p.lam * float(p.energy_mj()[-1]) / 32  # the bound keeps batches below 32
 
 
 def test_compare_and_export_state_the_idle_power_the_floor_and_the_share(tmp_path, capsys):

@@ -1,27 +1,44 @@
-"""The least power any batching rule can draw at a load, and the share of the achievable saving an answer takes.
+"""The least power any batching rule can draw on an arrival stream, and the share of the achievable saving an answer
+takes.
 
-Over a long run of T ms, c instances that each draw ``P_idle`` W while they run no batch, serving batches of
-sizes B_1, B_2, … (each b taking l(b) ms and ζ(b) mJ on average), draw
+Over a run of T ms, c instances that each draw ``P_idle`` W while they run no batch, serving batches B_1, B_2, … (a
+batch of n requests served at size b ≥ n, b = n unless the server pads, taking l(b) ms and ζ(b) mJ on average), draw
 
-    P̄ = c·P_idle + (1/T)·Σ_k (ζ(B_k) − P_idle·l(B_k))                                    (W = mJ/ms)
-      = c·P_idle + λ·E_r[(ζ(B) − P_idle·l(B))/B],
+    P̄ = c·P_idle + (1/T)·Σ_k (ζ(b_k) − P_idle·l(b_k))                                    (W = mJ/ms)
+      = c·P_idle + λ·E_r[(ζ(b) − P_idle·l(b))/n],
 
-E_r the average over requests of the batch each rides in (a batch of b carries b requests; λ·T requests in
-all).  So no rule draws less than the *floor*
+E_r the average over requests of the batch each rides in (a batch of n requests is n terms of the sum over the λ·T
+requests).  So no rule draws less than c·P_idle + λ·E_r[x(r)], x(r) a lower bound on what request r's batch costs
+per request.  A latency bound decides how large that batch can be.  A request r that meets a bound D rode in a
+batch all of whose requests arrived within w(b) = D − s_min(b) of the first of them (its response is at least the
+wait since that first arrival plus the batch's time, which is at least s_min(b): l(b) for deterministic batch times,
+0 otherwise).  So its batch holds at most
 
-    P_floor(λ) = c·P_idle + λ·min_{b ∈ 𝓑_λ} (ζ(b) − P_idle·l(b))/b,
+    M_r(b) = max over arrivals a ∈ [t_r − w(b), t_r] of the number of arrivals in [a, a + w(b)]
 
-with 𝓑_λ the sizes a rule may rely on at that load: those that one size alone could carry (λ·l(b)/b < c)
-and whose batches can fill and finish within the tightest latency bound on average, (b − 1)/(2λ) + l(b) ≤
-bound (a batch of b waits on average (b − 1)/(2λ) for its requests to arrive).  With ``P_idle`` = 0 this is
-λ·min ζ(b)/b: every request at the best energy per request.  The idle power moves the floor, and with it
-how much there is to save against a default rule: that is why every answer states the idle power it used.
-The floor bounds every rule that serves only sizes of 𝓑_λ; a rule may serve a larger batch in a burst, so
-where the largest sizes are the cheapest per request (a high idle power) an answer can sit a little below it.
+requests (r among them), and costs it at least min_b (ζ(b) − P_idle·l(b))/min(b, M_r(b)) (or ζ(b) − P_idle·l(b)
+itself where that is negative: a batch of one).  A p-th percentile bound lets the share 1 − p/100 of requests
+miss it; those are assumed to be the ones whose bound is the highest, and to ride at the cheapest cost per request
+of any batch (``free``: no window).  A bound on the mean leaves out, by Markov's inequality, at most the share 1/k of
+requests above k·D; the floor takes the best of k = 1.25 … 10.  With several bounds, the highest of their floors.
+
+The floor is computed **on the arrival stream the settings were simulated on** (the SLO search's common random
+numbers: a seeded Poisson stream, or the user's trace or MAP sample), so it bounds every rule on that stream,
+whatever its queue discipline, timer or number of instances (contention between instances is left out: each batch
+is priced at one instance's l(b) and ζ(b)).  With ``P_idle`` = 0 and no bound it is λ·min ζ(b)/b, every request
+at the best energy per request.  The idle power moves the floor, and with it how much there is to save against a
+default rule: that is why every answer states the idle power it used.
 
 :func:`captured_share` is what an answer takes of the saving there is to take against a reference (Triton's
-default, say): (P_reference − P_answer)/(P_reference − P_floor).  Contention between instances is left out
-(the floor uses one instance's l(b) and ζ(b)).
+default, say): (P_reference − P_answer)/(P_reference − P_floor).
+
+>>> from smdp_batch.model.problem import BatchingProblem
+>>> p = BatchingProblem.basic(rho=0.5)
+>>> free = power_floor(p, p.lam, [])[0]            # no bound: every request at ζ(32)/32
+>>> abs(free / (p.lam * float(p.energy_mj()[-1]) / 32) - 1) < 0.01   # λ: the stream's own rate
+True
+>>> power_floor(p, p.lam, [("p99", 12.6)])[0] > free   # a p99 bound keeps batches smaller
+True
 """
 
 from __future__ import annotations
@@ -30,24 +47,94 @@ import math
 
 import numpy as np
 
+from ..kernel_cache import njit
+from ..model.laws import Deterministic
 from ..model.problem import BatchingProblem
 
-__all__ = ["power_floor", "captured_share"]
+__all__ = ["FLOOR_REQUESTS", "MARKOV_FACTORS", "captured_share", "poisson_stream", "power_floor"]
+
+#: requests of the seeded Poisson stream the floor reads when it is given none
+FLOOR_REQUESTS = 200_000
+#: the k of Markov's inequality a bound on the mean is read at (module doc)
+MARKOV_FACTORS = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
-def power_floor(problem: BatchingProblem, lam: float, bound_ms: float, idle_power_w: float = 0.0) -> tuple[float, int | None]:
-    """``(P_floor W, the size that attains it)`` at ``lam`` requests/ms under the tightest latency bound
-    ``bound_ms`` (module doc); ``(nan, None)`` when no size qualifies."""
+def poisson_stream(requests: int = FLOOR_REQUESTS, seed: int = 0) -> np.ndarray:
+    """The SLO search's seeded stream of unit-rate arrival times (the same draws its simulations scale to each load)."""
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0, int(requests)))
+
+
+@njit(cache=True, nogil=True)
+def _least_costs(t, ws, bs, xs, cost, size):  # pragma: no cover - compiled
+    """Per request r of the sorted times ``t`` (ms): ``cost[r]`` = min_j xs[j]/min(bs[j], M_r(ws[j])) (xs[j] < 0:
+    xs[j]) over the sizes with ws[j] ≥ 0, ``size[r]`` the bs[j] attaining it; M_r(w) = the most arrivals any [a, a + w]
+    holds, a an arrival in [t_r − w, t_r] (module doc): two pointers for the counts, a monotone deque for their
+    running maximum, O(n) a size."""
+    n = t.size
+    count = np.empty(n, np.int64)
+    dq = np.empty(n, np.int64)
+    for r in range(n):
+        cost[r] = np.inf
+        size[r] = 0.0
+    for j in range(ws.size):
+        w, b, x = ws[j], bs[j], xs[j]
+        if w < 0.0:
+            continue
+        if x < 0.0:
+            for r in range(n):
+                if x < cost[r]:
+                    cost[r], size[r] = x, b
+            continue
+        hi = 0
+        for a in range(n):  # count[a] = arrivals in [t_a, t_a + w]
+            if hi < a:
+                hi = a
+            while hi + 1 < n and t[hi + 1] <= t[a] + w:
+                hi += 1
+            count[a] = hi - a + 1
+        head = 0
+        tail = 0
+        for r in range(n):  # the deque holds a's of [t_r − w, t_r] with falling counts
+            while tail > head and count[dq[tail - 1]] <= count[r]:
+                tail -= 1
+            dq[tail] = r
+            tail += 1
+            while t[dq[head]] < t[r] - w:
+                head += 1
+            m = count[dq[head]]
+            c = x / (b if b < m else m)
+            if c < cost[r]:
+                cost[r], size[r] = c, b
+
+
+def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: float = 0.0,
+                unit_arrivals: np.ndarray | None = None) -> tuple[float, int | None]:
+    """``(P_floor W, the median size of the batches it prices)`` at ``lam`` requests/ms on ``unit_arrivals`` (a sorted
+    unit-rate stream, scaled to ``lam``; default :func:`poisson_stream`), under ``bounds``: ``[(metric, limit ms)]``,
+    metric ``"mean"`` or ``"p<q>"`` (module doc).  ``(nan, None)`` when no batch size finishes within a bound."""
+    unit = poisson_stream() if unit_arrivals is None else np.asarray(unit_arrivals, dtype=np.float64)
+    t = (unit - unit[0]) / lam
+    rate = (t.size - 1) / t[-1] if t.size > 1 and t[-1] > 0 else lam  # the stream's own rate (requests/ms)
     sizes = np.asarray(problem.batch_sizes, dtype=np.float64)
     lat = np.asarray(problem.latency_ms(), dtype=np.float64)
-    zeta = np.asarray(problem.energy_mj(), dtype=np.float64)
-    c = problem.instances
-    ok = (lam * lat / sizes < c) & ((sizes - 1.0) / (2.0 * lam) + lat <= bound_ms)
-    if not np.any(ok):
-        return math.nan, None
-    per_request = np.where(ok, (zeta - idle_power_w * lat) / sizes, np.inf)
-    i = int(np.argmin(per_request))
-    return float(c * idle_power_w + lam * per_request[i]), int(sizes[i])
+    x = np.asarray(problem.energy_mj(), dtype=np.float64) - idle_power_w * lat
+    free_j = int(np.argmin(np.where(x >= 0, x / sizes, x)))
+    free = float(min(x[free_j] / sizes[free_j], x[free_j]))
+    cases = [(float(limit), 1.0 - float(m[1:]) / 100.0) for m, limit in bounds if m != "mean"]
+    cases += [(k * float(limit), 1.0 / k) for m, limit in bounds if m == "mean" for k in MARKOV_FACTORS]
+    best: tuple[float, int | None] = (free, int(sizes[free_j]))
+    s_min = lat if isinstance(problem.service, Deterministic) else np.zeros_like(lat)
+    cost, size = np.empty(t.size), np.empty(t.size)
+    for limit, share in cases:
+        if np.all(limit < s_min):  # no size finishes within the bound
+            return math.nan, None
+        _least_costs(t, limit - s_min, sizes, x, cost, size)
+        drop = int(math.floor(share * cost.size))  # the costliest share may miss the bound and ride at ``free``
+        kept = np.argpartition(cost, cost.size - drop - 1)[: cost.size - drop] if drop else slice(None)
+        mean = (float(np.sum(cost[kept])) + drop * free) / cost.size
+        if mean > best[0]:
+            best = (mean, int(np.median(size[kept])))
+    return float(problem.instances * idle_power_w + rate * best[0]), best[1]
 
 
 def captured_share(reference_w: float, answer_w: float, floor_w: float) -> float | None:

@@ -152,6 +152,7 @@ class _Checker:
             unit = np.cumsum(rng.exponential(1.0, self.requests))
         else:
             unit = np.asarray(unit_arrivals, dtype=np.float64)
+        self.unit = unit  # the unit-rate stream, scaled to each load (the power floor reads it too)
         self.problems = [problem.replace(lam=lam) for lam in lams]
         self.arrivals = [unit / lam for lam in lams]
         # the loads most likely to fail first: both ends, then the rest
@@ -395,7 +396,7 @@ def optimise(problem: BatchingProblem, slo: SLO | dict, lams: list[float] | None
     ans = SLOAnswer(slo, lams, max(lams) if solve_lam is None else float(solve_lam), best, dflt, chk.requests,
                     int(seed), chk.count, math.nan, cur, problem, float(idle_power_w),
                     bool(idle_power_w) if idle_power_given is None else bool(idle_power_given), served,
-                    _reach(chk), out_of_reach)
+                    _reach(chk), out_of_reach, unit_arrivals=chk.unit)
     rec = ans.recommended
     if rec is not None and rec.rule is not None and unit is None:  # a trace or MAP sample has no second stream
         again = _Checker(problem, slo, lams, min(FRESH * chk.requests, REQUESTS_LIMIT_FRESH), int(seed) + 1, None,

@@ -7,6 +7,7 @@ the recommendation and what it saves.  The search that fills them is :func:`~smd
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -220,15 +221,25 @@ class SLOAnswer:
     out_of_reach: bool = False  # refused before the search: even the settings that wait least miss it (no family ran)
     fresh: Setting | None = None  # the recommendation on a fresh stream (the next seed, longer), or None
     fresh_requests: int | None = None  # requests per load of that stream
+    unit_arrivals: np.ndarray | None = field(repr=False, default=None)  # the unit-rate stream every setting ran on
+    _floors: list | None = field(repr=False, default=None, compare=False)
 
     def floors(self) -> list[tuple[float, float, int | None]]:
-        """(λ, P_floor W, the size attaining it) at each load (:mod:`~smdp_batch.analysis.power_floor`)."""
+        """(λ, P_floor W, the median size of the batches it prices) at each load, on the stream every setting ran on
+        (:mod:`~smdp_batch.analysis.power_floor`; computed once, the loads on threads)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from .power_floor import power_floor
 
         if self.problem is None:
             return []
-        bound = min(self.slo.limit(m) for m, _ in self.slo.bounds)
-        return [(lam, *power_floor(self.problem, lam, bound, self.idle_power_w)) for lam in self.lams]
+        if self._floors is None:
+            bounds = [(m, self.slo.limit(m)) for m, _ in self.slo.bounds]
+            one = lambda lam: (lam, *power_floor(self.problem, lam, bounds, self.idle_power_w,  # noqa: E731
+                                                 self.unit_arrivals))
+            with ThreadPoolExecutor(min(len(self.lams), os.cpu_count() or 1)) as pool:  # the kernel drops the GIL
+                self._floors = list(pool.map(one, self.lams))
+        return self._floors
 
     def floor_w(self, floors: list | None = None) -> float:
         """The floor's mean over the loads (W; equal time at each, as every P̄ here), NaN where none qualifies;
