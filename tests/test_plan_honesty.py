@@ -226,6 +226,44 @@ def test_times_and_rates_take_their_units(capsys):
     assert a["lam"] == pytest.approx(0.8) and b["lam"] == pytest.approx(0.8)
 
 
+def _options_by_unit():
+    """Every option of every command whose name says its unit: (command path, option, unit)."""
+    import click
+
+    from smdp_batch.cli import cli
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, [*path, name])
+            return
+        for p in cmd.params:
+            name = max(p.opts, key=len) if isinstance(p, click.Option) else ""
+            word = name[2:]  # "--power" is a curve (const:60), "--idle-power" a power
+            unit = ("ms" if word.endswith("-ms") else "s" if word.endswith(("-s", "-seconds")) else
+                    "W" if word.endswith(("-w", "-power")) else None)
+            if unit and not p.hidden:
+                yield " ".join(path), name, p, unit
+
+    return list(walk(cli, []))
+
+
+def test_every_option_named_for_its_unit_takes_that_unit_on_the_number(capsys):
+    """--slo-p99-ms took 20ms on compare but not on pareto, --idle-power took 8 but not 8W: the class, by name."""
+    found = _options_by_unit()
+    assert {(c, n) for c, n, _, _ in found} >= {("pareto", "--slo-p99-ms"), ("simulate", "--within-ms"),
+                                               ("compare", "--idle-power"), ("measure", "--budget-s")}
+    spelled = {"ms": ("20ms", "0.02s", 20.0), "s": ("30s", "30000ms", 30.0), "W": ("8W", "8000mW", 8.0)}
+    for command, name, param, unit in found:
+        a, b, want = spelled[unit]
+        for text in (a, b):
+            got = param.type.convert(text, param, None)
+            got = got[0] if isinstance(got, list) else got[1] if isinstance(got, tuple) else got
+            assert got == pytest.approx(want, rel=1e-12), (command, name, text, got)
+    rc, _, err = run(["solve", "--bmax", "8", "--idle-power", "8ms"], capsys)
+    assert rc == 2 and "--idle-power" in err and "not a power" in err and err.count("error") == 1
+
+
 def test_a_rate_in_the_other_unit_is_named(capsys):
     rc, _, err = run(["compare", *FAST, "--slo-p99-ms", "12", "--load-range", "2:8"], capsys)
     assert rc == 0 and "--load-range 2:8 is in requests/s" in err and "2/ms:8/ms" in err

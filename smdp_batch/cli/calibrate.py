@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..limits import SLO_MAX_MS
 from .options import build_problem, emit, json_option, prepare_outputs, scenario_args, scenario_options, \
     write_text_atomically
-from .types import Duration, InputFile, Number, OneOf, OutputPath, Range, option
+from .types import Duration, InputFile, Number, OneOf, OutputPath, Range, Seconds, option
 
 __all__ = ["calibrate_cmd"]
 
@@ -46,7 +46,7 @@ __all__ = ["calibrate_cmd"]
         help="Runs per load, the loads taken in turn, each round on a fresh deployment of the server: with 2 or more "
              "the plan's interval holds how far a run's p99 moves between runs and deployments on this host, not "
              "only within one run.")
-@option("--max-seconds", type=Number(min=1, max=3600), default="120", show_default=True,
+@option("--max-seconds", type=Seconds(min=1, max=3600), default="120", show_default=True,
         help="No request is sent later than this after a load's start.")
 @option("--seed", type=Number(integer=True, min=0, max=2**32 - 1), default="0", show_default=True,
         help="Seed of the arrival streams.")

@@ -23,7 +23,7 @@ from .options import (
 from .slo import (half_width, load_range_options, loads_for, plan_lines, search_options, served_from, served_option, slo_from,
                   slo_options)
 from ..limits import IDLE_POWER_MAX_W
-from .types import InputFile, Instances, Number, OneOf, OutputPath, check_extension, option
+from .types import InputFile, Instances, OneOf, OutputPath, Power, check_extension, option
 
 #: The file extensions of each target's config text (-o).
 CONFIG_EXTS = {"triton": (".pbtxt", ".txt"), "tfserving": (".pbtxt", ".txt"), "ray": (".py", ".txt"),
@@ -56,7 +56,7 @@ def _where(lams: list[float]) -> str:
 @option("-o", "--output", type=OutputPath(), default=None,
         help="Write the config text to this file (triton, tfserving: .pbtxt or .txt; ray: .py or .txt; torchserve: "
              ".json or .txt).")
-@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
+@option("--idle-power", "idle_power", type=Power(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0, said as assumed", help="With an SLO: power of an instance while it runs no batch, W, in every "
         "P̄ and in the power floor.")
 @served_option

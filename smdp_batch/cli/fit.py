@@ -9,7 +9,7 @@ import click
 
 from ..extras import require
 from .options import emit, json_option, prepare_outputs, progress_line, time_unit_option, write_text_atomically
-from .types import InputFile, Number, OneOf, OutputPath, option
+from .types import Duration, InputFile, Number, OneOf, OutputPath, option
 
 PHASE_CHOICES = ("1", "2", "3", "4", "auto")
 
@@ -18,7 +18,7 @@ PHASE_CHOICES = ("1", "2", "3", "4", "auto")
 @click.argument("trace", type=InputFile())
 @option("--phases", type=OneOf(PHASE_CHOICES, "number of phases"), default="2", show_default=True,
         help="Phases of the MMPP, or auto: the least BIC of 1..4.")
-@option("--window-ms", type=Number(min=0, min_open=True), default=None, show_default="~10 arrivals per window",
+@option("--window-ms", type=Duration(min=0, min_open=True), default=None, show_default="~10 arrivals per window",
         help="Count window of the HMM start (ms); the exact refinement does not use it.")
 @option("--seed", type=Number(integer=True, min=0, max=2**32 - 5), default="0", show_default=True,
         help="Seed of the HMM's random restarts (fits are reproducible).")

@@ -9,7 +9,7 @@ import click
 from ..errors import InputError
 from ..limits import BMAX_LIMIT, LLM_REQUESTS_LIMIT, REQUESTS_LIMIT, SEED_MAX, check_llm_work
 from .options import apply_renames, deprecated_option, emit, json_option, prepare_outputs, spec_files
-from .types import FigurePath, Grid, Number, option
+from .types import FigurePath, Grid, Number, Seconds, option
 
 _MB_COLS = [("scheme", "scheme", ""), ("lam", "λ", "g"), ("throughput", "throughput", ".4g"),
             ("mean_latency", "mean latency", ".4g"), ("p95_latency", "p95 latency", ".4g"),
@@ -88,9 +88,9 @@ def multibin_cmd(lam_grid, law, k, B, servers, requests, max_waits, smdp, slo, s
               help="Output tokens (same laws).")
 @option("--schemes", default=",".join(_LLM_SCHEMES), show_default=True, metavar="NAME,…", help="Schemes to run.")
 @option("--mem-gib", type=Number(min=0, min_open=True, max=1e6), default="10", show_default=True, help="KV-cache memory cap (GiB).")
-@option("--slo-within-s", "slo", type=Number(min=0, min_open=True), default="20", show_default=True,
+@option("--slo-within-s", "slo", type=Seconds(min=0, min_open=True), default="20", show_default=True,
               help="End-to-end latency bound in seconds; the SLO share column is the share of requests within it.")
-@deprecated_option("--slo", "--slo-within-s", "slo", type=Number(min=0, min_open=True))
+@deprecated_option("--slo", "--slo-within-s", "slo", type=Seconds(min=0, min_open=True))
 @option("--d-sla", type=Number(min=0, min_open=True), default="0.024", show_default=True,
         help="Paper 002 Alg. 2's decode-step SLA D_SLA (s); at least one decode step of a single request.")
 @option("--static-batch", type=Number(integer=True, min=1, max=BMAX_LIMIT), default="16", show_default=True,

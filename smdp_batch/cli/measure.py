@@ -12,7 +12,7 @@ from ..errors import InputError
 from ..measure import (CALLERS, CALLS_MAX, CONCURRENCY_MAX, DEFAULT_SIZES, POWER_MAX_W, REPEATS_MAX, WARMUP_MAX,
                        check_settings, measure, module_sources)
 from .options import DEFAULTS, NOTICES, emit, json_option, prepare_outputs, sizes_text
-from .types import Grid, Number, OneOf, OutputPath, Rate, option
+from .types import Grid, Number, OneOf, OutputPath, Power, Rate, Seconds, option
 
 
 @click.command("measure", short_help="Measure l(b) (and ζ(b)) of your batch function; write a profile CSV.")
@@ -25,12 +25,12 @@ from .types import Grid, Number, OneOf, OutputPath, Rate, option
         help=f"Untimed calls per size before the timed ones (0..{WARMUP_MAX}).")
 @option("--repeats", type=Number(integer=True, min=1), default=10, show_default=True,
         help=f"Timed calls per size (1..{REPEATS_MAX}; at most {CALLS_MAX} in all).")
-@option("--budget-s", type=Number(min=0, min_open=True), show_default="none",
+@option("--budget-s", type=Seconds(min=0, min_open=True), show_default="none",
         help="Time budget in seconds for the calls (a call that hangs is stopped); importing MODULE gets as long "
              "again. When it runs out, what was measured is written.")
 @option("--energy", "energy_source", type=OneOf(("auto", "nvml", "zeus", "none"), "energy source"), default="auto",
         show_default=True, help="Energy counter: NVML total energy, zeus, or none (auto: the first available).")
-@option("--power-w", type=Number(min=0, min_open=True),
+@option("--power-w", type=Power(min=0, min_open=True),
         help=f"A constant power in W (at most {POWER_MAX_W:g}) instead of a counter: ζ(b) = P·l(b) per call.")
 @option("--device-index", type=Number(integer=True, min=0, max=65535), default=0, show_default=True,
         help="GPU whose energy counter is read.")

@@ -19,7 +19,7 @@ from .options import (
 )
 from ..limits import SEED_MAX, REQUESTS_LIMIT, GRID_LIMIT, SLO_MAX_MS
 from .slo import answer_lines, current_line, current_option, current_rule, load_range_options, loads_for
-from .types import FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
+from .types import Duration, FigurePath, Grid, Number, OneOf, OutputPath, SloWithin, option
 
 PLOT_KINDS = ("tradeoff", "percentiles", "scenarios")
 _DEFAULT_REQUESTS = 200_000
@@ -62,15 +62,15 @@ def _deprecated(new: str):
               callback=_deprecated("--requests N --percentiles"))
 @option("--baseline-requests", "base_requests", type=Number(integer=True, min=1000, max=REQUESTS_LIMIT), default=None, hidden=True,
               callback=_deprecated("--requests"))
-@option("--within-ms", type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
+@option("--within-ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), default=None,
               help="Latency bound (ms) whose satisfaction share is simulated (Fig. 6(c)).")
 @option("--seed", type=Number(integer=True, min=0, max=SEED_MAX), default="0", show_default=True,
               help="Random seed (the same arrivals for every policy).")
-@option("--slo-mean-ms", type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
+@option("--slo-mean-ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), default=None,
               help="Choose the least power with mean latency ≤ X ms (exact).")
-@option("--slo-p95-ms", type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
+@option("--slo-p95-ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), default=None,
               help="Choose the least power with simulated p95 ≤ X ms.")
-@option("--slo-p99-ms", type=Number(min=0, min_open=True, max=SLO_MAX_MS), default=None,
+@option("--slo-p99-ms", type=Duration(min=0, min_open=True, max=SLO_MAX_MS), default=None,
               help="Choose the least power with simulated p99 ≤ X ms.")
 @option("--slo-within", type=SloWithin(), default=None,
               help="Choose the least power with ≥ PERCENT of requests within BOUND_MS.")

@@ -16,7 +16,7 @@ from .slo import (answer_lines, current_line, current_option, current_rule, load
                   slo_from, slo_options, smdp_rule)
 from .options import NOTICES_INFO, note_energy, time_unit_option
 from ..limits import IDLE_POWER_MAX_W, SEED_MAX, REQUESTS_LIMIT
-from .types import Grid, Instances, Number, OneOf, option
+from .types import Duration, Grid, Instances, Number, OneOf, Power, option
 
 
 _LOAD_KEYS = ("lam", "rho", "rps")
@@ -51,14 +51,14 @@ def _stream_rate(spec: str, arr) -> float:
 @option("--warmup", type=Number(), default="0.05", show_default=True, help="Share of the first requests left out.")
 @option("--batches", type=Number(integer=True, min=2, max=10_000), default="20", show_default=True,
               help="Batch-means groups for the 95% intervals.")
-@option("--within-ms", type=Grid(), default=None,
+@option("--within-ms", type=Grid(item=Duration()), default=None,
               help="Also report the share of requests served within these bounds (ms), e.g. 10 or 5,10.")
 @option("--instances", type=Number(integer=True, min=1, max=64), default=None,
         show_default="1; a c-server table file: the count it was solved for",
         help="Model instances: sharing the one queue (Triton's instance_group count, TF-Serving's batch threads; the "
              "rule forms each batch when an instance is free), or ray: rules on that many replicas behind Ray's router. "
              "--rho is then per instance.")
-@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
+@option("--idle-power", "idle_power", type=Power(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0; a c-server table file: the idle power it was solved with",
         help="Power of an instance while it runs no batch, W: added to P̄.")
 @contention_option
@@ -166,7 +166,7 @@ def measured_idle(opts: dict) -> float | None:
              "--rho is then per instance. The tables tried are then the c-server SMDP's and the one-instance "
              "tables at λ/c, each run on all instances. auto (with the total load as --lam, --rps or "
              "--load-range): the count of least power among 1..8.")
-@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default=None,
+@option("--idle-power", "idle_power", type=Power(min=0, max=IDLE_POWER_MAX_W), default=None,
         show_default="0, said as assumed", help="Power of an instance while it runs no batch, W: added to every "
         "setting's P̄ and to the power floor (the savings against a default rule shrink as it grows).")
 @served_option

@@ -30,7 +30,7 @@ from .options import (
 from ..limits import IDLE_POWER_MAX_W, ITER_LIMIT, STATE_LIMIT
 from ..model.multi_server import MULTI_STATE_LIMIT, MULTI_STATE_MAX, PHASES_DEFAULT, PHASES_LIMIT
 from ..specs.contention import parse_contention
-from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, SMax, option
+from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, OutputDir, OutputPath, Power, SMax, option
 
 
 @click.command("solve", short_help="Solve for the optimal batching policy of one scenario or a λ-bank.")
@@ -61,7 +61,7 @@ from .types import FigurePath, Grid, InputFile, Instances, Number, OneOf, Output
 @option("--phases", type=Number(integer=True, min=1, max=PHASES_LIMIT), default=None,
         show_default=f"{PHASES_DEFAULT} for a fixed batch time",
         help="With --instances > 1: Erlang phases standing for a fixed (det) batch time, or the most of a fitted law.")
-@option("--idle-power", "idle_power", type=Number(min=0, max=IDLE_POWER_MAX_W), default="0", show_default=True,
+@option("--idle-power", "idle_power", type=Power(min=0, max=IDLE_POWER_MAX_W), default="0", show_default=True,
         help="With --instances > 1: power of an idle instance, W.")
 @option("--max-states", type=Number(integer=True, min=MULTI_STATE_LIMIT, max=MULTI_STATE_MAX), default=None,
         show_default=f"{MULTI_STATE_LIMIT}",

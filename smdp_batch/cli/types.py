@@ -16,7 +16,7 @@ import click
 from ..errors import InputError
 from ..limits import GRID_LIMIT, STATE_LIMIT
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Duration", "Rate", "Headroom", "Grid", "OneOf", "SMax",
+__all__ = ["Option", "option", "OneLineError", "Number", "Duration", "Seconds", "Power", "Rate", "Headroom", "Grid", "OneOf", "SMax",
            "SloWithin", "SloBound", "Range", "Rates", "OutputPath", "OutputDir", "FigurePath", "check_extension",
            "InputFile"]
 
@@ -129,6 +129,40 @@ class Duration(Number):
         return super().parse_one(t, flag, what)
 
 
+class Seconds(Number):
+    """A time in s; the number may carry its own unit (``30s``, ``2000ms``)."""
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "S"
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        from ..model.units import quantity
+
+        t = str(text).strip()
+        try:
+            float(t)
+        except ValueError:
+            t = repr(quantity(t, "time", f"{flag}{what}") / 1000.0)  # 30s, 2000ms → s; a wrong unit is named there
+        return super().parse_one(t, flag, what)
+
+
+class Power(Number):
+    """A power in W; the number may carry its own unit (``8W``, ``800mW``, ``0.3kW``)."""
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "W"
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        from ..model.units import quantity
+
+        t = str(text).strip()
+        try:
+            float(t)
+        except ValueError:
+            t = repr(quantity(t, "power", f"{flag}{what}"))  # 8W, 800mW → W; a wrong unit is named there
+        return super().parse_one(t, flag, what)
+
+
 #: Spellings of a rate's unit → requests per ms each stands for.
 RATE_UNITS = {"/ms": 1.0, "req/ms": 1.0, "r/ms": 1.0, "/s": 1e-3, "req/s": 1e-3, "r/s": 1e-3, "rps": 1e-3,
               "qps": 1e-3}
@@ -191,8 +225,9 @@ class Grid(_Type):
 
     name = "grid"
 
-    def __init__(self, *, integer: bool = False, min=None, allow_empty: bool = False, keep_order: bool = False):
-        self.item = Number(integer=integer)
+    def __init__(self, *, integer: bool = False, min=None, allow_empty: bool = False, keep_order: bool = False,
+                 item: Number | None = None):
+        self.item = Number(integer=integer) if item is None else item  # item: e.g. Duration() for values with units
         self.min, self.allow_empty, self.keep_order = min, allow_empty, keep_order
 
     def get_metavar(self, param, ctx=None) -> str:
