@@ -112,55 +112,44 @@ class Number(_Type):
         return self.parse_one(text, flag)
 
 
-class Duration(Number):
+class _WithUnit(Number):
+    """A number in the option's unit (``kind`` of :func:`~smdp_batch.model.units.quantity`, in its base unit divided
+    by ``per``) that may carry a unit of its own; a bound crossed is named with the text as given."""
+
+    kind, per, metavar = "time", 1.0, "MS"
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return self.metavar
+
+    def parse_one(self, text: str, flag: str, what: str = ""):
+        from ..model.units import quantity
+
+        t = str(text).strip()
+        try:
+            float(t)
+        except ValueError:  # 20ms, 0.02s, 8W → the option's unit; a wrong unit is named there
+            converted = repr(quantity(t, self.kind, f"{flag}{what}") / self.per)
+            try:
+                return super().parse_one(converted, flag, what)
+            except InputError as e:
+                raise InputError(str(e).replace(_short(converted), _short(t))) from None
+        return super().parse_one(t, flag, what)
+
+
+class Duration(_WithUnit):
     """A time in ms; the number may carry its own unit (``20ms``, ``0.02s``, ``800us``), as the curve specs' do."""
 
-    def get_metavar(self, param, ctx=None) -> str:
-        return "MS"
 
-    def parse_one(self, text: str, flag: str, what: str = ""):
-        from ..model.units import quantity
-
-        t = str(text).strip()
-        try:
-            float(t)
-        except ValueError:
-            t = repr(quantity(t, "time", f"{flag}{what}"))  # 20ms, 0.02s → ms; a wrong unit is named there
-        return super().parse_one(t, flag, what)
-
-
-class Seconds(Number):
+class Seconds(_WithUnit):
     """A time in s; the number may carry its own unit (``30s``, ``2000ms``)."""
 
-    def get_metavar(self, param, ctx=None) -> str:
-        return "S"
-
-    def parse_one(self, text: str, flag: str, what: str = ""):
-        from ..model.units import quantity
-
-        t = str(text).strip()
-        try:
-            float(t)
-        except ValueError:
-            t = repr(quantity(t, "time", f"{flag}{what}") / 1000.0)  # 30s, 2000ms → s; a wrong unit is named there
-        return super().parse_one(t, flag, what)
+    per, metavar = 1000.0, "S"
 
 
-class Power(Number):
+class Power(_WithUnit):
     """A power in W; the number may carry its own unit (``8W``, ``800mW``, ``0.3kW``)."""
 
-    def get_metavar(self, param, ctx=None) -> str:
-        return "W"
-
-    def parse_one(self, text: str, flag: str, what: str = ""):
-        from ..model.units import quantity
-
-        t = str(text).strip()
-        try:
-            float(t)
-        except ValueError:
-            t = repr(quantity(t, "power", f"{flag}{what}"))  # 8W, 800mW → W; a wrong unit is named there
-        return super().parse_one(t, flag, what)
+    kind, metavar = "power", "W"
 
 
 #: Spellings of a rate's unit → requests per ms each stands for.
