@@ -91,15 +91,17 @@ def test_the_power_identity_behind_the_floor_holds_in_the_simulator():
         assert r.mean_power_w == pytest.approx(idle + p.lam * (z4 - idle * l4) / 4, rel=5e-3)
 
 
-def _floor_by_hand(p, lam, t_unit, bound, share, idle):
+def _floor_by_hand(p, lam, t_unit, bound, share, idle, priced=None):
     """The floor as its module doc defines it, request by request in plain loops (O(n²)): for each request, each
-    size's window and the most arrivals any [a, a + w] holds, a an arrival in [t_r − w, t_r]."""
+    size's window and the most arrivals any [a, a + w] holds, a an arrival in [t_r − w, t_r]; ``priced``: the first
+    requests priced (their windows reach the whole stream)."""
     t = [(u - t_unit[0]) / lam for u in t_unit]
+    priced = len(t) if priced is None else priced
     lat, zeta, sizes = p.latency_ms(), p.energy_mj(), list(p.batch_sizes)
     x = [float(zeta[i] - idle * lat[i]) for i in range(len(sizes))]
     free = min(min(xi / b, xi) for xi, b in zip(x, sizes))
     costs = []
-    for tr in t:
+    for tr in t[:priced]:
         best = math.inf
         for i, b in enumerate(sizes):
             w = bound - float(lat[i])  # deterministic batch times
@@ -111,16 +113,22 @@ def _floor_by_hand(p, lam, t_unit, bound, share, idle):
     costs.sort()
     drop = math.floor(share * len(costs))
     mean = (sum(costs[: len(costs) - drop]) + drop * free) / len(costs)
-    return p.instances * idle + (len(t) - 1) / t[-1] * mean
+    return p.instances * idle + (priced - 1) / t[priced - 1] * mean
 
 
-def test_the_floor_is_the_per_request_bound_computed_by_hand():
+def test_the_floor_is_the_per_request_bound_computed_by_hand(monkeypatch):
     p = BatchingProblem.basic(rho=0.5, batch_sizes=tuple(range(1, 13)))
     unit = np.cumsum(np.random.default_rng(4).exponential(1.0, 300))
     for lam, bound, idle in ((p.lam, 6.0, 0.0), (p.lam, 9.0, 10.0), (0.2, 8.0, 0.0)):
         got, _ = power_floor(p, lam, [("p95", bound)], idle, unit)
         assert got == pytest.approx(_floor_by_hand(p, lam, unit, bound, 0.05, idle), rel=1e-12)
     assert math.isnan(power_floor(p, p.lam, [("p99", 1.0)], 0.0, unit)[0])  # l(1) = 1.36 ms: nothing finishes
+    # a long stream: its first FLOOR_REQUESTS requests are priced, their windows reaching past them
+    import smdp_batch.analysis.power_floor as pf
+
+    monkeypatch.setattr(pf, "FLOOR_REQUESTS", 150)
+    got, _ = power_floor(p, p.lam, [("p95", 6.0)], 0.0, unit)
+    assert got == pytest.approx(_floor_by_hand(p, p.lam, unit, 6.0, 0.05, 0.0, priced=150), rel=1e-12)
 
 
 @pytest.mark.parametrize("idle", [0.0, 10.0])

@@ -23,9 +23,9 @@ of any batch (``free``: no window).  A bound on the mean leaves out, by Markov's
 requests above k·D; the floor takes the best of k = 1.25 … 10.  With several bounds, the highest of their floors.
 
 The floor is computed **on the arrival stream the settings were simulated on** (the SLO search's common random
-numbers: a seeded Poisson stream, or the user's trace or MAP sample), so it bounds every rule on that stream,
-whatever its queue discipline, timer or number of instances (contention between instances is left out: each batch
-is priced at one instance's l(b) and ζ(b)).  With ``P_idle`` = 0 and no bound it is λ·min ζ(b)/b, every request
+numbers: a seeded Poisson stream, or the user's trace or MAP sample; its first :data:`FLOOR_REQUESTS` requests), so
+it bounds every rule on that stream, whatever its queue discipline, timer or number of instances (contention between
+instances is left out: each batch is priced at one instance's l(b) and ζ(b)).  With ``P_idle`` = 0 and no bound it is λ·min ζ(b)/b, every request
 at the best energy per request.  The idle power moves the floor, and with it how much there is to save against a
 default rule: that is why every answer states the idle power it used.
 
@@ -53,7 +53,7 @@ from ..model.problem import BatchingProblem
 
 __all__ = ["FLOOR_REQUESTS", "MARKOV_FACTORS", "captured_share", "poisson_stream", "power_floor"]
 
-#: requests of the seeded Poisson stream the floor reads when it is given none
+#: the most requests the floor prices (the stream's first; the default stream is that long)
 FLOOR_REQUESTS = 200_000
 #: the k of Markov's inequality a bound on the mean is read at (module doc)
 MARKOV_FACTORS = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -114,7 +114,8 @@ def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: floa
     metric ``"mean"`` or ``"p<q>"`` (module doc).  ``(nan, None)`` when no batch size finishes within a bound."""
     unit = poisson_stream() if unit_arrivals is None else np.asarray(unit_arrivals, dtype=np.float64)
     t = (unit - unit[0]) / lam
-    rate = (t.size - 1) / t[-1] if t.size > 1 and t[-1] > 0 else lam  # the stream's own rate (requests/ms)
+    n = min(t.size, FLOOR_REQUESTS)  # the requests priced: the stream's first (a long stream's memory stays bounded)
+    rate = (n - 1) / t[n - 1] if n > 1 and t[n - 1] > 0 else lam  # their own rate (requests/ms)
     sizes = np.asarray(problem.batch_sizes, dtype=np.float64)
     lat = np.asarray(problem.latency_ms(), dtype=np.float64)
     x = np.asarray(problem.energy_mj(), dtype=np.float64) - idle_power_w * lat
@@ -124,14 +125,17 @@ def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: floa
     cases += [(k * float(limit), 1.0 / k) for m, limit in bounds if m == "mean" for k in MARKOV_FACTORS]
     best: tuple[float, int | None] = (free, int(sizes[free_j]))
     s_min = lat if isinstance(problem.service, Deterministic) else np.zeros_like(lat)
-    cost, size = np.empty(t.size), np.empty(t.size)
     for limit, share in cases:
         if np.all(limit < s_min):  # no size finishes within the bound
             return math.nan, None
-        _least_costs(t, limit - s_min, sizes, x, cost, size)
-        drop = int(math.floor(share * cost.size))  # the costliest share may miss the bound and ride at ``free``
-        kept = np.argpartition(cost, cost.size - drop - 1)[: cost.size - drop] if drop else slice(None)
-        mean = (float(np.sum(cost[kept])) + drop * free) / cost.size
+        # the arrivals the first n requests' windows reach (a request's batch lies within the bound of it)
+        m = int(np.searchsorted(t, t[n - 1] + limit, side="right"))
+        cost, size = np.empty(m), np.empty(m)
+        _least_costs(t[:m], limit - s_min, sizes, x, cost, size)
+        cost, size = cost[:n], size[:n]
+        drop = int(math.floor(share * n))  # the costliest share may miss the bound and ride at ``free``
+        kept = np.argpartition(cost, n - drop - 1)[: n - drop] if drop else slice(None)
+        mean = (float(np.sum(cost[kept])) + drop * free) / n
         if mean > best[0]:
             best = (mean, int(np.median(size[kept])))
     return float(problem.instances * idle_power_w + rate * best[0]), best[1]

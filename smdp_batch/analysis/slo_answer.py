@@ -237,7 +237,7 @@ class SLOAnswer:
             bounds = [(m, self.slo.limit(m)) for m, _ in self.slo.bounds]
             one = lambda lam: (lam, *power_floor(self.problem, lam, bounds, self.idle_power_w,  # noqa: E731
                                                  self.unit_arrivals))
-            with ThreadPoolExecutor(min(len(self.lams), os.cpu_count() or 1)) as pool:  # the kernel drops the GIL
+            with ThreadPoolExecutor(max(1, min(len(self.lams), os.cpu_count() or 1))) as pool:  # the kernel drops the GIL
                 self._floors = list(pool.map(one, self.lams))
         return self._floors
 
