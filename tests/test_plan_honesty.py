@@ -270,6 +270,8 @@ def test_every_option_named_for_its_unit_takes_that_unit_on_the_number(capsys):
             assert got == pytest.approx(want, rel=1e-12), (command, name, text, got)
     rc, _, err = run(["solve", "--bmax", "8", "--idle-power", "8ms"], capsys)
     assert rc == 2 and "--idle-power" in err and "not a power" in err and err.count("error") == 1
+    rc, _, err = run(["measure", "noisy:f", "--sizes", "1", "--budget-s", "2min", "-o", "x.csv"], capsys)
+    assert rc == 2 and "'2min'" in err and "s (bare numbers), ms" in err  # its bare numbers are seconds
 
 
 def test_a_rate_in_the_other_unit_is_named(capsys):

@@ -117,6 +117,7 @@ class _WithUnit(Number):
     by ``per``) that may carry a unit of its own; a bound crossed is named with the text as given."""
 
     kind, per, metavar = "time", 1.0, "MS"
+    units: tuple[str, str] | None = None  # (the units' text of the quantity's messages, this option's)
 
     def get_metavar(self, param, ctx=None) -> str:
         return self.metavar
@@ -128,7 +129,10 @@ class _WithUnit(Number):
         try:
             float(t)
         except ValueError:  # 20ms, 0.02s, 8W → the option's unit; a wrong unit is named there
-            converted = repr(quantity(t, self.kind, f"{flag}{what}") / self.per)
+            try:
+                converted = repr(quantity(t, self.kind, f"{flag}{what}") / self.per)
+            except InputError as e:
+                raise InputError(str(e).replace(*self.units) if self.units else str(e)) from None
             try:
                 return super().parse_one(converted, flag, what)
             except InputError as e:
@@ -144,6 +148,7 @@ class Seconds(_WithUnit):
     """A time in s; the number may carry its own unit (``30s``, ``2000ms``)."""
 
     per, metavar = 1000.0, "S"
+    units = ("ms (bare numbers), s,", "s (bare numbers), ms,")
 
 
 class Power(_WithUnit):
