@@ -25,9 +25,9 @@ requests above k·D; the floor takes the best of k = 1.25 … 10.  With several 
 The floor is computed **on the arrival stream the settings were simulated on** (the SLO search's common random
 numbers: a seeded Poisson stream, or the user's trace or MAP sample; its first :data:`FLOOR_REQUESTS` requests), so
 it bounds every rule on that stream, whatever its queue discipline, timer or number of instances (contention between
-instances is left out: each batch is priced at one instance's l(b) and ζ(b)).  With ``P_idle`` = 0 and no bound it is λ·min ζ(b)/b, every request
-at the best energy per request.  The idle power moves the floor, and with it how much there is to save against a
-default rule: that is why every answer states the idle power it used.
+instances is left out: each batch is priced at one instance's l(b) and ζ(b)).  With ``P_idle`` = 0 and no bound it is
+λ·min ζ(b)/b, every request at the best energy per request.  The idle power moves the floor, and with it how much there
+is to save against a default rule: that is why every answer states the idle power it used.
 
 :func:`captured_share` is what an answer takes of the saving there is to take against a reference (Triton's
 default, say): (P_reference − P_answer)/(P_reference − P_floor).

@@ -222,7 +222,7 @@ class SLOAnswer:
     fresh: Setting | None = None  # the recommendation on a fresh stream (the next seed, longer), or None
     fresh_requests: int | None = None  # requests per load of that stream
     unit_arrivals: np.ndarray | None = field(repr=False, default=None)  # the unit-rate stream every setting ran on
-    _floors: list | None = field(repr=False, default=None, compare=False)
+    _floors: list | None = field(init=False, repr=False, default=None, compare=False)  # floors(), once computed
 
     def floors(self) -> list[tuple[float, float, int | None]]:
         """(λ, P_floor W, the median size of the batches it prices) at each load, on the stream every setting ran on
@@ -237,7 +237,7 @@ class SLOAnswer:
             bounds = [(m, self.slo.limit(m)) for m, _ in self.slo.bounds]
             one = lambda lam: (lam, *power_floor(self.problem, lam, bounds, self.idle_power_w,  # noqa: E731
                                                  self.unit_arrivals))
-            with ThreadPoolExecutor(max(1, min(len(self.lams), os.cpu_count() or 1))) as pool:  # the kernel drops the GIL
+            with ThreadPoolExecutor(max(1, min(len(self.lams), os.cpu_count() or 1))) as pool:  # kernels drop the GIL
                 self._floors = list(pool.map(one, self.lams))
         return self._floors
 

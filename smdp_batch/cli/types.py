@@ -16,9 +16,9 @@ import click
 from ..errors import InputError
 from ..limits import GRID_LIMIT, STATE_LIMIT
 
-__all__ = ["Option", "option", "OneLineError", "Number", "Duration", "Seconds", "Power", "Rate", "Headroom", "Grid", "OneOf", "SMax",
-           "SloWithin", "SloBound", "Range", "Rates", "OutputPath", "OutputDir", "FigurePath", "check_extension",
-           "InputFile"]
+__all__ = ["Option", "option", "OneLineError", "Number", "Duration", "Seconds", "Power", "Rate", "Headroom", "Grid",
+           "OneOf", "SMax", "SloWithin", "SloBound", "Range", "Rates", "OutputPath", "OutputDir", "FigurePath",
+           "check_extension", "InputFile"]
 
 
 class OneLineError(click.BadParameter):
