@@ -306,8 +306,8 @@ def plan_lines(answer, s, idle_hint: str = "give --idle-power W") -> list[str]:
             else f"0 W idle power assumed ({idle_hint})")
     floor = answer.floor_w()
     share, against = answer.captured(floor)
-    text = f"  power       {idle}; floor {floor:.4g} W (no rule draws less at these loads)" if math.isfinite(floor) \
-        else f"  power       {idle}; no floor: no single size fills and finishes within the bound"
+    text = f"  power       {idle}; floor {floor:.4g} W (no rule that meets the SLO draws less here)" \
+        if math.isfinite(floor) else f"  power       {idle}; no floor: no batch size finishes within the bound"
     if share is not None:
         text += f"; takes {100 * share:.3g} % of the saving there is against {against}"
     lines.append(text)
