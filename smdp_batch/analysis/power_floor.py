@@ -22,6 +22,12 @@ miss it; those are assumed to be the ones whose bound is the highest, and to rid
 of any batch (``free``: no window).  A bound on the mean leaves out, by Markov's inequality, at most the share 1/k of
 requests above k·D; the floor takes the best of k = 1.25 … 10.  With several bounds, the highest of their floors.
 
+**Idle priced at less.**  The instances are busy Σ_k l(b_k) ≤ c·T of the run, so for any P' ≤ ``P_idle``,
+P̄ = c·P' + (1/T)·Σ_k (ζ(b_k) − P'·l(b_k)) + (P_idle − P')·(c − Σ_k l(b_k)/T) ≥ c·P' + λ·E_r[(ζ(b) − P'·l(b))/n]: the
+floor priced at P' is a bound too.  Where the idle power is high enough that a batch of one costs less than idling
+(ζ(b) < P_idle·l(b)), the floor at ``P_idle`` lets every request ride alone, which no instance has the time for; the
+floor is the higher of the two at P' = ``P_idle`` and P' = 0.
+
 The floor is computed **on the arrival stream the settings were simulated on** (the SLO search's common random
 numbers: a seeded Poisson stream, or the user's trace or MAP sample; its first :data:`FLOOR_REQUESTS` requests), so
 it bounds every rule on that stream, whatever its queue discipline, timer or number of instances (contention between
@@ -118,27 +124,32 @@ def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: floa
     rate = (n - 1) / t[n - 1] if n > 1 and t[n - 1] > 0 else lam  # their own rate (requests/ms)
     sizes = np.asarray(problem.batch_sizes, dtype=np.float64)
     lat = np.asarray(problem.latency_ms(), dtype=np.float64)
-    x = np.asarray(problem.energy_mj(), dtype=np.float64) - idle_power_w * lat
-    free_j = int(np.argmin(np.where(x >= 0, x / sizes, x)))
-    free = float(min(x[free_j] / sizes[free_j], x[free_j]))
     cases = [(float(limit), 1.0 - float(m[1:]) / 100.0) for m, limit in bounds if m != "mean"]
     cases += [(k * float(limit), 1.0 / k) for m, limit in bounds if m == "mean" for k in MARKOV_FACTORS]
-    best: tuple[float, int | None] = (free, int(sizes[free_j]))
     s_min = lat if isinstance(problem.service, Deterministic) else np.zeros_like(lat)
-    for limit, share in cases:
-        if np.all(limit < s_min):  # no size finishes within the bound
-            return math.nan, None
-        # the arrivals the first n requests' windows reach (a request's batch lies within the bound of it)
-        m = int(np.searchsorted(t, t[n - 1] + limit, side="right"))
-        cost, size = np.empty(m), np.empty(m)
-        _least_costs(t[:m], limit - s_min, sizes, x, cost, size)
-        cost, size = cost[:n], size[:n]
-        drop = int(math.floor(share * n))  # the costliest share may miss the bound and ride at ``free``
-        kept = np.argpartition(cost, n - drop - 1)[: n - drop] if drop else slice(None)
-        mean = (float(np.sum(cost[kept])) + drop * free) / n
-        if mean > best[0]:
-            best = (mean, int(np.median(size[kept])))
-    return float(problem.instances * idle_power_w + rate * best[0]), best[1]
+    if any(np.all(limit < s_min) for limit, _ in cases):  # no size finishes within a bound
+        return math.nan, None
+    best: tuple[float, int | None] = (-math.inf, None)
+    for priced_idle in [float(idle_power_w), *([0.0] if idle_power_w > 0 else [])]:  # any P' ≤ P_idle: a bound too
+        x = np.asarray(problem.energy_mj(), dtype=np.float64) - priced_idle * lat
+        free_j = int(np.argmin(np.where(x >= 0, x / sizes, x)))
+        free = float(min(x[free_j] / sizes[free_j], x[free_j]))
+        at: tuple[float, int | None] = (free, int(sizes[free_j]))
+        for limit, share in cases:
+            # the arrivals the first n requests' windows reach (a request's batch lies within the bound of it)
+            m = int(np.searchsorted(t, t[n - 1] + limit, side="right"))
+            cost, size = np.empty(m), np.empty(m)
+            _least_costs(t[:m], limit - s_min, sizes, x, cost, size)
+            cost, size = cost[:n], size[:n]
+            drop = int(math.floor(share * n))  # the costliest share may miss the bound and ride at ``free``
+            kept = np.argpartition(cost, n - drop - 1)[: n - drop] if drop else slice(None)
+            mean = (float(np.sum(cost[kept])) + drop * free) / n
+            if mean > at[0]:
+                at = (mean, int(np.median(size[kept])))
+        floor = problem.instances * priced_idle + rate * at[0]
+        if floor > best[0]:
+            best = (floor, at[1])
+    return float(best[0]), best[1]
 
 
 def captured_share(reference_w: float, answer_w: float, floor_w: float) -> float | None:
