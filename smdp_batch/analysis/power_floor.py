@@ -72,24 +72,31 @@ def poisson_stream(requests: int = FLOOR_REQUESTS, seed: int = 0) -> np.ndarray:
 
 @njit(cache=True, nogil=True)
 def _least_costs(t, ws, bs, xs, cost, size):  # pragma: no cover - compiled
-    """Per request r of the sorted times ``t`` (ms): ``cost[r]`` = min_j xs[j]/min(bs[j], M_r(ws[j])) (xs[j] < 0:
-    xs[j]) over the sizes with ws[j] ≥ 0, ``size[r]`` the bs[j] attaining it; M_r(w) = the most arrivals any [a, a + w]
-    holds, a an arrival in [t_r − w, t_r] (module doc): two pointers for the counts, a monotone deque for their
-    running maximum, O(n) a size."""
+    """Per pricing i (a row of ``xs``) and request r of the sorted times ``t`` (ms): ``cost[i, r]`` =
+    min_j xs[i, j]/min(bs[j], M_r(ws[j])) (xs[i, j] < 0: xs[i, j]) over the sizes with ws[j] ≥ 0, ``size[i, r]`` the
+    bs[j] attaining it; M_r(w) = the most arrivals any [a, a + w] holds, a an arrival in [t_r − w, t_r] (module doc):
+    two pointers for the counts, a monotone deque for their running maximum, O(n) a size, shared by the pricings."""
     n = t.size
+    k = xs.shape[0]
     count = np.empty(n, np.int64)
     dq = np.empty(n, np.int64)
-    for r in range(n):
-        cost[r] = np.inf
-        size[r] = 0.0
+    for i in range(k):
+        for r in range(n):
+            cost[i, r] = np.inf
+            size[i, r] = 0.0
     for j in range(ws.size):
-        w, b, x = ws[j], bs[j], xs[j]
+        w, b = ws[j], bs[j]
         if w < 0.0:
             continue
-        if x < 0.0:
-            for r in range(n):
-                if x < cost[r]:
-                    cost[r], size[r] = x, b
+        windowed = False
+        for i in range(k):
+            if xs[i, j] < 0.0:  # a batch of one: no window needed
+                for r in range(n):
+                    if xs[i, j] < cost[i, r]:
+                        cost[i, r], size[i, r] = xs[i, j], b
+            else:
+                windowed = True
+        if not windowed:
             continue
         hi = 0
         for a in range(n):  # count[a] = arrivals in [t_a, t_a + w]
@@ -108,9 +115,12 @@ def _least_costs(t, ws, bs, xs, cost, size):  # pragma: no cover - compiled
             while t[dq[head]] < t[r] - w:
                 head += 1
             m = count[dq[head]]
-            c = x / (b if b < m else m)
-            if c < cost[r]:
-                cost[r], size[r] = c, b
+            for i in range(k):
+                x = xs[i, j]
+                if x >= 0.0:
+                    c = x / (b if b < m else m)
+                    if c < cost[i, r]:
+                        cost[i, r], size[i, r] = c, b
 
 
 def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: float = 0.0,
@@ -129,26 +139,27 @@ def power_floor(problem: BatchingProblem, lam: float, bounds, idle_power_w: floa
     s_min = lat if isinstance(problem.service, Deterministic) else np.zeros_like(lat)
     if any(np.all(limit < s_min) for limit, _ in cases):  # no size finishes within a bound
         return math.nan, None
-    best: tuple[float, int | None] = (-math.inf, None)
-    for priced_idle in [float(idle_power_w), *([0.0] if idle_power_w > 0 else [])]:  # any P' ≤ P_idle: a bound too
-        x = np.asarray(problem.energy_mj(), dtype=np.float64) - priced_idle * lat
-        free_j = int(np.argmin(np.where(x >= 0, x / sizes, x)))
-        free = float(min(x[free_j] / sizes[free_j], x[free_j]))
-        at: tuple[float, int | None] = (free, int(sizes[free_j]))
-        for limit, share in cases:
-            # the arrivals the first n requests' windows reach (a request's batch lies within the bound of it)
-            m = int(np.searchsorted(t, t[n - 1] + limit, side="right"))
-            cost, size = np.empty(m), np.empty(m)
-            _least_costs(t[:m], limit - s_min, sizes, x, cost, size)
-            cost, size = cost[:n], size[:n]
-            drop = int(math.floor(share * n))  # the costliest share may miss the bound and ride at ``free``
-            kept = np.argpartition(cost, n - drop - 1)[: n - drop] if drop else slice(None)
-            mean = (float(np.sum(cost[kept])) + drop * free) / n
-            if mean > at[0]:
-                at = (mean, int(np.median(size[kept])))
-        floor = problem.instances * priced_idle + rate * at[0]
-        if floor > best[0]:
-            best = (floor, at[1])
+    priced = [float(idle_power_w), *([0.0] if idle_power_w > 0 else [])]  # any P' ≤ P_idle: a bound too
+    xs = np.asarray(problem.energy_mj(), dtype=np.float64)[None, :] - np.asarray(priced)[:, None] * lat[None, :]
+    frees = []  # per pricing: the cheapest cost per request of any batch (no window), and its size
+    for x in xs:
+        j = int(np.argmin(np.where(x >= 0, x / sizes, x)))
+        frees.append((float(min(x[j] / sizes[j], x[j])), int(sizes[j])))
+    at = list(frees)  # per pricing: (E_r of the least cost, the median size it prices); with no bound, ``free``
+    for limit, share in cases:
+        # the arrivals the first n requests' windows reach (a request's batch lies within the bound of it)
+        m = int(np.searchsorted(t, t[n - 1] + limit, side="right"))
+        cost, size = np.empty((len(priced), m)), np.empty((len(priced), m))
+        _least_costs(t[:m], limit - s_min, sizes, xs, cost, size)
+        drop = int(math.floor(share * n))  # the costliest share may miss the bound and ride at ``free``
+        for i, (free, _) in enumerate(frees):
+            c, z = cost[i, :n], size[i, :n]
+            kept = np.argpartition(c, n - drop - 1)[: n - drop] if drop else slice(None)
+            mean = (float(np.sum(c[kept])) + drop * free) / n
+            if mean > at[i][0]:
+                at[i] = (mean, int(np.median(z[kept])))
+    floors = [(problem.instances * p + rate * e, b) for p, (e, b) in zip(priced, at)]
+    best = max(floors, key=lambda f: f[0])
     return float(best[0]), best[1]
 
 

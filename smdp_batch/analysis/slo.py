@@ -91,6 +91,7 @@ from ..model.problem import BatchingProblem
 from ..model.served import floor_ms
 from .delay_search import largest_delay as _largest_delay
 from .loads import load_grid
+from .power_floor import poisson_stream
 from .slo_answer import (_CI, DEFAULT_SETTINGS, FAMILIES, METRICS, RULE_FAMILIES, SLO, LoadResult, Setting, SLOAnswer,
                          _better)
 
@@ -147,9 +148,8 @@ class _Checker:
         self.requests = check_requests(requests, "requests")
         if self.requests < 1000:
             raise InputError(f"requests per load must be ≥ 1000 for percentile intervals, got {requests!r}")
-        rng = np.random.default_rng(self.seed)
         if unit_arrivals is None:  # one seeded stream of unit-rate gaps, scaled to each load
-            unit = np.cumsum(rng.exponential(1.0, self.requests))
+            unit = poisson_stream(self.requests, self.seed)
         else:
             unit = np.asarray(unit_arrivals, dtype=np.float64)
         self.unit = unit  # the unit-rate stream, scaled to each load (the power floor reads it too)
